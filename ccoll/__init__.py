@@ -1,0 +1,20 @@
+"""ccoll: MPI collectives on deep-learning gradients with an error-bounded lossy compressor.
+
+The public API is listed in ``__all__``; docs/ has the format, the error-bound proof and the
+performance notes.
+"""
+
+from ccoll._version import __version__
+from ccoll.errorbound import ABS, REL
+from ccoll.errors import CCollError, CollectiveError, ErrorBoundError, FormatError, MismatchError
+
+__all__ = [
+    "__version__",
+    "ABS",
+    "REL",
+    "CCollError",
+    "CollectiveError",
+    "ErrorBoundError",
+    "FormatError",
+    "MismatchError",
+]

@@ -1,0 +1,228 @@
+"""Header of the ccoll stream, format version 1 (docs/format.md specifies every byte).
+
+This module is pure Python and numpy: it packs, parses and validates headers and computes
+the layout of the sections. Both backends use it, so the layout is defined once.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ccoll.errors import FormatError
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "BLOCK",
+    "HEADER_NBYTES",
+    "MAX_NDIM",
+    "CODE_RAW",
+    "CODE_RAW64",
+    "LORENZO_BIT",
+    "StreamHeader",
+    "dtype_code",
+    "parse_header",
+    "header_prefix_nbytes",
+    "max_nbytes",
+]
+
+MAGIC = b"CCOL"
+VERSION = 1
+BLOCK = 32
+HEADER_NBYTES = 64
+MAX_NDIM = 32
+MAX_N = 1 << 48
+CODE_RAW = 32
+CODE_RAW64 = 33
+LORENZO_BIT = 0x80
+
+_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
+_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+# magic, version, dtype, ndim, reserved, block_size, reserved, n, eb, bound, nnz,
+# payload_words, nterms, reserved
+_FIXED = struct.Struct("<4sBBBBIIQddQQII")
+assert _FIXED.size == HEADER_NBYTES
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """Code of a supported dtype (1 = float32, 2 = float64); ``FormatError`` otherwise."""
+    try:
+        return _CODES[np.dtype(dtype)]
+    except KeyError:
+        raise FormatError(f"ccoll streams hold float32 or float64, not {np.dtype(dtype)}") from None
+
+
+def _roundup4(k: int) -> int:
+    return (k + 3) & ~3
+
+
+@dataclass(frozen=True)
+class StreamHeader:
+    """Parsed header of a stream, with the offsets of its sections."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    eb: float
+    bound: float
+    nnz: int
+    payload_words: int
+    nterms: int = 1
+
+    @property
+    def n(self) -> int:
+        """Element count."""
+        return math.prod(self.shape)
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def nblocks(self) -> int:
+        """Number of 32-element blocks."""
+        return (self.n + BLOCK - 1) // BLOCK
+
+    @property
+    def bitmap_words(self) -> int:
+        """Length of the non-zero-block bitmap in words."""
+        return (self.nblocks + 31) // 32
+
+    @property
+    def bitmap_offset(self) -> int:
+        """Byte offset of the bitmap."""
+        return HEADER_NBYTES + 8 * self.ndim
+
+    @property
+    def codes_offset(self) -> int:
+        """Byte offset of the code bytes."""
+        return self.bitmap_offset + 4 * self.bitmap_words
+
+    @property
+    def payload_offset(self) -> int:
+        """Byte offset of the payload (a multiple of 4)."""
+        return self.codes_offset + _roundup4(self.nnz)
+
+    @property
+    def nbytes(self) -> int:
+        """Total length of the stream in bytes."""
+        return self.payload_offset + 4 * self.payload_words
+
+    def pack(self) -> np.ndarray:
+        """The header and shape bytes (``payload... bitmap`` not included) as a uint8 array."""
+        fixed = _FIXED.pack(
+            MAGIC,
+            VERSION,
+            dtype_code(self.dtype),
+            self.ndim,
+            0,
+            BLOCK,
+            0,
+            self.n,
+            float(self.eb),
+            float(self.bound),
+            self.nnz,
+            self.payload_words,
+            self.nterms,
+            0,
+        )
+        shape = struct.pack(f"<{self.ndim}Q", *self.shape)
+        return np.frombuffer(fixed + shape, dtype=np.uint8).copy()
+
+
+def header_prefix_nbytes(buf: np.ndarray) -> int:
+    """How many leading bytes ``parse_header`` needs (64 plus the shape), read from ``buf``.
+
+    ``buf`` must hold at least the 64-byte fixed header; a device backend copies those
+    first, then the shape.
+    """
+    if buf.size < HEADER_NBYTES:
+        raise FormatError(
+            f"stream too short: {buf.size} bytes, a header alone is {HEADER_NBYTES} bytes"
+        )
+    ndim = int(buf[6])
+    if ndim > MAX_NDIM:
+        raise FormatError(f"stream header says ndim={ndim}, at most {MAX_NDIM} is allowed")
+    return HEADER_NBYTES + 8 * ndim
+
+
+def parse_header(
+    buf: np.ndarray, total_nbytes: int | None = None, *, exact: bool = True
+) -> StreamHeader:
+    """Parse and validate a header from the first bytes of a host uint8 array.
+
+    ``total_nbytes`` is the length of the whole stream (``buf.size`` when ``None``). With
+    ``exact`` the length must equal the header's total; otherwise it must be at least that.
+    Raises :class:`ccoll.FormatError` naming the first problem found.
+    """
+    if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
+        raise FormatError("a ccoll stream is a 1-D uint8 array")
+    total = buf.size if total_nbytes is None else int(total_nbytes)
+    prefix = header_prefix_nbytes(buf)
+    if buf.size < prefix:
+        raise FormatError(f"stream truncated inside its header ({buf.size} < {prefix} bytes)")
+    raw = buf[:prefix].tobytes()
+    (magic, version, dcode, ndim, r0, block, r1, n, eb, bound, nnz, pwords, nterms, r2) = (
+        _FIXED.unpack_from(raw, 0)
+    )
+    if magic != MAGIC:
+        raise FormatError(f"not a ccoll stream: magic is {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise FormatError(f"unsupported ccoll stream version {version} (this build reads {VERSION})")
+    if dcode not in _DTYPES:
+        raise FormatError(f"unknown dtype code {dcode} in stream header (1=float32, 2=float64)")
+    if r0 or r1 or r2:
+        raise FormatError("reserved header fields are not zero")
+    if block != BLOCK:
+        raise FormatError(f"block size {block} in stream header, version 1 uses {BLOCK}")
+    shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)
+    if n >= MAX_N or any(d >= MAX_N for d in shape):
+        raise FormatError(f"element count {n} in stream header is implausibly large")
+    if math.prod(shape) != n:
+        raise FormatError(f"stream header count {n} does not match its shape {shape}")
+    if not (math.isfinite(eb) and eb >= 0.0):
+        raise FormatError(f"stream header error bound {eb!r} is not finite and >= 0")
+    if not (math.isfinite(bound) and bound >= 0.0):
+        raise FormatError(f"stream header bound {bound!r} is not finite and >= 0")
+    if nterms < 1:
+        raise FormatError("stream header nterms is 0")
+    hdr = StreamHeader(
+        dtype=_DTYPES[dcode],
+        shape=tuple(int(d) for d in shape),
+        eb=float(eb),
+        bound=float(bound),
+        nnz=int(nnz),
+        payload_words=int(pwords),
+        nterms=int(nterms),
+    )
+    if hdr.nnz > hdr.nblocks:
+        raise FormatError(f"stream says {nnz} non-zero blocks but has only {hdr.nblocks} blocks")
+    max_words = hdr.nnz * 64
+    if hdr.payload_words > max_words:
+        raise FormatError(
+            f"stream payload of {pwords} words exceeds the maximum {max_words} for {nnz} blocks"
+        )
+    need = hdr.nbytes
+    if (exact and total != need) or total < need:
+        raise FormatError(
+            f"stream length {total} bytes does not match its header ({need} bytes): "
+            "truncated or trailing data"
+        )
+    return hdr
+
+
+def max_nbytes(n: int, dtype: np.dtype | type, ndim: int = 1) -> int:
+    """Largest possible stream for ``n`` elements of ``dtype`` with ``ndim`` dimensions.
+
+    Every block raw, and float32 blocks possibly raw float64 (after a homomorphic add).
+    Used to size receive buffers without exchanging sizes.
+    """
+    dtype_code(np.dtype(dtype))
+    nblocks = (n + BLOCK - 1) // BLOCK
+    return (
+        HEADER_NBYTES + 8 * ndim + 4 * ((nblocks + 31) // 32) + _roundup4(nblocks) + 256 * nblocks
+    )

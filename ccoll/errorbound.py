@@ -1,0 +1,124 @@
+"""Error-bound types: :class:`ABS` (absolute) and :class:`REL` (relative to the value range).
+
+A bound resolves to one absolute number ``eb`` before compression: ``ABS(v)`` is ``v``;
+``REL(v)`` is ``v * (max - min)`` over the finite values of the data (in the collectives,
+over the global range of every rank's data). See docs/error-bound.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import numpy as np
+
+from ccoll.errors import ErrorBoundError
+
+__all__ = ["ABS", "REL", "ErrorBound", "as_bound", "finite_range"]
+
+
+class ErrorBound:
+    """Base class of error bounds; ``value`` is a finite positive float."""
+
+    __slots__ = ("value",)
+    kind: str = ""
+
+    def __init__(self, value: float) -> None:
+        if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)
+        ):
+            raise ErrorBoundError(
+                f"{type(self).__name__} bound must be a real number, got {type(value).__name__}"
+            )
+        v = float(value)
+        if not math.isfinite(v) or v <= 0.0:
+            raise ErrorBoundError(
+                f"{type(self).__name__} bound must be finite and > 0, got {value!r}"
+            )
+        self.value = v
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.value!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.value == other.value  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.value))
+
+    def resolve(self, lo: float, hi: float) -> float:
+        """Absolute bound for data whose finite values span ``[lo, hi]``."""
+        raise NotImplementedError
+
+
+class ABS(ErrorBound):
+    """Absolute bound: every finite element is reconstructed within ``value``."""
+
+    __slots__ = ()
+    kind = "abs"
+
+    def resolve(self, lo: float, hi: float) -> float:
+        """Return ``value``; the data range does not matter."""
+        return self.value
+
+
+class REL(ErrorBound):
+    """Relative bound: ``value * (max - min)`` of the finite values.
+
+    Constant (or empty, or all non-finite) data has a range of 0 and resolves to an absolute
+    bound of 0, which ccoll stores losslessly.
+    """
+
+    __slots__ = ()
+    kind = "rel"
+
+    def resolve(self, lo: float, hi: float) -> float:
+        """Return ``value * (hi - lo)`` (0 for an empty or constant range)."""
+        if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
+            return 0.0
+        eb = self.value * (hi - lo)
+        if not math.isfinite(eb):
+            # The range itself overflowed float64; fall back to the largest finite bound.
+            eb = self.value * (hi / 2 - lo / 2) * 2
+        return eb if math.isfinite(eb) else float(np.finfo(np.float64).max)
+
+
+BoundLike = Union[ErrorBound, float, str]
+
+
+def as_bound(eb: object) -> ErrorBound:
+    """Turn ``ABS``/``REL`` objects, a float (absolute) or ``"rel:1e-3"``/``"abs:1e-5"`` into a bound."""
+    if isinstance(eb, ErrorBound):
+        return eb
+    if isinstance(eb, str):
+        kind, sep, num = eb.partition(":")
+        if not sep:
+            raise ErrorBoundError(f"bound string must look like 'rel:1e-3' or 'abs:1e-5', got {eb!r}")
+        try:
+            v = float(num)
+        except ValueError:
+            raise ErrorBoundError(f"bound value {num!r} in {eb!r} is not a number") from None
+        k = kind.strip().lower()
+        if k == "rel":
+            return REL(v)
+        if k == "abs":
+            return ABS(v)
+        raise ErrorBoundError(f"bound kind must be 'rel' or 'abs', got {kind!r}")
+    if isinstance(eb, (int, float, np.integer, np.floating)) and not isinstance(eb, bool):
+        return ABS(float(eb))
+    raise ErrorBoundError(f"expected ccoll.ABS, ccoll.REL, a float or 'rel:…'/'abs:…', got {eb!r}")
+
+
+def finite_range(x: np.ndarray) -> tuple[float, float]:
+    """Min and max of the finite values of a host array, as floats; ``(inf, -inf)`` if none."""
+    if x.size == 0:
+        return math.inf, -math.inf
+    flat = x.reshape(-1)
+    lo = float(np.min(flat))
+    hi = float(np.max(flat))
+    if math.isfinite(lo) and math.isfinite(hi):
+        return lo, hi
+    fin = flat[np.isfinite(flat)]
+    if fin.size == 0:
+        return math.inf, -math.inf
+    return float(fin.min()), float(fin.max())

@@ -1,0 +1,29 @@
+"""Exceptions raised by ccoll.
+
+Every exception derives from :class:`CCollError` and also from the built-in that
+fits the problem, so callers can catch either.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CCollError", "FormatError", "ErrorBoundError", "MismatchError", "CollectiveError"]
+
+
+class CCollError(Exception):
+    """Base class of every error that ccoll raises on purpose."""
+
+
+class FormatError(CCollError, ValueError):
+    """A compressed stream is malformed, truncated, foreign or of an unknown version."""
+
+
+class ErrorBoundError(CCollError, ValueError):
+    """An error bound is invalid (not finite, not positive) or cannot be met."""
+
+
+class MismatchError(CCollError, ValueError):
+    """Ranks of one collective disagree on count, dtype, bound or operation."""
+
+
+class CollectiveError(CCollError, RuntimeError):
+    """A collective failed on some rank; every rank of the communicator raises it."""

@@ -1,0 +1,19 @@
+"""CUDA simulator harness: these tests run with NUMBA_ENABLE_CUDASIM=1 (see the Makefile).
+
+The simulator lacks warp intrinsics; `install_warp_shim` adds the ones ccoll's kernels use,
+built on a per-warp barrier (lanes must not diverge around them, as on hardware).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+        raise pytest.UsageError("tests/cuda run in the CUDA simulator: set NUMBA_ENABLE_CUDASIM=1")

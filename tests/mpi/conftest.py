@@ -1,0 +1,46 @@
+"""MPI test harness: run under `mpiexec -n K python -m mpi4py -m pytest tests/mpi`.
+
+A failure on any rank prints its report and aborts the whole MPI job at once, so the other
+ranks never wait forever for a partner that gave up. A rank that hangs is stopped by
+pytest-timeout (thread method: it exits the process, and mpiexec then ends the job).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+
+
+@pytest.fixture
+def comm() -> MPI.Intracomm:
+    """A private duplicate of COMM_WORLD for one test."""
+    c = MPI.COMM_WORLD.Dup()
+    yield c
+    c.Free()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        rank = MPI.COMM_WORLD.Get_rank()
+        sys.stderr.write(
+            f"\n[rank {rank}] {report.nodeid} FAILED ({report.when}); aborting all ranks\n"
+            f"{report.longreprtext}\n"
+        )
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Every rank must run the same tests in the same order.
+    items.sort(key=lambda it: it.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: ignore[no-untyped-def]
+    terminalreporter.write_line(
+        f"rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()} finished"
+    )
