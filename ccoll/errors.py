@@ -6,7 +6,14 @@ fits the problem, so callers can catch either.
 
 from __future__ import annotations
 
-__all__ = ["CCollError", "FormatError", "ErrorBoundError", "MismatchError", "CollectiveError"]
+__all__ = [
+    "CCollError",
+    "FormatError",
+    "ErrorBoundError",
+    "MismatchError",
+    "CollectiveError",
+    "CCollTimeoutError",
+]
 
 
 class CCollError(Exception):
@@ -27,3 +34,7 @@ class MismatchError(CCollError, ValueError):
 
 class CollectiveError(CCollError, RuntimeError):
     """A collective failed on some rank; every rank of the communicator raises it."""
+
+
+class CCollTimeoutError(CCollError, TimeoutError):
+    """Waiting for an asynchronous operation (a request, an event) ran past its timeout."""
