@@ -1,0 +1,368 @@
+"""Progress engine: one background thread that runs ccoll's asynchronous collectives.
+
+``submit(fn, *args, comm=comm, **kwargs)`` queues ``fn(*args, **kwargs)`` on a single
+daemon thread and returns a :class:`Request` at once; ``request.wait()`` returns what ``fn``
+returned or re-raises what it raised. ``ccoll.iallreduce`` and the PyTorch DDP comm hook
+are built on it.
+
+Ordering. There is one queue, so requests run one at a time in the order they were
+submitted (global FIFO, hence FIFO per communicator too). MPI requires every rank to start
+the collectives of one communicator in the same order; with the engine that means every
+rank must *submit* them in the same order. Two user threads submitting collectives on the
+same communicator concurrently break that rule unless they agree on an order themselves.
+
+Threads and MPI. The engine thread calls MPI while the user's threads may call it too, so
+MPI must run at ``MPI_THREAD_MULTIPLE``. ``submit(..., comm=c)`` checks
+``MPI.Query_thread()`` and raises :class:`~ccoll.errors.CCollError` with the fix when it is
+lower. Passing ``comm`` is how a caller says "``fn`` calls MPI"; with ``comm=None`` the
+engine runs any callable and never touches MPI itself (it then works without mpi4py).
+
+Shutdown. :func:`shutdown` (also run at interpreter exit, before mpi4py's
+``MPI_Finalize``) stops accepting work, fails every request that has not started with
+:class:`~ccoll.errors.CollectiveError` ("... pending at shutdown ..."), and waits a bounded
+time for the request that is running. A waiter never hangs on a request the engine will
+not run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ccoll.errors import CCollError, CCollTimeoutError, CollectiveError
+
+__all__ = ["Request", "ProgressEngine", "submit", "engine", "shutdown", "check_thread_level"]
+
+_log = logging.getLogger(__name__)
+
+# How long interpreter exit waits for a request that is already running (an MPI collective
+# whose peers never arrive would otherwise block exit forever).
+_EXIT_TIMEOUT_S = float(os.environ.get("CCOLL_SHUTDOWN_TIMEOUT", "30"))
+
+_PENDING, _RUNNING, _FINISHED = "pending", "running", "finished"
+
+
+class Request:
+    """Handle of one submitted call; finishes once, with a result or an exception."""
+
+    __slots__ = (
+        "name",
+        "comm",
+        "_fn",
+        "_args",
+        "_kwargs",
+        "_engine",
+        "_state",
+        "_result",
+        "_exc",
+        "_done",
+        "_lock",
+        "_callbacks",
+    )
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        comm: Any,
+        engine: ProgressEngine,
+        name: str,
+    ) -> None:
+        self.name = name
+        self.comm = comm
+        self._fn: Callable[..., Any] | None = fn
+        self._args = args
+        self._kwargs = kwargs
+        self._engine = engine
+        self._state = _PENDING
+        self._result: Any = None
+        self._exc: BaseException | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[Request], Any]] = []
+
+    def __repr__(self) -> str:
+        return f"<ccoll Request {self.name} {self._state}>"
+
+    def test(self) -> bool:
+        """True when the request has finished (with a result or an error); never blocks."""
+        return self._done.is_set()
+
+    def done(self) -> bool:
+        """Return True when the request has finished; same as :meth:`test`."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the request finishes; return its result or raise its exception.
+
+        Raises :class:`~ccoll.errors.CCollTimeoutError` if ``timeout`` seconds pass first
+        (the request keeps running), and :class:`~ccoll.errors.CCollError` when called on
+        the engine thread for a request that has not finished (it could never finish).
+        """
+        if not self._done.is_set():
+            if threading.current_thread() is self._engine.thread:
+                raise CCollError(
+                    f"{self.name}: wait() on the progress engine thread for a request that has "
+                    "not finished would deadlock (requests run one at a time on that thread); "
+                    "use add_done_callback instead"
+                )
+            if not self._done.wait(timeout):
+                raise CCollTimeoutError(
+                    f"{self.name} did not finish within {timeout} s (state: {self._state}); "
+                    "it is still queued or running"
+                )
+        if self._exc is not None:
+            raise self._exc
+        return self._result
+
+    def exception(self) -> BaseException | None:
+        """Return the exception the request finished with, or None; raise if not finished."""
+        if not self._done.is_set():
+            raise CCollError(f"{self.name} has not finished; exception() needs a finished request")
+        return self._exc
+
+    def add_done_callback(self, fn: Callable[[Request], Any]) -> None:
+        """Call ``fn(request)`` when the request finishes.
+
+        The call happens on the engine thread right after the request finishes, at once on
+        the calling thread when it has already finished, or on the thread that shut the
+        engine down for a request failed by :func:`shutdown`. An exception from ``fn`` is logged
+        and otherwise ignored; it does not change the request's outcome.
+        """
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(fn)
+                return
+        self._call(fn)
+
+    # -- engine side --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        with self._lock:
+            if self._done.is_set():  # failed by shutdown while queued
+                return
+            self._state = _RUNNING
+        fn, args, kwargs = self._fn, self._args, self._kwargs
+        assert fn is not None
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - delivered to the waiter, never lost
+            self._finish(None, exc)
+        else:
+            self._finish(result, None)
+
+    def _finish(self, result: Any, exc: BaseException | None) -> bool:
+        """Set the outcome once; later calls are ignored. Returns True if this call set it."""
+        with self._lock:
+            if self._done.is_set():
+                return False
+            self._result = result
+            self._exc = exc
+            self._state = _FINISHED
+            # Drop references to arguments (gradient buffers) as soon as they are not needed.
+            self._fn = None
+            self._args = ()
+            self._kwargs = {}
+            callbacks, self._callbacks = self._callbacks, []
+            self._done.set()
+        for cb in callbacks:
+            self._call(cb)
+        return True
+
+    def _call(self, cb: Callable[[Request], Any]) -> None:
+        try:
+            cb(self)
+        except Exception:
+            _log.exception("done-callback %r of %s raised; ignored", cb, self.name)
+
+
+class ProgressEngine:
+    """A FIFO queue of calls and the daemon thread that runs them one at a time."""
+
+    def __init__(self, name: str = "ccoll-progress") -> None:
+        self.name = name
+        self._queue: collections.deque[Request] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._running: Request | None = None
+        self._ids = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`shutdown` has been called; no more submits are accepted."""
+        return self._closed
+
+    def pending(self) -> int:
+        """Return the number of requests queued or running."""
+        with self._cv:
+            return len(self._queue) + (self._running is not None)
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, comm: Any = None, **kwargs: Any
+    ) -> Request:
+        """Queue ``fn(*args, **kwargs)``; see :func:`submit`."""
+        if not callable(fn):
+            raise TypeError(f"submit expects a callable, got {type(fn).__name__}")
+        if comm is not None:
+            check_thread_level()
+        with self._cv:
+            if self._closed:
+                raise CollectiveError(
+                    f"the progress engine {self.name!r} is shut down; no more requests accepted"
+                )
+            req = Request(fn, args, kwargs, comm, self, f"request#{next(self._ids)}")
+            self._queue.append(req)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self.thread.start()
+            self._cv.notify()
+        return req
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                req = self._running = self._queue.popleft()
+            try:
+                req._run()
+            finally:
+                with self._cv:
+                    self._running = None
+                    self._cv.notify_all()
+
+    def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting work, fail queued requests, and optionally wait for the running one.
+
+        Requests that have not started finish with :class:`~ccoll.errors.CollectiveError`.
+        With ``wait``, block until the running request (if any) finishes, at most ``timeout``
+        seconds; if it is still running then, its waiters get a CollectiveError too (its
+        eventual result is discarded) and the thread is left behind as a daemon.
+        """
+        with self._cv:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        for req in pending:
+            req._finish(
+                None,
+                CollectiveError(
+                    f"{req.name} was still pending at shutdown of the progress engine and never "
+                    "ran; wait for asynchronous collectives before the program exits"
+                ),
+            )
+        t = self.thread
+        if not wait or t is None or t is threading.current_thread():
+            return
+        t.join(timeout)
+        if t.is_alive():
+            with self._cv:
+                running = self._running
+            if running is not None and running._finish(
+                None,
+                CollectiveError(
+                    f"{running.name} was still running {timeout} s after shutdown of the "
+                    "progress engine began (a collective whose peers never arrived?); "
+                    "abandoned"
+                ),
+            ):
+                _log.error("progress engine shut down while %s was still running", running.name)
+
+
+_lock = threading.Lock()
+_engine: ProgressEngine | None = None
+_exiting = False
+_thread_level_ok = False
+
+
+def engine() -> ProgressEngine:
+    """Return the process-wide engine, created on first use (again after :func:`shutdown`)."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            if _exiting:
+                raise CollectiveError(
+                    "the progress engine is shut down because the interpreter is exiting"
+                )
+            _engine = ProgressEngine()
+        return _engine
+
+
+def submit(fn: Callable[..., Any], *args: Any, comm: Any = None, **kwargs: Any) -> Request:
+    """Run ``fn(*args, **kwargs)`` on the engine thread, after everything submitted before.
+
+    Pass ``comm`` (the communicator ``fn`` uses) whenever ``fn`` calls MPI: it makes submit
+    check that MPI runs at ``MPI_THREAD_MULTIPLE`` and records the communicator on the
+    request. Every rank must submit the collectives of one communicator in the same order.
+    """
+    return engine().submit(fn, *args, comm=comm, **kwargs)
+
+
+def shutdown(wait: bool = True, timeout: float | None = None) -> None:
+    """Shut the process-wide engine down (see :meth:`ProgressEngine.shutdown`).
+
+    A later :func:`submit` starts a fresh engine, except during interpreter exit.
+    """
+    global _engine
+    with _lock:
+        eng, _engine = _engine, None
+    if eng is not None:
+        eng.shutdown(wait=wait, timeout=timeout)
+
+
+def check_thread_level() -> None:
+    """Raise :class:`~ccoll.errors.CCollError` unless MPI runs at ``MPI_THREAD_MULTIPLE``.
+
+    Also raises :class:`~ccoll.errors.CollectiveError` when MPI is not initialized yet or
+    already finalized, since the engine cannot run a collective then.
+    """
+    global _thread_level_ok
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        raise CollectiveError("MPI is already finalized; no collective can be submitted")
+    if _thread_level_ok:
+        return
+    if not MPI.Is_initialized():
+        raise CollectiveError("MPI is not initialized; import mpi4py.MPI (or call MPI.Init_thread)")
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_MULTIPLE:
+        names = {
+            MPI.THREAD_SINGLE: "MPI_THREAD_SINGLE",
+            MPI.THREAD_FUNNELED: "MPI_THREAD_FUNNELED",
+            MPI.THREAD_SERIALIZED: "MPI_THREAD_SERIALIZED",
+        }
+        raise CCollError(
+            "ccoll's progress engine calls MPI from a background thread and needs "
+            f"MPI_THREAD_MULTIPLE, but MPI was initialized with {names.get(level, level)}. "
+            'Set mpi4py.rc.thread_level = "multiple" (mpi4py\'s default) before the first '
+            "`from mpi4py import MPI`, or call MPI.Init_thread(MPI.THREAD_MULTIPLE) yourself "
+            "with mpi4py.rc.initialize = False"
+        )
+    _thread_level_ok = True
+    # mpi4py finalizes MPI from Py_AtExit, after every atexit handler; should a version
+    # register MPI_Finalize with atexit instead, moving ours last (atexit runs LIFO) still
+    # stops the engine before MPI goes away.
+    atexit.unregister(_at_exit)
+    atexit.register(_at_exit)
+
+
+def _at_exit() -> None:
+    global _exiting
+    with _lock:
+        _exiting = True
+    shutdown(wait=True, timeout=_EXIT_TIMEOUT_S)
+
+
+atexit.register(_at_exit)
