@@ -13,6 +13,7 @@ __all__ = [
     "MismatchError",
     "CollectiveError",
     "CCollTimeoutError",
+    "InputError",
 ]
 
 
@@ -38,3 +39,7 @@ class CollectiveError(CCollError, RuntimeError):
 
 class CCollTimeoutError(CCollError, TimeoutError):
     """Waiting for an asynchronous operation (a request, an event) ran past its timeout."""
+
+
+class InputError(CCollError, ValueError):
+    """An input file or argument cannot be used (not HDF5, a pattern matching nothing, ...)."""
