@@ -1,0 +1,351 @@
+#!/usr/bin/env python3
+"""Run an MPI command on an emulated bandwidth-limited cluster on one Linux machine (root).
+
+Each rank lives in its own network namespace with one NIC (``veth0``). Every NIC is joined
+by a veth pair to a Linux bridge that lives in a namespace of its own (the "switch"), and
+both directions of every link are shaped with ``tc ... tbf rate R``: a rank sends at most R
+and receives at most R, like a node with an R NIC on a non-blocking switch. Addresses
+(10.231.0.0/24) exist only inside the namespaces this script creates, so no traffic leaves
+them. MPICH talks TCP over the veth links (``MPIR_CVAR_NOLOCAL=1``, OFI tcp provider).
+
+Everything created is removed afterwards, also when the command fails, times out, or the
+launcher gets SIGINT/SIGTERM/SIGHUP. Names carry a per-run prefix ``ccoll-<pid>-<hex>``;
+``--cleanup-stale`` removes namespaces of earlier runs whose launcher died by SIGKILL.
+
+Examples::
+
+    sudo .venv/bin/python jobs/emulated_cluster.py --ranks 2 --rate 1gbit -- \\
+        ccoll bench allreduce -b 4 -e 64M
+    sudo .venv/bin/python jobs/emulated_cluster.py --ranks 4 --rate 10gbit -- \\
+        .venv/bin/python -m mpi4py my_script.py
+
+A command that starts with ``ccoll`` runs as ``<python> -m mpi4py -m ccoll.cli ...`` (a
+failing rank then aborts the whole job instead of leaving the others waiting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PREFIX = "ccoll-"
+SUBNET = "10.231.0"  # private, only ever configured inside namespaces made here
+RANK_DEV = "veth0"
+_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
+_MULT = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+class Interrupted(Exception):
+    """A termination signal arrived; unwinds to the cleanup."""
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second of a tc-style rate: ``1gbit``, ``500mbit``, ``10Gbit``; ``bps`` = bytes/s."""
+    m = _RATE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"rate must look like 1gbit or 500mbit, got {text!r}")
+    value = float(m.group(1)) * _MULT[m.group(2).lower()]
+    if (m.group(3) or "bit").lower() == "bps":
+        value *= 8
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"rate must be > 0, got {text!r}")
+    return value
+
+
+def _run(cmd: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(list(cmd), capture_output=True, text=True)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"`{' '.join(cmd)}` failed ({p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def list_namespaces() -> list[str]:
+    """Names of the network namespaces that ``ip netns`` knows."""
+    out = _run(["ip", "netns", "list"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale(verbose: bool = True) -> list[str]:
+    """Delete ``ccoll-<pid>-*`` namespaces whose launcher process no longer exists."""
+    removed = []
+    for ns in list_namespaces():
+        m = re.match(rf"^{PREFIX}(\d+)-[0-9a-f]+-", ns)
+        if m and not _pid_alive(int(m.group(1))):
+            _run(["ip", "netns", "del", ns], check=False)
+            removed.append(ns)
+    if verbose and removed:
+        print(f"removed stale namespaces: {' '.join(removed)}", file=sys.stderr)
+    return removed
+
+
+class Cluster:
+    """K namespaces joined through a shaped bridge; a context manager that always cleans up."""
+
+    def __init__(
+        self,
+        ranks: int,
+        rate_bps: float,
+        *,
+        burst_bytes: int | None = None,
+        queue_latency_ms: float = 50.0,
+        mtu: int = 1500,
+        verbose: bool = False,
+    ) -> None:
+        if not 1 <= ranks <= 64:
+            raise ValueError(f"ranks must be 1..64, got {ranks}")
+        self.ranks = ranks
+        self.rate_bps = rate_bps
+        # tbf needs a bucket of at least one timer tick's worth of bytes to reach its rate;
+        # 2 ms of traffic (at least 64 KiB) keeps it there on a busy machine.
+        self.burst = burst_bytes or max(64 * 1024, int(rate_bps / 8 * 0.002))
+        self.queue_latency_ms = queue_latency_ms
+        self.mtu = mtu
+        self.verbose = verbose
+        self.tag = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
+        self.bridge_ns = f"{self.tag}-sw"
+        self.rank_ns = [f"{self.tag}-r{i}" for i in range(ranks)]
+        self.created: list[str] = []
+
+    def address(self, rank: int) -> str:
+        """IPv4 address of a rank's NIC."""
+        return f"{SUBNET}.{rank + 1}"
+
+    def _ns(self, ns: str, *cmd: str) -> None:
+        if self.verbose:
+            print(f"+ ip netns exec {ns} {' '.join(cmd)}", file=sys.stderr)
+        _run(["ip", "netns", "exec", ns, *cmd])
+
+    def _shape(self, ns: str, dev: str) -> None:
+        rate = f"{int(self.rate_bps)}bit"
+        self._ns(
+            ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
+            "burst", str(self.burst), "latency", f"{self.queue_latency_ms}ms",
+        )
+
+    def create(self) -> None:
+        """Make the namespaces, links, addresses and shaping."""
+        for ns in [self.bridge_ns, *self.rank_ns]:
+            _run(["ip", "netns", "add", ns])
+            self.created.append(ns)
+            self._ns(ns, "ip", "link", "set", "lo", "up")
+        self._ns(self.bridge_ns, "ip", "link", "add", "br0", "type", "bridge")
+        self._ns(self.bridge_ns, "ip", "link", "set", "br0", "up")
+        for i, ns in enumerate(self.rank_ns):
+            port = f"p{i}"
+            # Both ends are created directly inside their namespaces: nothing ever appears
+            # in the namespace this script runs in.
+            _run([
+                "ip", "link", "add", RANK_DEV, "netns", ns, "mtu", str(self.mtu), "type", "veth",
+                "peer", "name", port, "netns", self.bridge_ns, "mtu", str(self.mtu),
+            ])
+            self._ns(self.bridge_ns, "ip", "link", "set", port, "master", "br0")
+            self._ns(self.bridge_ns, "ip", "link", "set", port, "up")
+            self._ns(ns, "ip", "addr", "add", f"{self.address(i)}/24", "dev", RANK_DEV)
+            self._ns(ns, "ip", "link", "set", RANK_DEV, "up")
+            self._shape(ns, RANK_DEV)  # rank -> switch
+            self._shape(self.bridge_ns, port)  # switch -> rank
+
+    def destroy(self) -> None:
+        """Delete every namespace created (their veth pairs go with them)."""
+        # A second Ctrl-C must not cut the cleanup short: hold signals until it is done.
+        sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+        try:
+            for ns in reversed(self.created):
+                _run(["ip", "netns", "del", ns], check=False)
+            self.created.clear()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def __enter__(self) -> Cluster:
+        try:
+            self.create()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+def rank_command(command: Sequence[str], python: str) -> list[str]:
+    """The per-rank program: ``ccoll ...`` becomes ``python -m mpi4py -m ccoll.cli ...``."""
+    cmd = list(command)
+    if cmd and cmd[0] == "ccoll":
+        return [python, "-m", "mpi4py", "-m", "ccoll.cli", *cmd[1:]]
+    return cmd
+
+
+def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python: str,
+                 extra_env: dict[str, str] | None = None) -> list[str]:
+    """An MPICH ``mpiexec`` MPMD line that starts one rank in each namespace."""
+    env = {
+        "MPIR_CVAR_NOLOCAL": "1",
+        "MPIR_CVAR_CH4_NETMOD": "ofi",
+        "FI_PROVIDER": "tcp",
+        "FI_TCP_IFACE": RANK_DEV,
+        "CCOLL_CLUSTER_RATE_BPS": str(int(cluster.rate_bps)),
+        **(extra_env or {}),
+    }
+    prog = rank_command(command, python)
+    line: list[str] = [mpiexec]
+    for i, ns in enumerate(cluster.rank_ns):
+        if i:
+            line.append(":")
+        line += ["-n", "1"]
+        for k, v in env.items():
+            line += ["-env", k, v]
+        line += ["ip", "netns", "exec", ns, *prog]
+    return line
+
+
+def _default_mpiexec() -> str:
+    local = REPO / ".venv" / "bin" / "mpiexec"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise SystemExit("mpiexec not found: run `make venv` or pass --mpiexec")
+    return found
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    if proc.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_on_cluster(args: argparse.Namespace) -> int:
+    """Create the cluster, run the command in it, clean up; return the command's exit code."""
+    cluster = Cluster(
+        args.ranks, args.rate, burst_bytes=args.burst, queue_latency_ms=args.queue_latency,
+        mtu=args.mtu, verbose=args.verbose,
+    )
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with cluster:
+            try:
+                print(
+                    f"emulated cluster {cluster.tag}: {args.ranks} ranks, "
+                    f"{args.rate / 1e9:g} Gbit/s per direction per rank "
+                    f"(tbf burst {cluster.burst} B)",
+                    file=sys.stderr, flush=True,
+                )
+                # OFI's tcp provider fails with "Bad file descriptor" on links younger than ~1 s.
+                time.sleep(args.settle)
+                line = mpmd_command(cluster, args.command, args.mpiexec, args.python)
+                if args.verbose:
+                    print("+ " + " ".join(line), file=sys.stderr, flush=True)
+                proc = subprocess.Popen(line, start_new_session=True)
+                try:
+                    rc = proc.wait(timeout=args.timeout)
+                except subprocess.TimeoutExpired:
+                    print(f"command ran past --timeout {args.timeout} s; stopping it",
+                          file=sys.stderr, flush=True)
+                    rc = 124
+            finally:
+                # Processes must leave the namespaces before they are deleted.
+                if proc is not None:
+                    _kill_group(proc)
+            if args.keep:
+                print(f"--keep: namespaces left in place: {' '.join(cluster.created)}",
+                      file=sys.stderr)
+                cluster.created.clear()
+            return rc
+    except Interrupted as e:
+        print(f"got {e}; stopped the command and removed the cluster", file=sys.stderr)
+        return 130
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Command-line options of the launcher."""
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--ranks", type=int, default=2, help="ranks = namespaces (default 2)")
+    p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"),
+                   help="link rate per direction per rank, tc syntax (default 1gbit)")
+    p.add_argument("--burst", type=int, default=None,
+                   help="tbf burst in bytes (default 2 ms of traffic, at least 64 KiB)")
+    p.add_argument("--queue-latency", type=float, default=50.0,
+                   help="tbf latency (max queueing) in ms (default 50)")
+    p.add_argument("--mtu", type=int, default=1500, help="link MTU (default 1500)")
+    p.add_argument("--settle", type=float, default=2.0,
+                   help="seconds to wait after creating links before MPI starts (default 2)")
+    p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s")
+    p.add_argument("--keep", action="store_true", help="leave the namespaces in place (debugging)")
+    p.add_argument("--mpiexec", default=None, help="mpiexec to use (default .venv/bin/mpiexec)")
+    p.add_argument("--python", default=sys.executable, help="python for `ccoll ...` commands")
+    p.add_argument("--cleanup-stale", action="store_true",
+                   help="remove namespaces of dead earlier runs, then exit if no command")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every ip/tc command")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- command to run on every rank")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    args = build_parser().parse_args(argv)
+    if args.command and args.command[0] == "--":
+        args.command = args.command[1:]
+    if os.geteuid() != 0:
+        print("emulated_cluster.py needs root (network namespaces and tc)", file=sys.stderr)
+        return 2
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            print(f"`{tool}` (iproute2) not found on PATH", file=sys.stderr)
+            return 2
+    if args.cleanup_stale:
+        cleanup_stale()
+        if not args.command:
+            return 0
+    if not args.command:
+        print("no command given (put it after --)", file=sys.stderr)
+        return 2
+    if not 1 <= args.ranks <= 64:
+        print(f"--ranks must be 1..64, got {args.ranks}", file=sys.stderr)
+        return 2
+    args.mpiexec = args.mpiexec or _default_mpiexec()
+    return run_on_cluster(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
