@@ -1,0 +1,323 @@
+"""Lanes that share one device between training, compression, reduction and copies.
+
+A :class:`Scheduler` owns four lanes, in priority order: ``compute`` (training, highest),
+``reduce`` and ``copy``, then ``compress`` (lowest). Every lane has the same interface on
+both devices (see docs/scheduler.md):
+
+- ``lane.submit(fn, *args, after=[events], **kwargs) -> Event``: ``fn`` runs after all work
+  submitted to the lane before it and after every event in ``after``;
+- ``lane.record() -> Event``: completes when all work submitted to the lane so far has;
+- ``lane.wait(event)``: work submitted to the lane from now on starts after ``event``;
+- ``lane.wait_stream(user_stream) -> Event``: same, for all work queued so far on a stream
+  the caller owns (training code hands its stream this way);
+- ``lane.synchronize()``: block until the lane is idle; raise the lane's first error.
+
+``event.wait(timeout=None)`` returns what the submitted ``fn`` returned (None for
+``record``) or re-raises what it raised; ``event.query()`` tells without blocking.
+
+device="cpu": each lane is a worker thread that runs its callables in order. Lanes below
+``compute`` lower their thread's CPU priority (Linux ``setpriority`` on the thread id) and
+use at most ``grid_limit(lane)`` numba threads.
+
+device="cuda": each lane is a CUDA stream with a priority (CuPy, else cuda.core, else
+plain numba streams without priority); ``fn`` is called at once on the submitting thread
+and must enqueue its GPU work on ``lane.stream`` (also returned by :func:`current_stream`
+while ``fn`` runs); events are CUDA events recorded on and waited for by the streams.
+
+Errors are sticky per lane, as on a CUDA stream: once a callable on a lane raised (or the
+lane depended on a failed event), every later submit and record on that lane fails with
+the same exception without running, until ``lane.synchronize()`` (or
+``Scheduler.synchronize()``) reports it and clears it.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextvars
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from ccoll.errors import CCollError
+
+__all__ = [
+    "LANES",
+    "DEFAULT_PRIORITY_RANKS",
+    "Event",
+    "Lane",
+    "Scheduler",
+    "current_lane",
+    "current_stream",
+    "default_scheduler",
+]
+
+LANES: tuple[str, ...] = ("compute", "compress", "reduce", "copy")
+
+# 0 = highest. Reduction and copies sit on the collective's critical path once data has
+# arrived; compression overlaps with the backward pass and should yield to it.
+DEFAULT_PRIORITY_RANKS: Mapping[str, int] = {"compute": 0, "reduce": 1, "copy": 1, "compress": 2}
+
+_current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
+    "ccoll_current_lane", default=None
+)
+
+
+def current_lane() -> Lane | None:
+    """Return the lane whose callable is running in this thread, or None."""
+    return _current_lane.get()
+
+
+def current_stream() -> Any:
+    """Return the stream of the lane whose callable is running here (None on CPU lanes)."""
+    lane = _current_lane.get()
+    return None if lane is None else lane.stream
+
+
+class Event(abc.ABC):
+    """A point in a lane's work; completes with the submitted callable's result or error."""
+
+    @abc.abstractmethod
+    def query(self) -> bool:
+        """Return True when the event has completed (successfully or not); never blocks."""
+
+    @abc.abstractmethod
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until complete; return the callable's result or raise its exception.
+
+        Raises :class:`~ccoll.errors.CCollTimeoutError` after ``timeout`` seconds.
+        """
+
+    @property
+    @abc.abstractmethod
+    def error(self) -> BaseException | None:
+        """The exception the event failed with, or None (also None while pending)."""
+
+
+class Lane(abc.ABC):
+    """An ordered queue of work on one device with a priority; see the module docstring."""
+
+    name: str
+    priority: int | None
+    stream: Any
+
+    @abc.abstractmethod
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, after: Iterable[Event] = (), **kwargs: Any
+    ) -> Event:
+        """Run ``fn(*args, **kwargs)`` after earlier work on this lane and after ``after``."""
+
+    @abc.abstractmethod
+    def record(self) -> Event:
+        """Return an event that completes when all work submitted so far has completed."""
+
+    @abc.abstractmethod
+    def wait(self, event: Event) -> None:
+        """Make work submitted from now on start only after ``event`` has completed."""
+
+    @abc.abstractmethod
+    def wait_stream(self, user_stream: Any) -> Event:
+        """Make this lane wait for all work queued so far on ``user_stream``; return the event."""
+
+    @abc.abstractmethod
+    def adopt(self, user_stream: Any) -> None:
+        """Run this lane's future work on the caller's stream (see Scheduler.adopt_stream)."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block until all submitted work completed; raise (and clear) the lane's error."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the lane's thread or stream; pending work still completes first."""
+
+    def __repr__(self) -> str:
+        return f"<ccoll {type(self).__name__} {self.name!r} priority={self.priority}>"
+
+
+def _check_fraction(name: str, f: float) -> float:
+    f = float(f)
+    if not (0.0 < f <= 1.0):
+        raise ValueError(f"max_sm_fraction for lane {name!r} must be in (0, 1], got {f!r}")
+    return f
+
+
+class Scheduler:
+    """The four lanes on one device, their priorities and their share of the device.
+
+    Parameters
+    ----------
+    device:
+        ``"cpu"`` (worker threads) or ``"cuda"`` (prioritized CUDA streams on the current
+        device, or in numba's CUDA simulator).
+    max_sm_fraction:
+        Share of the device that one kernel launched on a lane other than ``compute``
+        should occupy at most, as a float for all of them or a mapping per lane (lanes not
+        named get 1.0); see :meth:`grid_limit`. ``compute`` is never capped.
+    priorities:
+        Priority rank per lane, 0 = highest (default :data:`DEFAULT_PRIORITY_RANKS`). On
+        CUDA the ranks are spread over the device's stream-priority range; on CPU a lane's
+        thread gets ``5 * rank`` added to its nice value (Linux).
+    sm_count, max_threads_per_sm, max_blocks_per_sm:
+        Override what is read from the device (the CUDA simulator has no such attributes
+        and uses 1, 2048 and 32).
+
+    """
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        *,
+        max_sm_fraction: float | Mapping[str, float] = 0.5,
+        priorities: Mapping[str, int] | None = None,
+        sm_count: int | None = None,
+        max_threads_per_sm: int | None = None,
+        max_blocks_per_sm: int | None = None,
+    ) -> None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        self.device = device
+        ranks = dict(DEFAULT_PRIORITY_RANKS)
+        if priorities is not None:
+            unknown = set(priorities) - set(LANES)
+            if unknown:
+                raise ValueError(f"unknown lane(s) {sorted(unknown)}; lanes are {list(LANES)}")
+            for name, r in priorities.items():
+                if int(r) != r or r < 0:
+                    raise ValueError(f"priority rank of {name!r} must be an int >= 0, got {r!r}")
+            ranks.update({k: int(v) for k, v in priorities.items()})
+        self.priority_ranks: dict[str, int] = ranks
+        if isinstance(max_sm_fraction, Mapping):
+            unknown = set(max_sm_fraction) - set(LANES)
+            if unknown:
+                raise ValueError(f"unknown lane(s) {sorted(unknown)}; lanes are {list(LANES)}")
+            fr = {n: _check_fraction(n, max_sm_fraction.get(n, 1.0)) for n in LANES}
+        else:
+            fr = {n: _check_fraction(n, max_sm_fraction) for n in LANES}
+        fr["compute"] = 1.0
+        self.sm_fractions: dict[str, float] = fr
+        self._lock = threading.Lock()
+        self._closed = False
+        self._lanes: dict[str, Lane]
+        if device == "cpu":
+            from ccoll.gpu_sched.thread_lanes import cpu_thread_count, make_thread_lanes
+
+            self._units = cpu_thread_count()
+            self._lanes = make_thread_lanes(self)
+            self._per_unit = 1
+        else:
+            from ccoll.gpu_sched.cuda_lanes import device_limits, make_cuda_lanes
+
+            sms, tps, bps = device_limits()
+            self._units = int(sm_count or sms)
+            self._max_threads_per_sm = int(max_threads_per_sm or tps)
+            self._max_blocks_per_sm = int(max_blocks_per_sm or bps)
+            self._lanes = make_cuda_lanes(self)
+
+    # -- lanes ------------------------------------------------------------------------
+
+    @property
+    def lanes(self) -> dict[str, Lane]:
+        """The lanes by name (a copy)."""
+        return dict(self._lanes)
+
+    def lane(self, name: str) -> Lane:
+        """Return the lane called ``name`` (one of :data:`LANES`)."""
+        if self._closed:
+            raise CCollError("the scheduler is closed")
+        try:
+            return self._lanes[name]
+        except KeyError:
+            raise ValueError(f"unknown lane {name!r}; lanes are {list(LANES)}") from None
+
+    def adopt_stream(self, user_stream: Any, lane: str = "compute") -> Lane:
+        """Make ``lane`` (default ``compute``) run on the caller's own stream.
+
+        Accepts a ``torch.cuda.Stream``, a CuPy stream, a numba stream, a cuda.core stream
+        (anything with ``__cuda_stream__``) or a raw ``cudaStream_t`` as int. Afterwards
+        ``sched.lane("compute").record()`` marks the training stream's progress, and the
+        other lanes ``wait`` on such events, so ccoll waits on exactly the work that
+        produced its inputs. The stream stays owned by the caller. On ``device="cpu"`` only
+        ``None`` (the calling thread) is accepted and nothing changes.
+        """
+        ln = self.lane(lane)
+        ln.adopt(user_stream)
+        return ln
+
+    def priority(self, lane: str) -> int | None:
+        """Return the lane's priority: CUDA stream priority (lower = higher), or nice value."""
+        return self.lane(lane).priority
+
+    def grid_limit(
+        self, lane: str, *, threads_per_block: int = 256, blocks_per_sm: int | None = None
+    ) -> int:
+        """Return the most thread blocks one kernel on ``lane`` should launch.
+
+        CUDA: ``floor(SMs * max_sm_fraction[lane]) * blocks_per_sm`` (at least 1), where
+        ``blocks_per_sm`` defaults to how many blocks of ``threads_per_block`` threads fit on
+        one SM. A kernel that launches at most that many blocks (grid-stride over its work)
+        leaves the other SMs free for training kernels, which stream priority alone cannot
+        do once long-running low-priority blocks occupy every SM.
+        CPU: ``floor(numba threads * max_sm_fraction[lane])`` (at least 1), the numba
+        thread count the lane's worker thread uses; ``threads_per_block`` is ignored.
+        """
+        self.lane(lane)
+        if threads_per_block <= 0:
+            raise ValueError(f"threads_per_block must be > 0, got {threads_per_block}")
+        units = max(1, int(self._units * self.sm_fractions[lane]))
+        if self.device == "cpu":
+            return units
+        if blocks_per_sm is None:
+            blocks_per_sm = min(
+                self._max_threads_per_sm // threads_per_block, self._max_blocks_per_sm
+            )
+        if blocks_per_sm <= 0:
+            raise ValueError(
+                f"blocks_per_sm must be > 0 (threads_per_block={threads_per_block} exceeds "
+                f"{self._max_threads_per_sm} threads per SM?)"
+            )
+        return units * int(blocks_per_sm)
+
+    # -- whole scheduler -----------------------------------------------------------------
+
+    def synchronize(self) -> None:
+        """Synchronize every lane; raise the first error found (every lane is cleared)."""
+        first: BaseException | None = None
+        for name in LANES:
+            try:
+                self._lanes[name].synchronize()
+            except BaseException as exc:  # noqa: BLE001 - reported after all lanes are idle
+                if first is None:
+                    first = exc
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        """Let pending work finish, then release threads and streams."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for ln in self._lanes.values():
+            ln.close()
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ccoll Scheduler device={self.device!r} lanes={list(self._lanes)}>"
+
+
+_default: dict[str, Scheduler] = {}
+_default_lock = threading.Lock()
+
+
+def default_scheduler(device: str = "cpu") -> Scheduler:
+    """Return the process-wide scheduler for ``device``, created with defaults on first use."""
+    with _default_lock:
+        s = _default.get(device)
+        if s is None or s._closed:
+            s = _default[device] = Scheduler(device)
+        return s
