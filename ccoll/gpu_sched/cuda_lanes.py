@@ -38,8 +38,10 @@ __all__ = [
     "StreamSource",
     "as_numba_stream",
     "device_limits",
+    "in_simulator",
     "make_cuda_lanes",
     "priority_value",
+    "stream_pointer",
 ]
 
 _log = logging.getLogger(__name__)
@@ -154,11 +156,11 @@ def _stream_source() -> StreamSource:
         _log.info("CUDA simulator: lanes use numba streams without priorities")
         return _numba_source("simulator")
     reasons = []
-    for make in (_cupy_source, _cuda_core_source):
+    for label, make in (("CuPy", _cupy_source), ("cuda.core", _cuda_core_source)):
         try:
             return make()
         except Exception as exc:  # noqa: BLE001 - absent or unusable: try the next source
-            reasons.append(f"{make.__name__.strip('_')}: {type(exc).__name__}: {exc}")
+            reasons.append(f"{label}: {type(exc).__name__}: {exc}")
     _log.warning(
         "neither CuPy nor cuda.core could create prioritized CUDA streams (%s); ccoll's "
         "lanes fall back to numba streams without priorities, so compression competes with "
@@ -168,12 +170,35 @@ def _stream_source() -> StreamSource:
     return _numba_source()
 
 
-def as_numba_stream(obj: Any) -> Any:
-    """Return a numba stream for a user's stream object.
+def stream_pointer(obj: Any) -> int:
+    """Return the ``cudaStream_t`` of a user's stream object as an int.
 
-    Accepts numba streams, objects with ``__cuda_stream__`` (cuda.core, recent CuPy and
-    PyTorch), ``torch.cuda.Stream`` (``.cuda_stream``), CuPy streams (``.ptr``) and raw
-    ``cudaStream_t`` ints. The caller keeps ownership and must keep the stream alive.
+    Accepts objects with ``__cuda_stream__`` (cuda.core, numba, recent CuPy and PyTorch),
+    ``torch.cuda.Stream`` (``.cuda_stream``), CuPy streams (``.ptr``) and raw ints.
+    """
+    if isinstance(obj, bool):
+        raise TypeError("a stream cannot be a bool")
+    if isinstance(obj, int):
+        return obj
+    if hasattr(obj, "__cuda_stream__"):
+        version, ptr = obj.__cuda_stream__()
+        if version != 0:
+            raise ValueError(f"unsupported __cuda_stream__ protocol version {version}")
+        return int(ptr)
+    if hasattr(obj, "cuda_stream"):  # torch.cuda.Stream
+        return int(obj.cuda_stream)
+    if hasattr(obj, "ptr"):  # cupy.cuda.Stream
+        return int(obj.ptr)
+    raise TypeError(
+        "expected a CUDA stream (torch.cuda.Stream, CuPy or numba stream, an object with "
+        f"__cuda_stream__, or a cudaStream_t int), got {type(obj).__name__}"
+    )
+
+
+def as_numba_stream(obj: Any) -> Any:
+    """Return a numba stream for a user's stream object (see :func:`stream_pointer`).
+
+    The caller keeps ownership and must keep the stream alive while ccoll uses it.
     """
     from numba import cuda
 
@@ -190,24 +215,7 @@ def as_numba_stream(obj: Any) -> Any:
 
     if isinstance(obj, NumbaStream):
         return obj
-    if isinstance(obj, bool):
-        raise TypeError("a stream cannot be a bool")
-    if isinstance(obj, int):
-        ptr = obj
-    elif hasattr(obj, "__cuda_stream__"):
-        version, ptr = obj.__cuda_stream__()
-        if version != 0:
-            raise ValueError(f"unsupported __cuda_stream__ protocol version {version}")
-    elif hasattr(obj, "cuda_stream"):  # torch.cuda.Stream
-        ptr = obj.cuda_stream
-    elif hasattr(obj, "ptr"):  # cupy.cuda.Stream
-        ptr = obj.ptr
-    else:
-        raise TypeError(
-            "expected a CUDA stream (torch.cuda.Stream, CuPy or numba stream, an object with "
-            f"__cuda_stream__, or a cudaStream_t int), got {type(obj).__name__}"
-        )
-    return cuda.external_stream(int(ptr))
+    return cuda.external_stream(stream_pointer(obj))
 
 
 class _NumbaApi:
