@@ -5,15 +5,26 @@ performance notes.
 """
 
 from ccoll._version import __version__
+from ccoll.compressor import compress, decompress
 from ccoll.errorbound import ABS, REL
-from ccoll.errors import CCollError, CollectiveError, ErrorBoundError, FormatError, MismatchError
+from ccoll.errors import (
+    CCollError,
+    CollectiveError,
+    DTypeError,
+    ErrorBoundError,
+    FormatError,
+    MismatchError,
+)
 
 __all__ = [
     "__version__",
     "ABS",
     "REL",
+    "compress",
+    "decompress",
     "CCollError",
     "CollectiveError",
+    "DTypeError",
     "ErrorBoundError",
     "FormatError",
     "MismatchError",

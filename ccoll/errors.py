@@ -14,6 +14,7 @@ __all__ = [
     "CollectiveError",
     "CCollTimeoutError",
     "InputError",
+    "DTypeError",
 ]
 
 
@@ -43,3 +44,7 @@ class CCollTimeoutError(CCollError, TimeoutError):
 
 class InputError(CCollError, ValueError):
     """An input file or argument cannot be used (not HDF5, a pattern matching nothing, ...)."""
+
+
+class DTypeError(CCollError, TypeError):
+    """Data of a dtype ccoll cannot compress (only float32 and float64 are supported)."""

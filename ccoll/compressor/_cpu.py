@@ -1,0 +1,919 @@
+"""CPU backend of the ccoll compressor: numba kernels for stream format v1 (docs/format.md).
+
+Work is split into chunks of ``CHUNK_BLOCKS`` blocks (a multiple of 32, so each chunk owns
+whole bitmap words); ``prange`` runs over chunks. Compression is two kernel passes: the
+first decides every block's code (and sums payload words and non-zero blocks per chunk),
+a serial exclusive scan over the chunk sums gives each chunk's code index and payload
+offset, and the second pass recomputes the quantization and writes bitmap, codes and
+payload into an output allocated once at its exact size. No per-element integer array is
+kept. Decompression validates the bitmap and the codes (two small passes) before a third
+pass reads the payload.
+
+The arithmetic is exactly the one of docs/format.md (float64 division, ``floor(v + 0.5)``,
+one float64 multiplication, rounding to the dtype). The kernels are compiled without
+fastmath so that no contraction or reassociation changes a bit; the CUDA backend makes
+the same choices and produces byte-identical streams.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic, overload
+
+from ccoll.compressor import format as fmt
+from ccoll.errors import FormatError, MismatchError
+
+__all__ = ["compress_abs", "decompress", "add", "header", "finite_range", "as_stream"]
+
+BLOCK = fmt.BLOCK
+CHUNK_BLOCKS = 256  # 8192 elements; a multiple of 32 so bitmap words are never shared
+QLIM = 2147483647.0  # |v| < 2^31 - 1: quantizable (format.md, "Pre-quantization")
+QMAX_ADD = 2147483647  # a homomorphic sum with |q| >= 2^31 - 1 is stored raw
+CODE_RAW = fmt.CODE_RAW
+CODE_RAW64 = fmt.CODE_RAW64
+LOR = fmt.LORENZO_BIT
+CANONICAL_NAN64 = 0x7FF8000000000000  # stored for a NaN sum (docs/format.md, "Homomorphic add")
+
+
+
+# ---------------------------------------------------------------------------- intrinsics
+
+
+@intrinsic
+def _bitlen(typingctx, x):  # type: ignore[no-untyped-def]
+    """Bit length of a non-negative int64 (0 for 0): ``64 - clz``."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        lz = builder.ctlz(args[0], ir.Constant(ir.IntType(1), 0))
+        return builder.sub(ir.Constant(ir.IntType(64), 64), lz)
+
+    return sig, codegen
+
+
+@intrinsic
+def _popcount(typingctx, x):  # type: ignore[no-untyped-def]
+    """Count the set bits of an int64."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.ctpop(args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def _f64_from_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """Reinterpret the 64 bits of an int64 as a float64."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _bits_from_f64(typingctx, x):  # type: ignore[no-untyped-def]
+    """Reinterpret a float64 as its 64-bit pattern (an int64)."""
+    sig = types.int64(types.float64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def _f32_from_bits(typingctx, x):  # type: ignore[no-untyped-def]
+    """Reinterpret the low 32 bits of an int64 as a float32, widened to float64."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        lo = builder.trunc(args[0], ir.IntType(32))
+        f = builder.bitcast(lo, ir.FloatType())
+        return builder.fpext(f, ir.DoubleType())
+
+    return sig, codegen
+
+
+def _round_like(d, arr):  # type: ignore[no-untyped-def]
+    """``float64(T(d))`` where ``T`` is the dtype of ``arr`` (one rounding, nearest-even)."""
+    raise NotImplementedError  # only called from numba code, see the overload below
+
+
+@overload(_round_like)
+def _round_like_impl(d, arr):  # type: ignore[no-untyped-def]
+    if arr.dtype == types.float32:
+
+        def impl(d, arr):  # type: ignore[no-untyped-def]
+            return np.float64(np.float32(d))
+
+    else:
+
+        def impl(d, arr):  # type: ignore[no-untyped-def]
+            return d
+
+    return impl
+
+
+# ---------------------------------------------------------------------- per-block helpers
+#
+# Hot loops index slices with the loop variable (``xb[l]``, not ``x[base + l]``): numba
+# cannot prove ``base + l >= 0`` and would emit negative-index wraparound, which turns the
+# vectorized loads into gathers. Lorenzo differences use a ``prev`` recurrence, which LLVM
+# vectorizes with lane shuffles instead of re-reading a freshly stored array.
+
+
+@njit(nogil=True, cache=True)
+def _block_words(code, is32):  # type: ignore[no-untyped-def]
+    """Payload words of a valid code (0 for a zero block)."""
+    if code == 0:
+        return 0
+    if code == CODE_RAW:
+        return 32 if is32 else 64
+    if code == CODE_RAW64:
+        return 64
+    return 1 + (code & 0x7F)
+
+
+@njit(nogil=True, cache=True)
+def _code_valid(code, is32):  # type: ignore[no-untyped-def]
+    """Tell whether a code byte is allowed in a non-zero block (format.md, "Block kinds")."""
+    w = code & 0x7F
+    if code & LOR:
+        return 1 <= w <= 31
+    if 1 <= code <= CODE_RAW:
+        return True
+    return code == CODE_RAW64 and is32
+
+
+@njit(nogil=True, cache=True)
+def _code_of(orq, ord_):  # type: ignore[no-untyped-def]
+    """Code from the OR of ``|q|`` and of ``|Lorenzo c|`` over a block (rules 3-4).
+
+    The bit length of the maximum equals the bit length of the OR. Requires every
+    ``|q| <= 2^31 - 1``; a Lorenzo candidate of 32 bits or more is never chosen because
+    it is not narrower.
+    """
+    if orq == 0:
+        return 0
+    wq = _bitlen(orq)
+    wd = _bitlen(ord_)
+    if wd < wq:
+        return LOR | wd
+    return wq
+
+
+@njit(nogil=True, cache=True)
+def _quantize(xb, eb, step, q):  # type: ignore[no-untyped-def]
+    """Quantize one block; ``xb`` holds its valid elements (1..32), ``q`` receives 32 lanes.
+
+    Returns (rejected lanes, OR of ``|q|``, OR of ``|q[l] - q[l-1]|`` over valid lanes). A
+    lane is accepted when ``|v| < 2^31 - 1`` and ``|y - x| < eb`` in float64, with
+    ``y = T(float64(q) * step)``. Padding lanes get ``q = 0``.
+    """
+    m = xb.size
+    bad = np.int64(0)
+    orq = np.int64(0)
+    ord_ = np.int64(0)
+    prev = np.int64(0)
+    if m == BLOCK:
+        # Branch-free body with a constant trip count so LLVM vectorizes it.
+        for l in range(BLOCK):
+            xd = np.float64(xb[l])
+            v = xd / step
+            inr = abs(v) < QLIM
+            vv = v if inr else 0.0
+            qi = np.int64(np.floor(vv + 0.5))
+            yd = _round_like(np.float64(qi) * step, xb)
+            ok = inr & (abs(yd - xd) < eb)
+            bad += np.int64(not ok)
+            orq |= abs(qi)
+            ord_ |= abs(qi - prev)
+            prev = qi
+            q[l] = qi
+    else:
+        for l in range(m):
+            xd = np.float64(xb[l])
+            v = xd / step
+            inr = abs(v) < QLIM
+            vv = v if inr else 0.0
+            qi = np.int64(np.floor(vv + 0.5))
+            yd = _round_like(np.float64(qi) * step, xb)
+            ok = inr & (abs(yd - xd) < eb)
+            bad += np.int64(not ok)
+            orq |= abs(qi)
+            ord_ |= abs(qi - prev)
+            prev = qi
+            q[l] = qi
+        for l in range(m, BLOCK):
+            q[l] = 0
+    return bad, orq, ord_
+
+
+@njit(nogil=True, cache=True)
+def _planes(mag, w, Wb):  # type: ignore[no-untyped-def]
+    """Bit-planes 0..w-1 of the 32 magnitudes ``mag`` into ``Wb[1 : 1 + w]``."""
+    for j in range(w):
+        p = np.int64(0)
+        for l in range(BLOCK):
+            p |= ((mag[l] >> j) & 1) << l
+        Wb[1 + j] = p
+
+
+@njit(nogil=True, cache=True)
+def _encode_x(xb, step, code, Wb, mag):  # type: ignore[no-untyped-def]
+    """Quantize ``xb`` again and write the fixed-length block ``code`` into ``Wb``."""
+    m = xb.size
+    lor = np.int64(1) if code & LOR else np.int64(0)
+    sign = np.int64(0)
+    prev = np.int64(0)
+    if m == BLOCK:
+        for l in range(BLOCK):
+            # Same arithmetic as _quantize; the block is known to be accepted.
+            v = np.float64(xb[l]) / step
+            qi = np.int64(np.floor(v + 0.5))
+            c = qi - prev * lor
+            prev = qi
+            sign |= np.int64(c < 0) << l
+            mag[l] = abs(c)
+    else:
+        for l in range(m):
+            v = np.float64(xb[l]) / step
+            qi = np.int64(np.floor(v + 0.5))
+            c = qi - prev * lor
+            prev = qi
+            sign |= np.int64(c < 0) << l
+            mag[l] = abs(c)
+        for l in range(m, BLOCK):
+            mag[l] = 0
+    Wb[0] = sign
+    _planes(mag, code & 0x7F, Wb)
+
+
+@njit(nogil=True, cache=True)
+def _encode_q(q, m, code, Wb, mag):  # type: ignore[no-untyped-def]
+    """Write quantized values ``q`` (valid lanes ``< m``) as the fixed-length block ``code``."""
+    lor = np.int64(1) if code & LOR else np.int64(0)
+    sign = np.int64(0)
+    prev = np.int64(0)
+    for l in range(m):
+        c = q[l] - prev * lor
+        prev = q[l]
+        sign |= np.int64(c < 0) << l
+        mag[l] = abs(c)
+    for l in range(m, BLOCK):
+        mag[l] = 0
+    Wb[0] = sign
+    _planes(mag, code & 0x7F, Wb)
+
+
+@njit(nogil=True, cache=True)
+def _decode_q(Wb, code, q):  # type: ignore[no-untyped-def]
+    """Read a fixed-length block ``Wb`` into ``q[0:32]`` (int64, Lorenzo undone)."""
+    for l in range(BLOCK):
+        q[l] = 0
+    w = code & 0x7F
+    for j in range(w):
+        p = np.int64(Wb[1 + j])
+        for l in range(BLOCK):
+            q[l] |= ((p >> l) & 1) << j
+    sign = np.int64(Wb[0])
+    for l in range(BLOCK):
+        s = (sign >> l) & 1
+        q[l] = (q[l] ^ -s) + s  # negate where the sign bit is set
+    if code & LOR:
+        # Magnitudes are below 2^31, so 32 of them cannot overflow int64.
+        acc = np.int64(0)
+        for l in range(BLOCK):
+            acc += q[l]
+            q[l] = acc
+
+
+@njit(nogil=True, cache=True)
+def _raw_value(Wb, code, l, is32):  # type: ignore[no-untyped-def]
+    """float64 value of lane ``l`` of a raw block (code 32 or 33)."""
+    if code == CODE_RAW and is32:
+        return _f32_from_bits(np.int64(Wb[l]))
+    lo = np.int64(Wb[2 * l])
+    hi = np.int64(Wb[2 * l + 1])
+    return _f64_from_bits(lo | (hi << 32))
+
+
+# -------------------------------------------------------------------------- compression
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _range_kernel(bits, is32, chunk_lo, chunk_hi):  # type: ignore[no-untyped-def]
+    """Per-chunk min/max of the finite values, on order-preserving integer keys."""
+    n = bits.size
+    nchunks = chunk_lo.size
+    per = (n + nchunks - 1) // nchunks
+    for c in prange(nchunks):
+        i0 = c * per
+        i1 = min(i0 + per, n)
+        lo = np.int64(0x7FFFFFFFFFFFFFFF)
+        hi = np.int64(-0x7FFFFFFFFFFFFFFF - 1)
+        if is32:
+            for i in range(i0, i1):
+                b = np.int64(bits[i])  # uint32 bit pattern
+                fin = (b & 0x7F800000) != 0x7F800000
+                s = b - ((b & 0x80000000) << 1)  # as a signed 32-bit value
+                key = s ^ ((s >> 63) & 0x7FFFFFFF)
+                lo = min(lo, key) if fin else lo
+                hi = max(hi, key) if fin else hi
+        else:
+            for i in range(i0, i1):
+                s = np.int64(bits[i])  # int64 view of the float64 bits
+                fin = (s & 0x7FF0000000000000) != 0x7FF0000000000000
+                key = s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFFF)
+                lo = min(lo, key) if fin else lo
+                hi = max(hi, key) if fin else hi
+        chunk_lo[c] = lo
+        chunk_hi[c] = hi
+
+
+def finite_range(x: np.ndarray) -> tuple[float, float]:
+    """Min and max of the finite values of a contiguous float array (``(inf, -inf)`` if none).
+
+    One parallel pass; equal to :func:`ccoll.errorbound.finite_range`.
+    """
+    flat = x.reshape(-1)
+    if flat.size == 0:
+        return math.inf, -math.inf
+    is32 = flat.dtype == np.float32
+    bits = flat.view(np.uint32) if is32 else flat.view(np.int64)
+    nchunks = max(1, min(256, flat.size // 65536))
+    lo = np.empty(nchunks, np.int64)
+    hi = np.empty(nchunks, np.int64)
+    _range_kernel(bits, is32, lo, hi)
+    klo, khi = int(lo.min()), int(hi.max())
+    if klo > khi:
+        return math.inf, -math.inf
+    return _key_to_float(klo, is32), _key_to_float(khi, is32)
+
+
+def _key_to_float(key: int, is32: bool) -> float:
+    if is32:
+        s = key if key >= 0 else key ^ 0x7FFFFFFF
+        return float(np.array([s], np.int32).view(np.float32)[0])
+    s = key if key >= 0 else key ^ 0x7FFFFFFFFFFFFFFF
+    return float(np.array([s], np.int64).view(np.float64)[0])
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_lossy(x, eb, step, codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
+    """Pass 1 of a lossy compression: every block's code, per-chunk sums."""
+    n = x.size
+    nblocks = codes.size
+    is32 = x.itemsize == 4
+    for c in prange(chunk_nnz.size):
+        q = np.empty(BLOCK, np.int64)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        words = 0
+        for b in range(b0, b1):
+            base = b * BLOCK
+            bad, orq, ord_ = _quantize(x[base : min(base + BLOCK, n)], eb, step, q)
+            code = CODE_RAW if bad else _code_of(orq, ord_)
+            codes[b] = code
+            if code != 0:
+                nz += 1
+                words += _block_words(code, is32)
+        chunk_nnz[c] = nz
+        chunk_words[c] = words
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
+    """Pass 1 of an ``eb = 0`` compression: zero block iff every element is +-0.0."""
+    n = bits.size
+    nblocks = codes.size
+    for c in prange(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        words = 0
+        for b in range(b0, b1):
+            base = b * BLOCK
+            bb = bits[base : min(base + BLOCK, n)]
+            acc = np.uint64(0)
+            for l in range(bb.size):
+                acc |= np.uint64(bb[l]) & mask
+            code = 0 if acc == 0 else CODE_RAW
+            codes[b] = code
+            if code != 0:
+                nz += 1
+                words += _block_words(code, is32)
+        chunk_nnz[c] = nz
+        chunk_words[c] = words
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _write_stream(x, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W):  # type: ignore[no-untyped-def]
+    """Pass 2 of compression: bitmap, code bytes and payload of every chunk."""
+    n = x.size
+    nblocks = codes.size
+    is32 = x.itemsize == 4
+    for c in prange(chunk_k.size):
+        mag = np.empty(BLOCK, np.int64)
+        k = chunk_k[c]
+        pos = chunk_pos[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        word = np.int64(0)
+        for b in range(b0, b1):
+            code = np.int64(codes[b])
+            if code != 0:
+                word |= np.int64(1) << (b & 31)
+                cbytes[k] = code
+                k += 1
+                base = b * BLOCK
+                e = min(base + BLOCK, n)
+                size = _block_words(code, is32)
+                Wb = W[pos : pos + size]
+                if code == CODE_RAW:
+                    bb = bits[base:e]
+                    m = bb.size
+                    if is32:
+                        for l in range(m):
+                            Wb[l] = bb[l]
+                        for l in range(m, BLOCK):
+                            Wb[l] = 0
+                    else:
+                        for l in range(m):
+                            v = np.int64(bb[l])
+                            Wb[2 * l] = v & 0xFFFFFFFF
+                            Wb[2 * l + 1] = (v >> 32) & 0xFFFFFFFF
+                        for l in range(2 * m, 2 * BLOCK):
+                            Wb[l] = 0
+                else:
+                    _encode_x(x[base:e], step, code, Wb, mag)
+                pos += size
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+
+
+def _scan(counts: np.ndarray) -> tuple[np.ndarray, int]:
+    """Exclusive prefix sum (int64) and total."""
+    out = np.zeros(counts.size, np.int64)
+    if counts.size > 1:
+        np.cumsum(counts[:-1], out=out[1:])
+    total = int(out[-1] + counts[-1]) if counts.size else 0
+    return out, total
+
+
+def _nchunks(nblocks: int) -> int:
+    return (nblocks + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS
+
+
+def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
+    """Compress a contiguous native float32/float64 host array with an absolute bound ``eb``.
+
+    ``eb`` must be finite and ``>= 0`` (checked by the caller); ``eb = 0`` is lossless.
+    """
+    flat = x.reshape(-1)
+    n = flat.size
+    is32 = flat.dtype == np.float32
+    nblocks = (n + BLOCK - 1) // BLOCK
+    nch = _nchunks(nblocks)
+    codes = np.empty(nblocks, np.uint8)
+    chunk_nnz = np.empty(nch, np.int64)
+    chunk_words = np.empty(nch, np.int64)
+    bits = flat.view(np.uint32) if is32 else flat.view(np.uint64)
+    step = 2.0 * eb
+    if nblocks:
+        if eb == 0.0:
+            mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
+            _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words)
+        else:
+            _plan_lossy(flat, eb, step, codes, chunk_nnz, chunk_words)
+    chunk_k, nnz = _scan(chunk_nnz)
+    chunk_pos, pwords = _scan(chunk_words)
+    hdr = fmt.StreamHeader(
+        dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb, nnz=nnz, payload_words=pwords
+    )
+    out = np.empty(hdr.nbytes, np.uint8)
+    head = hdr.pack()
+    out[: head.size] = head
+    out[hdr.codes_offset + nnz : hdr.payload_offset] = 0
+    if nblocks:
+        bitmap = out[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
+        cbytes = out[hdr.codes_offset : hdr.codes_offset + nnz]
+        W = out[hdr.payload_offset :].view(np.uint32)
+        _write_stream(flat, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W)
+    return out
+
+
+# ------------------------------------------------------------------------ decompression
+
+
+class _Layout:
+    """A validated stream: header, section views and per-chunk code index / payload offset."""
+
+    __slots__ = ("hdr", "bitmap", "codes", "W", "chunk_k", "chunk_pos")
+
+    def __init__(self, hdr: fmt.StreamHeader, bitmap: np.ndarray, codes: np.ndarray,
+                 W: np.ndarray, chunk_k: np.ndarray, chunk_pos: np.ndarray) -> None:
+        self.hdr = hdr
+        self.bitmap = bitmap
+        self.codes = codes
+        self.W = W
+        self.chunk_k = chunk_k
+        self.chunk_pos = chunk_pos
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _count_bitmap(bitmap, chunk_nnz):  # type: ignore[no-untyped-def]
+    """Set bits of the bitmap words of each chunk."""
+    per = CHUNK_BLOCKS // 32
+    nw = bitmap.size
+    for c in prange(chunk_nnz.size):
+        s = 0
+        for i in range(c * per, min(c * per + per, nw)):
+            s += _popcount(np.int64(bitmap[i]))
+        chunk_nnz[c] = s
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words):  # type: ignore[no-untyped-def]
+    """Payload words of each chunk; -1 for a chunk holding an invalid code byte."""
+    for c in prange(chunk_k.size):
+        k0 = chunk_k[c]
+        words = 0
+        for i in range(k0, k0 + chunk_nnz[c]):
+            code = np.int64(codes[i])
+            if not _code_valid(code, is32):
+                words = -1
+                break
+            words += _block_words(code, is32)
+        chunk_words[c] = words
+
+
+def as_stream(buf: object) -> np.ndarray:
+    """View a host stream as a 1-D uint8 numpy array (no copy where possible)."""
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8:
+            raise FormatError(f"a ccoll stream is a uint8 array, got dtype {buf.dtype}")
+        return buf.reshape(-1)
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        mv = memoryview(buf)
+        if not mv.contiguous:
+            raise FormatError("a ccoll stream must be a contiguous buffer")
+        return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, np.uint8)
+    raise FormatError(f"a ccoll stream is a uint8 array or bytes, got {type(buf).__name__}")
+
+
+def header(buf: object) -> fmt.StreamHeader:
+    """Parse and validate the header of a host stream."""
+    return fmt.parse_header(as_stream(buf))
+
+
+def _validate(buf: np.ndarray) -> _Layout:
+    """Header, bitmap and codes checked (docs/format.md, "Robustness"); payload untouched."""
+    hdr = fmt.parse_header(buf)
+    is32 = hdr.dtype == np.float32
+    nblocks = hdr.nblocks
+    raw = buf
+    if buf.ctypes.data % 4:
+        raw = buf.copy()  # word views need 4-byte alignment
+    bitmap = raw[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
+    codes = raw[hdr.codes_offset : hdr.codes_offset + hdr.nnz]
+    pad = raw[hdr.codes_offset + hdr.nnz : hdr.payload_offset]
+    W = raw[hdr.payload_offset :].view(np.uint32)
+    if pad.any():
+        raise FormatError("stream code padding bytes are not zero")
+    tail = nblocks % 32
+    if tail and int(bitmap[-1]) >> tail:
+        raise FormatError(f"stream bitmap has bits set beyond its {nblocks} blocks")
+    nch = _nchunks(nblocks)
+    chunk_nnz = np.zeros(nch, np.int64)
+    if nch:
+        _count_bitmap(bitmap, chunk_nnz)
+    chunk_k, total = _scan(chunk_nnz)
+    if total != hdr.nnz:
+        raise FormatError(
+            f"stream bitmap has {total} non-zero blocks, its header says {hdr.nnz}"
+        )
+    chunk_words = np.zeros(nch, np.int64)
+    if nch:
+        _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words)
+    if (chunk_words < 0).any():
+        raise FormatError("stream holds an invalid block code byte")
+    chunk_pos, words = _scan(chunk_words)
+    if words != hdr.payload_words:
+        raise FormatError(
+            f"stream block sizes add up to {words} payload words, its header says "
+            f"{hdr.payload_words}"
+        )
+    return _Layout(hdr, bitmap, codes, W, chunk_k, chunk_pos)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _decode(W, bitmap, codes, chunk_k, chunk_pos, step, n, out, outbits):  # type: ignore[no-untyped-def]
+    """Decode every block of a validated stream into ``out`` (``outbits``: its bit view)."""
+    nblocks = (n + BLOCK - 1) // BLOCK
+    is32 = out.itemsize == 4
+    for c in prange(chunk_k.size):
+        q = np.empty(BLOCK, np.int64)
+        k = chunk_k[c]
+        pos = chunk_pos[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            ob = out[base:e]
+            m = ob.size
+            if (np.int64(bitmap[b >> 5]) >> (b & 31)) & 1 == 0:
+                for l in range(m):
+                    ob[l] = 0.0
+                continue
+            code = np.int64(codes[k])
+            k += 1
+            size = _block_words(code, is32)
+            Wb = W[pos : pos + size]
+            pos += size
+            if code == CODE_RAW:
+                obits = outbits[base:e]
+                if is32:
+                    for l in range(m):
+                        obits[l] = Wb[l]
+                else:
+                    for l in range(m):
+                        obits[l] = np.int64(Wb[2 * l]) | (np.int64(Wb[2 * l + 1]) << 32)
+            elif code == CODE_RAW64:
+                for l in range(m):
+                    ob[l] = _raw_value(Wb, code, l, is32)
+            else:
+                _decode_q(Wb, code, q)
+                if m == BLOCK:
+                    for l in range(BLOCK):
+                        ob[l] = np.float64(q[l]) * step
+                else:
+                    for l in range(m):
+                        ob[l] = np.float64(q[l]) * step
+
+
+def _check_out(out: object, hdr: fmt.StreamHeader) -> np.ndarray:
+    """Check a caller's output buffer; return it as a flat writable view."""
+    if not isinstance(out, np.ndarray):
+        raise MismatchError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype != hdr.dtype:
+        raise MismatchError(f"out has dtype {out.dtype}, the stream holds {hdr.dtype}")
+    if out.shape != hdr.shape and out.size != hdr.n:
+        raise MismatchError(
+            f"out has shape {out.shape} ({out.size} elements), the stream holds shape "
+            f"{hdr.shape} ({hdr.n} elements)"
+        )
+    if not out.flags.writeable:
+        raise MismatchError("out is read-only")
+    if not out.flags.c_contiguous:
+        raise MismatchError("out must be C-contiguous")
+    return out.reshape(-1)
+
+
+def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode a host stream; ``out`` (matching dtype and shape or size) receives the values."""
+    lay = _validate(as_stream(buf))
+    hdr = lay.hdr
+    if out is None:
+        result = np.empty(hdr.shape, hdr.dtype)
+        flat = result.reshape(-1)
+    else:
+        flat = _check_out(out, hdr)
+        result = out
+    if hdr.n:
+        outbits = flat.view(np.uint32) if hdr.dtype == np.float32 else flat.view(np.int64)
+        _decode(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos, 2.0 * hdr.eb,
+                hdr.n, flat, outbits)
+    return result
+
+
+# ------------------------------------------------------------------------ homomorphic add
+
+
+@njit(nogil=True, cache=True)
+def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb):  # type: ignore[no-untyped-def]
+    """Code of the sum of two non-zero blocks; for a fixed sum ``qa`` = q_a + q_b."""
+    rawsum = CODE_RAW64 if is32 else CODE_RAW
+    if ca == CODE_RAW or ca == CODE_RAW64 or cb == CODE_RAW or cb == CODE_RAW64:
+        return rawsum
+    _decode_q(Wa, ca, qa)
+    _decode_q(Wb, cb, qb)
+    big = np.int64(0)
+    orq = np.int64(0)
+    ord_ = np.int64(0)
+    prev = np.int64(0)
+    for l in range(m):
+        s = qa[l] + qb[l]
+        big |= np.int64(abs(s) >= QMAX_ADD)
+        orq |= abs(s)
+        ord_ |= abs(s - prev)
+        prev = s
+        qa[l] = s
+    for l in range(m, BLOCK):
+        qa[l] = 0
+    if big:
+        return rawsum
+    return _code_of(orq, ord_)
+
+
+@njit(nogil=True, cache=True)
+def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, Wo):  # type: ignore[no-untyped-def]
+    """Store ``float64(a) + float64(b)`` per lane as 64 words (code 32 or 33)."""
+    fa = ca != CODE_RAW and ca != CODE_RAW64
+    fb = cb != CODE_RAW and cb != CODE_RAW64
+    if fa:
+        _decode_q(Wa, ca, qa)
+    if fb:
+        _decode_q(Wb, cb, qb)
+    for l in range(m):
+        va = np.float64(qa[l]) * step if fa else _raw_value(Wa, ca, l, is32)
+        vb = np.float64(qb[l]) * step if fb else _raw_value(Wb, cb, l, is32)
+        s = va + vb
+        bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
+        Wo[2 * l] = bits & 0xFFFFFFFF
+        Wo[2 * l + 1] = (bits >> 32) & 0xFFFFFFFF
+    for l in range(2 * m, 2 * BLOCK):
+        Wo[l] = 0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
+              codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
+    """Pass 1 of an add: the code of every output block, per-chunk sums."""
+    nblocks = codes.size
+    for c in prange(chunk_nnz.size):
+        qa = np.empty(BLOCK, np.int64)
+        qb = np.empty(BLOCK, np.int64)
+        ka = cka[c]
+        pa = cpa[c]
+        kb = ckb[c]
+        pb = cpb[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        words = 0
+        for b in range(b0, b1):
+            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
+            zb = (np.int64(bmb[b >> 5]) >> (b & 31)) & 1
+            codea = np.int64(ca[ka]) if za else np.int64(0)
+            codeb = np.int64(cb[kb]) if zb else np.int64(0)
+            sa = _block_words(codea, is32)
+            sb = _block_words(codeb, is32)
+            if za and zb:
+                m = min(BLOCK, n - b * BLOCK)
+                code = _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32,
+                                  qa, qb)
+            else:
+                code = codea | codeb  # at most one of them is non-zero
+            ka += za
+            pa += sa
+            kb += zb
+            pb += sb
+            codes[b] = code
+            if code != 0:
+                nz += 1
+                words += _block_words(code, is32)
+        chunk_nnz[c] = nz
+        chunk_words[c] = words
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
+               codes, chunk_k, chunk_pos, bitmap, cbytes, W):  # type: ignore[no-untyped-def]
+    """Pass 2 of an add: bitmap, code bytes and payload of the sum."""
+    nblocks = codes.size
+    for c in prange(chunk_k.size):
+        qa = np.empty(BLOCK, np.int64)
+        qb = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.int64)
+        ka = cka[c]
+        pa = cpa[c]
+        kb = ckb[c]
+        pb = cpb[c]
+        k = chunk_k[c]
+        pos = chunk_pos[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        word = np.int64(0)
+        for b in range(b0, b1):
+            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
+            zb = (np.int64(bmb[b >> 5]) >> (b & 31)) & 1
+            codea = np.int64(ca[ka]) if za else np.int64(0)
+            codeb = np.int64(cb[kb]) if zb else np.int64(0)
+            sa = _block_words(codea, is32)
+            sb = _block_words(codeb, is32)
+            code = np.int64(codes[b])
+            if code != 0:
+                word |= np.int64(1) << (b & 31)
+                cbytes[k] = code
+                k += 1
+                m = min(BLOCK, n - b * BLOCK)
+                size = _block_words(code, is32)
+                Wo = W[pos : pos + size]
+                if not (za and zb):
+                    # One side is a zero block: the other block's payload, unchanged.
+                    src = Wa[pa : pa + sa] if za else Wb[pb : pb + sb]
+                    for i in range(size):
+                        Wo[i] = src[i]
+                elif code != CODE_RAW and code != CODE_RAW64:
+                    # Fixed + fixed in range: recompute q_a + q_b and encode it.
+                    _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, qa, qb)
+                    _encode_q(qa, m, code, Wo, mag)
+                else:
+                    _raw_sum(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, step,
+                             qa, qb, Wo)
+                pos += size
+            ka += za
+            pa += sa
+            kb += zb
+            pb += sb
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+
+
+def sum_bound(a: float, b: float) -> float:
+    """Add two bounds, rounding up to the next float64 when the float64 sum is inexact."""
+    s = a + b
+    # Exact when the sum minus each term gives back the other (TwoSum error is zero).
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    if err > 0.0:
+        s = math.nextafter(s, math.inf)
+    return s
+
+
+def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
+    """Homomorphic sum of two host streams (docs/format.md, "Homomorphic add").
+
+    With ``out`` (a writable contiguous uint8 array, ``max_nbytes`` always suffices) the
+    stream is written there and the used prefix is returned.
+    """
+    la = _validate(as_stream(a))
+    lb = _validate(as_stream(b))
+    ha, hb = la.hdr, lb.hdr
+    if ha.dtype != hb.dtype:
+        raise MismatchError(f"cannot add a {ha.dtype} stream to a {hb.dtype} stream")
+    if ha.n != hb.n:
+        raise MismatchError(f"cannot add streams of {ha.n} and {hb.n} elements")
+    if np.float64(ha.eb).view(np.uint64) != np.float64(hb.eb).view(np.uint64):
+        raise MismatchError(
+            f"cannot add streams quantized with different bounds eb={ha.eb!r} and eb={hb.eb!r}"
+        )
+    bound = sum_bound(ha.bound, hb.bound)
+    if not math.isfinite(bound):
+        raise MismatchError(f"the sum of bounds {ha.bound!r} + {hb.bound!r} overflows")
+    nterms = ha.nterms + hb.nterms
+    if nterms >= 1 << 32:
+        raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
+    is32 = ha.dtype == np.float32
+    n = ha.n
+    nblocks = ha.nblocks
+    nch = _nchunks(nblocks)
+    step = 2.0 * ha.eb
+    codes = np.empty(nblocks, np.uint8)
+    chunk_nnz = np.empty(nch, np.int64)
+    chunk_words = np.empty(nch, np.int64)
+    args_a = (la.W, la.bitmap, la.codes, la.chunk_k, la.chunk_pos)
+    args_b = (lb.W, lb.bitmap, lb.codes, lb.chunk_k, lb.chunk_pos)
+    if nch:
+        _plan_add(*args_a, *args_b, n, is32, codes, chunk_nnz, chunk_words)
+    chunk_k, nnz = _scan(chunk_nnz)
+    chunk_pos, pwords = _scan(chunk_words)
+    hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound, nnz=nnz,
+                           payload_words=pwords, nterms=nterms)
+    if out is None:
+        res = np.empty(hdr.nbytes, np.uint8)
+    else:
+        if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1):
+            raise MismatchError("out for a stream must be a 1-D uint8 numpy array")
+        if not (out.flags.writeable and out.flags.c_contiguous):
+            raise MismatchError("out for a stream must be writable and contiguous")
+        if out.size < hdr.nbytes:
+            raise MismatchError(
+                f"out holds {out.size} bytes, the sum needs {hdr.nbytes} "
+                "(size it with max_nbytes)"
+            )
+        if out.ctypes.data % 4:
+            raise MismatchError("out for a stream must be 4-byte aligned")
+        res = out[: hdr.nbytes]
+    head = hdr.pack()
+    res[: head.size] = head
+    res[hdr.codes_offset + nnz : hdr.payload_offset] = 0
+    if nch:
+        bitmap = res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
+        cbytes = res[hdr.codes_offset : hdr.codes_offset + nnz]
+        W = res[hdr.payload_offset :].view(np.uint32)
+        _write_add(*args_a, *args_b, n, is32, step, codes, chunk_k, chunk_pos, bitmap,
+                   cbytes, W)
+    return res

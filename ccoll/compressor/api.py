@@ -1,0 +1,185 @@
+"""Public entry points of the compressor: checked arguments in front of the kernels.
+
+``compress`` resolves an error bound (``ABS``/``REL``) and ``compress_abs`` takes an absolute
+one already resolved (the collectives resolve ``REL`` over the global range). ``decompress``,
+``add`` and ``header`` read the self-describing stream of docs/format.md. Host data goes to
+the numba CPU kernels (``_cpu``), device data to the CUDA backend (``_cuda``); the choice
+is made in :mod:`ccoll.compressor._backend` only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ccoll.compressor import _backend, _cpu
+from ccoll.compressor.format import StreamHeader
+from ccoll.errorbound import REL, as_bound
+from ccoll.errors import DTypeError, ErrorBoundError, MismatchError
+
+__all__ = ["compress", "compress_abs", "decompress", "add", "header"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_TORCH_FLOATS: dict[str, np.dtype] = {
+    "torch.float32": np.dtype(np.float32),
+    "torch.float64": np.dtype(np.float64),
+}
+
+
+def _dtype_error(what: object) -> DTypeError:
+    return DTypeError(f"ccoll compresses float32 or float64 data, got {what}")
+
+
+def _host_array(x: Any) -> np.ndarray:
+    """Convert host data to a C-contiguous native-endian float32/float64 numpy array."""
+    if _backend.is_torch(x):
+        if str(x.dtype) not in _TORCH_FLOATS:
+            raise _dtype_error(x.dtype)
+        x = x.detach().resolve_neg().resolve_conj().numpy()
+    elif not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    dt = x.dtype
+    if dt.kind != "f" or dt.itemsize not in (4, 8):
+        raise _dtype_error(dt)
+    if not dt.isnative:
+        x = x.astype(dt.newbyteorder("="))
+    return np.ascontiguousarray(x)
+
+
+def _device_dtype(x: Any) -> np.dtype:
+    """Check and return the dtype of a device array (torch, CuPy, numba, CAI objects)."""
+    if _backend.is_torch(x):
+        if str(x.dtype) not in _TORCH_FLOATS:
+            raise _dtype_error(x.dtype)
+        return _TORCH_FLOATS[str(x.dtype)]
+    dt = getattr(x, "dtype", None)
+    if dt is None:
+        dt = x.__cuda_array_interface__["typestr"]
+    try:
+        npdt = np.dtype(dt)
+    except TypeError:
+        raise _dtype_error(dt) from None
+    if npdt not in _FLOATS:
+        raise _dtype_error(npdt)
+    return npdt
+
+
+def _check_eb_abs(eb_abs: object) -> float:
+    if isinstance(eb_abs, (bool, np.bool_)) or not isinstance(
+        eb_abs, (int, float, np.integer, np.floating)
+    ):
+        raise ErrorBoundError(f"absolute bound must be a real number, got {type(eb_abs).__name__}")
+    eb = float(eb_abs)
+    if not math.isfinite(eb) or eb < 0.0:
+        raise ErrorBoundError(f"absolute bound must be finite and >= 0, got {eb_abs!r}")
+    return eb + 0.0  # -0.0 becomes +0.0: the header stores a canonical zero
+
+
+def _device_range(x: Any, stream: Any) -> tuple[float, float]:
+    cuda = _backend.cuda_module()
+    rng = getattr(cuda, "finite_range", None)
+    if rng is not None:
+        lo, hi = rng(x, stream=stream)
+        return float(lo), float(hi)
+    # Without a device reduction, copy to the host (correct, slower).
+    from numba import cuda as nbcuda
+
+    return _cpu.finite_range(np.ascontiguousarray(nbcuda.as_cuda_array(x).copy_to_host()))
+
+
+def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
+    """Compress ``x`` (float32/float64, any shape) within the error bound ``eb``.
+
+    ``eb`` is ``ccoll.ABS(v)``, ``ccoll.REL(v)`` (``v * (max - min)`` of the finite values;
+    constant data gives a lossless stream) or anything :func:`ccoll.errorbound.as_bound`
+    accepts. Returns a uint8 stream on the device of ``x`` (numpy for host data); every
+    finite element decompresses within the bound, NaN and ±Inf come back as they were.
+    """
+    bound = as_bound(eb)
+    if _backend.backend_of(x) == "cuda":
+        _device_dtype(x)
+        if isinstance(bound, REL):
+            eb_abs = bound.resolve(*_device_range(x, stream))
+        else:
+            eb_abs = bound.value
+        return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream)
+    arr = _host_array(x)
+    if isinstance(bound, REL):
+        eb_abs = bound.resolve(*_cpu.finite_range(arr))
+    else:
+        eb_abs = bound.value
+    return _cpu.compress_abs(arr, _check_eb_abs(eb_abs))
+
+
+def compress_abs(x: Any, eb_abs: float, *, stream: Any = None) -> Any:
+    """Compress ``x`` with an absolute bound already resolved (finite, ``>= 0``; 0 = lossless).
+
+    ``stream`` is a CUDA stream for device data and is ignored for host data.
+    """
+    eb = _check_eb_abs(eb_abs)
+    if _backend.backend_of(x) == "cuda":
+        _device_dtype(x)
+        return _backend.cuda_module().compress_abs(x, eb, stream=stream)
+    return _cpu.compress_abs(_host_array(x), eb)
+
+
+def _host_stream(buf: Any) -> np.ndarray:
+    if _backend.is_torch(buf):
+        buf = buf.detach().numpy()
+    return _cpu.as_stream(buf)
+
+
+def _host_out(out: Any) -> np.ndarray:
+    if _backend.is_torch(out):
+        if str(out.dtype) not in _TORCH_FLOATS:
+            raise MismatchError(f"out has dtype {out.dtype}, expected float32 or float64")
+        return out.detach().numpy()
+    if not isinstance(out, np.ndarray):
+        raise MismatchError(f"out must be a numpy array or a CPU tensor, got {type(out).__name__}")
+    return out
+
+
+def decompress(buf: Any, out: Any = None, *, stream: Any = None) -> Any:
+    """Decode a stream; dtype and shape come from the stream.
+
+    ``out`` (same dtype, same shape or element count, writable, C-contiguous, on the
+    stream's device) receives the values and is returned. Malformed, truncated or foreign
+    bytes raise :class:`ccoll.FormatError`.
+    """
+    if _backend.backend_of(buf) == "cuda":
+        if out is not None and _backend.backend_of(out) != "cuda":
+            raise MismatchError("out must live on the same device as the stream (CUDA)")
+        return _backend.cuda_module().decompress(buf, out=out, stream=stream)
+    if out is None:
+        return _cpu.decompress(_host_stream(buf))
+    if _backend.backend_of(out) != "cpu":
+        raise MismatchError("out must live on the same device as the stream (host)")
+    _cpu.decompress(_host_stream(buf), _host_out(out))
+    return out
+
+
+def add(a: Any, b: Any, out: Any = None, *, stream: Any = None) -> Any:
+    """Homomorphic sum of two streams of equal dtype, count and ``eb`` (docs/format.md).
+
+    The result decodes to the sum of what ``a`` and ``b`` decode to (exactly for ordinary
+    blocks) and its header bound is the sum of theirs. With ``out`` (uint8, at least
+    ``max_nbytes`` bytes) the stream is written there and the used prefix is returned.
+    Streams that cannot be added raise :class:`ccoll.MismatchError`.
+    """
+    where = _backend.backend_of(a)
+    if _backend.backend_of(b) != where or (out is not None and _backend.backend_of(out) != where):
+        raise MismatchError("streams to add (and out) must live on the same device")
+    if where == "cuda":
+        return _backend.cuda_module().add(a, b, out=out, stream=stream)
+    if _backend.is_torch(out):
+        out = out.detach().numpy()
+    return _cpu.add(_host_stream(a), _host_stream(b), out)
+
+
+def header(buf: Any) -> StreamHeader:
+    """Parse and validate a stream's header (dtype, shape, bounds, sizes)."""
+    if _backend.backend_of(buf) == "cuda":
+        return _backend.cuda_module().header(buf)
+    return _cpu.header(_host_stream(buf))
