@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Stop the one-node Slurm cluster that jobs/local-slurm/up.sh started from CCOLL_SLURM_DIR
+# (default /tmp/ccoll-slurm): cancel its jobs, stop slurmd, slurmctld and the private munged
+# by the PIDs in their PID files (never by name), then remove the folder. Safe to run twice.
+set -euo pipefail
+
+DIR=${CCOLL_SLURM_DIR:-/tmp/ccoll-slurm}
+MARKER=.ccoll-local-slurm
+PATH=$PATH:/usr/sbin
+say() { echo "local-slurm: $*" >&2; }
+
+if [[ ! -e $DIR ]]; then
+    say "nothing to stop ($DIR does not exist)"
+    exit 0
+fi
+if [[ ! -e $DIR/$MARKER ]]; then
+    say "$DIR was not made by up.sh; leaving it alone"
+    exit 2
+fi
+
+# stop PIDFILE NAME: stop the process in PIDFILE if it still runs a program called NAME
+# (a stale PID file may name a PID that now belongs to something else).
+stop() {
+    local pid
+    [[ -s $1 ]] || return 0
+    pid=$(<"$1")
+    [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$2" ]] || return 0
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for _ in $(seq 100); do
+        [[ -e /proc/$pid ]] || { say "stopped $2 ($pid)"; return 0; }
+        sleep 0.1
+    done
+    say "$2 ($pid) ignored SIGTERM for 10 s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+if [[ -s $DIR/slurm.conf ]] && command -v squeue >/dev/null; then
+    export SLURM_CONF=$DIR/slurm.conf
+    # Cancel what still runs, so no job steps outlive slurmd.
+    jobs=$(timeout 10 squeue -h -o %i 2>/dev/null || true)
+    if [[ -n $jobs ]]; then
+        say "cancelling jobs: $(echo $jobs)"
+        # shellcheck disable=SC2086
+        timeout 10 scancel $jobs 2>/dev/null || true
+        for _ in $(seq 50); do
+            [[ -z $(timeout 5 squeue -h -o %i 2>/dev/null || true) ]] && break
+            sleep 0.2
+        done
+    fi
+fi
+
+stop "$DIR/run/slurmd.pid" slurmd
+stop "$DIR/run/slurmctld.pid" slurmctld
+stop "$DIR/munge/munged.pid" munged
+rm -rf -- "$DIR"
+say "removed $DIR"
