@@ -10,7 +10,8 @@ MPI_TEST_TIMEOUT ?= 60
 PYTEST_MPI = $(VPY) -m mpi4py -m pytest tests/mpi -q -p no:cacheprovider \
 	--timeout=$(MPI_TEST_TIMEOUT) --timeout-method=thread
 
-.PHONY: all venv demo test test-unit test-mpi test-cuda test-slow bench lint datasets clean
+.PHONY: all venv demo test test-unit test-mpi test-cuda test-slow bench lint datasets clean \
+	slurm-up slurm-down
 
 all: test
 
@@ -47,6 +48,13 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(VPY) bench/compressor.py
+
+# One-node Slurm on this machine (root, Debian) for trying jobs/*.sbatch; see jobs/README.md.
+slurm-up:
+	jobs/local-slurm/up.sh
+
+slurm-down:
+	jobs/local-slurm/down.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check ccoll tests bench
