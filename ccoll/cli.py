@@ -1,0 +1,575 @@
+"""The ``ccoll`` command: compress, decompress, inspect and evaluate HDF5 gradient dumps.
+
+Argument parsing, output formatting and exit codes live here; the work is in
+:mod:`ccoll.h5`. docs/cli.md shows each command on the bundled dumps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1  # the work failed: a damaged stream, a dataset skipped, an I/O error
+EXIT_USAGE = 2  # bad arguments or input: missing/non-HDF5 file, output exists, bad bound
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); SIGTERM gives 143
+
+EXIT_CODES = """\
+exit status:
+  0    success
+  1    the work failed: a damaged stream (decompress names the dataset; with
+       --on-error skip the other datasets are written and the damaged ones listed),
+       an HDF5 or disk error
+  2    usage error or unusable input: bad option or bound, missing input, input not
+       HDF5, output exists (without --force), a pattern that matches no dataset
+  130  interrupted (Ctrl-C; 143 for SIGTERM); no partial output file is left
+"""
+
+MAIN_EPILOG = (
+    """\
+examples:
+  ccoll compress datasets/minilm.h5 minilm.ccoll.h5 --eb rel:1e-3
+  ccoll inspect minilm.ccoll.h5
+  ccoll decompress minilm.ccoll.h5 minilm.back.h5
+  ccoll eval datasets/minilm.h5 --eb rel:1e-2,1e-3,1e-4 --vs sz3,zfp --plot rd.png
+
+Run `ccoll COMMAND --help` for the options of each command.
+
+"""
+    + EXIT_CODES
+)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
+    if json_flag:
+        p.add_argument(
+            "--json", action="store_true", help="print one JSON document on stdout (for scripts)"
+        )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress bar and no summary (errors still go to stderr)",
+    )
+
+
+def _patterns(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only datasets whose full HDF5 path matches (fnmatch, e.g. '/step_0000/*.weight'); "
+        "repeatable",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="leave out datasets whose full path matches (fnmatch); repeatable",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser of the ``ccoll`` command (subcommands and their options)."""
+    from ccoll._version import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="ccoll",
+        description="Compress HDF5 gradient dumps with ccoll's error-bounded compressor, "
+        "restore them, inspect them, and compare ccoll with SZ3 and ZFP.",
+        epilog=MAIN_EPILOG,
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ccoll {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "compress",
+        help="compress the floating-point datasets of an HDF5 file",
+        description="Write OUT: IN with every selected float16/float32/float64 dataset replaced "
+        "by a ccoll stream (a 1-D uint8 dataset at the same path, with ccoll_* attributes "
+        "that make the file self-describing). Groups, attributes, links and other datasets "
+        "are copied unchanged. A REL bound resolves per dataset: rel * (max - min) of that "
+        "dataset's finite values. float16 is compressed as float32 with half the bound "
+        "(capped at 8) and restored to float16 within the full bound.",
+        epilog="""\
+examples:
+  ccoll compress datasets/minilm.h5 minilm.ccoll.h5 --eb rel:1e-3
+  ccoll compress dump.h5 small.h5 --eb abs:1e-5 --include '/step_*/*.weight' --lossless zstd
+  ccoll compress dump.h5 small.h5 --eb rel:1e-2 --exclude '*LayerNorm*' --force --json
+
+"""
+        + EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    p.add_argument("input", metavar="IN.h5", help="HDF5 file to compress")
+    p.add_argument(
+        "output", metavar="OUT.h5", help="file to write (refused if it exists, unless --force)"
+    )
+    p.add_argument(
+        "--eb",
+        required=True,
+        metavar="BOUND",
+        help="error bound: rel:V (V times each dataset's value range) or abs:V",
+    )
+    _patterns(p)
+    p.add_argument(
+        "--lossless",
+        choices=("none", "zstd"),
+        default="none",
+        help="wrap each stream in a zstd frame (needs the zstd extra); default none",
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    _common(p)
+
+    p = sub.add_parser(
+        "decompress",
+        help="restore a file written by `ccoll compress`",
+        description="Write OUT: IN with every ccoll dataset restored to its dtype, shape and "
+        "attributes (ccoll_* attributes removed), each value within the recorded bound.",
+        epilog="""\
+examples:
+  ccoll decompress minilm.ccoll.h5 minilm.back.h5
+  ccoll decompress damaged.h5 rescued.h5 --on-error skip --json
+
+"""
+        + EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    p.add_argument("input", metavar="IN.h5", help="file written by ccoll compress")
+    p.add_argument(
+        "output", metavar="OUT.h5", help="file to write (refused if it exists, unless --force)"
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument(
+        "--on-error",
+        choices=("stop", "skip"),
+        default="stop",
+        help="a damaged dataset: stop (exit 1, no output) or skip it (write the others, list "
+        "it, exit 1); default stop",
+    )
+    _common(p)
+
+    p = sub.add_parser(
+        "inspect",
+        help="per-dataset sizes, ratios and bounds of a raw or compressed file",
+        description="List every dataset: path, shape, dtype, stored bytes, original bytes, "
+        "ratio and bound, then the totals. Works on raw and ccoll-compressed files.",
+        epilog="""\
+examples:
+  ccoll inspect datasets/digits_cnn.h5
+  ccoll inspect minilm.ccoll.h5 --json
+
+"""
+        + EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    p.add_argument("input", metavar="FILE.h5", help="HDF5 file")
+    _common(p)
+
+    p = sub.add_parser(
+        "eval",
+        help="compare ccoll with SZ3 and ZFP on a file's datasets",
+        description="For each bound, resolve it per dataset to one absolute bound and run "
+        "ccoll and each named peer at that bound; report, per dataset and in total, the "
+        "compression ratio, bits per value, max |error| / bound, PSNR and compression and "
+        "decompression throughput (original MB/s, best of --repeat runs). A peer that is not "
+        "installed is reported as missing.",
+        epilog="""\
+examples:
+  ccoll eval datasets/minilm.h5 --eb rel:1e-2,1e-3,1e-4 --vs sz3,zfp --plot rd.png
+  ccoll eval datasets/digits_cnn.h5 --eb abs:1e-4,1e-5 --vs sz3 --include '/step_0000/*' --json
+
+--eb takes a comma-separated list; a bare number keeps the kind before it
+(rel:1e-2,1e-3,abs:1e-6 is two REL bounds and one ABS bound).
+
+"""
+        + EXIT_CODES,
+        formatter_class=_Formatter,
+    )
+    p.add_argument("input", metavar="IN.h5", help="HDF5 file with floating-point datasets")
+    p.add_argument("--eb", required=True, metavar="BOUNDS", help="bounds, e.g. rel:1e-2,1e-3,1e-4")
+    p.add_argument(
+        "--vs",
+        default="sz3,zfp",
+        metavar="PEERS",
+        help="peers to compare against, comma-separated: sz3, zfp (default sz3,zfp); "
+        "'none' for ccoll alone",
+    )
+    p.add_argument(
+        "--plot", metavar="PNG", help="write a rate-distortion plot (bits/value vs PSNR)"
+    )
+    p.add_argument("--force", action="store_true", help="replace the --plot file if it exists")
+    p.add_argument(
+        "--repeat", type=int, default=3, help="timed runs per measurement, best kept (3)"
+    )
+    p.add_argument(
+        "--summary", action="store_true", help="print only the totals, not one row per dataset"
+    )
+    _patterns(p)
+    _common(p)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------
+# output
+
+
+def _clean(v: Any) -> Any:
+    """JSON has no inf/nan: non-finite floats become null (docs/cli.md says where)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    return v
+
+
+def _print_json(doc: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(_clean(doc), indent=2) + "\n")
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000.0
+    return str(n)  # pragma: no cover
+
+
+def _num(v: float | None, fmt: str) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if isinstance(v, float) and math.isnan(v):
+        return "-"
+    return format(v, fmt)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> str:
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def _shape(s: Sequence[int]) -> str:
+    return "(" + ", ".join(str(d) for d in s) + ("," if len(s) == 1 else "") + ")"
+
+
+def _report_compress(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["path"],
+            _shape(r["shape"]),
+            r["dtype"],
+            _size(r["original_bytes"]),
+            _size(r["stored_bytes"]),
+            _num(r["ratio"], ".2f"),
+            _num(r["eb_abs"], ".3g"),
+        ]
+        for r in doc["datasets"]
+    ]
+    t = doc["totals"]
+    head = _table(
+        ["dataset", "shape", "dtype", "original", "stored", "ratio", "eb_abs"],
+        rows,
+        [False, False, False, True, True, True, True],
+    )
+    return (
+        f"{head}\n\n{doc['output']}: {t['compressed']} dataset(s) compressed at {doc['bound']} "
+        f"(lossless {doc['lossless']}), {doc['copied_unchanged']} copied unchanged; "
+        f"{_size(t['original_bytes'])} -> {_size(t['stored_bytes'])}, "
+        f"ratio {_num(t['ratio'], '.2f')} in {doc['seconds']:.2f} s"
+    )
+
+
+def _report_decompress(doc: dict[str, Any]) -> str:
+    t = doc["totals"]
+    lines = [
+        f"{doc['output']}: {t['restored']} dataset(s) restored ({_size(t['bytes'])}), "
+        f"{doc['copied_unchanged']} copied unchanged, in {doc['seconds']:.2f} s"
+    ]
+    if doc["failed"]:
+        lines.append(f"{t['failed']} damaged dataset(s) left out:")
+        lines += [f"  {f['path']}: {f['error']}" for f in doc["failed"]]
+    return "\n".join(lines)
+
+
+def _report_inspect(doc: dict[str, Any]) -> str:
+    rows = [
+        [
+            r["path"],
+            _shape(r["shape"]),
+            r["dtype"],
+            r["codec"],
+            _size(r["stored_bytes"]),
+            _size(r["original_bytes"]),
+            _num(r["ratio"], ".2f"),
+            r["bound"] if r["eb_abs"] is None else f"{r['bound']} (abs {_num(r['eb_abs'], '.3g')})",
+        ]
+        for r in doc["datasets"]
+    ]
+    t, c = doc["totals"], doc["compressed_totals"]
+    head = _table(
+        ["dataset", "shape", "dtype", "codec", "stored", "original", "ratio", "bound"],
+        rows,
+        [False, False, False, False, True, True, True, False],
+    )
+    kind = (
+        f"written by ccoll {doc['ccoll_version']}"
+        if doc["ccoll_version"]
+        else "raw (not ccoll-compressed)"
+    )
+    lines = [
+        head,
+        "",
+        f"{doc['file']}: {kind}; {doc['groups']} group(s), {t['datasets']} dataset(s), "
+        f"file {_size(doc['file_bytes'])}",
+        f"total: {_size(t['original_bytes'])} original, {_size(t['stored_bytes'])} stored, "
+        f"ratio {_num(t['ratio'], '.2f')}",
+    ]
+    if c["datasets"]:
+        lines.append(
+            f"ccoll datasets: {c['datasets']}, {_size(c['original_bytes'])} -> "
+            f"{_size(c['stored_bytes'])}, ratio {_num(c['ratio'], '.2f')}"
+        )
+    return "\n".join(lines)
+
+
+_EVAL_HEAD = [
+    "bound",
+    "codec",
+    "ratio",
+    "bits/val",
+    "maxerr/eb",
+    "PSNR dB",
+    "comp MB/s",
+    "decomp MB/s",
+]
+
+
+def _eval_cells(r: dict[str, Any]) -> list[str]:
+    if "error" in r:
+        return [r["bound"], r["codec"], "failed: " + r["error"][:60], "", "", "", "", ""]
+    return [
+        r["bound"],
+        r["codec"],
+        _num(r["ratio"], ".2f"),
+        _num(r["bits_per_value"], ".3f"),
+        _num(r["max_err_over_eb"], ".3f"),
+        _num(r["psnr_db"], ".1f"),
+        _num(r["compress_mbps"], ".1f"),
+        _num(r["decompress_mbps"], ".1f"),
+    ]
+
+
+def _report_eval(doc: dict[str, Any], summary: bool) -> str:
+    right = [False, False, True, True, True, True, True, True]
+    out = []
+    if not summary:
+        rows = [[r["path"], *_eval_cells(r)] for r in doc["runs"]]
+        out += [_table(["dataset", *_EVAL_HEAD], rows, [False, *right]), ""]
+    n = len({r["path"] for r in doc["runs"]})
+    out.append(f"totals over {n} dataset(s) of {doc['file']} (best of {doc['repeat']} timed runs):")
+    rows = []
+    for t in doc["totals"]:
+        cells = _eval_cells(t)
+        if t["failed"]:
+            cells[1] += f" ({t['failed']} failed)"
+        rows.append(cells)
+    out.append(_table(_EVAL_HEAD, rows, right))
+    for name, why in doc["missing"].items():
+        out.append(f"{name}: missing ({why})")
+    if doc["skipped"]:
+        out.append(
+            f"{len(doc['skipped'])} dataset/bound pair(s) skipped "
+            "(constant data: the bound resolves to 0)"
+        )
+    if doc.get("plot"):
+        out.append(f"plot: {doc['plot']}")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    return not args.quiet and sys.stderr.isatty()
+
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    """Do the command; returns (JSON document, human text, exit code)."""
+    if args.command == "compress":
+        from ccoll.h5.compress import compress_file
+
+        doc = compress_file(
+            args.input,
+            args.output,
+            args.eb,
+            include=args.include,
+            exclude=args.exclude,
+            lossless=args.lossless,
+            force=args.force,
+            progress=_progress(args),
+        )
+        return doc, _report_compress(doc), EXIT_OK
+    if args.command == "decompress":
+        from ccoll.h5.decompress import decompress_file
+
+        doc = decompress_file(
+            args.input,
+            args.output,
+            force=args.force,
+            on_error=args.on_error,
+            progress=_progress(args),
+        )
+        return doc, _report_decompress(doc), EXIT_FAILURE if doc["failed"] else EXIT_OK
+    if args.command == "inspect":
+        from ccoll.h5.inspect import inspect_file
+
+        doc = inspect_file(args.input)
+        return doc, _report_inspect(doc), EXIT_OK
+    if args.command == "eval":
+        from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers
+        from ccoll.h5.output import atomic_output, check_output
+
+        bounds = parse_bounds(args.eb)
+        peers = [] if args.vs.strip().lower() == "none" else parse_peers(args.vs)
+        if args.plot:
+            check_output(args.plot, force=args.force, inputs=(args.input,))
+        doc = evaluate_file(
+            args.input,
+            bounds,
+            peers,
+            include=args.include,
+            exclude=args.exclude,
+            repeat=args.repeat,
+            progress=_progress(args),
+        )
+        if args.plot:
+            from ccoll.h5.plot import rd_plot
+
+            # The temporary name must keep the extension: matplotlib picks the format from it.
+            with atomic_output(args.plot) as tmp:
+                png = tmp + ".png"
+                try:
+                    rd_plot(doc, png)
+                    os.replace(png, tmp)
+                finally:
+                    if os.path.exists(png):
+                        os.unlink(png)
+            doc["plot"] = args.plot
+        return doc, _report_eval(doc, args.summary), EXIT_OK
+    raise AssertionError(args.command)  # argparse only lets known commands through
+
+
+def _exit_code(exc: BaseException) -> int:
+    from ccoll.errors import ErrorBoundError, InputError
+
+    if isinstance(
+        exc,
+        (
+            InputError,
+            ErrorBoundError,
+            FileNotFoundError,
+            FileExistsError,
+            IsADirectoryError,
+            NotADirectoryError,
+            PermissionError,
+        ),
+    ):
+        return EXIT_USAGE
+    return EXIT_FAILURE
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanup runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``ccoll`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 on a usage error, 0 for --help
+    as_json = getattr(args, "json", False)
+    old = None
+    if hasattr(signal, "SIGTERM"):
+        try:
+            old = signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread (main() called from a thread)
+            old = None
+    try:
+        doc, text, code = _run(args)
+    except KeyboardInterrupt:
+        print("ccoll: interrupted; no output was written", file=sys.stderr)
+        code, doc = EXIT_INTERRUPTED, {"error": "interrupted"}
+    except _Terminated:
+        print("ccoll: terminated; no output was written", file=sys.stderr)
+        code, doc = 128 + signal.SIGTERM, {"error": "terminated"}
+    except Exception as exc:
+        code = _exit_code(exc)
+        msg = str(exc) or type(exc).__name__
+        if code == EXIT_FAILURE and not _expected(exc):
+            traceback.print_exc(file=sys.stderr)
+        print(f"ccoll {args.command}: error: {msg}", file=sys.stderr)
+        doc = {"error": msg, "error_type": type(exc).__name__}
+    else:
+        if as_json:
+            _print_json({**doc, "exit_code": code})
+        elif not args.quiet:
+            print(text)
+        if args.command == "decompress" and doc["failed"]:
+            paths = ", ".join(f["path"] for f in doc["failed"])
+            print(
+                f"ccoll decompress: error: {len(doc['failed'])} damaged dataset(s) left out of "
+                f"{doc['output']}: {paths}",
+                file=sys.stderr,
+            )
+        return code
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+    if as_json:
+        _print_json({"command": args.command, **doc, "exit_code": code})
+    return code
+
+
+def _expected(exc: BaseException) -> bool:
+    """Errors whose message says everything (no traceback needed)."""
+    from ccoll.errors import CCollError
+
+    return isinstance(exc, (CCollError, OSError))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Names of the attributes that make a ccoll-compressed HDF5 file self-describing.
+
+A compressed file has the root attribute ``ccoll_version``; each compressed dataset is a 1-D
+uint8 dataset holding one ccoll stream (docs/format.md), optionally wrapped in a zstd frame,
+with the attributes below next to the original dataset's own attributes. docs/cli.md
+describes the layout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "PREFIX",
+    "ROOT_VERSION",
+    "FORMAT_VERSION",
+    "DTYPE",
+    "SHAPE",
+    "BOUND",
+    "EB_ABS",
+    "LOSSLESS",
+    "CRC32",
+    "LOSSLESS_CHOICES",
+    "copy_attrs",
+]
+
+PREFIX = "ccoll_"
+ROOT_VERSION = "ccoll_version"  # root: version of ccoll that wrote the file
+FORMAT_VERSION = "ccoll_format_version"  # dataset: stream format version (docs/format.md)
+DTYPE = "ccoll_dtype"  # dataset: original dtype name ("float32", "float64", "float16")
+SHAPE = "ccoll_shape"  # dataset: original shape, int64 array (empty for a scalar)
+BOUND = "ccoll_bound"  # dataset: the bound as requested ("rel:1e-3", "abs:1e-05")
+EB_ABS = "ccoll_eb_abs"  # dataset: the absolute bound it resolved to for this dataset
+LOSSLESS = "ccoll_lossless"  # dataset: "none" or "zstd" (stream wrapped in a zstd frame)
+CRC32 = "ccoll_crc32"  # dataset: CRC-32 of the stored bytes, to catch damage on decode
+
+LOSSLESS_CHOICES = ("none", "zstd")
+
+
+def copy_attrs(src: Any, dst: Any, *, skip_prefix: str | None = None) -> None:
+    """Copy every attribute of ``src`` to ``dst``, keeping each one's HDF5 type and shape.
+
+    ``dst.attrs[k] = v`` would re-infer the type (a fixed-length string would become a
+    variable-length one), so the attribute's stored dtype is passed explicitly.
+    Attributes whose name starts with ``skip_prefix`` are left out.
+    """
+    for name in src.attrs:
+        if skip_prefix is not None and name.startswith(skip_prefix):
+            continue
+        aid = src.attrs.get_id(name)
+        dst.attrs.create(name, src.attrs[name], dtype=aid.dtype)

@@ -1,0 +1,186 @@
+"""``ccoll compress``: an HDF5 file with its floating-point datasets replaced by ccoll streams.
+
+Groups, attributes, links and every dataset that is not selected (or not floating point)
+are copied unchanged. Each selected dataset becomes a 1-D uint8 dataset at the same path
+holding one ccoll stream, with the attributes of :mod:`ccoll.h5.attrs`. A REL bound resolves
+per dataset: ``rel * (max - min)`` over that dataset's finite values (docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import h5py
+import numpy as np
+
+import ccoll
+from ccoll.errorbound import ABS, ErrorBound, as_bound, finite_range
+from ccoll.errors import InputError
+from ccoll.h5 import attrs as A
+from ccoll.h5 import zstdframe
+from ccoll.h5.output import atomic_output, check_input, check_output
+from ccoll.h5.progress import bar
+from ccoll.h5.tree import float_datasets, select, walk
+
+__all__ = ["compress_file", "compress_array", "bound_label", "F16_EB_CAP"]
+
+# float16 data is compressed as float32 with half the bound, capped so that no value can round
+# to ±inf on the way back: x <= 65504 and y <= x + 8 < 65520, the float16 overflow threshold.
+F16_EB_CAP = 8.0
+
+
+def bound_label(bound: ErrorBound) -> str:
+    """Write the bound as the command line does: ``rel:0.001``, ``abs:1e-05``."""
+    return f"{bound.kind}:{bound.value!r}"
+
+
+def compress_array(x: np.ndarray, bound: ErrorBound) -> tuple[np.ndarray, float]:
+    """Compress one host array; returns the stream and the absolute bound it guarantees.
+
+    float32/float64 go to :func:`ccoll.compress` as they are, and the guarantee is the
+    stream's own bound. float16 is upcast to float32 (exactly) and compressed with
+    ``eb16 = min(eb / 2, 8)``: a float16 ``x`` and the float32 ``y`` with ``|y - x| <= eb16``
+    give ``|round16(y) - x| <= |round16(y) - y| + |y - x| <= 2 |y - x| <= eb``, because
+    rounding to nearest picks the float16 closest to ``y`` and ``x`` is itself one.
+    """
+    from ccoll.compressor import header
+
+    x = np.asarray(x, order="C")
+    if not x.dtype.isnative:
+        x = x.astype(x.dtype.newbyteorder("="))
+    if x.dtype == np.float16:
+        eb = bound.resolve(*finite_range(x))
+        x32 = x.astype(np.float32)
+        if eb > 0.0:
+            return ccoll.compress(x32, ABS(min(eb / 2.0, F16_EB_CAP))), eb
+        return ccoll.compress(x32, bound), 0.0  # constant data: REL resolves to 0, lossless
+    stream = ccoll.compress(x, bound)
+    return stream, float(header(stream).eb)
+
+
+def _dtype_label(dt: np.dtype) -> str:
+    # Native byte order gets the readable name; a foreign one keeps its explicit code (">f4").
+    return dt.name if dt.isnative else dt.str
+
+
+def compress_file(
+    src: str,
+    dst: str,
+    eb: Any,
+    *,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    lossless: str = "none",
+    force: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Write ``dst``: ``src`` with its selected floating-point datasets compressed.
+
+    Returns a JSON-ready report (one record per compressed dataset, totals). Raises
+    :class:`InputError`, ``FileNotFoundError`` or ``FileExistsError`` for unusable input,
+    :class:`ccoll.ErrorBoundError` for a bad bound; ``dst`` is never left half-written.
+    """
+    bound = as_bound(eb)
+    if lossless not in A.LOSSLESS_CHOICES:
+        raise InputError(
+            f"--lossless must be one of {', '.join(A.LOSSLESS_CHOICES)}, got {lossless!r}"
+        )
+    if lossless == "zstd":
+        zstdframe.require()
+    check_input(src)
+    check_output(dst, force=force, inputs=(src,))
+    t0 = time.perf_counter()
+    records: list[dict[str, Any]] = []
+    copied = 0
+    with h5py.File(src, "r") as fin:
+        if A.ROOT_VERSION in fin.attrs:
+            raise InputError(
+                f"{src!r} was already written by ccoll compress (root attribute "
+                f"{A.ROOT_VERSION}); decompress it first"
+            )
+        floats = float_datasets(fin)
+        chosen = set(select(floats, include, exclude))
+        if not chosen:
+            raise InputError(
+                f"no floating-point dataset to compress in {src!r}"
+                + (" after --include/--exclude" if (include or exclude) else "")
+            )
+        entries = list(walk(fin))
+        with atomic_output(dst) as tmp, h5py.File(tmp, "w") as fout:
+            A.copy_attrs(fin, fout)
+            fout.attrs[A.ROOT_VERSION] = ccoll.__version__
+            with bar(len(chosen), enabled=progress, desc="compress") as pb:
+                for e in entries:
+                    if e.kind == "group":
+                        A.copy_attrs(fin[e.path], fout.create_group(e.path))
+                    elif e.kind == "softlink":
+                        fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
+                    elif e.kind == "extlink":
+                        fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
+                    elif e.kind == "dataset" and e.path in chosen:
+                        pb.set_postfix_str(e.path[-40:], refresh=False)
+                        records.append(
+                            _compress_dataset(fin[e.path], fout[e.parent], e.name, bound, lossless)
+                        )
+                        pb.update(1)
+                    else:
+                        fin.copy(fin[e.path], fout[e.parent], name=e.name)
+                        copied += 1
+    orig = sum(r["original_bytes"] for r in records)
+    stored = sum(r["stored_bytes"] for r in records)
+    return {
+        "command": "compress",
+        "input": src,
+        "output": dst,
+        "bound": bound_label(bound),
+        "lossless": lossless,
+        "datasets": records,
+        "copied_unchanged": copied,
+        "totals": {
+            "compressed": len(records),
+            "original_bytes": orig,
+            "stored_bytes": stored,
+            "ratio": orig / stored if stored else None,
+        },
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _compress_dataset(
+    ds: h5py.Dataset, parent: h5py.Group, name: str, bound: ErrorBound, lossless: str
+) -> dict[str, Any]:
+    clash = [k for k in ds.attrs if k.startswith(A.PREFIX)]
+    if clash:
+        raise InputError(
+            f"dataset {ds.name!r} has attribute(s) {clash} whose prefix {A.PREFIX!r} ccoll "
+            "reserves; rename them before compressing"
+        )
+    x = np.asarray(ds[()])
+    stream, eb_abs = compress_array(x, bound)
+    from ccoll.compressor.format import VERSION
+
+    stored = zstdframe.wrap(stream) if lossless == "zstd" else stream
+    out = parent.create_dataset(name, data=stored)
+    A.copy_attrs(ds, out)
+    out.attrs[A.FORMAT_VERSION] = np.int64(VERSION)
+    out.attrs[A.DTYPE] = _dtype_label(ds.dtype)
+    out.attrs[A.SHAPE] = np.asarray(ds.shape, dtype=np.int64)
+    out.attrs[A.BOUND] = bound_label(bound)
+    out.attrs[A.EB_ABS] = np.float64(eb_abs)
+    out.attrs[A.LOSSLESS] = lossless
+    out.attrs[A.CRC32] = np.int64(zlib.crc32(stored.tobytes()))
+    orig = int(x.nbytes)
+    return {
+        "path": ds.name,
+        "shape": list(ds.shape),
+        "dtype": _dtype_label(ds.dtype),
+        "original_bytes": orig,
+        "stream_bytes": int(stream.size),
+        "stored_bytes": int(stored.size),
+        "ratio": orig / stored.size if stored.size else math.nan,
+        "eb_abs": eb_abs,
+    }

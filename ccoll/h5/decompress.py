@@ -1,0 +1,173 @@
+"""``ccoll decompress``: restore a file written by ``ccoll compress``.
+
+Every ccoll dataset gets back its dtype, shape and attributes (the ``ccoll_*`` ones
+removed), its values within the recorded bound; everything else is copied unchanged. A
+damaged dataset (CRC-32 mismatch, malformed stream, attributes that disagree with the
+stream, unreadable HDF5 data) either stops the run with no output (``on_error="stop"``) or
+is left out of the output and listed (``on_error="skip"``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import zlib
+from typing import Any
+
+import h5py
+import numpy as np
+
+import ccoll
+from ccoll.compressor.format import VERSION, max_nbytes
+from ccoll.errors import FormatError, InputError
+from ccoll.h5 import attrs as A
+from ccoll.h5 import zstdframe
+from ccoll.h5.output import atomic_output, check_input, check_output
+from ccoll.h5.progress import bar
+from ccoll.h5.tree import walk
+
+__all__ = ["decompress_file", "restore_dataset", "ON_ERROR_CHOICES"]
+
+ON_ERROR_CHOICES = ("stop", "skip")
+
+
+def _attr_str(ds: h5py.Dataset, name: str) -> str:
+    v = ds.attrs.get(name)
+    if v is None:
+        raise FormatError(f"attribute {name} is missing")
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def restore_dataset(ds: h5py.Dataset) -> np.ndarray:
+    """Decode one ccoll dataset to the original array; :class:`FormatError` if damaged."""
+    if ds.dtype != np.uint8 or ds.ndim != 1:
+        raise FormatError(f"a ccoll dataset is 1-D uint8, this one is {ds.dtype} {ds.shape}")
+    version = int(ds.attrs.get(A.FORMAT_VERSION, -1))
+    if version != VERSION:
+        raise FormatError(f"stream format version {version}; this ccoll reads version {VERSION}")
+    try:
+        dtype = np.dtype(_attr_str(ds, A.DTYPE))
+    except TypeError:
+        raise FormatError(f"attribute {A.DTYPE}={ds.attrs[A.DTYPE]!r} is not a dtype") from None
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
+        raise FormatError(f"attribute {A.DTYPE}={dtype} is not float16, float32 or float64")
+    shape = tuple(int(d) for d in np.asarray(ds.attrs.get(A.SHAPE, [-1])).reshape(-1))
+    if any(d < 0 for d in shape):
+        raise FormatError(f"attribute {A.SHAPE} is missing or negative: {shape}")
+    lossless = _attr_str(ds, A.LOSSLESS)
+    if lossless not in A.LOSSLESS_CHOICES:
+        raise FormatError(f"attribute {A.LOSSLESS}={lossless!r} is not one of {A.LOSSLESS_CHOICES}")
+    try:
+        stored = np.asarray(ds[()], dtype=np.uint8).reshape(-1)
+    except OSError as exc:  # HDF5 could not read the bytes (damaged chunk, filter failure)
+        raise FormatError(f"HDF5 cannot read the stored bytes: {exc}") from None
+    crc = ds.attrs.get(A.CRC32)
+    if crc is not None and zlib.crc32(stored.tobytes()) != int(crc):
+        raise FormatError("stored bytes fail their CRC-32 check (the dataset was altered)")
+    stream_dtype = np.dtype(np.float32) if dtype.itemsize == 2 else dtype.newbyteorder("=")
+    if lossless == "zstd":
+        stored = zstdframe.unwrap(stored, max_nbytes(int(np.prod(shape)), stream_dtype, len(shape)))
+    y = ccoll.decompress(stored)
+    # The element count must agree; the shape attribute is authoritative (a 0-d dataset may
+    # travel as a 1-element stream).
+    if y.dtype != stream_dtype or y.size != math.prod(shape):
+        raise FormatError(
+            f"stream holds {y.dtype} {tuple(y.shape)}, attributes say {stream_dtype} {shape}"
+        )
+    return y.reshape(shape).astype(dtype, copy=False)
+
+
+def _needs_zstd(f: h5py.File) -> bool:
+    for e in walk(f):
+        if e.kind == "dataset":
+            v = f[e.path].attrs.get(A.LOSSLESS)
+            if v is not None and (v.decode() if isinstance(v, bytes) else str(v)) == "zstd":
+                return True
+    return False
+
+
+def decompress_file(
+    src: str,
+    dst: str,
+    *,
+    force: bool = False,
+    on_error: str = "stop",
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Write ``dst``: ``src`` (from ``ccoll compress``) with every ccoll dataset restored.
+
+    With ``on_error="stop"`` the first damaged dataset raises :class:`FormatError` naming it,
+    and no output is written. With ``"skip"`` damaged datasets are left out of ``dst`` and
+    listed in the report's ``failed``; the caller decides the exit status.
+    """
+    if on_error not in ON_ERROR_CHOICES:
+        raise InputError(
+            f"--on-error must be one of {', '.join(ON_ERROR_CHOICES)}, got {on_error!r}"
+        )
+    check_input(src)
+    check_output(dst, force=force, inputs=(src,))
+    t0 = time.perf_counter()
+    restored: list[dict[str, Any]] = []
+    failed: list[dict[str, str]] = []
+    copied = 0
+    with h5py.File(src, "r") as fin:
+        if A.ROOT_VERSION not in fin.attrs:
+            raise InputError(
+                f"{src!r} has no root attribute {A.ROOT_VERSION}: it was not written by "
+                "ccoll compress"
+            )
+        if _needs_zstd(fin):
+            zstdframe.require()
+        entries = list(walk(fin))
+        targets = [
+            e for e in entries if e.kind == "dataset" and A.FORMAT_VERSION in fin[e.path].attrs
+        ]
+        with atomic_output(dst) as tmp, h5py.File(tmp, "w") as fout:
+            A.copy_attrs(fin, fout, skip_prefix=A.PREFIX)
+            with bar(len(targets), enabled=progress, desc="decompress") as pb:
+                for e in entries:
+                    if e.kind == "group":
+                        A.copy_attrs(fin[e.path], fout.create_group(e.path))
+                    elif e.kind == "softlink":
+                        fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
+                    elif e.kind == "extlink":
+                        fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
+                    elif e.kind == "dataset" and A.FORMAT_VERSION in fin[e.path].attrs:
+                        ds = fin[e.path]
+                        try:
+                            y = restore_dataset(ds)
+                        except FormatError as exc:
+                            if on_error == "stop":
+                                raise FormatError(f"dataset {e.path!r} is damaged: {exc}") from exc
+                            failed.append({"path": e.path, "error": str(exc)})
+                        else:
+                            out = fout[e.parent].create_dataset(e.name, data=y)
+                            A.copy_attrs(ds, out, skip_prefix=A.PREFIX)
+                            restored.append(
+                                {
+                                    "path": e.path,
+                                    "shape": list(y.shape),
+                                    "dtype": str(y.dtype),
+                                    "stored_bytes": int(ds.size),
+                                    "bytes": int(y.nbytes),
+                                }
+                            )
+                        pb.update(1)
+                    else:
+                        fin.copy(fin[e.path], fout[e.parent], name=e.name)
+                        copied += 1
+    return {
+        "command": "decompress",
+        "input": src,
+        "output": dst,
+        "on_error": on_error,
+        "datasets": restored,
+        "failed": failed,
+        "copied_unchanged": copied,
+        "totals": {
+            "restored": len(restored),
+            "failed": len(failed),
+            "bytes": sum(r["bytes"] for r in restored),
+        },
+        "seconds": time.perf_counter() - t0,
+    }

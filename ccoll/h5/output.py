@@ -1,0 +1,71 @@
+"""Checked input paths and all-or-nothing output files.
+
+An output file is written under a temporary name in its own folder and renamed into place
+only when complete (``os.replace`` is atomic within a file system), so an error, Ctrl-C or
+SIGTERM never leaves a half-written file under the requested name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+
+import h5py
+
+from ccoll.errors import InputError
+
+__all__ = ["check_input", "check_output", "atomic_output"]
+
+
+def check_input(path: str) -> None:
+    """Raise ``FileNotFoundError`` or :class:`InputError` unless ``path`` is an HDF5 file."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"input file {path!r} does not exist")
+    if os.path.isdir(path):
+        raise InputError(f"input {path!r} is a folder, expected an HDF5 file")
+    try:
+        ok = h5py.is_hdf5(path)
+    except OSError as exc:  # unreadable (permissions, ...)
+        raise InputError(f"cannot read input {path!r}: {exc}") from None
+    if not ok:
+        raise InputError(f"input {path!r} is not an HDF5 file (no HDF5 signature found)")
+
+
+def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> None:
+    """Refuse an output that exists (unless ``force``), is an input, or has no folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InputError(f"output folder {folder!r} does not exist")
+    if os.path.isdir(path):
+        raise InputError(f"output {path!r} is a folder, expected a file name")
+    if os.path.exists(path):
+        for src in inputs:
+            if os.path.exists(src) and os.path.samefile(src, path):
+                raise InputError(f"output {path!r} is the input file; choose another name")
+        if not force:
+            raise FileExistsError(f"output {path!r} exists; pass --force to replace it")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str) -> Iterator[str]:
+    """Yield a temporary file name next to ``path``; rename it to ``path`` on success.
+
+    On any exception, including ``KeyboardInterrupt`` and ``SystemExit``, the temporary file
+    is deleted and the exception propagates; an existing ``path`` is left untouched.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield tmp
+        # mkstemp creates the file 0600; give the result the permissions a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

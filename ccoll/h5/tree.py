@@ -1,0 +1,102 @@
+"""Walking an HDF5 file and choosing the datasets to work on.
+
+Patterns are shell-style (``fnmatch``, case-sensitive) and match the full HDF5 path of a
+dataset, which starts with ``/`` (``/step_0000/fc.weight``). A pattern without a leading
+``/`` is matched against the path without it, so ``step_*/fc.*`` and ``/step_*/fc.*`` mean
+the same. ``*`` also matches ``/``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+
+from ccoll.errors import InputError
+
+__all__ = ["Entry", "walk", "float_datasets", "select", "is_float_dataset", "matches"]
+
+# Item sizes of the IEEE floats ccoll compresses (either byte order); float16 is upcast to
+# float32 (docs/cli.md says how). Wider types (long double) are copied unchanged.
+FLOAT_ITEMSIZES = (2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One member of a group: a group, a dataset, a named datatype, or a soft/external link."""
+
+    path: str
+    kind: str  # "group" | "dataset" | "datatype" | "softlink" | "extlink"
+    parent: str
+    name: str
+    link: Any = None  # the h5py link object for "softlink" and "extlink"
+
+
+def walk(f: h5py.File) -> Iterator[Entry]:
+    """Every member of the file, parents before children, in h5py's (name) order."""
+
+    def rec(group: h5py.Group) -> Iterator[Entry]:
+        for name in group:
+            link = group.get(name, getlink=True)
+            parent = group.name
+            path = (parent.rstrip("/") + "/" + name) if parent != "/" else "/" + name
+            if isinstance(link, h5py.SoftLink):
+                yield Entry(path, "softlink", parent, name, link)
+                continue
+            if isinstance(link, h5py.ExternalLink):
+                yield Entry(path, "extlink", parent, name, link)
+                continue
+            obj = group[name]
+            if isinstance(obj, h5py.Group):
+                yield Entry(path, "group", parent, name)
+                yield from rec(obj)
+            elif isinstance(obj, h5py.Dataset):
+                yield Entry(path, "dataset", parent, name)
+            else:
+                yield Entry(path, "datatype", parent, name)
+
+    yield from rec(f)
+
+
+def is_float_dataset(ds: h5py.Dataset) -> bool:
+    """Tell whether ``ds`` is a float16/32/64 dataset with a shape (not an HDF5 null dataspace)."""
+    dt = ds.dtype
+    return dt.kind == "f" and dt.itemsize in FLOAT_ITEMSIZES and ds.shape is not None
+
+
+def float_datasets(
+    f: h5py.File, keep: Callable[[h5py.Dataset], bool] = is_float_dataset
+) -> list[str]:
+    """Paths of the datasets ``keep`` accepts (floating-point ones by default), in walk order."""
+    return [e.path for e in walk(f) if e.kind == "dataset" and keep(f[e.path])]
+
+
+def matches(path: str, pattern: str) -> bool:
+    """Whether ``pattern`` matches the dataset ``path`` (see the module docstring)."""
+    if pattern.startswith("/"):
+        return fnmatch.fnmatchcase(path, pattern)
+    return fnmatch.fnmatchcase(path.lstrip("/"), pattern)
+
+
+def select(
+    paths: Sequence[str], include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> list[str]:
+    """Paths that match some ``include`` pattern (all when none is given) and no ``exclude``.
+
+    A pattern that matches none of ``paths`` raises :class:`InputError`: a typo would
+    otherwise silently change what is compressed.
+    """
+    for kind, pats in (("--include", include), ("--exclude", exclude)):
+        for p in pats:
+            if not any(matches(path, p) for path in paths):
+                sample = ", ".join(paths[:3]) + (", ..." if len(paths) > 3 else "")
+                raise InputError(
+                    f"{kind} pattern {p!r} matches none of the {len(paths)} floating-point "
+                    f"dataset(s) (e.g. {sample or 'none'}); patterns match full paths like "
+                    "'/step_0000/fc.weight' (fnmatch)"
+                )
+    chosen = [p for p in paths if not include or any(matches(p, pat) for pat in include)]
+    return [p for p in chosen if not any(matches(p, pat) for pat in exclude)]
