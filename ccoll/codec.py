@@ -1,0 +1,141 @@
+"""numcodecs codec ``"ccoll"``: error-bounded lossy compression of float32/float64 chunks.
+
+``CCollCodec(eb="rel:1e-3")`` (or ``"abs:1e-5"``) follows the numcodecs contract
+(``numcodecs/abc.py``): ``encode(buf)`` returns one ccoll stream as ``bytes``,
+``decode(buf, out=None)`` restores the array, ``get_config()`` is JSON-only
+(``{"id": "ccoll", "eb": "rel:0.001"}``) and ``from_config`` inverts it. numcodecs finds
+the codec through the ``numcodecs.codecs`` entry point, so ``numcodecs.get_codec({"id":
+"ccoll", "eb": "abs:1e-5"})`` works once ccoll is installed with the ``codec`` extra.
+
+What a chunk is: a C-contiguous numpy array of float32 or float64 keeps its shape in the
+stream; any other buffer (bytes, bytearray, a Fortran-ordered array) is read in memory
+order as a 1-D array of ``dtype``, which must then be given (as for ``numcodecs.Quantize``).
+A REL bound resolves per chunk: ``rel * (max - min)`` of the chunk's finite values. Every
+finite value comes back within the bound; NaN and ±Inf come back as they were.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import ccoll
+from ccoll.errorbound import as_bound
+
+
+@contextlib.contextmanager
+def _zfpy_version_readable() -> Iterator[None]:
+    """Let numcodecs import next to zfpy releases with a suffix such as ``1.0.1.post0``.
+
+    numcodecs >= 0.13 parses ``version("zfpy")`` with ``int()`` on every dot-separated part
+    when it is imported, and fails on the wheel's ``1.0.1.post0``, which breaks
+    ``import numcodecs`` altogether. While numcodecs is imported the first time, this
+    reports only the numeric release (``1.0.1``) for zfpy; nothing else changes.
+    """
+    original = importlib.metadata.version
+
+    def version(distribution_name: str) -> str:
+        v = original(distribution_name)
+        if distribution_name.lower() == "zfpy":
+            m = re.match(r"\d+(\.\d+)*", v)
+            return m.group(0) if m else v
+        return v
+
+    importlib.metadata.version = version
+    try:
+        yield
+    finally:
+        importlib.metadata.version = original
+
+
+if "numcodecs" not in sys.modules:
+    with _zfpy_version_readable():
+        import numcodecs  # noqa: F401
+from numcodecs.abc import Codec  # noqa: E402
+from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy  # noqa: E402
+
+__all__ = ["CCollCodec"]
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class CCollCodec(Codec):
+    """Error-bounded lossy codec for float32/float64 data (codec id ``"ccoll"``).
+
+    Parameters
+    ----------
+    eb : str
+        ``"rel:V"`` (``V`` times the value range of each chunk) or ``"abs:V"``.
+    dtype : str, optional
+        Data type of raw byte buffers given to ``encode`` (``"float32"`` or ``"float64"``).
+        Not needed for numpy float arrays, which carry their dtype.
+
+    """
+
+    codec_id = "ccoll"
+
+    def __init__(self, eb: str = "rel:1e-3", dtype: str | None = None) -> None:
+        if not isinstance(eb, str):
+            raise ValueError(
+                f"ccoll codec: eb must be a string like 'rel:1e-3' or 'abs:1e-5' (JSON config), "
+                f"got {eb!r}"
+            )
+        bound = as_bound(eb)  # raises ccoll.ErrorBoundError (a ValueError) with the reason
+        self.eb = f"{bound.kind}:{bound.value!r}"
+        self._bound = bound
+        if dtype is not None:
+            dt = np.dtype(dtype)
+            if dt not in _FLOATS:
+                raise ValueError(f"ccoll codec: dtype must be float32 or float64, got {dt}")
+            self.dtype: str | None = dt.name
+        else:
+            self.dtype = None
+
+    def get_config(self) -> dict[str, Any]:
+        """Return ``{"id": "ccoll", "eb": ...}`` (plus ``"dtype"`` when set); JSON only."""
+        config: dict[str, Any] = {"id": self.codec_id, "eb": self.eb}
+        if self.dtype is not None:
+            config["dtype"] = self.dtype
+        return config
+
+    def __repr__(self) -> str:
+        extra = f", dtype={self.dtype!r}" if self.dtype is not None else ""
+        return f"CCollCodec(eb={self.eb!r}{extra})"
+
+    def _array(self, buf: Any) -> np.ndarray:
+        if isinstance(buf, np.ndarray) and buf.dtype in _FLOATS and buf.flags.c_contiguous:
+            if self.dtype is not None and buf.dtype != np.dtype(self.dtype):
+                raise ValueError(f"ccoll codec: configured for {self.dtype}, got {buf.dtype} data")
+            return buf
+        arr = ensure_contiguous_ndarray(buf)  # flat, in memory order
+        if arr.dtype in _FLOATS:
+            if self.dtype is not None and arr.dtype != np.dtype(self.dtype):
+                raise ValueError(f"ccoll codec: configured for {self.dtype}, got {arr.dtype} data")
+            return arr
+        if self.dtype is None:
+            raise ValueError(
+                f"ccoll codec: got a buffer of {arr.dtype}, expected float32 or float64 data; "
+                "set dtype='float32' or 'float64' to encode raw bytes"
+            )
+        if arr.nbytes % np.dtype(self.dtype).itemsize:
+            raise ValueError(
+                f"ccoll codec: a buffer of {arr.nbytes} bytes is not a whole number of {self.dtype}"
+            )
+        return arr.view(np.uint8).view(self.dtype)
+
+    def encode(self, buf: Any) -> bytes:
+        """Compress ``buf`` into one self-describing ccoll stream."""
+        return ccoll.compress(self._array(buf), self._bound).tobytes()
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        """Decompress a stream; into ``out`` (any writable buffer of the right size) if given."""
+        stream = ensure_ndarray(buf)
+        stream = ensure_contiguous_ndarray(stream).view(np.uint8).reshape(-1)
+        dec = ccoll.decompress(stream)
+        return ndarray_copy(dec, out)
