@@ -1,0 +1,222 @@
+"""The ccoll command in-process (ccoll.cli.main): options, messages, exit codes, --json."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import h5py
+import pytest
+from h5kit import DIGITS, flip_byte, make_sample
+
+from ccoll import cli
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    p = str(tmp_path_factory.mktemp("cli") / "sample.h5")
+    make_sample(p)
+    return p
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_help_lists_commands_examples_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for word in ("compress", "decompress", "inspect", "eval", "examples:", "exit status:", "130"):
+        assert word in out
+
+
+@pytest.mark.parametrize("command", ["compress", "decompress", "inspect", "eval"])
+def test_each_command_help_has_examples_and_exit_codes(capsys, command):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert f"ccoll {command} " in out and "exit status:" in out and "--json" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["compress", "a.h5"],
+        ["compress", "a.h5", "b.h5"],
+        ["frobnicate"],
+        ["decompress", "a", "b", "--on-error", "ignore"],
+        ["compress", "a", "b", "--eb", "rel:1", "--lossless", "lz4"],
+    ],
+)
+def test_usage_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == cli.EXIT_USAGE
+    assert "usage:" in capsys.readouterr().err
+
+
+def test_compress_inspect_decompress_json(capsys, sample, tmp_path):
+    c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    code, out, err = run(capsys, "compress", sample, c, "--eb", "rel:1e-3", "--json")
+    assert code == 0 and err == ""
+    doc = json.loads(out)
+    assert doc["exit_code"] == 0 and doc["totals"]["compressed"] == 10
+    code, out, _ = run(capsys, "inspect", c, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["compressed_totals"]["datasets"] == 10
+    code, out, _ = run(capsys, "decompress", c, b, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["totals"]["restored"] == 10 and doc["failed"] == []
+
+
+def test_human_output(capsys, sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    code, out, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3")
+    assert code == 0 and "10 dataset(s) compressed at abs:0.001" in out and "/step_0000/half" in out
+    code, out, _ = run(capsys, "inspect", c)
+    assert code == 0 and "written by ccoll" in out and "abs:0.001 (abs 0.001)" in out
+    code, out, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3", "--force", "--quiet")
+    assert code == 0 and out == ""
+
+
+@pytest.mark.parametrize(
+    "case, argv, match",
+    [
+        (
+            "missing input",
+            ["compress", "{tmp}/none.h5", "{tmp}/o.h5", "--eb", "rel:1e-3"],
+            "does not exist",
+        ),
+        (
+            "not hdf5",
+            ["compress", "{tmp}/t.txt", "{tmp}/o.h5", "--eb", "rel:1e-3"],
+            "not an HDF5 file",
+        ),
+        ("output exists", ["compress", "{sample}", "{tmp}/t.txt", "--eb", "rel:1e-3"], "--force"),
+        (
+            "no match",
+            ["compress", "{sample}", "{tmp}/o.h5", "--eb", "rel:1e-3", "--include", "x*"],
+            "matches none",
+        ),
+        ("bad bound", ["compress", "{sample}", "{tmp}/o.h5", "--eb", "rel:2e"], "not a number"),
+        ("not ccoll", ["decompress", "{sample}", "{tmp}/o.h5"], "not written by ccoll"),
+        ("inspect missing", ["inspect", "{tmp}/none.h5"], "does not exist"),
+        (
+            "eval no match",
+            ["eval", "{sample}", "--eb", "rel:1e-3", "--exclude", "nothing*"],
+            "matches none",
+        ),
+        (
+            "eval bad peer",
+            ["eval", "{sample}", "--eb", "rel:1e-3", "--vs", "mgard"],
+            "unknown compressor",
+        ),
+        ("eval bad list", ["eval", "{sample}", "--eb", "1e-3,rel:1e-4"], "must start with a kind"),
+        (
+            "plot exists",
+            ["eval", "{sample}", "--eb", "rel:1e-3", "--plot", "{tmp}/t.txt"],
+            "--force",
+        ),
+    ],
+)
+@pytest.mark.parametrize("as_json", [False, True])
+def test_bad_input_exits_2_with_a_clear_message(
+    capsys, sample, tmp_path, case, argv, match, as_json
+):
+    (tmp_path / "t.txt").write_text("text")
+    argv = [a.format(tmp=tmp_path, sample=sample) for a in argv] + (["--json"] if as_json else [])
+    code, out, err = run(capsys, *argv)
+    assert code == cli.EXIT_USAGE, (case, err)
+    assert match in err and "Traceback" not in err
+    if as_json:
+        doc = json.loads(out)
+        assert doc["exit_code"] == 2 and match in doc["error"]
+    else:
+        assert out == ""
+    assert sorted(os.listdir(tmp_path)) == ["t.txt"] and (tmp_path / "t.txt").read_text() == "text"
+
+
+@pytest.mark.parametrize("on_error", ["stop", "skip"])
+def test_damaged_stream_exits_1(capsys, sample, tmp_path, on_error):
+    c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    flip_byte(c, "/step_0000/fc.bias", 80)
+    code, out, err = run(capsys, "decompress", c, b, "--on-error", on_error, "--json")
+    assert code == cli.EXIT_FAILURE
+    doc = json.loads(out)
+    if on_error == "stop":
+        assert "'/step_0000/fc.bias' is damaged" in err and "CRC-32" in doc["error"]
+        assert not os.path.exists(b)
+    else:
+        assert [f["path"] for f in doc["failed"]] == ["/step_0000/fc.bias"]
+        with h5py.File(b) as f:
+            assert "fc.bias" not in f["step_0000"] and "fc.weight" in f["step_0000"]
+    code, out, err = run(capsys, "decompress", c, b, "--on-error", on_error, "--force")
+    assert code == cli.EXIT_FAILURE and "fc.bias" in (out + err)
+
+
+@pytest.mark.parametrize("command", ["compress", "decompress"])
+def test_ctrl_c_exits_130_and_leaves_nothing(capsys, sample, tmp_path, monkeypatch, command):
+    c = str(tmp_path / "c.h5")
+    if command == "decompress":
+        assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    import ccoll.h5.compress as cm
+    import ccoll.h5.decompress as dm
+
+    calls = []
+
+    def interrupt(*a, **k):
+        calls.append(1)
+        raise KeyboardInterrupt
+
+    if command == "compress":
+        monkeypatch.setattr(cm, "compress_array", interrupt)
+        argv = ["compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3"]
+    else:
+        monkeypatch.setattr(dm, "restore_dataset", interrupt)
+        argv = ["decompress", c, str(tmp_path / "o.h5")]
+    code, out, err = run(capsys, *argv, "--json")
+    assert calls and code == cli.EXIT_INTERRUPTED and "interrupted" in err
+    assert json.loads(out)["exit_code"] == 130
+    assert sorted(os.listdir(tmp_path)) == (["c.h5"] if command == "decompress" else [])
+
+
+def test_internal_error_exits_1_with_traceback(capsys, sample, tmp_path, monkeypatch):
+    import ccoll.h5.compress as cm
+
+    monkeypatch.setattr(cm, "compress_array", lambda *a: 1 / 0)
+    code, out, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")
+    assert code == cli.EXIT_FAILURE and "ZeroDivisionError" in err and "Traceback" in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_eval_human_and_json(capsys, tmp_path):
+    png = str(tmp_path / "rd.png")
+    argv = [
+        "eval",
+        DIGITS,
+        "--eb",
+        "rel:1e-2,1e-3",
+        "--vs",
+        "sz3,zfp",
+        "--include",
+        "/step_0001/*",
+        "--repeat",
+        "1",
+        "--plot",
+        png,
+    ]
+    code, out, _ = run(capsys, *argv, "--summary")
+    assert code == 0 and "totals over 6 dataset(s)" in out and "/step_0001/fc.weight" not in out
+    assert f"plot: {png}" in out and os.path.getsize(png) > 10_000
+    code, out, _ = run(capsys, *argv, "--json", "--force")
+    doc = json.loads(out)
+    assert code == 0 and len(doc["totals"]) == 6 and doc["plot"] == png
+    assert all(r["psnr_db"] is None or r["psnr_db"] > 0 for r in doc["runs"])  # inf -> null
+    assert sorted(os.listdir(tmp_path)) == ["rd.png"]

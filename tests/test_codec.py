@@ -1,0 +1,119 @@
+"""numcodecs codec "ccoll": numcodecs' own contract checks, bounds, config, registry, errors."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+from kit import assert_within_bound
+
+codec_mod = pytest.importorskip("ccoll.codec")  # numcodecs is the optional `codec` extra
+CCollCodec = codec_mod.CCollCodec
+common = importlib.import_module("numcodecs.tests.common")
+registry = importlib.import_module("numcodecs.registry")
+
+from ccoll.errors import ErrorBoundError, FormatError  # noqa: E402
+
+RNG = np.random.default_rng(3)
+ARRAYS = {
+    "f4 1-d": RNG.standard_normal(1000).astype("f4"),
+    "f4 2-d C": RNG.standard_normal((50, 33)).astype("f4"),
+    "f4 2-d F": np.asfortranarray(RNG.standard_normal((20, 31)).astype("f4")),
+    "f8 3-d": RNG.standard_normal((4, 5, 70)),
+    "f8 odd": RNG.standard_normal(33) * 1e-3,
+}
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+def test_numcodecs_check_encode_decode(name):
+    arr = ARRAYS[name]
+    codec = CCollCodec(eb="abs:1e-4", dtype=arr.dtype.name)
+    # numcodecs' helper: numpy, bytes, bytearray and array.array inputs, decode into `out`.
+    common.check_encode_decode(arr, codec, precision=3)
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+@pytest.mark.parametrize("eb", ["abs:1e-5", "rel:1e-3", "rel:1e-6"])
+def test_every_value_within_bound(name, eb):
+    arr = ARRAYS[name]
+    codec = CCollCodec(eb=eb)
+    dec = np.asarray(codec.decode(codec.encode(arr)))
+    dec = dec.reshape(arr.shape, order="F" if arr.flags.f_contiguous and arr.ndim > 1 else "C")
+    bound = codec._bound.resolve(float(arr.min()), float(arr.max()))
+    assert_within_bound(dec, arr, bound)
+
+
+def test_c_contiguous_arrays_keep_their_shape_and_specials():
+    x = RNG.standard_normal((6, 7)).astype("f4")
+    x[0, 0], x[1, 1], x[2, 2] = np.nan, np.inf, -np.inf
+    y = CCollCodec("rel:1e-3").decode(CCollCodec("rel:1e-3").encode(x))
+    assert y.shape == (6, 7) and y.dtype == np.float32
+    assert np.isnan(y[0, 0]) and y[1, 1] == np.inf and y[2, 2] == -np.inf
+
+
+def test_decode_into_out():
+    x = ARRAYS["f8 3-d"]
+    enc = CCollCodec("abs:1e-6").encode(x)
+    out = np.empty_like(x)
+    assert CCollCodec("abs:1e-6").decode(enc, out=out) is out
+    assert_within_bound(out, x, 1e-6)
+    with pytest.raises(ValueError):
+        CCollCodec("abs:1e-6").decode(enc, out=np.empty(10))
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(eb="rel:1e-3"), dict(eb="abs:1e-05"), dict(eb="abs:2.5e-07", dtype="float64")]
+)
+def test_config_round_trips_through_json_and_the_registry(kw):
+    codec = CCollCodec(**kw)
+    common.check_config(codec)  # JSON round trip, then numcodecs.get_codec -> equal codec
+    config = json.loads(json.dumps(codec.get_config()))
+    assert config["id"] == "ccoll" and set(config) <= {"id", "eb", "dtype"}
+    assert CCollCodec.from_config({k: v for k, v in config.items() if k != "id"}) == codec
+    assert eval(repr(codec), {"CCollCodec": CCollCodec}) == codec
+
+
+def test_registered_through_the_entry_point():
+    assert "ccoll" in registry.entries  # the numcodecs.codecs entry point of pyproject.toml
+    codec = registry.get_codec({"id": "ccoll", "eb": "rel:1e-3"})
+    assert isinstance(codec, CCollCodec) and codec.get_config() == {
+        "id": "ccoll",
+        "eb": "rel:0.001",
+    }
+
+
+@pytest.mark.parametrize(
+    "kw, exc, match",
+    [
+        (dict(eb=1e-3), ValueError, "eb must be a string"),
+        (dict(eb="rel:0"), ErrorBoundError, "> 0"),
+        (dict(eb="1e-3"), ErrorBoundError, "rel:1e-3"),
+        (dict(eb="rel:1e-3", dtype="int32"), ValueError, "float32 or float64"),
+    ],
+)
+def test_bad_arguments(kw, exc, match):
+    with pytest.raises(exc, match=match):
+        CCollCodec(**kw)
+
+
+@pytest.mark.parametrize(
+    "data, dtype, match",
+    [
+        (np.arange(10, dtype=np.int32), None, "expected float32 or float64"),
+        (b"\x00" * 16, None, "set dtype"),
+        (b"\x00" * 10, "float64", "whole number"),
+        (np.ones(4, np.float64), "float32", "configured for float32"),
+        (np.asfortranarray(np.ones((3, 3))), "float32", "configured for float32"),
+    ],
+)
+def test_bad_encode_input(data, dtype, match):
+    with pytest.raises(ValueError, match=match):
+        CCollCodec("rel:1e-3", dtype=dtype).encode(data)
+
+
+@pytest.mark.parametrize("data", [b"", b"CCOL" + b"\x00" * 60, b"\xff" * 200])
+def test_decode_rejects_foreign_bytes(data):
+    with pytest.raises(FormatError):
+        CCollCodec("rel:1e-3").decode(data)

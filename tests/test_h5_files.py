@@ -1,0 +1,319 @@
+"""ccoll.h5 compress/decompress on files: round trips, layout, selection, bad input, damage."""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+from h5kit import DIGITS, MINILM, assert_restored, flip_byte, make_sample, replace_stored
+
+import ccoll
+from ccoll.errorbound import as_bound, finite_range
+from ccoll.errors import ErrorBoundError, FormatError, InputError
+from ccoll.h5 import attrs as A
+from ccoll.h5.compress import compress_file
+from ccoll.h5.decompress import decompress_file
+
+
+def rel_eb(rel):
+    return lambda path, x: as_bound(f"rel:{rel}").resolve(*finite_range(x))
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    p = str(tmp_path_factory.mktemp("h5") / "sample.h5")
+    make_sample(p)
+    return p
+
+
+def leftovers(folder, keep):
+    return sorted(set(os.listdir(folder)) - set(keep))
+
+
+@pytest.mark.parametrize("eb", ["rel:1e-3", "abs:1e-4", "rel:1e-6"])
+@pytest.mark.parametrize("lossless", ["none", "zstd"])
+def test_sample_round_trip(sample, tmp_path, eb, lossless):
+    c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    rep = compress_file(sample, c, eb, lossless=lossless)
+    names = {r["path"] for r in rep["datasets"]}
+    assert names == {
+        "/step_0000/fc.weight",
+        "/step_0000/fc.bias",
+        "/step_0000/half",
+        "/step_0000/big_endian",
+        "/step_0000/scalar",
+        "/step_0000/empty",
+        "/step_0000/const",
+        "/step_0000/special",
+        "/step_0000/chunked",
+        "/step_0000/sub/deep.weight",
+    }
+    decompress_file(c, b)
+    bound = as_bound(eb)
+    n = assert_restored(sample, b, lambda path, x: bound.resolve(*finite_range(x)))
+    assert n == len(names)
+    assert leftovers(tmp_path, ["c.h5", "b.h5"]) == []
+
+
+def test_compressed_layout_is_self_describing(sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    compress_file(sample, c, "rel:1e-3")
+    with h5py.File(sample) as src, h5py.File(c) as f:
+        assert f.attrs[A.ROOT_VERSION] == ccoll.__version__
+        assert f.attrs["model"] == "sample"
+        for path, dtype in [
+            ("/step_0000/fc.weight", "float32"),
+            ("/step_0000/fc.bias", "float64"),
+            ("/step_0000/half", "float16"),
+            ("/step_0000/big_endian", ">f4"),
+        ]:
+            ds, x = f[path], src[path][()]
+            assert ds.dtype == np.uint8 and ds.ndim == 1
+            assert ds.attrs[A.FORMAT_VERSION] == 1
+            assert ds.attrs[A.DTYPE] == dtype
+            assert tuple(ds.attrs[A.SHAPE]) == x.shape
+            assert ds.attrs[A.BOUND] == "rel:0.001"
+            assert ds.attrs[A.LOSSLESS] == "none"
+            # REL resolves per dataset, over that dataset's own finite values
+            assert ds.attrs[A.EB_ABS] == pytest.approx(1e-3 * float(x.max() - x.min()), rel=1e-12)
+        assert f["/step_0000/fc.weight"].attrs["rows"] == "0:64"
+        assert f["/step_0000/const"].attrs[A.EB_ABS] == 0.0  # constant data is stored exactly
+        assert f["labels"].dtype == np.int32 and f["text"].dtype.kind == "O"
+
+
+def test_float16_stays_within_the_full_bound_after_rounding(tmp_path):
+    # Values at the top of the float16 range and a bound much larger than its spacing.
+    x = np.array([65504, -65504, 1000, 0.1, 6e-8, 0, 3.14], dtype=np.float16)
+    src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
+    with h5py.File(src, "w") as f:
+        f["x"] = x
+    for eb in ["abs:40", "abs:0.01", "rel:1e-3"]:
+        compress_file(src, c, eb, force=True)
+        decompress_file(c, b, force=True)
+        with h5py.File(b) as f:
+            y = f["x"][()]
+        assert y.dtype == np.float16 and np.all(np.isfinite(y))
+        ebv = as_bound(eb).resolve(*finite_range(x))
+        assert np.max(np.abs(y.astype(np.float64) - x.astype(np.float64))) <= ebv
+
+
+def test_minilm_round_trip_every_value_within_bound(tmp_path):
+    c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    rep = compress_file(MINILM, c, "rel:1e-3", include=["/step_0000/*"])
+    assert rep["totals"]["ratio"] > 3
+    decompress_file(c, b)
+    with h5py.File(MINILM) as f:
+        chosen = {p for p in (r["path"] for r in rep["datasets"])}
+        assert len(chosen) == len(f["step_0000"])
+    n = assert_restored(MINILM, b, rel_eb(1e-3), check=chosen)
+    assert n == len(chosen)
+
+
+def test_digits_round_trip_abs_bound(tmp_path):
+    c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    compress_file(DIGITS, c, "abs:1e-5")
+    decompress_file(c, b)
+    assert assert_restored(DIGITS, b, lambda p, x: 1e-5) == 30
+
+
+@pytest.mark.parametrize(
+    "include, exclude, expect",
+    [
+        (["/step_0000/fc.*"], [], {"/step_0000/fc.weight", "/step_0000/fc.bias"}),
+        (["step_0000/fc.*"], ["*bias"], {"/step_0000/fc.weight"}),
+        (["*deep*", "*/half"], [], {"/step_0000/sub/deep.weight", "/step_0000/half"}),
+    ],
+)
+def test_patterns_select_by_full_path(sample, tmp_path, include, exclude, expect):
+    c = str(tmp_path / "c.h5")
+    rep = compress_file(sample, c, "rel:1e-3", include=include, exclude=exclude)
+    assert {r["path"] for r in rep["datasets"]} == expect
+    with h5py.File(c) as f, h5py.File(sample) as s:
+        for p in ["/step_0000/fc.weight", "/step_0000/chunked"]:
+            if p not in expect:  # not selected: copied as it was, filters included
+                assert f[p].dtype == s[p].dtype and np.array_equal(f[p][()], s[p][()])
+                assert f[p].compression == s[p].compression
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(include=["/nope/*"]), "--include pattern '/nope/\\*' matches none"),
+        (dict(exclude=["*.nothing"]), "--exclude pattern"),
+        (dict(include=["/labels"]), "matches none of the .* floating-point"),
+        (dict(include=["*fc*"], exclude=["*fc*"]), "no floating-point dataset to compress"),
+        (dict(lossless="lz4"), "--lossless must be one of"),
+    ],
+)
+def test_bad_selection_or_option_is_an_input_error(sample, tmp_path, kw, match):
+    with pytest.raises(InputError, match=match):
+        compress_file(sample, str(tmp_path / "c.h5"), "rel:1e-3", **kw)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("eb", ["rel:0", "1e-3", "abs:nan", "rel:-1", "xyz:1"])
+def test_bad_bound(sample, tmp_path, eb):
+    with pytest.raises(ErrorBoundError):
+        compress_file(sample, str(tmp_path / "c.h5"), eb)
+
+
+def test_bad_files(sample, tmp_path):
+    txt = tmp_path / "t.txt"
+    txt.write_text("not hdf5")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        compress_file(str(tmp_path / "missing.h5"), str(tmp_path / "c.h5"), "rel:1e-3")
+    with pytest.raises(InputError, match="not an HDF5 file"):
+        compress_file(str(txt), str(tmp_path / "c.h5"), "rel:1e-3")
+    with pytest.raises(InputError, match="is a folder"):
+        compress_file(str(tmp_path), str(tmp_path / "c.h5"), "rel:1e-3")
+    with pytest.raises(InputError, match="output folder"):
+        compress_file(sample, str(tmp_path / "no" / "c.h5"), "rel:1e-3")
+    with pytest.raises(InputError, match="not written by ccoll compress"):
+        decompress_file(sample, str(tmp_path / "b.h5"))
+    c = str(tmp_path / "c.h5")
+    compress_file(sample, c, "rel:1e-3")
+    with pytest.raises(InputError, match="already written by ccoll"):
+        compress_file(c, str(tmp_path / "cc.h5"), "rel:1e-3")
+    with pytest.raises(InputError, match="is the input file"):
+        compress_file(c, c, "rel:1e-3", force=True)
+    assert leftovers(tmp_path, ["t.txt", "c.h5"]) == []
+
+
+def test_existing_output_needs_force(sample, tmp_path):
+    c = tmp_path / "c.h5"
+    c.write_bytes(b"keep me")
+    with pytest.raises(FileExistsError, match="--force"):
+        compress_file(sample, str(c), "rel:1e-3")
+    assert c.read_bytes() == b"keep me"
+    compress_file(sample, str(c), "rel:1e-3", force=True)
+    assert h5py.is_hdf5(str(c))
+    assert oct(c.stat().st_mode & 0o777) != oct(0o600)  # not the temporary file's mode
+
+
+def test_reserved_attribute_prefix_is_refused(tmp_path):
+    src = str(tmp_path / "s.h5")
+    with h5py.File(src, "w") as f:
+        f["x"] = np.ones(10, np.float32)
+        f["x"].attrs["ccoll_dtype"] = "mine"
+    with pytest.raises(InputError, match="reserves"):
+        compress_file(src, str(tmp_path / "c.h5"), "rel:1e-3")
+
+
+# --- damaged files --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def compressed(sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    compress_file(sample, c, "rel:1e-3")
+    return c
+
+
+def _drop_attr(path, ds, name):
+    with h5py.File(path, "r+") as f:
+        del f[ds].attrs[name]
+
+
+def _truncate_without_crc(path, ds):
+    # Without its CRC the damage reaches the stream parser, which must reject it.
+    replace_stored(path, ds, lambda b: b[: len(b) // 2])
+    _drop_attr(path, ds, A.CRC32)
+
+
+def _set_attr(name, value):
+    def damage(path, ds):
+        with h5py.File(path, "r+") as f:
+            f[ds].attrs[name] = value
+
+    return damage
+
+
+DAMAGE = {
+    "flipped byte (CRC)": (lambda p, d: flip_byte(p, d, 70), "CRC-32"),
+    "truncated, no CRC": (_truncate_without_crc, "stream"),
+    "dtype attribute": (_set_attr(A.DTYPE, "float64"), "attributes say float64"),
+    "shape attribute": (_set_attr(A.SHAPE, np.array([3, 3])), "attributes say"),
+    "format version": (_set_attr(A.FORMAT_VERSION, 9), "format version 9"),
+    "lossless attribute": (_set_attr(A.LOSSLESS, "lz4"), "lz4"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_stream_stop_names_dataset_and_writes_nothing(compressed, tmp_path, damage):
+    fn, match = DAMAGE[damage]
+    fn(compressed, "/step_0000/fc.weight")
+    out = str(tmp_path / "b.h5")
+    with pytest.raises(FormatError, match=r"dataset '/step_0000/fc.weight' is damaged: .*" + match):
+        decompress_file(compressed, out)
+    assert leftovers(tmp_path, ["c.h5"]) == []
+
+
+def test_damaged_stream_skip_writes_the_rest(sample, compressed, tmp_path):
+    flip_byte(compressed, "/step_0000/fc.weight", 100)
+    _truncate_without_crc(compressed, "/step_0000/sub/deep.weight")
+    out = str(tmp_path / "b.h5")
+    rep = decompress_file(compressed, out, on_error="skip")
+    assert [f["path"] for f in rep["failed"]] == [
+        "/step_0000/fc.weight",
+        "/step_0000/sub/deep.weight",
+    ]
+    assert rep["totals"]["restored"] == 8
+    with h5py.File(out) as f:
+        assert "fc.weight" not in f["step_0000"] and "deep.weight" not in f["step_0000/sub"]
+        assert f["step_0000/fc.bias"].dtype == np.float64
+    with h5py.File(sample) as s, h5py.File(out) as f:
+        x, y = s["step_0000/chunked"][()], f["step_0000/chunked"][()]
+        assert np.max(np.abs(x - y)) <= 1e-3 * float(x.max() - x.min())
+    assert leftovers(tmp_path, ["c.h5", "b.h5"]) == []
+
+
+def test_damaged_zstd_frame(sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    compress_file(sample, c, "rel:1e-3", lossless="zstd")
+    replace_stored(c, "/step_0000/fc.weight", lambda b: b[:-9])
+    _drop_attr(c, "/step_0000/fc.weight", A.CRC32)
+    with pytest.raises(FormatError, match="fc.weight.*zstd"):
+        decompress_file(c, str(tmp_path / "b.h5"))
+
+
+# --- interruptions: no partial output -------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, RuntimeError])
+def test_interrupted_compress_leaves_no_file(sample, tmp_path, monkeypatch, exc):
+    import ccoll.h5.compress as mod
+
+    real, calls = mod.compress_array, []
+
+    def failing(x, bound):
+        calls.append(1)
+        if len(calls) == 3:
+            raise exc()
+        return real(x, bound)
+
+    monkeypatch.setattr(mod, "compress_array", failing)
+    out = tmp_path / "c.h5"
+    out.write_bytes(b"old")
+    with pytest.raises(exc):
+        compress_file(sample, str(out), "rel:1e-3", force=True)
+    assert out.read_bytes() == b"old"  # the previous file is untouched
+    assert leftovers(tmp_path, ["c.h5"]) == []
+
+
+def test_interrupted_decompress_leaves_no_file(compressed, tmp_path, monkeypatch):
+    import ccoll.h5.decompress as mod
+
+    real, calls = mod.restore_dataset, []
+
+    def failing(ds):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(ds)
+
+    monkeypatch.setattr(mod, "restore_dataset", failing)
+    with pytest.raises(KeyboardInterrupt):
+        decompress_file(compressed, str(tmp_path / "b.h5"))
+    assert leftovers(tmp_path, ["c.h5"]) == []
