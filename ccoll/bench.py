@@ -1,0 +1,514 @@
+"""``ccoll bench``: OSU / nccl-tests style sweep of ccoll's collectives against plain MPI.
+
+Run under MPI on ``MPI.COMM_WORLD``; rank 0 prints::
+
+    mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
+
+For each size (bytes of the array each rank passes) it times, side by side in one run and
+interleaved iteration by iteration, plain MPI (``MPI_Allreduce`` / ``MPI_Reduce_scatter`` /
+``MPI_Allgather`` through mpi4py's buffer interface), ccoll's homomorphic ring, the
+decompress-add-recompress (DAR) ring and ccoll with ``policy="auto"``. Every timed call sits
+between a ``Barrier`` and the stop watch; an iteration's time is the slowest rank's, and
+avg/min/max are over iterations. Columns follow nccl-tests: ``algbw = size / time``,
+``busbw = algbw * 2(N-1)/N`` for allreduce, ``(N-1)/N`` for reduce_scatter and ``N-1`` for
+allgather (whose size is the per-rank input). ``ratio`` is the traffic a raw ring sends
+over what the algorithm sent; ``err/eb`` is the largest error against the exact result
+(float64) over the resolved bound; ``speedup`` is MPI's average time over the algorithm's.
+``model`` is the cost model's prediction (docs/model.md) from this run's calibration.
+
+Data: the tensors of one step of a gradient dump (``datasets/minilm.h5``), concatenated,
+rank ``r`` taking step ``r mod steps``, tiled to the size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["add_parser", "run_bench", "Row", "bench", "load_gradients"]
+
+ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
+_DEFAULT_DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
+_BUSBW = {
+    "allreduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "allgather": lambda n: float(n - 1),
+}
+
+
+@dataclass
+class Row:
+    """One (size, algorithm) measurement."""
+
+    collective: str
+    size: int
+    count: int
+    algorithm: str
+    iters: int
+    avg_us: float
+    min_us: float
+    max_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    ratio: float | None
+    err_over_eb: float | None
+    speedup: float | None
+    compressed_calls: float | None = None  # share of timed calls that compressed (auto)
+    model_us: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------- data
+
+
+def load_gradients(path: str | os.PathLike[str], rank: int) -> np.ndarray:
+    """Every float32 tensor of step ``rank mod steps`` of an HDF5 dump, concatenated."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        steps = sorted(k for k in f if isinstance(f[k], h5py.Group))
+        if not steps:
+            raise ValueError(f"{path}: no step groups (expected step_0000, ...)")
+        g = f[steps[rank % len(steps)]]
+        names = sorted(k for k in g if isinstance(g[k], h5py.Dataset))
+        parts = [np.asarray(g[k][()], dtype=np.float32).ravel() for k in names]
+    if not parts:
+        raise ValueError(f"{path}: step {steps[rank % len(steps)]} has no datasets")
+    return np.concatenate(parts)
+
+
+def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[int]:
+    """Message sizes from ``minbytes`` to ``maxbytes`` multiplied by ``factor``, whole items."""
+    out: list[int] = []
+    s = float(max(minbytes, itemsize))
+    while s <= maxbytes * (1 + 1e-9):
+        b = max(itemsize, int(round(s)) // itemsize * itemsize)
+        if not out or b != out[-1]:
+            out.append(b)
+        if factor <= 1:
+            break
+        s *= factor
+    return out
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb: Any,
+             algos: Sequence[str]) -> dict[str, Callable[[], np.ndarray]]:
+    """One zero-argument callable per algorithm, each returning its output array."""
+    from mpi4py import MPI
+
+    n, r = comm.Get_size(), comm.Get_rank()
+    counts = [len(b) for b in np.array_split(np.empty(x.size, np.int8), n)]
+    out: dict[str, Callable[[], np.ndarray]] = {}
+    for a in algos:
+        if a == "mpi":
+            if collective == "allreduce":
+                y = np.empty_like(x)
+                out[a] = lambda y=y: (comm.Allreduce(x, y, op=MPI.SUM), y)[1]
+            elif collective == "reduce_scatter":
+                y = np.empty(counts[r], x.dtype)
+                out[a] = lambda y=y: (comm.Reduce_scatter(x, y, recvcounts=counts,
+                                                          op=MPI.SUM), y)[1]
+            else:
+                y = np.empty((n, x.size), x.dtype)
+                out[a] = lambda y=y: (comm.Allgather(x, y), y)[1]
+            continue
+        cc = ccs[a]
+        if collective == "allreduce":
+            y = np.empty_like(x)
+            out[a] = lambda cc=cc, y=y: cc.allreduce(x, eb, out=y)
+        elif collective == "reduce_scatter":
+            out[a] = lambda cc=cc: cc.reduce_scatter(x, eb)
+        else:
+            out[a] = lambda cc=cc: cc.allgather(x, eb)
+    return out
+
+
+def _reference(collective: str, comm: Any, x: np.ndarray) -> np.ndarray:
+    """Compute the exact result in float64 (exact enough to judge bounds of 1e-3 of range)."""
+    from mpi4py import MPI
+
+    n, r = comm.Get_size(), comm.Get_rank()
+    x64 = x.astype(np.float64)
+    if collective == "allgather":
+        y = np.empty((n, x.size), np.float64)
+        comm.Allgather(x64, y)
+        return y
+    y = np.empty_like(x64)
+    comm.Allreduce(x64, y, op=MPI.SUM)
+    if collective == "reduce_scatter":
+        return np.array_split(y, n)[r]
+    return y
+
+
+def _raw_bytes(collective: str, n: int, size: int) -> float:
+    """Bytes one rank sends in a raw ring algorithm (the ratio's numerator)."""
+    if collective == "allreduce":
+        return 2 * (n - 1) * size / n
+    if collective == "reduce_scatter":
+        return (n - 1) * size / n
+    return float((n - 1) * size)
+
+
+def bench(
+    collective: str,
+    size_list: Sequence[int],
+    *,
+    eb: Any,
+    iters: int,
+    warmup: int,
+    iters_large: int,
+    warmup_large: int,
+    large: int,
+    algos: Sequence[str],
+    data: str | os.PathLike[str],
+    check: bool = True,
+    predict: bool = True,
+    comm: Any = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[list[Row], dict[str, Any]]:
+    """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta."""
+    from mpi4py import MPI
+
+    from ccoll.collectives.auto_policy import AutoPolicy, describe
+    from ccoll.collectives.communicator import Communicator
+    from ccoll.collectives.homomorphic import rank_bound
+    from ccoll.errorbound import as_bound, finite_range
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    comm = comm.Dup()
+    n, r = comm.Get_size(), comm.Get_rank()
+    bound = as_bound(eb)
+    base = load_gradients(data, r)
+    ccs: dict[str, Any] = {}
+    for a in algos:
+        if a == "homomorphic":
+            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="compress")
+        elif a == "dar":
+            ccs[a] = Communicator(comm, algorithm="dar", policy="compress")
+        elif a == "auto":
+            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="auto")
+    model_policy = AutoPolicy(comm) if predict else None
+    rows: list[Row] = []
+    try:
+        for size in size_list:
+            count = size // 4
+            x = np.resize(base, count)
+            lo, hi = finite_range(x)
+            glo = comm.allreduce(lo, op=MPI.MIN)
+            ghi = comm.allreduce(hi, op=MPI.MAX)
+            eb_abs = bound.resolve(glo, ghi)
+            run = _runners(collective, comm, ccs, x, bound, algos)
+            big = size > large
+            nit, nwarm = (iters_large, warmup_large) if big else (iters, warmup)
+            for _ in range(nwarm):
+                for a in algos:
+                    run[a]()
+            times = {a: np.zeros(nit) for a in algos}
+            sent = {a: 0.0 for a in algos}
+            compressed = {a: 0 for a in algos}
+            outs: dict[str, np.ndarray] = {}
+            for it in range(nit):
+                for a in algos:
+                    st = ccs[a].stats if a in ccs else None
+                    s0 = (st.bytes_sent, st.compressed_calls) if st is not None else (0, 0)
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    y = run[a]()
+                    times[a][it] = time.perf_counter() - t0
+                    if st is not None:
+                        sent[a] += st.bytes_sent - s0[0]
+                        compressed[a] += st.compressed_calls - s0[1]
+                    if it == nit - 1:
+                        outs[a] = y
+            errs: dict[str, float | None] = {}
+            if check:
+                ref = _reference(collective, comm, x)
+                for a in algos:
+                    e = float(np.max(np.abs(outs[a].astype(np.float64).reshape(ref.shape) - ref)))
+                    e = comm.allreduce(e, op=MPI.MAX)
+                    errs[a] = e / eb_abs if eb_abs > 0 else (0.0 if e == 0 else math.inf)
+            pred = None
+            if model_policy is not None and n > 1:
+                share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
+                pred = _predict(model_policy, collective, x, share)
+            mpi_avg = None
+            for a in algos:
+                t = np.empty_like(times[a])
+                comm.Allreduce(times[a], t, op=MPI.MAX)
+                avg = float(t.mean())
+                if a == "mpi":
+                    mpi_avg = avg
+                tot_sent = comm.allreduce(sent[a], op=MPI.SUM) / n / nit
+                rb = _raw_bytes(collective, n, size)
+                ratio = (rb / tot_sent if tot_sent > 0 else None) if a in ccs else None
+                algbw = size / avg / 1e9 if avg > 0 else 0.0
+                model_us = None
+                if pred is not None:
+                    key = {"mpi": "raw", "homomorphic": "homomorphic", "dar": "dar"}.get(a)
+                    if key is not None:
+                        model_us = getattr(pred, key) * 1e6
+                    elif a == "auto" and compressed[a] == nit:
+                        model_us = pred.homomorphic * 1e6
+                    elif a == "auto" and compressed[a] == 0:
+                        model_us = pred.raw * 1e6
+                rows.append(Row(
+                    collective=collective, size=size, count=count, algorithm=a, iters=nit,
+                    avg_us=avg * 1e6, min_us=float(t.min()) * 1e6, max_us=float(t.max()) * 1e6,
+                    algbw_gbs=algbw, busbw_gbs=algbw * _BUSBW[collective](n),
+                    ratio=ratio, err_over_eb=errs.get(a) if a != "mpi" else
+                    (errs.get(a) if check else None),
+                    speedup=None, compressed_calls=(compressed[a] / nit) if a in ccs else None,
+                    model_us=model_us,
+                ))
+            for row in rows[-len(algos):]:
+                if mpi_avg is not None and row.avg_us > 0:
+                    row.speedup = mpi_avg * 1e6 / row.avg_us
+            if log is not None and r == 0:
+                log(_format_rows(rows[-len(algos):], header=len(rows) == len(algos)))
+        meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
+        if model_policy is not None:
+            meta["calibration"] = describe(model_policy)
+    finally:
+        for cc in ccs.values():
+            cc.free()
+        comm.Free()
+    return rows, meta
+
+
+def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float) -> Any:
+    """Predict this size with this run's calibration and a sampled ratio."""
+    from mpi4py import MPI
+
+    from ccoll.collectives import model
+    from ccoll.collectives.auto_policy import estimate_stream
+
+    n = pol.comm.Get_size()
+    comp = pol.compressor(x, eb_share) if eb_share > 0 else None
+    p = pol.params(comp)
+    mine = np.array(estimate_stream(x, eb_share, 4096, pol.ops()[0]) if eb_share > 0
+                    else (x.nbytes, 0.0, 0.0))
+    tot = np.empty_like(mine)
+    pol.comm.Allreduce(mine, tot, op=MPI.SUM)
+    ratio = n * x.nbytes / max(float(tot[0]), 1.0)
+    width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
+    # The chunking the collectives use now: ccoll.collectives.communicator.DEFAULT_CHUNK.
+    from ccoll.collectives.communicator import DEFAULT_CHUNK
+
+    block = -(-x.size // n)
+    k = max(1, -(-block // DEFAULT_CHUNK))
+    return model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k)
+
+
+def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: int,
+          iters_large: int, warmup_large: int, large: int) -> dict[str, Any]:
+    from mpi4py import MPI
+
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = (math.nan, math.nan, math.nan)
+    return {
+        "collective": collective, "ranks": n, "eb": repr(bound), "data": str(data),
+        "iters": iters, "warmup": warmup, "iters_large": iters_large,
+        "warmup_large": warmup_large, "large_from_bytes": large,
+        "host": socket.gethostname(), "cpus": os.cpu_count(), "loadavg": list(load),
+        "mpi": MPI.Get_library_version().splitlines()[0],
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "argv": sys.argv, "link_rate_bps": os.environ.get("CCOLL_CLUSTER_RATE_BPS"),
+        "transport": {k: os.environ.get(k) for k in ("MPIR_CVAR_NOLOCAL", "FI_PROVIDER")},
+    }
+
+
+# ---------------------------------------------------------------------------- output
+
+_COLS = [
+    ("size", ">12", lambda r: f"{r.size}"),
+    ("count", ">11", lambda r: f"{r.count}"),
+    ("algorithm", "<12", lambda r: r.algorithm),
+    ("avg(us)", ">11", lambda r: f"{r.avg_us:.1f}"),
+    ("min(us)", ">11", lambda r: f"{r.min_us:.1f}"),
+    ("max(us)", ">11", lambda r: f"{r.max_us:.1f}"),
+    ("algbw(GB/s)", ">11", lambda r: f"{r.algbw_gbs:.3f}"),
+    ("busbw(GB/s)", ">11", lambda r: f"{r.busbw_gbs:.3f}"),
+    ("ratio", ">7", lambda r: "-" if r.ratio is None else f"{r.ratio:.2f}"),
+    ("err/eb", ">7", lambda r: "-" if r.err_over_eb is None else f"{r.err_over_eb:.3f}"),
+    ("speedup", ">7", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}"),
+    ("comp", ">5", lambda r: "-" if r.compressed_calls is None else f"{r.compressed_calls:.2f}"),
+    ("model(us)", ">11", lambda r: "-" if r.model_us is None else f"{r.model_us:.1f}"),
+]
+
+
+def _format_rows(rows: Sequence[Row], header: bool) -> str:
+    lines = []
+    if header:
+        lines.append("  ".join(f"{name:{fmt}}" for name, fmt, _ in _COLS))
+    for r in rows:
+        lines.append("  ".join(f"{get(r):{fmt}}" for _, fmt, get in _COLS))
+    return "\n".join(lines)
+
+
+def to_csv(rows: Sequence[Row]) -> str:
+    """Format the rows as CSV (one line per size and algorithm)."""
+    buf = io.StringIO()
+    names = [f for f in Row.__dataclass_fields__ if f != "extra"]
+    w = csv.writer(buf)
+    w.writerow(names)
+    for r in rows:
+        w.writerow(["" if getattr(r, f) is None else getattr(r, f) for f in names])
+    return buf.getvalue()
+
+
+def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
+    """Time and speedup over MPI against size, one line per algorithm (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    algos = list(dict.fromkeys(r.algorithm for r in rows))
+    for a in algos:
+        rs = [r for r in rows if r.algorithm == a]
+        ax1.plot([r.size for r in rs], [r.avg_us for r in rs], marker="o", ms=3, label=a)
+        if a != "mpi":
+            ax2.plot([r.size for r in rs], [r.speedup or math.nan for r in rs], marker="o",
+                     ms=3, label=a)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("bytes per rank")
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("time per call (us)")
+    ax2.axhline(1.0, color="k", lw=0.8)
+    ax2.set_ylabel("speedup over MPI (x)")
+    ax2.legend()
+    ax1.legend()
+    rate = meta.get("link_rate_bps")
+    link = f", link {float(rate) / 1e9:g} Gbit/s" if rate else ", shared memory"
+    fig.suptitle(f"ccoll {meta['collective']}: {meta['ranks']} ranks, eb {meta['eb']}{link}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``ccoll bench`` on the CLI's subparsers."""
+    from ccoll.collectives.model import parse_size
+
+    p = subparsers.add_parser(
+        "bench",
+        help="OSU-style sweep of ccoll's collectives against plain MPI (run under mpiexec)",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("collective", choices=sorted(_BUSBW), help="collective to time")
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4"),
+                   help="smallest size in bytes per rank (default 4; K/M/G = 2^10/2^20/2^30)")
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"),
+                   help="largest size (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=float, default=2.0,
+                   help="multiply the size by this between steps (default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+    p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up iterations (default 5)")
+    p.add_argument("--iters-large", type=int, default=5,
+                   help="timed iterations above --large (default 5)")
+    p.add_argument("--warmup-large", type=int, default=1,
+                   help="warm-up iterations above --large (default 1)")
+    p.add_argument("--large", type=parse_size, default=parse_size("1M"),
+                   help="sizes above this use the -large counts (default 1M)")
+    p.add_argument("--eb", default="rel:1e-3",
+                   help="error bound, rel:V or abs:V (default rel:1e-3)")
+    p.add_argument("--algorithms", default=",".join(ALGORITHMS),
+                   help=f"comma-separated subset of {','.join(ALGORITHMS)} (default all)")
+    p.add_argument("--data", default=str(_DEFAULT_DATA),
+                   help="HDF5 gradient dump (default datasets/minilm.h5)")
+    p.add_argument("--no-check", action="store_true", help="skip the error check")
+    p.add_argument("--no-model", action="store_true", help="skip the model's predictions")
+    p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
+    p.add_argument("--json", dest="json_out", metavar="FILE",
+                   help="also write rows and run metadata as JSON")
+    p.add_argument("--plot", metavar="FILE", help="also write a PNG of time and speedup")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing (files only)")
+    p.set_defaults(handler=run_bench)
+    return p
+
+
+def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    """Body of ``ccoll bench``: returns ``(document, text, exit code)``; rank 0 reports."""
+    from mpi4py import MPI
+
+    from ccoll.errorbound import as_bound
+    from ccoll.errors import InputError
+
+    algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    bad = [a for a in algos if a not in ALGORITHMS]
+    if bad or not algos:
+        raise InputError(f"--algorithms: unknown {bad}; expected a subset of {ALGORITHMS}")
+    if args.collective == "allgather":
+        algos = [a for a in algos if a != "dar"]  # nothing is summed: one compressed algorithm
+    if "mpi" in algos:
+        algos = ["mpi"] + [a for a in algos if a != "mpi"]
+    if args.iters < 1 or args.iters_large < 1 or args.warmup < 0 or args.warmup_large < 0:
+        raise InputError("iteration counts must be >= 1 (warm-up >= 0)")
+    if args.minbytes < 1 or args.maxbytes < args.minbytes or args.stepfactor < 1:
+        raise InputError("need 1 <= -b <= -e and -f >= 1")
+    if not Path(args.data).is_file():
+        raise InputError(f"--data {args.data}: no such file")
+    as_bound(args.eb)
+    comm = MPI.COMM_WORLD
+    rank0 = comm.Get_rank() == 0
+    live = rank0 and not args.quiet
+    size_list = sizes(args.minbytes, args.maxbytes, args.stepfactor, 4)
+    if live:
+        print(f"# ccoll bench {args.collective}: {comm.Get_size()} ranks, eb {args.eb}, data "
+              f"{args.data}, iters {args.iters}/{args.iters_large} (large > {args.large} B), "
+              f"warmup {args.warmup}/{args.warmup_large}", flush=True)
+    rows, meta = bench(
+        args.collective, size_list, eb=args.eb, iters=args.iters, warmup=args.warmup,
+        iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,
+        algos=algos, data=args.data, check=not args.no_check, predict=not args.no_model,
+        log=(lambda s: print(s, flush=True)) if live else None,
+    )
+    doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
+    if rank0:
+        if args.csv:
+            Path(args.csv).write_text(to_csv(rows))
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str))
+        if args.plot:
+            plot(rows, meta, args.plot)
+    # Rows were printed as they came; the CLI prints nothing more (other ranks: nothing).
+    args.quiet = True
+    return doc, "", 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ccoll bench`` without the rest of the CLI (``python -m ccoll.bench ...``)."""
+    ap = argparse.ArgumentParser(prog="ccoll")
+    add_parser(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    _, _, code = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

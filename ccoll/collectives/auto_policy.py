@@ -1,0 +1,610 @@
+"""``policy="auto"``: decide per call whether compressing pays, from measured costs.
+
+:func:`ccoll.collectives.policy._decide` hands ``"auto"`` calls to :class:`AutoPolicy`,
+which feeds the cost model (:mod:`ccoll.collectives.model`, docs/model.md) with constants
+measured on the communicator and on the data:
+
+- link latency ``alpha`` and bandwidth ``beta``: a ring ``Sendrecv`` probe at first use on a
+  communicator (about 0.1-0.3 s), cached in ``~/.cache/ccoll/links.json`` under a key made of
+  every rank's host name and network namespace, the size, and the MPI transport settings;
+- compressor throughputs (compress, homomorphic add, decompress): timed once per
+  communicator, backend and dtype on a sample of the first message that needs them;
+- the compression ratio: per call, from compressing a strided sample of the message's
+  32-element blocks (its cost is kept near 1% of the predicted raw time).
+
+Every input of the decision is identical on all ranks before it is taken: the probe's times
+are maxima over ranks (rank 0 reads and writes the cache and broadcasts), the compressor
+throughputs are minima over ranks, and the ratio comes from sampled sizes summed over ranks,
+all through collectives; the decision itself uses only ``frexp`` and IEEE ``+ - * /``,
+``min``, ``max`` on those numbers (:func:`ccoll.collectives.model.log2`), so every rank
+takes the same one. Messages too small for compression to pay even with an infinitely fast
+compressor at an infinite ratio are sent raw without any communication.
+
+Environment overrides (any subset): ``CCOLL_ALPHA`` (``5us``), ``CCOLL_BANDWIDTH``
+(``10Gbit``), ``CCOLL_COMPRESS_GBPS``, ``CCOLL_ADD_GBPS``, ``CCOLL_DECOMPRESS_GBPS``,
+``CCOLL_REDUCE_GBPS``, ``CCOLL_OVERHEAD`` (``150us``), ``CCOLL_RATIO`` (skips sampling),
+``CCOLL_CALIBRATION=refresh`` (probe again and overwrite the cache) or ``=off`` (neither
+read nor write the cache), ``CCOLL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/ccoll`` or
+``~/.cache/ccoll``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives import model
+from ccoll.collectives.model import Params, Prediction
+
+__all__ = [
+    "AutoDecision",
+    "LinkCalibration",
+    "CompressorCalibration",
+    "AutoPolicy",
+    "probe_link",
+    "link_calibration",
+    "calibrate_compressor",
+    "sample_blocks",
+    "cache_dir",
+    "newest_cached_params",
+    "describe",
+    "choose",
+    "decide_call",
+    "stream_bound",
+]
+
+Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+
+# Seconds of Python and bookkeeping in one compressed call besides its small collectives;
+# fitted on the bench (docs/model.md, "Calibration").
+PY_OVERHEAD = 150e-6
+CACHE_MAX_AGE_S = 7 * 24 * 3600.0
+_TRANSPORT_ENV = (
+    "MPIR_CVAR_NOLOCAL", "MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE",
+    "CCOLL_CLUSTER_RATE_BPS", "UCX_NET_DEVICES", "UCX_TLS",
+)
+_SAMPLE_BUDGET = 0.01  # share of the predicted raw time that ratio sampling may take
+_MIN_SAMPLE_BLOCKS = 32
+_MAX_SAMPLE_BLOCKS = 4096
+_CAL_SAMPLE_ELEMS = 1 << 20  # elements timed for compressor throughputs
+_CAL_RUN = 8192  # elements per contiguous run of the calibration sample (256 blocks)
+
+
+@dataclass(frozen=True)
+class LinkCalibration:
+    """Ring-step latency and bandwidth of one communicator, plus a plain sum's throughput."""
+
+    alpha: float
+    beta: float
+    reduce: float
+    source: str  # "probe", "cache", "env", or "single rank"
+
+
+@dataclass(frozen=True)
+class CompressorCalibration:
+    """Throughputs of one backend (bytes of float data per second) and its per-call cost."""
+
+    compress: float
+    add: float
+    decompress: float
+    chunk_overhead: float
+    source: str
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    """What ``policy="auto"`` chose for one call, and why."""
+
+    compress: bool
+    chunk_elems: int  # elements per pipeline chunk (a whole ring block for one chunk)
+    reason: str
+    prediction: Prediction | None = None
+    ratio: float | None = None
+
+
+# --------------------------------------------------------------------------------- cache
+
+
+def cache_dir() -> Path:
+    """Folder of the calibration cache (``CCOLL_CACHE_DIR`` overrides it)."""
+    env = os.environ.get("CCOLL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ccoll"
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "links.json"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        with open(_cache_file()) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, entry: dict[str, Any]) -> None:
+    """Atomically add one entry (rank 0 only); keeps the 64 newest entries."""
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = _read_cache()
+        doc[key] = entry
+        if len(doc) > 64:
+            keep = sorted(doc, key=lambda k: doc[k].get("time", 0.0))[-64:]
+            doc = {k: doc[k] for k in keep}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".links-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a probe per run
+
+
+def newest_cached_params() -> Params | None:
+    """Model parameters from the newest cache entry (for ``ccoll model --cached``)."""
+    doc = _read_cache()
+    if not doc:
+        return None
+    e = max(doc.values(), key=lambda v: v.get("time", 0.0))
+    kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce") if k in e}
+    comp = e.get("compressor") or {}
+    kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress", "chunk_overhead")
+               if k in comp})
+    return replace(model.DEFAULTS, **kw)
+
+
+def _netns_id() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        return "-"
+
+
+def link_key(comm: MPI.Intracomm) -> str:
+    """Cache key of a communicator's links (collective: every rank contributes its host).
+
+    Host names alone do not tell two emulated clusters on one machine apart, so the key
+    also holds each rank's network-namespace inode (a new one for every emulated cluster).
+    """
+    mine = f"{socket.gethostname()}/{_netns_id()}"
+    hosts = comm.allgather(mine)
+    env = [f"{k}={os.environ.get(k, '')}" for k in _TRANSPORT_ENV]
+    raw = json.dumps([comm.Get_size(), hosts, env, MPI.Get_library_version()[:60]])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+# --------------------------------------------------------------------------------- probes
+
+
+def _ring_time(comm: MPI.Intracomm, nbytes: int, reps: int) -> float:
+    """Best over ``reps`` of the slowest rank's time for one ring ``Sendrecv`` of ``nbytes``."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    a = np.ones(max(1, nbytes), np.uint8)
+    b = np.empty_like(a)
+    right, left = (r + 1) % n, (r - 1) % n
+    best = np.inf
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Sendrecv([a[:nbytes], MPI.BYTE], right, 77, [b[:nbytes], MPI.BYTE], left, 77)
+        best = min(best, time.perf_counter() - t0)
+    return float(comm.allreduce(best, op=MPI.MAX))
+
+
+def _sum_throughput() -> float:
+    # 16 MiB: larger than caches, like the messages where the sum's cost matters.
+    a = np.ones(4 << 20, np.float32)
+    b = np.ones(4 << 20, np.float32)
+    best = np.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / max(best, 1e-9)
+
+
+def probe_link(comm: MPI.Intracomm) -> LinkCalibration:
+    """Measure ``alpha`` and ``beta`` with ring ``Sendrecv`` steps (collective, ~0.1-0.3 s).
+
+    ``alpha`` is the best time of a 1-byte step; ``beta`` comes from the growth of the time
+    between 1 byte and a message large enough to take about 30 ms (at most 32 MiB), so that
+    a token-bucket shaper's burst does not inflate it. Every rank returns the same numbers.
+    """
+    if comm.Get_size() == 1:
+        return LinkCalibration(0.0, 1e12, _sum_throughput(), "single rank")
+    _ring_time(comm, 1, 3)  # connections are made lazily; keep that out of the timing
+    alpha = _ring_time(comm, 1, 20)
+    m = 256 << 10
+    t = _ring_time(comm, m, 2)
+    while t < 0.03 and m < (32 << 20):  # same t on every rank: the loop agrees
+        m *= 4
+        t = _ring_time(comm, m, 2)
+    beta = m / max(t - alpha, 1e-9)
+    red = float(comm.allreduce(_sum_throughput(), op=MPI.MIN))
+    return LinkCalibration(alpha, beta, red, "probe")
+
+
+def _env_float(name: str, parse: Callable[[str], float]) -> float | None:
+    v = os.environ.get(name)
+    if not v:
+        return None
+    try:
+        return float(parse(v))
+    except ValueError as e:
+        raise ValueError(f"environment variable {name}={v!r}: {e}") from None
+
+
+def link_calibration(comm: MPI.Intracomm) -> tuple[LinkCalibration, str | None]:
+    """Link constants for ``comm`` and their cache key (collective).
+
+    Environment overrides first, else the cache, else a probe.
+    """
+    env_a = _env_float("CCOLL_ALPHA", model.parse_time)
+    env_b = _env_float("CCOLL_BANDWIDTH", model.parse_rate)
+    env_r = _env_float("CCOLL_REDUCE_GBPS", float)
+    mode = os.environ.get("CCOLL_CALIBRATION", "").lower()
+    if env_a is not None and env_b is not None:
+        red = env_r * 1e9 if env_r is not None else model.DEFAULTS.reduce
+        return LinkCalibration(env_a, env_b, red, "env"), None
+    key = link_key(comm)
+    entry = None
+    if comm.Get_rank() == 0 and mode not in ("refresh", "off"):
+        e = _read_cache().get(key)
+        if e and time.time() - float(e.get("time", 0)) < CACHE_MAX_AGE_S:
+            entry = e
+    entry = comm.bcast(entry, root=0)
+    if entry is not None:
+        cal = LinkCalibration(float(entry["alpha"]), float(entry["beta"]),
+                              float(entry["reduce"]), "cache")
+    else:
+        cal = probe_link(comm)
+        if comm.Get_rank() == 0 and mode != "off":
+            _write_cache(key, {"alpha": cal.alpha, "beta": cal.beta, "reduce": cal.reduce,
+                               "time": time.time(), "size": comm.Get_size()})
+    cal = replace(
+        cal,
+        alpha=cal.alpha if env_a is None else env_a,
+        beta=cal.beta if env_b is None else env_b,
+        reduce=cal.reduce if env_r is None else env_r * 1e9,
+    )
+    return cal, key
+
+
+def _remember_compressor(comm: MPI.Intracomm, key: str | None,
+                         cal: CompressorCalibration) -> None:
+    """Add the compressor's numbers to this communicator's cache entry (``ccoll model``)."""
+    if key is None or comm.Get_rank() != 0:
+        return
+    if os.environ.get("CCOLL_CALIBRATION", "").lower() == "off":
+        return
+    entry = _read_cache().get(key)
+    if entry is not None:
+        _write_cache(key, {**entry, "compressor": asdict(cal)})
+
+
+# ------------------------------------------------------------------------- compressor
+
+
+def _calibration_sample(x: np.ndarray) -> np.ndarray:
+    """Up to 1 Mi elements of ``x`` in evenly spaced runs of 8192, tiled if ``x`` is small."""
+    flat = x.reshape(-1)
+    n = flat.size
+    if n >= _CAL_SAMPLE_ELEMS:
+        runs = _CAL_SAMPLE_ELEMS // _CAL_RUN
+        starts = np.arange(runs, dtype=np.int64) * ((n - _CAL_RUN) // max(runs - 1, 1))
+        idx = (starts[:, None] + np.arange(_CAL_RUN)[None, :]).reshape(-1)
+        return np.ascontiguousarray(flat[idx])
+    reps = -(-_CAL_SAMPLE_ELEMS // max(n, 1))
+    return np.ascontiguousarray(np.tile(flat, reps)[:_CAL_SAMPLE_ELEMS])
+
+
+def _best(f: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
+    best, out = np.inf, None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = f()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def calibrate_compressor(x: np.ndarray, eb: float, ops: Ops) -> CompressorCalibration:
+    """Time ``(compress_abs, add, decompress)`` on a sample of ``x`` at bound ``eb`` (local).
+
+    Each throughput is a 1 Mi-element sample's size over its best time (so one call's fixed
+    cost is included, which errs on the slow side); the fixed cost of a call
+    (``chunk_overhead``) is what an 8 Ki-element piece takes beyond its share of that rate,
+    capped at 2 ms so that one descheduled timing on a busy machine cannot dominate.
+    """
+    compress_abs, add, decompress = ops
+    big = _calibration_sample(x)
+    small = np.ascontiguousarray(big[:_CAL_RUN])
+    out = np.empty_like(big)
+    s0 = compress_abs(small, eb)  # compile or load the kernels outside the timing
+    add(s0, s0)
+    decompress(s0, out=out[: small.size])
+    tcb, sb = _best(lambda: compress_abs(big, eb))
+    tcs, ss = _best(lambda: compress_abs(small, eb), 5)
+    tab, _ = _best(lambda: add(sb, sb))
+    tas, _ = _best(lambda: add(ss, ss), 5)
+    tdb, _ = _best(lambda: decompress(sb, out=out))
+    tds, _ = _best(lambda: decompress(ss, out=out[: small.size]), 5)
+    c, a, d = (big.nbytes / max(t, 1e-9) for t in (tcb, tab, tdb))
+    sm = small.nbytes
+    fixed = sum(max(0.0, ts - sm / r) for ts, r in ((tcs, c), (tas, a), (tds, d)))
+    return CompressorCalibration(c, a, d, min(fixed, 2e-3), "measured")
+
+
+def sample_blocks(x: np.ndarray, nsample: int) -> np.ndarray:
+    """``nsample`` evenly spaced whole 32-element blocks of ``x``, contiguous (a copy)."""
+    flat = x.reshape(-1)
+    nblocks = flat.size // 32
+    if nblocks == 0:
+        return np.ascontiguousarray(flat)
+    k = max(1, min(nsample, nblocks))
+    sel = (np.arange(k, dtype=np.int64) * nblocks) // k
+    return np.ascontiguousarray(flat[: nblocks * 32].reshape(nblocks, 32)[sel].reshape(-1))
+
+
+def estimate_stream(x: np.ndarray, eb: float, nsample: int,
+                    compress_abs: Callable[..., Any]) -> tuple[float, float, float]:
+    """Estimated stream bytes of all of ``x``, its non-zero blocks and their summed widths.
+
+    Compresses ``nsample`` evenly spaced blocks and scales the bitmap, code bytes and
+    payload words up to the whole array (the 64-byte header counted once).
+    """
+    from ccoll.compressor.format import parse_header
+
+    s = sample_blocks(x, nsample)
+    hdr = parse_header(np.asarray(compress_abs(s, eb)))
+    scale = -(-x.size // 32) / max(hdr.nblocks, 1)
+    nb = -(-x.size // 32)
+    nnz = hdr.nnz * scale
+    words = hdr.payload_words * scale
+    est = 64 + 4 * -(-nb // 32) + nnz + 4 * words
+    widths = max(words - nnz, 0.0)  # a fixed-length block has 1 + width payload words
+    return est, nnz, widths
+
+
+# ----------------------------------------------------------------------------- policy
+
+
+class AutoPolicy:
+    """Calibration and per-call decisions of ``policy="auto"`` for one communicator.
+
+    Every method that may communicate is collective and must be called by all ranks in the
+    same order, which the collectives guarantee by calling :meth:`decide` after their
+    agreement step (all ranks then hold the same policy, size, dtype and bound).
+    """
+
+    def __init__(self, comm: MPI.Intracomm, *, backend: str = "cpu",
+                 ops: Ops | None = None) -> None:
+        self.comm = comm
+        self.backend = backend
+        self._ops = ops
+        self._link: LinkCalibration | None = None
+        self._key: str | None = None
+        self._comp: dict[str, CompressorCalibration] = {}
+        self._thresholds: dict[tuple[str, ...], float] = {}
+        self.last: AutoDecision | None = None
+
+    # -- calibration ------------------------------------------------------------------
+
+    def ops(self) -> Ops:
+        """``(compress_abs, add, decompress)`` of the compressor the collectives use."""
+        if self._ops is None:
+            from ccoll.collectives.codec import api
+
+            mod = api()
+            self._ops = (mod.compress_abs, mod.add, mod.decompress)
+        return self._ops
+
+    def link(self) -> LinkCalibration:
+        """Link constants (collective on first use)."""
+        if self._link is None:
+            self._link, self._key = link_calibration(self.comm)
+        return self._link
+
+    def compressor(self, x: np.ndarray, eb: float) -> CompressorCalibration:
+        """Compressor throughputs, agreed over ranks (collective on first use per dtype)."""
+        key = f"{self.backend}/{x.dtype}"
+        cal = self._comp.get(key)
+        if cal is not None:
+            return cal
+        env = {k: _env_float(f"CCOLL_{k.upper()}_GBPS", float)
+               for k in ("compress", "add", "decompress")}
+        given = [env[k] for k in ("compress", "add", "decompress")]
+        if all(v is not None for v in given):
+            mine = np.array([*(v * 1e9 for v in given if v is not None), 0.0])
+            src = "env"
+        else:
+            m = calibrate_compressor(x, eb, self.ops())
+            mine = np.array([m.compress, m.add, m.decompress, -m.chunk_overhead])
+            for i, v in enumerate(given):
+                if v is not None:
+                    mine[i] = v * 1e9
+            src = "measured"
+        agreed = np.empty_like(mine)
+        self.comm.Allreduce(mine, agreed, op=MPI.MIN)  # the slowest rank sets the pace
+        cal = CompressorCalibration(float(agreed[0]), float(agreed[1]), float(agreed[2]),
+                                    float(-agreed[3]), src)
+        self._comp[key] = cal
+        _remember_compressor(self.comm, self._key, cal)
+        return cal
+
+    def params(self, comp: CompressorCalibration | None = None) -> Params:
+        """Model parameters from the calibrations (``comp=None``: an infinitely fast one)."""
+        link = self.link()
+        n = self.comm.Get_size()
+        # Small collectives of a compressed call (agreement, stream sizes, this policy's
+        # ratio): about log2(N) latencies each.
+        small = 3.0 * max(1, (n - 1).bit_length()) * link.alpha
+        over = _env_float("CCOLL_OVERHEAD", model.parse_time)
+        overhead = (PY_OVERHEAD if over is None else over) + small
+        if comp is None:
+            return Params(alpha=link.alpha, beta=link.beta, compress=1e30, add=1e30,
+                          decompress=1e30, reduce=link.reduce, overhead=overhead,
+                          chunk_overhead=0.0)
+        return Params(alpha=link.alpha, beta=link.beta, compress=comp.compress, add=comp.add,
+                      decompress=comp.decompress, reduce=link.reduce, overhead=overhead,
+                      chunk_overhead=comp.chunk_overhead)
+
+    # -- decision ---------------------------------------------------------------------
+
+    def decide(self, x: np.ndarray, eb: float, *, collective: str = "allreduce",
+               algorithm: str = "homomorphic", max_chunks: int = 64,
+               root: int | None = None) -> AutoDecision:
+        """Raw or compressed for one call on ``x`` whose streams use absolute bound ``eb``.
+
+        Collective (all ranks, same ``x.size``, dtype and ``eb``). ``eb`` is the bound each
+        rank's streams are quantized with (for a sum, the collective's share of the user's
+        bound). For ``bcast`` only ``root``'s data is sampled.
+        """
+        n = self.comm.Get_size()
+        size = float(x.size * x.itemsize)
+        block_elems = max(1, -(-x.size // n))
+        if n == 1 or x.size == 0:
+            return self._done(AutoDecision(False, block_elems, "one rank or empty"))
+        if not eb > 0:
+            return self._done(AutoDecision(False, block_elems, "lossless bound: nothing to gain"))
+
+        # 1. Clear-cut by size alone: even an infinitely fast compressor with an infinite
+        #    ratio loses. Uses only agreed numbers, so it needs no communication, and the
+        #    threshold is computed once, so that tiny messages cost a comparison.
+        if size < self._threshold((collective, algorithm), self.params(None)):
+            return self._done(AutoDecision(False, block_elems, "too small to gain"))
+        comp = self.compressor(x, eb)
+        p = self.params(comp)
+        if size < self._threshold((collective, algorithm, str(x.dtype)), p):
+            return self._done(AutoDecision(False, block_elems, "compressor slower than the link"))
+        # 2. Ratio from a strided sample of blocks, summed over ranks.
+        forced = _env_float("CCOLL_RATIO", float)
+        if forced is not None:
+            ratio, width = forced, model.DEFAULT_WIDTH
+        else:
+            t_raw = model.predict(size, n, p, 1.0, collective=collective, chunks=1).raw
+            budget_bytes = _SAMPLE_BUDGET * t_raw * p.compress
+            nsample = int(min(_MAX_SAMPLE_BLOCKS, max(_MIN_SAMPLE_BLOCKS, budget_bytes // 128)))
+            mine = np.zeros(4, np.float64)
+            if root is None or self.comm.Get_rank() == root:
+                mine[:3] = estimate_stream(x, eb, nsample, self.ops()[0])
+                mine[3] = 1.0
+            tot = np.empty_like(mine)
+            self.comm.Allreduce(mine, tot, op=MPI.SUM)
+            ratio = float(tot[3]) * size / max(float(tot[0]), 1.0)
+            width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
+        return self._done(choose(x.size, x.itemsize, n, p, ratio, width, collective=collective,
+                                 algorithm=algorithm, max_chunks=max_chunks))
+
+    def _threshold(self, key: tuple[str, ...], p: Params) -> float:
+        """Smallest size at which compression could pay with an infinite ratio (cached).
+
+        Both times are affine in the size for one chunk, so "compressed loses" holds
+        exactly below one size; found by bisection on agreed numbers only.
+        """
+        t = self._thresholds.get(key)
+        if t is not None:
+            return t
+        collective, algorithm = key[0], key[1]
+        n = self.comm.Get_size()
+
+        def wins(size: float) -> bool:
+            best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
+            return (best.homomorphic if algorithm == "homomorphic" else best.dar) < best.raw
+
+        lo, hi = 1.0, float(1 << 50)
+        if not wins(hi):
+            t = float("inf")
+        else:
+            for _ in range(100):
+                mid = (lo + hi) / 2
+                if wins(mid):
+                    hi = mid
+                else:
+                    lo = mid
+            t = hi
+        self._thresholds[key] = t
+        return t
+
+    def _done(self, d: AutoDecision) -> AutoDecision:
+        self.last = d
+        return d
+
+
+def stream_bound(collective: str, algorithm: str, eb_abs: float, n_ranks: int) -> float:
+    """Absolute bound of the streams one call compresses (what the ratio depends on)."""
+    if collective in ("allreduce", "reduce_scatter"):
+        if algorithm == "dar":
+            from ccoll.collectives.dar import dar_bound
+
+            return dar_bound(eb_abs, n_ranks)
+        from ccoll.collectives.homomorphic import rank_bound
+
+        return rank_bound(eb_abs, n_ranks)
+    return eb_abs
+
+
+def decide_call(d: Any) -> AutoDecision:
+    """Decide one collective call (``d`` is a :class:`ccoll.collectives.policy.Decision`).
+
+    Collective over the AutoPolicy's communicator; every rank calls it at the same point
+    of the same call, after the agreement.
+    """
+    pol: AutoPolicy = d.auto
+    x = np.asarray(d.data)
+    eb = stream_bound(d.collective, d.algorithm, d.eb_abs, d.n_ranks)
+    # DAR's ratio is sampled at its own bound; the model takes the ratio at the
+    # homomorphic per-rank bound and derives DAR's, so sample there for both.
+    if d.algorithm == "dar" and d.collective in ("allreduce", "reduce_scatter"):
+        eb = stream_bound(d.collective, "homomorphic", d.eb_abs, d.n_ranks)
+    return pol.decide(x, eb, collective=d.collective, algorithm=d.algorithm, root=d.root)
+
+
+def choose(count: int, itemsize: int, ranks: int, p: Params, ratio: float, width: float, *,
+           collective: str = "allreduce", algorithm: str = "homomorphic",
+           max_chunks: int = 64) -> AutoDecision:
+    """Decide from agreed numbers: compressed iff the model predicts it faster.
+
+    Pure arithmetic (the same on every rank for the same inputs); the chunk size is the
+    model's best number of chunks per ring block.
+    """
+    size = float(count * itemsize)
+    block_elems = max(1, -(-count // ranks))
+    pred = model.predict(size, ranks, p, ratio, collective=collective, width=width,
+                         max_chunks=max_chunks)
+    t_comp = pred.homomorphic if algorithm == "homomorphic" else pred.dar
+    if ranks > 1 and t_comp < pred.raw:
+        chunk = max(1, -(-block_elems // pred.chunks))
+        return AutoDecision(True, chunk, f"predicted {pred.raw / t_comp:.2f}x faster compressed",
+                            pred, ratio)
+    return AutoDecision(False, block_elems, "predicted slower compressed", pred, ratio)
+
+
+def describe(policy: AutoPolicy) -> dict[str, Any]:
+    """Summarize the calibrations and the last decision (for logs and ``ccoll bench --json``)."""
+    out: dict[str, Any] = {}
+    if policy._link is not None:
+        out["link"] = asdict(policy._link)
+    out["compressor"] = {k: asdict(v) for k, v in policy._comp.items()}
+    if policy.last is not None:
+        last = policy.last
+        out["last"] = {"compress": last.compress, "chunk_elems": last.chunk_elems,
+                       "reason": last.reason, "ratio": last.ratio}
+        if last.prediction is not None:
+            out["last"]["prediction"] = asdict(last.prediction)
+    return out

@@ -1,0 +1,600 @@
+"""Cost model of ring allreduce, raw and compressed (docs/model.md derives every formula).
+
+Pure arithmetic on calibrated constants; no MPI, no compressor. :mod:`ccoll.collectives.policy`
+measures the constants and uses :func:`predict` to pick raw or compressed per call; the
+``ccoll model`` command prints the predictions and the break-even points.
+
+Symbols (all sizes in bytes of the uncompressed message, all rates in bytes per second):
+
+- ``S`` message size, ``N`` ranks;
+- ``alpha`` latency of one ring step (one ``Sendrecv`` with each neighbour), ``beta`` link
+  bandwidth per direction per rank;
+- ``reduce`` throughput of a plain elementwise sum (MPI's local reduction);
+- ``compress`` / ``add`` / ``decompress``: compressor throughputs, each counted in bytes of
+  the *uncompressed* data handled (``add`` of two streams that stand for ``m`` bytes of floats
+  takes ``m / add`` seconds, however small the streams are);
+- ``ratio`` of one rank's freshly compressed data, ``ratio_sum`` of the fully reduced stream
+  (a sum of ``N`` streams has wider codes, so ``ratio_sum <= ratio``);
+- ``overhead`` fixed cost of one compressed call (argument checks, agreement, buffers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+__all__ = [
+    "Params",
+    "Prediction",
+    "DEFAULTS",
+    "predict_raw",
+    "predict_homomorphic",
+    "predict_dar",
+    "predict",
+    "predict_raw_reduce_scatter",
+    "predict_raw_allgather",
+    "predict_compressed_allgather",
+    "predict_raw_bcast",
+    "predict_compressed_bcast",
+    "COLLECTIVES",
+    "best_chunks",
+    "break_even_size",
+    "break_even_bandwidth",
+    "ratio_of_sum",
+    "ratio_at_finer_bound",
+    "log2",
+    "parse_size",
+    "parse_rate",
+    "parse_time",
+    "format_size",
+    "add_parser",
+]
+
+
+@dataclass(frozen=True)
+class Params:
+    """Calibrated constants of one communicator and one compressor backend (SI units)."""
+
+    alpha: float  # s per ring step
+    beta: float  # bytes/s per direction per rank
+    compress: float  # bytes/s of input
+    add: float  # bytes/s of represented input
+    decompress: float  # bytes/s of output
+    reduce: float = 4e9  # bytes/s of a plain float sum
+    overhead: float = 100e-6  # s per compressed call
+    chunk_overhead: float = 30e-6  # s per pipeline chunk (a kernel launch, a Python loop turn)
+
+    def __post_init__(self) -> None:
+        for name, v in asdict(self).items():
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"model parameter {name} must be finite and >= 0, got {v!r}")
+        for name in ("beta", "compress", "add", "decompress", "reduce"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model parameter {name} is a rate and must be > 0")
+
+
+# Code widths of a sum of k streams grow by about SUM_GROWTH * log2(k) bits.
+SUM_GROWTH = 0.5
+# Mean code width (bits) of the non-zero blocks of a MiniLM gradient at REL 1e-3 / N.
+DEFAULT_WIDTH = 3.0
+
+# Used by `ccoll model` for whatever the caller does not give; measured on one core of the
+# 2-core development machine with the CPU backend (docs/model.md, "Calibration").
+DEFAULTS = Params(
+    alpha=50e-6, beta=1.25e8, compress=1.0e9, add=3.0e9, decompress=1.5e9, reduce=4e9
+)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted seconds of one collective of ``size`` bytes per rank on ``ranks`` ranks."""
+
+    size: int
+    ranks: int
+    raw: float
+    homomorphic: float
+    dar: float
+    chunks: int
+    ratio: float
+    ratio_sum: float
+    collective: str = "allreduce"
+
+    @property
+    def compressed(self) -> float:
+        """The faster compressed algorithm's time."""
+        return min(self.homomorphic, self.dar)
+
+    @property
+    def speedup(self) -> float:
+        """Raw time over homomorphic time (> 1: compression pays)."""
+        return self.raw / self.homomorphic if self.homomorphic > 0 else math.inf
+
+    @property
+    def choice(self) -> str:
+        """``"homomorphic"`` when it is predicted faster than raw, else ``"raw"``."""
+        return "homomorphic" if self.homomorphic < self.raw else "raw"
+
+
+def log2(x: float) -> float:
+    """``log2(x)`` for ``x > 0`` from ``frexp`` and ``+ - * /`` only.
+
+    The result is the same bit pattern on every IEEE-754 host (a libm's ``log2`` may differ
+    in the last bit between versions), so decisions computed from it agree across ranks.
+    """
+    if not x > 0:
+        raise ValueError(f"log2 needs x > 0, got {x!r}")
+    m, e = math.frexp(x)  # x = m * 2**e, 0.5 <= m < 1: exact
+    m, e = m * 2.0, e - 1  # 1 <= m < 2, so a power of two gives z = 0 and an exact result
+    z = (m - 1.0) / (m + 1.0)  # ln m = 2 atanh z, 0 <= z < 1/3
+    z2 = z * z
+    term, acc = z, 0.0
+    for i in range(14):
+        acc += term / (2 * i + 1)
+        term *= z2
+    return e + 2.0 * acc / 0.6931471805599453
+
+
+def ratio_of_sum(ratio: float, terms: float, width: float = DEFAULT_WIDTH,
+                 growth: float = SUM_GROWTH) -> float:
+    """Compression ratio of the sum of ``terms`` streams that each have ratio ``ratio``.
+
+    Summing ``k`` streams widens each non-zero block's codes by about ``growth * log2(k)``
+    bits (``growth`` 1 for identical data, 1/2 for independent data of one scale; 1/2 fits
+    MiniLM gradients of different steps within 2%, docs/model.md) while zero blocks stay
+    zero; a fixed-length block costs ``1 + width`` words, so the payload grows by the factor
+    ``(1 + w + growth * log2 k) / (1 + w)``. ``width`` is the mean code width of the
+    non-zero blocks of one stream.
+    """
+    if terms <= 1:
+        return ratio
+    return ratio * (1.0 + width) / (1.0 + width + growth * log2(terms))
+
+
+def ratio_at_finer_bound(ratio: float, factor: float, width: float = DEFAULT_WIDTH) -> float:
+    """Ratio after dividing the bound by ``factor`` (> 1): codes widen by ``log2(factor)`` bits."""
+    if factor <= 1:
+        return ratio
+    return ratio * (1.0 + width) / (1.0 + width + log2(factor))
+
+
+def predict_raw(size: float, ranks: int, p: Params) -> float:
+    """Ring (reduce-scatter + allgather) allreduce of raw data, the bandwidth-optimal MPI one.
+
+    ``2(N-1) alpha + 2(N-1)/N * S/beta + (N-1)/N * S/reduce``.
+    """
+    if ranks <= 1:
+        return 0.0
+    n = ranks
+    return 2 * (n - 1) * p.alpha + 2 * (n - 1) / n * size / p.beta + (n - 1) / n * size / p.reduce
+
+
+def _overlap(compute: float, network: float, chunks: int) -> float:
+    """Makespan of ``chunks`` pieces that each need the processor, then the network.
+
+    The compressor kernels of one rank share its cores, so its compressions and adds run
+    one after another on the collective's worker thread while the calling thread moves
+    data: only computing and sending overlap. With ``k`` equal pieces the longer resource
+    is busy all along and the shorter one adds one piece's worth:
+    ``max(C, W) + min(C, W) / k`` (``C + W`` for ``k = 1``).
+    """
+    k = max(1, chunks)
+    return max(compute, network) + min(compute, network) / k
+
+
+def _gather_and_decode(size: float, n: int, p: Params, ratio_sum: float) -> float:
+    """Allgather of the reduced streams (one message per rank) and their decoding.
+
+    This rank's own block is decoded while the allgather moves (``max``), the others after.
+    """
+    wire = (n - 1) * p.alpha + (n - 1) / n * size / (ratio_sum * p.beta)
+    return max(wire, size / n / p.decompress) + (n - 1) / n * size / p.decompress
+
+
+def _hom_reduce_scatter(size: float, n: int, p: Params, ratio: float, k: int) -> float:
+    """Time the homomorphic reduce-scatter phase (without fixed and per-chunk costs)."""
+    compute = size / p.compress + (n - 1) / n * size / p.add
+    network = k * (n - 1) * p.alpha + (n - 1) / n * size / (ratio * p.beta)
+    return _overlap(compute, network, k)
+
+
+def _dar_reduce_scatter(size: float, n: int, p: Params, ratio: float, k: int,
+                        width: float) -> float:
+    """Time the DAR reduce-scatter phase (without fixed and per-chunk costs)."""
+    r1 = ratio_at_finer_bound(ratio, (2 * n - 1) / n, width)
+    r_steps = ratio_of_sum(r1, max(1.0, n / 2), width)
+    blk = size / n
+    compute = blk / p.compress + (n - 1) * blk * (1 / p.decompress + 1 / p.reduce
+                                                   + 1 / p.compress)
+    network = k * (n - 1) * p.alpha + (n - 1) * blk / (r_steps * p.beta)
+    return _overlap(compute, network, k)
+
+
+def predict_homomorphic(
+    size: float, ranks: int, p: Params, ratio: float, *, ratio_sum: float | None = None,
+    chunks: int = 1, width: float = DEFAULT_WIDTH,
+) -> float:
+    """Homomorphic ring: compress once, reduce-scatter by adding streams, allgather, decode.
+
+    Reduce-scatter: the worker compresses all ``S`` and adds ``N-1`` received blocks,
+    ``C = S/compress + (N-1)/N * S/add``, while the ring moves fresh streams,
+    ``W = k (N-1) alpha + (N-1)/N * S/(ratio beta)``; each ring block is cut into ``k``
+    chunks (one stream, one message each), so ``max(C, W) + min(C, W)/k``. Then the
+    allgather of the reduced streams (ratio ``ratio_sum``) and the decoding
+    (:func:`_gather_and_decode`); plus ``overhead + k * chunk_overhead``.
+    """
+    if ranks <= 1:
+        return p.overhead
+    n = ranks
+    rs = ratio_of_sum(ratio, n, width) if ratio_sum is None else ratio_sum
+    k = max(1, int(chunks))
+    return (p.overhead + k * p.chunk_overhead + _hom_reduce_scatter(size, n, p, ratio, k)
+            + _gather_and_decode(size, n, p, rs))
+
+
+def predict_dar(
+    size: float, ranks: int, p: Params, ratio: float, *, chunks: int = 1,
+    width: float = DEFAULT_WIDTH,
+) -> float:
+    """Decompress-add-recompress ring (C-Coll style), with the same chunking.
+
+    ``ratio`` is the ratio of one rank's data at the homomorphic ring's per-rank bound
+    ``eb/N``; DAR compresses with ``eb/(2N-1)``, which costs ``log2((2N-1)/N)`` bits per
+    code, and sends partial sums, which cost like sums of half the ranks. Compute:
+    the first block ``S/(N compress)`` and at each step ``S/N (1/decompress + 1/reduce +
+    1/compress)``; then the allgather and decoding as in the homomorphic ring.
+    """
+    if ranks <= 1:
+        return p.overhead
+    n = ranks
+    k = max(1, int(chunks))
+    r_final = ratio_of_sum(ratio_at_finer_bound(ratio, (2 * n - 1) / n, width), n, width)
+    return (p.overhead + k * p.chunk_overhead + _dar_reduce_scatter(size, n, p, ratio, k, width)
+            + _gather_and_decode(size, n, p, r_final))
+
+
+def predict_raw_reduce_scatter(size: float, ranks: int, p: Params) -> float:
+    """Raw ring reduce-scatter: ``(N-1) alpha + (N-1)/N * S (1/beta + 1/reduce)``."""
+    n = ranks
+    return (n - 1) * p.alpha + (n - 1) / n * size * (1 / p.beta + 1 / p.reduce)
+
+
+def predict_raw_allgather(size: float, ranks: int, p: Params) -> float:
+    """Raw ring allgather of ``S`` bytes per rank: ``(N-1) (alpha + S/beta)``."""
+    return (ranks - 1) * (p.alpha + size / p.beta)
+
+
+def predict_compressed_allgather(size: float, ranks: int, p: Params, ratio: float) -> float:
+    """Compress once, allgather the streams, decode all ``N``: no pipelining."""
+    n = ranks
+    return (p.overhead + size / p.compress + (n - 1) * (p.alpha + size / (ratio * p.beta))
+            + n * size / p.decompress)
+
+
+def predict_raw_bcast(size: float, ranks: int, p: Params) -> float:
+    """Large-message bcast (scatter + ring allgather): ``~ 2(N-1)/N * S/beta``."""
+    n = ranks
+    return (n - 1 + (n - 1).bit_length()) * p.alpha + 2 * (n - 1) / n * size / p.beta
+
+
+def predict_compressed_bcast(size: float, ranks: int, p: Params, ratio: float) -> float:
+    """Predict a compressed bcast: the root compresses, every rank decodes the stream."""
+    return p.overhead + size / p.compress + predict_raw_bcast(size / ratio, ranks, p) + (
+        size / p.decompress
+    )
+
+
+def best_chunks(size: float, ranks: int, p: Params, ratio: float, *,
+                ratio_sum: float | None = None, width: float = DEFAULT_WIDTH,
+                max_chunks: int = 64, min_chunk_bytes: int = 256 << 10) -> int:
+    """Pick the chunks per ring block (a power of two) that minimize the homomorphic time.
+
+    A ring block is ``S/N`` bytes; chunks smaller than ``min_chunk_bytes`` are not
+    considered: below that the compressor's per-call costs, which the model folds into
+    ``chunk_overhead``, stop being constant.
+    """
+    best_k, best_t = 1, math.inf
+    k = 1
+    block = size / max(1, ranks)
+    while k <= max_chunks and (k == 1 or block / k >= min_chunk_bytes):
+        t = predict_homomorphic(size, ranks, p, ratio, ratio_sum=ratio_sum, chunks=k,
+                                width=width)
+        if t < best_t * (1 - 1e-9):
+            best_k, best_t = k, t
+        k *= 2
+    return best_k
+
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")
+
+
+def predict(size: float, ranks: int, p: Params, ratio: float, *,
+            collective: str = "allreduce", ratio_sum: float | None = None,
+            chunks: int | None = None, width: float = DEFAULT_WIDTH,
+            max_chunks: int = 64) -> Prediction:
+    """Raw, homomorphic and DAR predictions for one call; ``chunks=None`` picks the best.
+
+    For ``allgather`` and ``bcast`` (nothing is summed) ``homomorphic`` and ``dar`` both
+    hold the compressed algorithm's time, and ``ratio`` is at the full bound.
+    """
+    if collective not in COLLECTIVES:
+        raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
+    n = ranks
+    rs = ratio_of_sum(ratio, n, width) if ratio_sum is None else ratio_sum
+    k = (best_chunks(size, n, p, ratio, ratio_sum=rs, width=width, max_chunks=max_chunks)
+         if chunks is None else max(1, int(chunks)))
+    if n <= 1:
+        raw = hom = dar = 0.0
+    elif collective == "allreduce":
+        raw = predict_raw(size, n, p)
+        hom = predict_homomorphic(size, n, p, ratio, ratio_sum=rs, chunks=k, width=width)
+        dar = predict_dar(size, n, p, ratio, chunks=k, width=width)
+    elif collective == "reduce_scatter":
+        raw = predict_raw_reduce_scatter(size, n, p)
+        fixed = p.overhead + k * p.chunk_overhead + size / n / p.decompress
+        hom = fixed + _hom_reduce_scatter(size, n, p, ratio, k)
+        dar = fixed + _dar_reduce_scatter(size, n, p, ratio, k, width)
+    elif collective == "allgather":
+        k, rs = 1, ratio
+        raw = predict_raw_allgather(size, n, p)
+        hom = dar = predict_compressed_allgather(size, n, p, ratio)
+    else:
+        k, rs = 1, ratio
+        raw = predict_raw_bcast(size, n, p)
+        hom = dar = predict_compressed_bcast(size, n, p, ratio)
+    return Prediction(size=int(size), ranks=n, raw=raw, homomorphic=hom, dar=dar, chunks=k,
+                      ratio=ratio, ratio_sum=rs, collective=collective)
+
+
+def _bisect(f: Callable[[float], bool], lo: float, hi: float, steps: int = 80) -> float:
+    """Boundary between ``f(lo) == False`` and ``f(hi) == True`` on a log scale."""
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        if f(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def break_even_size(ranks: int, p: Params, ratio: float, *, ratio_sum: float | None = None,
+                    width: float = DEFAULT_WIDTH, lo: float = 4.0,
+                    hi: float = float(1 << 44)) -> float | None:
+    """Smallest message (bytes) from which the homomorphic ring beats raw; ``None`` if never.
+
+    Past the latency and overhead terms both times grow linearly in ``S``, so compression
+    pays for all large enough messages exactly when its cost per byte is lower (see
+    :func:`break_even_bandwidth`); the crossing is found by bisection.
+    """
+
+    def pays(s: float) -> bool:
+        return predict(s, ranks, p, ratio, ratio_sum=ratio_sum, width=width).choice == "homomorphic"
+
+    if not pays(hi):
+        return None
+    if pays(lo):
+        return lo
+    return _bisect(pays, lo, hi)
+
+
+def break_even_bandwidth(size: float, ranks: int, p: Params, ratio: float, *,
+                         ratio_sum: float | None = None,
+                         width: float = DEFAULT_WIDTH) -> float | None:
+    """Highest link bandwidth (bytes/s) at which compressing ``size`` bytes still pays.
+
+    For large messages, one chunk, and the own block's decoding hidden under the allgather,
+    the closed form (docs/model.md) is ``beta* = (N-1)/N (2 - 1/r - 1/r_sum) /
+    (1/c + (N-1)/N (1/a + 1/d - 1/reduce))``; here it is found by bisection on the full
+    model. ``None`` if it does not pay even on a
+    1 bit/s link.
+    """
+
+    def pays_at(beta: float) -> bool:
+        q = replace(p, beta=beta)
+        return predict(size, ranks, q, ratio, ratio_sum=ratio_sum, width=width).choice == (
+            "homomorphic"
+        )
+
+    lo, hi = 1.0 / 8, 1e15
+    if not pays_at(lo):
+        return None
+    if pays_at(hi):
+        return hi
+    # pays_at is True at low bandwidth: bisect on the negation.
+    return _bisect(lambda b: not pays_at(b), lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# Units
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_RATE_RE = re.compile(
+    r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([kmgt]?)(bit|bps|b/s|bit/s)?\s*$", re.IGNORECASE
+)
+_TIME_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(ns|us|µs|ms|s)?\s*$")
+_POW = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``4``, ``64K``, ``64M``, ``1G`` (binary multiples, as OSU and nccl-tests use)."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"size must look like 4, 64K, 64M or 1G, got {text!r}")
+    v = float(m.group(1)) * 1024 ** _POW[m.group(2).lower()]
+    if v < 0 or v != int(v):
+        raise ValueError(f"size must be a whole number of bytes, got {text!r}")
+    return int(v)
+
+
+def parse_rate(text: str | float) -> float:
+    """Bytes per second from a bit rate: ``10Gbit``, ``1gbit``, ``500Mbit`` (decimal, like tc)."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _RATE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"bandwidth must look like 10Gbit or 500Mbit, got {text!r}")
+    v = float(m.group(1)) * 1000 ** _POW[m.group(2).lower()] / 8
+    if v <= 0:
+        raise ValueError(f"bandwidth must be > 0, got {text!r}")
+    return v
+
+
+def parse_time(text: str | float) -> float:
+    """Seconds from ``5us``, ``0.2ms``, ``1e-6`` (bare numbers are seconds)."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _TIME_RE.match(str(text))
+    if not m:
+        raise ValueError(f"time must look like 5us, 0.2ms or 1e-6, got {text!r}")
+    scale = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, None: 1.0}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def format_size(n: float) -> str:
+    """``67108864`` -> ``64M`` (binary multiples, exact when possible)."""
+    for unit, p in (("T", 4), ("G", 3), ("M", 2), ("K", 1)):
+        div = 1024**p
+        if n >= div:
+            v = n / div
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+def _fmt_t(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.3f} s"
+
+
+# ---------------------------------------------------------------------------------------------
+# `ccoll model`
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Register ``ccoll model`` on the CLI's subparsers."""
+    ap = subparsers.add_parser(
+        "model",
+        help="predict raw vs compressed allreduce times and the break-even points",
+        description=(
+            "Predict the time of a raw ring allreduce, ccoll's homomorphic ring and the "
+            "decompress-add-recompress ring from link and compressor constants, and print "
+            "where compression starts paying (docs/model.md). Constants not given come from "
+            "the calibration cache (~/.cache/ccoll) when --cached is set, else from defaults."
+        ),
+    )
+    ap.add_argument("--ranks", type=int, default=2, help="ranks N (default 2)")
+    ap.add_argument("--bandwidth", type=parse_rate, default=None,
+                    help="link bandwidth per direction, e.g. 10Gbit (default 1Gbit)")
+    ap.add_argument("--latency", type=parse_time, default=None,
+                    help="latency of one ring step, e.g. 5us (default 50us)")
+    ap.add_argument("--size", type=parse_size, default=parse_size("64M"),
+                    help="message size, e.g. 64M = 64 MiB (default)")
+    ap.add_argument("--ratio", type=float, default=16.0,
+                    help="compression ratio of one rank's data (default 16)")
+    ap.add_argument("--ratio-sum", type=float, default=None,
+                    help="ratio of the reduced stream (default: estimated from --ratio)")
+    ap.add_argument("--width", type=float, default=DEFAULT_WIDTH,
+                    help=f"mean code width in bits of non-zero blocks (default {DEFAULT_WIDTH:g})")
+    ap.add_argument("--chunks", type=int, default=None,
+                    help="pipeline chunks per ring block (default: the best)")
+    for name, what in (("compress", "compression"), ("add", "homomorphic add"),
+                       ("decompress", "decompression"), ("reduce", "plain float sum")):
+        ap.add_argument(f"--{name}-gbps", type=float, default=None,
+                        help=f"{what} throughput in GB/s (1e9 bytes of float data per second)")
+    ap.add_argument("--overhead", type=parse_time, default=None,
+                    help="fixed cost of one compressed call (default 100us)")
+    ap.add_argument("--cached", action="store_true",
+                    help="start from the newest calibration in ~/.cache/ccoll")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("-q", "--quiet", action="store_true", help="print nothing (exit code only)")
+    ap.set_defaults(handler=run_model)
+    return ap
+
+
+def params_from_args(args: argparse.Namespace, base: Params = DEFAULTS) -> Params:
+    """Model parameters: ``base`` overridden by whatever the command line gives."""
+    kw: dict[str, float] = {}
+    if args.bandwidth is not None:
+        kw["beta"] = args.bandwidth
+    if args.latency is not None:
+        kw["alpha"] = args.latency
+    for name in ("compress", "add", "decompress", "reduce"):
+        v = getattr(args, f"{name}_gbps")
+        if v is not None:
+            kw[name] = v * 1e9
+    if args.overhead is not None:
+        kw["overhead"] = args.overhead
+    return replace(base, **kw)
+
+
+def _human(n: float) -> str:
+    """``67108864`` -> ``64 MiB`` (for messages meant to be read)."""
+    f = format_size(n)
+    return f"{f[:-1]} {f[-1]}iB" if f[-1] in "KMGT" else f"{f} B"
+
+
+def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    """Body of ``ccoll model``: returns ``(document, text, exit code)`` for the CLI to print."""
+    from ccoll.errors import InputError
+
+    if args.ranks < 1:
+        raise InputError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.ratio <= 0 or (args.ratio_sum is not None and args.ratio_sum <= 0):
+        raise InputError("--ratio and --ratio-sum must be > 0")
+    if args.chunks is not None and args.chunks < 1:
+        raise InputError(f"--chunks must be >= 1, got {args.chunks}")
+    base = DEFAULTS
+    if args.cached:
+        from ccoll.collectives.auto_policy import newest_cached_params
+
+        cached = newest_cached_params()
+        if cached is None:
+            raise InputError("no calibration in the cache yet (run a ccoll collective first)")
+        base = cached
+    try:
+        p = params_from_args(args, base)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    n, s = args.ranks, args.size
+    w = args.width
+    pr = predict(s, n, p, args.ratio, ratio_sum=args.ratio_sum, chunks=args.chunks, width=w)
+    be_size = break_even_size(n, p, args.ratio, ratio_sum=args.ratio_sum, width=w)
+    be_bw = break_even_bandwidth(s, n, p, args.ratio, ratio_sum=args.ratio_sum, width=w)
+    doc: dict[str, Any] = {
+        "params": asdict(p),
+        "size": s, "ranks": n, "ratio": pr.ratio, "ratio_sum": pr.ratio_sum, "chunks": pr.chunks,
+        "raw_s": pr.raw, "homomorphic_s": pr.homomorphic, "dar_s": pr.dar,
+        "speedup": pr.speedup, "choice": pr.choice,
+        "break_even_size": be_size,
+        "break_even_bandwidth_bps": None if be_bw is None else be_bw * 8,
+    }
+    lines = [
+        f"# {n} ranks, {_human(s)} per rank, link {p.beta * 8 / 1e9:g} Gbit/s, "
+        f"ring-step latency {_fmt_t(p.alpha)}, fixed cost {_fmt_t(p.overhead)} per call",
+        f"# compressor GB/s: compress {p.compress / 1e9:g}, add {p.add / 1e9:g}, "
+        f"decompress {p.decompress / 1e9:g}; plain sum {p.reduce / 1e9:g}; "
+        f"ratio {pr.ratio:g} (reduced stream {pr.ratio_sum:.3g})",
+        f"raw ring allreduce      {_fmt_t(pr.raw):>12}",
+        f"homomorphic ring        {_fmt_t(pr.homomorphic):>12}   ({pr.chunks} chunk(s) per "
+        f"block, speedup {pr.speedup:.2f}x)",
+        f"decompress-add-recompr. {_fmt_t(pr.dar):>12}   (speedup {pr.raw / pr.dar:.2f}x)",
+        f"choice: {pr.choice}",
+    ]
+    if be_size is None:
+        lines.append("break-even size: none (compression never pays at this bandwidth)")
+    else:
+        lines.append(f"break-even size: compression pays from {_human(be_size)} "
+                     f"({be_size:.0f} bytes)")
+    if be_bw is None:
+        lines.append(f"break-even bandwidth: none (compressing {_human(s)} never pays)")
+    else:
+        lines.append(f"break-even bandwidth: compression pays below {be_bw * 8 / 1e9:.3g} "
+                     f"Gbit/s for {_human(s)}")
+    return doc, "\n".join(lines), 0

@@ -1,0 +1,155 @@
+"""policy="auto" under MPI: calibration agrees, the cache works, decisions agree on all ranks.
+
+Run with 1..5 ranks (the Makefile's test-mpi). Calibrations are forced through environment
+variables where a test needs a clear-cut case, so the outcome does not depend on how busy
+the machine is; the probe itself is checked only for agreement and sanity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from collkit import exact_sum, global_eb, gradient_like
+from kit import assert_same_on_every_rank, assert_within_bound
+
+import ccoll
+from ccoll.collectives.auto_policy import AutoPolicy, cache_dir, link_calibration
+
+SLOW_LINK = {  # 100 Mbit/s, fast compressor: compressing big messages clearly pays
+    "CCOLL_ALPHA": "50us", "CCOLL_BANDWIDTH": "100Mbit", "CCOLL_COMPRESS_GBPS": "5",
+    "CCOLL_ADD_GBPS": "5", "CCOLL_DECOMPRESS_GBPS": "5",
+}
+FAST_LINK = {  # 1 Tbit/s, slow compressor: compressing never pays
+    "CCOLL_ALPHA": "1us", "CCOLL_BANDWIDTH": "1000Gbit", "CCOLL_COMPRESS_GBPS": "0.5",
+    "CCOLL_ADD_GBPS": "0.5", "CCOLL_DECOMPRESS_GBPS": "0.5",
+}
+
+
+@pytest.fixture
+def shared_cache(comm, monkeypatch):
+    """One fresh cache folder that every rank uses (rank 0 makes it)."""
+    path = tempfile.mkdtemp(prefix="ccoll-cache-") if comm.rank == 0 else None
+    path = comm.bcast(path, root=0)
+    monkeypatch.setenv("CCOLL_CACHE_DIR", path)
+    for k in ("CCOLL_ALPHA", "CCOLL_BANDWIDTH", "CCOLL_CALIBRATION", "CCOLL_RATIO"):
+        monkeypatch.delenv(k, raising=False)
+    yield path
+    comm.Barrier()
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _env(monkeypatch, values):
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+
+
+def test_probe_agrees_and_is_cached(comm, shared_cache):
+    cal, key = link_calibration(comm)
+    assert cal.source == ("single rank" if comm.size == 1 else "probe")
+    assert comm.allgather((cal.alpha, cal.beta, cal.reduce, key)) == [
+        (cal.alpha, cal.beta, cal.reduce, key)
+    ] * comm.size
+    if comm.size > 1:
+        assert 0 < cal.alpha < 0.1 and cal.beta > 1e6
+    again, key2 = link_calibration(comm)
+    assert (again.source, again.alpha, again.beta, key2) == ("cache", cal.alpha, cal.beta, key)
+    if comm.rank == 0:
+        doc = json.loads((cache_dir() / "links.json").read_text())
+        assert doc[key]["size"] == comm.size
+
+
+def test_calibration_off_neither_reads_nor_writes(comm, shared_cache, monkeypatch):
+    monkeypatch.setenv("CCOLL_CALIBRATION", "off")
+    cal, _ = link_calibration(comm)
+    assert cal.source in ("probe", "single rank")
+    comm.Barrier()
+    assert not os.path.exists(os.path.join(shared_cache, "links.json"))
+
+
+def test_environment_overrides_the_probe(comm, shared_cache, monkeypatch):
+    _env(monkeypatch, SLOW_LINK)
+    cal, _ = link_calibration(comm)
+    assert cal.source == "env"
+    assert (cal.alpha, cal.beta) == pytest.approx((50e-6, 100e6 / 8))
+
+
+def test_tiny_message_goes_raw_without_calibrating_the_compressor(comm, shared_cache,
+                                                                  monkeypatch):
+    _env(monkeypatch, SLOW_LINK)
+    pol = AutoPolicy(comm)
+    d = pol.decide(np.ones(1, np.float32), 1e-3)
+    assert not d.compress
+    assert pol._comp == {}, "a 4-byte message must not time the compressor"
+
+
+def test_big_message_on_slow_link_compresses_on_every_rank(comm, shared_cache, monkeypatch):
+    _env(monkeypatch, SLOW_LINK)
+    pol = AutoPolicy(comm)
+    x = gradient_like(comm.rank, 1 << 20, np.float32)
+    d = pol.decide(x, 1e-4)
+    assert d.compress == (comm.size > 1)
+    assert len(set(comm.allgather((d.compress, d.chunk_elems)))) == 1
+
+
+def test_fast_link_goes_raw(comm, shared_cache, monkeypatch):
+    _env(monkeypatch, FAST_LINK)
+    pol = AutoPolicy(comm)
+    d = pol.decide(gradient_like(comm.rank, 1 << 20, np.float32), 1e-4)
+    assert not d.compress
+
+
+@pytest.mark.parametrize("count", [1, 1000, 30_000, 100_000, 400_000])
+def test_decision_agrees_when_the_ranks_data_differ(comm, shared_cache, monkeypatch, count):
+    # Near break-even, with data whose ratio differs wildly by rank (zeros, gradients,
+    # noise): a rank-local estimate would split the ranks, the agreed one never does.
+    _env(monkeypatch, {**SLOW_LINK, "CCOLL_BANDWIDTH": "2Gbit"})
+    kind = comm.rank % 3
+    rng = np.random.default_rng(comm.rank)
+    if kind == 0:
+        x = np.zeros(count, np.float32)
+    elif kind == 1:
+        x = gradient_like(comm.rank, count, np.float32)
+    else:
+        x = rng.standard_normal(count).astype(np.float32)
+    pol = AutoPolicy(comm)
+    d = pol.decide(x, 1e-3)
+    assert len(set(comm.allgather((d.compress, d.chunk_elems, d.ratio)))) == 1
+
+
+@pytest.mark.parametrize("env", [SLOW_LINK, FAST_LINK], ids=["slow", "fast"])
+@pytest.mark.parametrize("count", [1, 33, 300_001])
+def test_auto_allreduce_is_within_bound_and_identical(comm, shared_cache, monkeypatch, env,
+                                                      count):
+    _env(monkeypatch, env)
+    x = gradient_like(comm.rank, count, np.float32)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, policy="auto") as cc:
+        y = cc.allreduce(x, eb)
+        compressed = cc.stats.compressed_calls
+    assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
+    assert_same_on_every_rank(comm, y)
+    assert len(set(comm.allgather(compressed))) == 1
+    if env is SLOW_LINK and count == 300_001 and comm.size > 1:
+        assert compressed == 1
+    if env is FAST_LINK or count == 1:
+        assert compressed == 0
+
+
+def test_auto_allgather_and_reduce_scatter(comm, shared_cache, monkeypatch):
+    _env(monkeypatch, SLOW_LINK)
+    x = gradient_like(comm.rank, 200_000, np.float32)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, policy="auto") as cc:
+        g = cc.allgather(x, eb)
+        r = cc.reduce_scatter(x, eb)
+    assert_same_on_every_rank(comm, g)
+    xs = np.stack(comm.allgather(x.astype(np.float64)))
+    assert_within_bound(g, xs.astype(np.float32), global_eb(comm, x, eb), slack_ulps=1)
+    mine = np.array_split(exact_sum(comm, x), comm.size)[comm.rank]
+    assert_within_bound(r, mine, global_eb(comm, x, eb), slack_ulps=1)

@@ -1,0 +1,232 @@
+"""Cost model arithmetic (ccoll.collectives.model) and the auto policy's pure decision."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from ccoll.collectives import model
+from ccoll.collectives.auto_policy import choose
+from ccoll.collectives.model import Params
+
+MiB = 1 << 20
+# Round numbers so that the expected times can be written by hand.
+P = Params(alpha=1e-4, beta=1e8, compress=1e9, add=2e9, decompress=4e9, reduce=8e9,
+           overhead=1e-3, chunk_overhead=1e-4)
+
+
+@pytest.mark.parametrize("x", [1.0, 2.0, 3.0, 0.75, 1e-9, 7.0, 1234.5, 2.0**40 + 1, 1.5])
+def test_log2_matches_libm(x: float) -> None:
+    assert model.log2(x) == pytest.approx(math.log2(x), abs=1e-13)
+
+
+@pytest.mark.parametrize("e", [-3, 0, 1, 2, 10, 52])
+def test_log2_exact_at_powers_of_two(e: int) -> None:
+    assert model.log2(2.0**e) == e
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.nan])
+def test_log2_rejects_non_positive(bad: float) -> None:
+    with pytest.raises(ValueError, match="x > 0"):
+        model.log2(bad)
+
+
+def test_raw_ring_formula() -> None:
+    # N = 4, S = 4 MB: 2*3*alpha + 2*3/4*S/beta + 3/4*S/reduce
+    t = model.predict_raw(4e6, 4, P)
+    assert t == pytest.approx(6e-4 + 0.06 + 3.75e-4)
+    assert model.predict_raw(4e6, 1, P) == 0.0
+
+
+def test_homomorphic_one_chunk_is_the_sum_of_its_parts() -> None:
+    s, n, r, rs = 4e6, 2, 10.0, 8.0
+    compute = s / 1e9 + 0.5 * s / 2e9  # compress all, add half
+    wire = 1e-4 + 0.5 * s / (r * 1e8)
+    gather = max(1e-4 + 0.5 * s / (rs * 1e8), 0.5 * s / 4e9) + 0.5 * s / 4e9
+    expect = 1e-3 + 1e-4 + compute + wire + gather
+    got = model.predict_homomorphic(s, n, P, r, ratio_sum=rs, chunks=1)
+    assert got == pytest.approx(expect)
+
+
+def test_chunks_overlap_compute_and_network() -> None:
+    s, n, r = 64 * MiB, 2, 10.0
+    p = replace(P, alpha=0.0, chunk_overhead=0.0)
+    t1 = model.predict_homomorphic(s, n, p, r, ratio_sum=r, chunks=1)
+    t64 = model.predict_homomorphic(s, n, p, r, ratio_sum=r, chunks=64)
+    compute = s / 1e9 + 0.5 * s / 2e9
+    wire = 0.5 * s / (r * 1e8)
+    # With many chunks the reduce-scatter phase tends to the longer of the two resources.
+    assert t1 - t64 == pytest.approx(min(compute, wire) * (1 - 1 / 64))
+
+
+def test_best_chunks_is_the_minimum_over_powers_of_two() -> None:
+    s, n, r = 64 * MiB, 4, 12.0
+    k = model.best_chunks(s, n, P, r)
+    times = {c: model.predict_homomorphic(s, n, P, r, chunks=c) for c in (1, 2, 4, 8, 16, 32, 64)
+             if c == 1 or s / n / c >= 256 << 10}
+    assert k in times and times[k] == min(times.values())
+
+
+def test_ratio_of_sum_widens_codes() -> None:
+    assert model.ratio_of_sum(10.0, 1, 3.0) == 10.0
+    # 4 terms, growth 1/2: +1 bit on 1 + 3 words -> 10 * 4 / 5
+    assert model.ratio_of_sum(10.0, 4, 3.0) == pytest.approx(8.0)
+    assert model.ratio_of_sum(10.0, 8, 3.0) < model.ratio_of_sum(10.0, 4, 3.0)
+    assert model.ratio_at_finer_bound(10.0, 2.0, 3.0) == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_dar_trades_the_compressed_add_for_decompress_and_add(n: int) -> None:
+    # Both compress every byte once; DAR decompresses and adds raw where the homomorphic
+    # ring adds streams. With the network out of the way that is the whole difference.
+    p = replace(P, beta=1e15)
+    s = 64 * MiB
+    pr = model.predict(s, n, p, 10.0, chunks=1)
+    diff = (n - 1) / n * s * (1 / p.decompress + 1 / p.reduce - 1 / p.add)
+    assert pr.dar - pr.homomorphic == pytest.approx(diff, rel=1e-6)
+
+
+def test_dar_sends_more_bytes_than_homomorphic() -> None:
+    # Its finer per-step bound widens the codes: on a slow link DAR is slower.
+    p = replace(P, beta=1e6, compress=1e15, add=1e15, decompress=1e15, reduce=1e15)
+    for n in (2, 3, 4, 8):
+        pr = model.predict(64 * MiB, n, p, 10.0, chunks=1)
+        assert pr.dar > pr.homomorphic, n
+
+
+@pytest.mark.parametrize("collective", model.COLLECTIVES)
+def test_one_rank_costs_nothing_to_move(collective: str) -> None:
+    pr = model.predict(MiB, 1, P, 10.0, collective=collective)
+    assert pr.raw == 0.0 and pr.choice == "raw"
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "bcast"])
+def test_other_collectives_pay_on_slow_links_only(collective: str) -> None:
+    slow = model.predict(64 * MiB, 4, replace(P, beta=1e7), 16.0, collective=collective)
+    fast = model.predict(64 * MiB, 4, replace(P, beta=1e11), 16.0, collective=collective)
+    assert slow.homomorphic < slow.raw
+    assert fast.homomorphic > fast.raw
+
+
+def test_break_even_size_is_where_the_times_cross() -> None:
+    s = model.break_even_size(4, P, 16.0)
+    assert s is not None
+    below = model.predict(s * 0.98, 4, P, 16.0)
+    above = model.predict(s * 1.02, 4, P, 16.0)
+    assert below.choice == "raw" and above.choice == "homomorphic"
+
+
+def test_break_even_bandwidth_is_where_the_times_cross() -> None:
+    b = model.break_even_bandwidth(64 * MiB, 2, P, 16.0)
+    assert b is not None
+    assert model.predict(64 * MiB, 2, replace(P, beta=b * 0.98), 16.0).choice == "homomorphic"
+    assert model.predict(64 * MiB, 2, replace(P, beta=b * 1.02), 16.0).choice == "raw"
+
+
+def test_break_even_bandwidth_large_message_closed_form() -> None:
+    # Without latencies and fixed costs, and with one chunk, compression pays exactly when
+    # the bytes it saves take longer than the compressor's work (docs/model.md).
+    p = replace(P, alpha=0.0, overhead=0.0, chunk_overhead=0.0, decompress=1e12)
+    n, r, rs = 2, 16.0, 12.0
+    per_byte = 1 / p.compress + (n - 1) / n * (1 / p.add - 1 / p.reduce + 1 / p.decompress)
+    closed = (n - 1) / n * (2 - 1 / r - 1 / rs) / per_byte
+    pr = model.predict(64 * MiB, n, replace(p, beta=closed), r, ratio_sum=rs, chunks=1)
+    assert pr.homomorphic == pytest.approx(pr.raw, rel=1e-9)
+
+
+def test_no_break_even_when_the_compressor_is_too_slow() -> None:
+    p = replace(P, compress=1e6, beta=1e10)
+    assert model.break_even_size(2, p, 16.0) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("4", 4), ("64K", 65536), ("64M", 64 * MiB), ("1G", 1 << 30), ("256MiB", 256 * MiB)],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert model.parse_size(text) == value
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("10Gbit", 1.25e9), ("1gbit", 1.25e8), ("500Mbit", 6.25e7)]
+)
+def test_parse_rate_bytes_per_second(text: str, value: float) -> None:
+    assert model.parse_rate(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(("text", "value"), [("5us", 5e-6), ("0.2ms", 2e-4), ("1e-6", 1e-6)])
+def test_parse_time(text: str, value: float) -> None:
+    assert model.parse_time(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("bad", ["fast", "-3", "1.5"])
+def test_parse_size_rejects(bad: str) -> None:
+    with pytest.raises(ValueError, match="size must"):
+        model.parse_size(bad)
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta", "compress"])
+def test_params_reject_nonsense(name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        replace(P, **{name: -1.0})
+
+
+# -- the auto policy's decision from agreed numbers -----------------------------------
+
+
+def test_tiny_message_goes_raw() -> None:
+    d = choose(1, 4, 4, P, 1e6, 3.0)
+    assert not d.compress
+
+
+def test_huge_message_on_slow_link_with_good_ratio_compresses() -> None:
+    d = choose(64 * MiB // 4, 4, 4, replace(P, beta=1.25e8), 16.0, 3.0)
+    assert d.compress
+    assert d.prediction is not None and d.prediction.raw / d.prediction.homomorphic > 3
+    assert 1 <= d.chunk_elems <= 64 * MiB // 4 // 4
+
+
+def test_incompressible_data_goes_raw() -> None:
+    d = choose(64 * MiB // 4, 4, 4, replace(P, beta=1.25e8), 1.0, 31.0)
+    assert not d.compress
+
+
+def test_fast_link_goes_raw() -> None:
+    d = choose(64 * MiB // 4, 4, 2, replace(P, beta=1e11), 16.0, 3.0)
+    assert not d.compress
+
+
+def test_one_rank_never_compresses() -> None:
+    assert not choose(64 * MiB // 4, 4, 1, replace(P, beta=1e6), 100.0, 3.0).compress
+
+
+# -- `ccoll model` --------------------------------------------------------------------
+
+
+def _model_cmd(*argv: str) -> tuple[dict, str, int]:
+    ap = argparse.ArgumentParser()
+    model.add_parser(ap.add_subparsers(dest="command"))
+    args = ap.parse_args(["model", *argv])
+    return args.handler(args)
+
+
+def test_model_command_prints_times_and_break_even() -> None:
+    doc, text, code = _model_cmd("--ranks", "2", "--bandwidth", "1Gbit", "--size", "64M",
+                                 "--ratio", "16", "--compress-gbps", "2", "--add-gbps", "4",
+                                 "--decompress-gbps", "4")
+    assert code == 0
+    assert "raw ring allreduce" in text and "break-even size" in text
+    assert doc["choice"] == "homomorphic" and doc["speedup"] > 1
+    assert doc["raw_s"] == pytest.approx(model.predict_raw(64 * MiB, 2, replace(
+        model.DEFAULTS, beta=1.25e8, compress=2e9, add=4e9, decompress=4e9)))
+    json.dumps(doc)
+
+
+def test_model_command_fast_link_says_raw() -> None:
+    doc, text, _ = _model_cmd("--ranks", "4", "--bandwidth", "400Gbit", "--latency", "5us")
+    assert doc["choice"] == "raw"
+    assert doc["break_even_bandwidth_bps"] is not None and doc["break_even_bandwidth_bps"] < 4e11
