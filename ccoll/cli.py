@@ -223,6 +223,14 @@ examples:
     )
     _patterns(p)
     _common(p)
+
+    # `ccoll bench` (run under mpiexec) and `ccoll model`: their parsers and handlers live
+    # in ccoll/bench.py and ccoll/collectives/model.py.
+    from ccoll import bench
+    from ccoll.collectives import model
+
+    bench.add_parser(sub)
+    model.add_parser(sub)
     return parser
 
 
@@ -426,6 +434,9 @@ def _progress(args: argparse.Namespace) -> bool:
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     """Do the command; returns (JSON document, human text, exit code)."""
+    handler = getattr(args, "handler", None)
+    if handler is not None:  # commands that bring their own handler (bench, model)
+        return handler(args)
     if args.command == "compress":
         from ccoll.h5.compress import compress_file
 
