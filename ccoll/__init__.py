@@ -5,6 +5,14 @@ performance notes.
 """
 
 from ccoll._version import __version__
+from ccoll.collectives import (
+    Communicator,
+    allgather,
+    allreduce,
+    bcast,
+    iallreduce,
+    reduce_scatter,
+)
 from ccoll.compressor import compress, decompress
 from ccoll.errorbound import ABS, REL
 from ccoll.errors import (
@@ -22,6 +30,12 @@ __all__ = [
     "REL",
     "compress",
     "decompress",
+    "allreduce",
+    "iallreduce",
+    "reduce_scatter",
+    "allgather",
+    "bcast",
+    "Communicator",
     "CCollError",
     "CollectiveError",
     "DTypeError",

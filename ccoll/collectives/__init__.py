@@ -1,0 +1,11 @@
+"""Compressor-assisted MPI collectives: allreduce, iallreduce, reduce_scatter, allgather, bcast.
+
+The functions take an mpi4py communicator (default ``MPI.COMM_WORLD``) or a
+:class:`Communicator`; docs/collectives.md describes the algorithms and
+docs/error-bound.md the bounds.
+"""
+
+from ccoll.collectives.api import allgather, allreduce, bcast, iallreduce, reduce_scatter
+from ccoll.collectives.communicator import Communicator
+
+__all__ = ["allreduce", "iallreduce", "reduce_scatter", "allgather", "bcast", "Communicator"]

@@ -1,0 +1,170 @@
+"""The agreement step that starts every collective: one small ``MPI_Allreduce``.
+
+Before any data moves, every rank contributes a float64 vector
+``[lo, -hi, f1, -f1, f2, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give the
+global range of the finite values (for ``REL`` bounds), and each field ``f`` (collective,
+invalid-argument flag, count, dtype, bound kind and value, op, algorithm, policy, root,
+shape, chunk size) comes back as ``min f`` and ``-min(-f) = max f``. Where they differ the
+ranks disagree; every rank sees the same vector and so raises the same error. Only on that
+error path a second, pickled allgather collects what each rank passed, so that the message
+(identical on every rank) says which rank passed what.
+
+All fields are small integers or doubles that float64 holds exactly (counts < 2**53).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
+
+__all__ = ["Call", "Agreed", "agree", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES"]
+
+COLLECTIVES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "bcast": 4, "Communicator": 5}
+DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+OPS = {"sum": 1, "avg": 2}
+ALGORITHMS = {"homomorphic": 1, "dar": 2}
+POLICIES = {"compress": 1, "raw": 2, "auto": 3}
+BOUND_KINDS = {"exact": 0, "abs": 1, "rel": 2}
+
+_ERRORS: dict[str, type[Exception]] = {
+    e.__name__: e for e in (DTypeError, ErrorBoundError, InputError)
+}
+
+# Field names in vector order; they also name the field in error messages.
+_FIELDS = (
+    "collective",
+    "invalid arguments",
+    "element count",
+    "dtype",
+    "error-bound kind",
+    "error-bound value",
+    "op",
+    "algorithm",
+    "policy",
+    "root",
+    "shape",
+    "chunk size",
+)
+
+
+@dataclass
+class Call:
+    """What this rank passed to a collective, as numbers, plus any local argument problems."""
+
+    collective: str
+    count: int = 0
+    dtype: int = 0
+    bound_kind: int = 0
+    bound_value: float = 0.0
+    op: int = 0
+    algorithm: int = 0
+    policy: int = 0
+    root: int = 0
+    shape: int = 0
+    chunk: int = 0
+    lo: float = math.inf
+    hi: float = -math.inf
+    # (exception class name, message) of each local problem; an invalid call still takes
+    # part in the agreement so that the other ranks raise too instead of waiting.
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    # Human-readable values for error messages, by field name.
+    shown: dict[str, str] = field(default_factory=dict)
+
+    def problem(self, exc: type[Exception], message: str) -> None:
+        """Record an invalid argument of this rank."""
+        self.problems.append((exc.__name__, message))
+
+    def values(self) -> list[float]:
+        """Return the fields in vector order."""
+        return [
+            float(COLLECTIVES[self.collective]),
+            1.0 if self.problems else 0.0,
+            float(self.count),
+            float(self.dtype),
+            float(self.bound_kind),
+            float(self.bound_value),
+            float(self.op),
+            float(self.algorithm),
+            float(self.policy),
+            float(self.root),
+            float(self.shape),
+            float(self.chunk),
+        ]
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """The result of a successful agreement: the global range of the finite values."""
+
+    lo: float
+    hi: float
+
+
+def shape_code(shape: tuple[int, ...]) -> int:
+    """Return a 52-bit code of a shape (exact in float64); different shapes differ."""
+    h = 1469598103934665603
+    for d in (len(shape), *shape):
+        h = ((h ^ (int(d) & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h >> 12
+
+
+def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
+    """Run the agreement allreduce; raise the same error on every rank if the call is bad."""
+    vals = call.values()
+    vec = np.empty(2 + 2 * len(vals), dtype=np.float64)
+    vec[0] = call.lo
+    vec[1] = -call.hi
+    vec[2::2] = vals
+    vec[3::2] = [-v for v in vals]
+    res = np.empty_like(vec)
+    if deadline.at is None:
+        comm.Allreduce(vec, res, op=MPI.MIN)
+    else:
+        wait_all([comm.Iallreduce(vec, res, op=MPI.MIN)], deadline, "agreement on the arguments")
+    lo, hi = float(res[0]), -float(res[1])
+    mins = res[2::2]
+    maxs = -res[3::2]
+    bad = [i for i in range(len(vals)) if mins[i] != maxs[i]]
+    invalid = maxs[1] != 0.0
+    if bad or invalid:
+        _raise(comm, call, bad, invalid)
+    return Agreed(lo, hi)
+
+
+def _raise(comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool) -> None:
+    # Every rank reaches this point with the same `bad` and `invalid`, so this allgather
+    # is matched on every rank; it runs only when the call fails.
+    pairs = zip(_FIELDS, call.values(), strict=True)
+    mine = {name: call.shown.get(name, repr(v)) for name, v in pairs}
+    everyone = comm.allgather((mine, call.problems))
+    name = f"ccoll.{call.collective}"
+    # A rank in another collective makes every other field meaningless: report that first.
+    if 0 in bad:
+        who = _by_value(everyone, "collective")
+        raise MismatchError(f"ranks called different collectives on one communicator: {who}")
+    if invalid:
+        lines = [
+            f"rank {r}: {msg}" for r, (_, probs) in enumerate(everyone) for _, msg in probs
+        ]
+        # The first problem (in rank order) picks the exception type, the same on every rank.
+        kinds = [kind for _, probs in everyone for kind, _ in probs]
+        exc = _ERRORS.get(kinds[0], InputError) if kinds else InputError
+        raise exc(f"invalid arguments to {name}: " + "; ".join(lines))
+    fields = ", ".join(f"{_FIELDS[i]} ({_by_value(everyone, _FIELDS[i])})" for i in bad)
+    raise MismatchError(f"ranks disagree on the arguments of {name}: {fields}")
+
+
+def _by_value(everyone: list, fld: str) -> str:
+    groups: dict[str, list[int]] = {}
+    for r, (shown, _) in enumerate(everyone):
+        groups.setdefault(shown[fld], []).append(r)
+    return "; ".join(
+        f"{v} on rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+        for v, rs in groups.items()
+    )

@@ -1,0 +1,91 @@
+"""A private communicator plus what its collectives reuse: buffers, a compute thread, stats.
+
+A :class:`~ccoll.collectives.communicator.Communicator` has two channels, one for blocking
+calls (the caller's thread) and one for ``iallreduce`` (the progress engine's thread), so
+the two never share a buffer, a worker or MPI messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives.worker import Worker
+from ccoll.errors import CollectiveError
+
+__all__ = ["Channel", "Stats"]
+
+
+@dataclass
+class Stats:
+    """Counters of one channel; ``bytes_sent`` counts payload this rank put on the wire.
+
+    Point-to-point sends are counted exactly. For MPI collectives called inside ccoll
+    (``Allgatherv``, ``Bcast``, the exact path) the count is what a ring (for bcast: a
+    pipeline) algorithm sends from this rank, since MPI does not report its traffic.
+    ``bytes_input`` is the size of the input data of each call.
+    """
+
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_input: int = 0
+    compressed_calls: int = 0
+    last: dict[str, float] = field(default_factory=dict)
+
+
+class Channel:
+    """One private duplicate of the user's communicator and the state its calls reuse."""
+
+    def __init__(self, comm: MPI.Intracomm, name: str, timeout: float | None) -> None:
+        self.comm = comm
+        self.name = name
+        self.timeout = timeout
+        self.worker = Worker(f"ccoll-{name}-worker")
+        self.stats = Stats()
+        self.failed: str | None = None
+        self._pool: list[np.ndarray] = []
+
+    def check_usable(self) -> None:
+        """Raise :class:`CollectiveError` if an earlier call on this channel failed midway."""
+        if self.failed is not None:
+            raise CollectiveError(
+                f"this ccoll Communicator cannot be used after an earlier collective failed on "
+                f"this rank ({self.failed}); its messages may still be in flight. Create a new "
+                "ccoll.Communicator (and make sure every rank does)"
+            )
+        if self.comm == MPI.COMM_NULL:
+            raise CollectiveError("this ccoll Communicator has been freed")
+
+    def fail(self, reason: str) -> None:
+        """Mark the channel unusable: receives may still land in its buffers."""
+        self.failed = reason
+        self._pool = []  # never hand these buffers out again
+        self.worker.discard()
+
+    def recv_buffers(self, count: int, nbytes: int) -> list[np.ndarray]:
+        """``count`` host byte buffers of at least ``nbytes`` each, reused across calls."""
+        pool = self._pool
+        for i in range(count):
+            if i == len(pool):
+                pool.append(np.empty(nbytes, dtype=np.uint8))
+            elif pool[i].size < nbytes:
+                pool[i] = np.empty(nbytes, dtype=np.uint8)
+        return pool[:count]
+
+    def release_buffers(self, keep_bytes: int) -> None:
+        """Drop pooled buffers beyond ``keep_bytes`` in total (bounds resident memory)."""
+        total = 0
+        for i, b in enumerate(self._pool):
+            total += b.size
+            if total > keep_bytes:
+                del self._pool[i:]
+                return
+
+    def close(self) -> None:
+        """Stop the worker and free the private communicator."""
+        self.worker.close()
+        self._pool = []
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.comm.Free()

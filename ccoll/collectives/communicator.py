@@ -1,0 +1,529 @@
+"""``ccoll.Communicator``: the collectives, bound to a private duplicate of a communicator.
+
+Each public collective runs the same stages: check the arguments locally (problems are not
+raised yet), agree on them with every rank in one small allreduce (which also yields the
+global value range for ``REL`` bounds and raises the same error on every rank when the
+call is invalid or the ranks disagree), resolve the bound, let the policy choose
+compressed or raw, then move data. A failure after data started moving leaves messages in
+flight, so the Communicator refuses further calls (see docs/collectives.md, "Faults").
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives import exact, gather
+from ccoll.collectives.agreement import (
+    ALGORITHMS,
+    BOUND_KINDS,
+    DTYPES,
+    OPS,
+    POLICIES,
+    Call,
+    agree,
+    shape_code,
+)
+from ccoll.collectives.channel import Channel, Stats
+from ccoll.collectives.dar import DarOps, dar_bound
+from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
+from ccoll.collectives.layout import Layout
+from ccoll.collectives.policy import Decision, _decide
+from ccoll.collectives.ring import allgather_streams, reduce_scatter_streams
+from ccoll.collectives.waiting import Deadline
+from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
+from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
+
+__all__ = ["Communicator", "DEFAULT_EB", "default_communicator"]
+
+DEFAULT_EB: ErrorBound = REL(1e-3)
+DEFAULT_CHUNK = 1 << 20
+
+
+@dataclass
+class _Prepared:
+    """A call after agreement: what every rank knows identically."""
+
+    x: np.ndarray
+    flat: np.ndarray
+    eb_abs: float
+    mode: str  # "compress" | "raw"
+    algorithm: str
+    avg: bool
+    deadline: Deadline
+    chunk_elems: int = 0  # chosen by policy="auto"; 0: the Communicator's chunk_elems
+
+
+class Communicator:
+    """ccoll's collectives on (a private duplicate of) an mpi4py communicator.
+
+    Creating one is collective over ``comm``. Options (identical on every rank; checked):
+
+    - ``algorithm``: ``"homomorphic"`` (default: compress once, add compressed streams,
+      decode once) or ``"dar"`` (decompress-add-recompress at every ring step, as C-Coll).
+    - ``policy``: ``"compress"`` (default) or ``"raw"`` (plain MPI, same API).
+    - ``chunk_elems``: elements per pipeline chunk (one stream, one message).
+    - ``timeout``: seconds a collective may wait for its peers before it raises
+      :class:`~ccoll.errors.CollectiveError` (default ``None``: wait forever, as MPI).
+
+    The Communicator holds two private duplicates of ``comm`` (one for blocking calls, one
+    for ``iallreduce``), reusable receive buffers and a compute thread for each, and
+    traffic counters (:attr:`stats`). Free it with :meth:`free` (or a ``with`` block).
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Intracomm | None = None,
+        *,
+        algorithm: str = "homomorphic",
+        policy: str = "compress",
+        chunk_elems: int = DEFAULT_CHUNK,
+        timeout: float | None = None,
+    ) -> None:
+        if comm is None:
+            comm = MPI.COMM_WORLD
+        if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+            raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+        call = Call("Communicator")
+        _check_option(call, "algorithm", algorithm, ALGORITHMS)
+        _check_option(call, "policy", policy, POLICIES)
+        if isinstance(chunk_elems, bool) or not isinstance(chunk_elems, (int, np.integer)) or (
+            chunk_elems < 1
+        ):
+            call.problem(InputError, f"chunk_elems must be a positive integer, got {chunk_elems!r}")
+            chunk_elems = 0
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
+        ):
+            call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
+            timeout = None
+        call.algorithm = ALGORITHMS.get(algorithm, 0) if isinstance(algorithm, str) else 0
+        call.policy = POLICIES.get(policy, 0) if isinstance(policy, str) else 0
+        call.chunk = int(chunk_elems)
+        call.shown = {"algorithm": repr(algorithm), "policy": repr(policy),
+                      "chunk size": repr(chunk_elems)}
+        self.algorithm = algorithm
+        self.policy = policy
+        self.chunk_elems = int(chunk_elems)
+        self.timeout = None if timeout is None else float(timeout)
+        self._comm = comm
+        sync = comm.Dup()
+        try:
+            agree(sync, call, Deadline(self.timeout, "creating a ccoll Communicator"))
+        except BaseException:
+            sync.Free()
+            raise
+        self._sync = Channel(sync, "sync", self.timeout)
+        self._async: Channel | None = None
+        self._async_lock = threading.Lock()
+        self._auto: dict[str, Any] = {}
+
+    # -- properties ----------------------------------------------------------------------
+
+    @property
+    def comm(self) -> MPI.Intracomm:
+        """The communicator this one was made from."""
+        return self._comm
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self._sync.comm.Get_size()
+
+    @property
+    def rank(self) -> int:
+        """Rank of this process."""
+        return self._sync.comm.Get_rank()
+
+    @property
+    def stats(self) -> Stats:
+        """Traffic counters of the blocking calls (``iallreduce`` counts in :attr:`async_stats`)."""
+        return self._sync.stats
+
+    @property
+    def async_stats(self) -> Stats:
+        """Traffic counters of ``iallreduce``."""
+        return self._async.stats if self._async is not None else Stats()
+
+    def __repr__(self) -> str:
+        return (
+            f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
+            f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout}>"
+        )
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def free(self) -> None:
+        """Free the private communicators and stop the compute threads (collective).
+
+        Wait for every ``iallreduce`` request first: a freed Communicator fails them.
+        """
+        self._sync.close()
+        if self._async is not None:
+            self._async.close()
+            self._async = None
+
+    # -- collectives ---------------------------------------------------------------------
+
+    def allreduce(
+        self,
+        x: Any,
+        eb: Any = DEFAULT_EB,
+        op: str = "sum",
+        out: np.ndarray | None = None,
+        *,
+        algorithm: str | None = None,
+        policy: str | None = None,
+    ) -> np.ndarray:
+        """Sum (``op="sum"``) or mean (``"avg"``) of ``x`` over all ranks, within ``eb``.
+
+        Every rank gets the same array bit for bit. See :func:`ccoll.allreduce`.
+        """
+        return self._allreduce(self._sync, x, eb, op, out, algorithm, policy)
+
+    def iallreduce(
+        self,
+        x: Any,
+        eb: Any = DEFAULT_EB,
+        op: str = "sum",
+        out: np.ndarray | None = None,
+        *,
+        algorithm: str | None = None,
+        policy: str | None = None,
+    ) -> Any:
+        """Start :meth:`allreduce` on the progress engine; ``request.wait()`` returns ``y``.
+
+        Do not modify ``x`` (or ``out``) until the request has finished. Every rank must
+        start its ``iallreduce`` calls of one Communicator in the same order.
+        """
+        from ccoll.gpu_sched import progress
+
+        ch = self._async_channel()
+        return progress.submit(
+            self._allreduce, ch, x, eb, op, out, algorithm, policy, comm=ch.comm
+        )
+
+    def reduce_scatter(
+        self,
+        x: Any,
+        eb: Any = DEFAULT_EB,
+        op: str = "sum",
+        *,
+        algorithm: str | None = None,
+        policy: str | None = None,
+    ) -> np.ndarray:
+        """Return ``numpy.array_split(reduced.ravel(), size)[rank]`` within ``eb``."""
+        ch = self._sync
+        p = self._prepare(ch, "reduce_scatter", x, eb, op=op, out=None,
+                          algorithm=algorithm, policy=policy)
+        return self._guard(ch, "reduce_scatter", self._run_reduce_scatter, ch, p)
+
+    def allgather(self, x: Any, eb: Any = DEFAULT_EB) -> np.ndarray:
+        """Every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``, within ``eb``."""
+        ch = self._sync
+        p = self._prepare(ch, "allgather", x, eb)
+        return self._guard(ch, "allgather", self._run_allgather, ch, p)
+
+    def bcast(self, x: Any, eb: Any = DEFAULT_EB, root: int = 0) -> np.ndarray:
+        """Return the root's ``x`` on every rank (the root too gets the decoded copy).
+
+        Non-root ranks pass an array of the same shape and dtype; its values are ignored.
+        """
+        ch = self._sync
+        p = self._prepare(ch, "bcast", x, eb, root=root)
+        return self._guard(ch, "bcast", self._run_bcast, ch, p, root)
+
+    # -- stages --------------------------------------------------------------------------
+
+    def _auto_policy(self, ch: Channel) -> Any:
+        """Return the ``policy="auto"`` state (calibration) of a channel, made on first use."""
+        from ccoll.collectives.auto_policy import AutoPolicy
+
+        pol = self._auto.get(ch.name)
+        if pol is None:
+            pol = self._auto[ch.name] = AutoPolicy(ch.comm)
+        return pol
+
+    def _async_channel(self) -> Channel:
+        # Created on the caller's thread at the first iallreduce (Dup is collective and
+        # must be ordered like the caller's other collectives on comm).
+        with self._async_lock:
+            if self._async is None:
+                self._async = Channel(self._comm.Dup(), "async", self.timeout)
+            return self._async
+
+    def _allreduce(
+        self,
+        ch: Channel,
+        x: Any,
+        eb: Any,
+        op: str,
+        out: np.ndarray | None,
+        algorithm: str | None,
+        policy: str | None,
+    ) -> np.ndarray:
+        p = self._prepare(ch, "allreduce", x, eb, op=op, out=out,
+                          algorithm=algorithm, policy=policy)
+        return self._guard(ch, "allreduce", self._run_allreduce, ch, p, out)
+
+    def _guard(self, ch: Channel, name: str, fn: Any, *args: Any) -> np.ndarray:
+        """Run the data-moving stage; on failure mark the channel unusable and re-raise."""
+        t0 = time.perf_counter()
+        sent0 = ch.stats.bytes_sent
+        try:
+            y = fn(*args)
+        except BaseException as exc:
+            ch.fail(f"ccoll.{name} raised {type(exc).__name__}: {exc}")
+            raise
+        ch.stats.calls += 1
+        ch.stats.last = {
+            "seconds": time.perf_counter() - t0,
+            "bytes_sent": float(ch.stats.bytes_sent - sent0),
+        }
+        return y
+
+    def _prepare(
+        self,
+        ch: Channel,
+        collective: str,
+        x: Any,
+        eb: Any,
+        *,
+        op: str | None = None,
+        out: Any = None,
+        algorithm: str | None = None,
+        policy: str | None = None,
+        root: int | None = None,
+    ) -> _Prepared:
+        ch.check_usable()
+        call = Call(collective, chunk=self.chunk_elems)
+        arr = _as_array(call, x)
+        call.count = arr.size
+        call.dtype = DTYPES.get(arr.dtype, 0)
+        call.shown["dtype"] = str(arr.dtype)
+        call.shown["element count"] = str(arr.size)
+        if call.dtype == 0:
+            call.problem(
+                DTypeError, f"dtype {arr.dtype} is not supported (expected float32 or float64)"
+            )
+        if collective in ("allgather", "bcast"):
+            call.shape = shape_code(arr.shape)
+            call.shown["shape"] = str(arr.shape)
+        bound = _bound(call, eb)
+        if op is not None:
+            call.op = OPS.get(op, 0) if isinstance(op, str) else 0
+            call.shown["op"] = repr(op)
+            if call.op == 0:
+                call.problem(InputError, f"op {op!r} is not supported (expected 'sum' or 'avg')")
+        algorithm = self.algorithm if algorithm is None else algorithm
+        policy = self.policy if policy is None else policy
+        _check_option(call, "algorithm", algorithm, ALGORITHMS)
+        _check_option(call, "policy", policy, POLICIES)
+        call.algorithm = ALGORITHMS.get(algorithm, 0) if isinstance(algorithm, str) else 0
+        call.policy = POLICIES.get(policy, 0) if isinstance(policy, str) else 0
+        call.shown["algorithm"] = repr(algorithm)
+        call.shown["policy"] = repr(policy)
+        size = ch.comm.Get_size()
+        if root is not None:
+            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
+                0 <= root < size
+            ):
+                call.problem(
+                    InputError, f"root {root!r} is not a rank of a communicator of size {size}"
+                )
+                call.root = -1
+            else:
+                call.root = int(root)
+            call.shown["root"] = repr(root)
+        if out is not None:
+            _check_out(call, out, arr)
+        if isinstance(bound, REL) and not call.problems:
+            if root is None or ch.comm.Get_rank() == root:
+                call.lo, call.hi = finite_range(arr)
+        deadline = Deadline(ch.timeout, f"ccoll.{collective}")
+        try:
+            agreed = agree(ch.comm, call, deadline)
+        except CollectiveError as exc:
+            ch.fail(str(exc))
+            raise
+        eb_abs = 0.0 if bound is None else bound.resolve(agreed.lo, agreed.hi)
+        auto = self._auto_policy(ch) if policy == "auto" and bound is not None else None
+        mode = _decide(
+            Decision(
+                collective=collective,
+                policy=policy,
+                algorithm=algorithm,
+                exact=bound is None,
+                count=arr.size,
+                dtype=arr.dtype,
+                n_ranks=size,
+                eb_abs=eb_abs,
+                data=arr,
+                auto=auto,
+                root=root,
+            )
+        )
+        chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
+        flat = np.ascontiguousarray(arr).reshape(-1)
+        ch.stats.bytes_input += flat.nbytes
+        if mode == "compress":
+            ch.stats.compressed_calls += 1
+        return _Prepared(arr, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk)
+
+    def _run_allreduce(self, ch: Channel, p: _Prepared, out: np.ndarray | None) -> np.ndarray:
+        y = np.empty(p.x.shape, dtype=p.x.dtype) if out is None else out
+        yflat = y.reshape(-1)
+        n_ranks = ch.comm.Get_size()
+        if p.mode == "raw":
+            exact.allreduce(ch, p.flat, yflat, p.deadline)
+        elif p.flat.size:
+            layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
+            ops, bound = self._ring_ops(p, layout, n_ranks)
+            mine = reduce_scatter_streams(ch, layout, p.x.dtype, ops, bound, p.deadline)
+            allgather_streams(ch, layout, p.x.dtype, mine, bound, yflat, p.deadline)
+        if p.avg:
+            np.divide(yflat, y.dtype.type(n_ranks), out=yflat)
+        return y
+
+    def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> np.ndarray:
+        n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
+        layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
+        lo, hi = layout.blocks[r]
+        y = np.empty(hi - lo, dtype=p.x.dtype)
+        if p.mode == "raw":
+            counts = [b - a for a, b in layout.blocks]
+            exact.reduce_scatter(ch, p.flat, counts, y, p.deadline)
+        elif p.flat.size:
+            ops, bound = self._ring_ops(p, layout, n_ranks)
+            mine = reduce_scatter_streams(ch, layout, p.x.dtype, ops, bound, p.deadline)
+            gather.decode_block(layout, r, p.x.dtype, mine, bound, y)
+        if p.avg:
+            np.divide(y, y.dtype.type(n_ranks), out=y)
+        return y
+
+    def _ring_ops(self, p: _Prepared, layout: Layout, n_ranks: int) -> tuple[Any, float]:
+        if p.algorithm == "dar":
+            return DarOps(p.flat, layout, dar_bound(p.eb_abs, n_ranks)), p.eb_abs
+        return HomomorphicOps(p.flat, layout, rank_bound(p.eb_abs, n_ranks)), p.eb_abs
+
+    def _run_allgather(self, ch: Channel, p: _Prepared) -> np.ndarray:
+        y = np.empty((ch.comm.Get_size(), *p.x.shape), dtype=p.x.dtype)
+        yflat = y.reshape(ch.comm.Get_size(), -1)
+        if p.mode == "raw":
+            exact.allgather(ch, p.flat, yflat, p.deadline)
+        elif p.flat.size:
+            gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline)
+        return y
+
+    def _run_bcast(self, ch: Channel, p: _Prepared, root: int) -> np.ndarray:
+        y = np.empty(p.x.shape, dtype=p.x.dtype)
+        yflat = y.reshape(-1)
+        if p.mode == "raw":
+            if ch.comm.Get_rank() == root:
+                yflat[...] = p.flat
+            exact.bcast(ch, yflat, root, p.deadline)
+        elif p.flat.size:
+            gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline)
+        return y
+
+
+# -- argument checks (problems are recorded, raised on every rank after agreement) ------
+
+
+def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) -> None:
+    if not isinstance(value, str) or value not in allowed:
+        call.problem(InputError, f"{name} {value!r} is not supported (expected one of "
+                     f"{', '.join(map(repr, allowed))})")
+
+
+def _as_array(call: Call, x: Any) -> np.ndarray:
+    try:
+        arr = np.asarray(x)
+    except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
+        call.problem(InputError, f"x cannot be read as an array ({type(exc).__name__}: {exc})")
+        return np.empty(0, dtype=np.float32)
+    if arr.dtype == object:
+        call.problem(InputError, f"x of type {type(x).__name__} is not a numeric array")
+        return np.empty(0, dtype=np.float32)
+    return arr
+
+
+def _bound(call: Call, eb: Any) -> ErrorBound | None:
+    if eb is None:
+        call.bound_kind = BOUND_KINDS["exact"]
+        call.shown["error-bound kind"] = "exact (None)"
+        return None
+    try:
+        bound = as_bound(eb)
+    except ErrorBoundError as exc:
+        call.problem(ErrorBoundError, str(exc))
+        call.bound_kind = -1
+        call.shown["error-bound kind"] = repr(eb)
+        return None
+    call.bound_kind = BOUND_KINDS[bound.kind]
+    call.bound_value = bound.value
+    call.shown["error-bound kind"] = bound.kind
+    call.shown["error-bound value"] = repr(bound)
+    return bound
+
+
+def _check_out(call: Call, out: Any, x: np.ndarray) -> None:
+    if not isinstance(out, np.ndarray):
+        call.problem(InputError, f"out must be a numpy array like x, got {type(out).__name__}")
+    elif out.shape != x.shape or out.dtype != x.dtype:
+        call.problem(
+            InputError,
+            f"out has shape {out.shape} and dtype {out.dtype}; expected {x.shape} and {x.dtype}",
+        )
+    elif not out.flags.c_contiguous or not out.flags.writeable:
+        call.problem(InputError, "out must be C-contiguous and writeable")
+
+
+# -- default Communicator per mpi4py communicator ---------------------------------------
+
+_keyval_lock = threading.Lock()
+_keyval: int | None = None
+
+
+def _on_comm_free(comm: MPI.Comm, keyval: int, attr: Any) -> None:
+    # Runs inside the user's Comm.Free (collective): free our duplicates with it. The
+    # predefined communicators only lose their attributes inside MPI_Finalize, where
+    # freeing is pointless.
+    if isinstance(attr, Communicator) and comm not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+        attr.free()
+
+
+def default_communicator(comm: Any) -> Communicator:
+    """Return the Communicator that the module-level functions use for ``comm``.
+
+    ``comm`` may be a :class:`Communicator` (returned as is), an mpi4py communicator (its
+    default Communicator is cached on it as an MPI attribute and freed with it) or ``None``
+    (``MPI.COMM_WORLD``). The first call for a communicator is collective over it.
+    """
+    global _keyval
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise InputError(
+            f"comm must be an mpi4py intracommunicator or a ccoll.Communicator, got {comm!r}"
+        )
+    with _keyval_lock:
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_on_comm_free)
+        found = comm.Get_attr(_keyval)
+        if found is None:
+            found = Communicator(comm)
+            comm.Set_attr(_keyval, found)
+        return found

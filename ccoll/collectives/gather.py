@@ -1,0 +1,102 @@
+"""Compressed allgather and bcast: compress once, move bytes, every rank decodes them.
+
+allgather: every rank compresses its array once (``REL`` bounds resolve against the
+global range), the sizes are exchanged, ``MPI_Allgatherv`` moves the bytes, and every rank
+decodes every stream, its own included, so all ranks hold identical arrays.
+
+bcast: the root compresses, broadcasts the length and then the bytes, and every rank,
+the root included, returns the decoded bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives.channel import Channel
+from ccoll.collectives.codec import api, check_stream, stream_nbytes
+from ccoll.collectives.layout import Layout
+from ccoll.collectives.waiting import Deadline, wait_all
+
+__all__ = ["allgather", "bcast", "decode_block"]
+
+
+def allgather(
+    ch: Channel, flat: np.ndarray, eb: float, out: np.ndarray, deadline: Deadline
+) -> None:
+    """Fill ``out[q]`` with rank ``q``'s ``flat`` compressed within ``eb``."""
+    comm = ch.comm
+    n_ranks, r = comm.Get_size(), comm.Get_rank()
+    a = api()
+    stream = a.compress_abs(flat, eb)
+    nb = stream_nbytes(stream)
+    mine = np.ascontiguousarray(stream[:nb])
+    counts = np.empty(n_ranks, dtype=np.int64)
+    mine_n = np.array([nb], dtype=np.int64)
+    if deadline.at is None:
+        comm.Allgather(mine_n, counts)
+    else:
+        wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+    displs = np.zeros(n_ranks, dtype=np.int64)
+    np.cumsum(counts[:-1], out=displs[1:])
+    recv = np.empty(int(counts.sum()), dtype=np.uint8)
+    req = comm.Iallgatherv([mine, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
+    ch.stats.bytes_sent += int(counts.sum()) - int(counts[(r + 1) % n_ranks])
+    wait_all([req], deadline, "allgather of the compressed arrays")
+    for q in range(n_ranks):
+        seg = recv[int(displs[q]) : int(displs[q]) + int(counts[q])]
+        got = check_stream(seg, flat.size, flat.dtype, eb)
+        if got != seg.size:
+            raise_size(q, got, seg.size)
+        a.decompress(seg, out=out[q])
+
+
+def bcast(
+    ch: Channel, flat: np.ndarray, eb: float, root: int, out: np.ndarray, deadline: Deadline
+) -> None:
+    """Fill ``out`` with the root's ``flat`` compressed within ``eb`` (on every rank)."""
+    comm = ch.comm
+    a = api()
+    n = np.zeros(1, dtype=np.int64)
+    stream: Any = None
+    if comm.Get_rank() == root:
+        stream = a.compress_abs(flat, eb)
+        n[0] = stream_nbytes(stream)
+    _bcast(comm, n, root, deadline, "broadcast of the stream size")
+    buf = np.ascontiguousarray(stream[: int(n[0])]) if stream is not None else np.empty(
+        int(n[0]), dtype=np.uint8
+    )
+    _bcast(comm, buf, root, deadline, "broadcast of the stream")
+    if comm.Get_rank() != (root - 1) % comm.Get_size():
+        ch.stats.bytes_sent += buf.nbytes
+    got = check_stream(buf, flat.size, flat.dtype, eb)
+    if got != buf.size:
+        raise_size(root, got, buf.size)
+    a.decompress(buf, out=out)
+
+
+def decode_block(
+    layout: Layout, block: int, dtype: np.dtype, streams: list[Any], bound: float, out: np.ndarray
+) -> None:
+    """Decode the chunk streams of ``block`` into ``out`` (the block's elements only)."""
+    dec = api().decompress
+    base = layout.blocks[block][0]
+    for (lo, hi), s in zip(layout.chunks(block), streams, strict=True):
+        nb = check_stream(s, hi - lo, dtype, bound)
+        dec(s[:nb], out=out[lo - base : hi - base])
+
+
+def _bcast(comm: MPI.Intracomm, buf: np.ndarray, root: int, deadline: Deadline, what: str) -> None:
+    if deadline.at is None:
+        comm.Bcast([buf, MPI.BYTE], root=root)
+    else:
+        wait_all([comm.Ibcast([buf, MPI.BYTE], root=root)], deadline, what)
+
+
+def raise_size(rank: int, got: int, size: int) -> None:
+    """Raise FormatError for a stream from ``rank`` whose length disagrees with its header."""
+    from ccoll.errors import FormatError
+
+    raise FormatError(f"the stream of rank {rank} is {size} bytes but its header says {got}")

@@ -1,0 +1,58 @@
+"""Homomorphic ring allreduce: compress once, add in the integer domain, decode at the end.
+
+Every rank compresses each chunk of each block once, on the grid of the per-rank bound
+``eb_r`` (:func:`rank_bound`), which every rank computes from the same agreed numbers, so
+all streams of one chunk share one grid and add exactly (docs/format.md, "Homomorphic
+add"). Nothing is decompressed until the reduced blocks have been gathered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ccoll.collectives.codec import api
+from ccoll.collectives.layout import Layout
+
+__all__ = ["HomomorphicOps", "rank_bound"]
+
+
+def rank_bound(eb: float, n_ranks: int) -> float:
+    """Grid bound of each rank's streams so that the sum of ``n_ranks`` is within ``eb``.
+
+    ``eb / N * (1 - (N + 8) * 2**-22)``: the margin absorbs the float64 roundings of the
+    decoder and of raw-block sums (docs/error-bound.md, "Collectives", gives the argument).
+    """
+    if eb == 0.0:
+        return 0.0
+    return eb / n_ranks * (1.0 - (n_ranks + 8) * 2.0**-22)
+
+
+class HomomorphicOps:
+    """Ring operations of the homomorphic algorithm on one rank's flattened input."""
+
+    def __init__(self, flat: Any, layout: Layout, eb_rank: float) -> None:
+        self.flat = flat
+        self.layout = layout
+        self.eb_rank = eb_rank
+        self._own: dict[tuple[int, int], Any] = {}
+        self._api = api()
+
+    def _compress(self, block: int, chunk: int) -> Any:
+        lo, hi = self.layout.chunks(block)[chunk]
+        return self._api.compress_abs(self.flat[lo:hi], self.eb_rank)
+
+    def first(self, block: int, chunk: int) -> Any:
+        """Compress this rank's part of the block it sends first."""
+        return self._compress(block, chunk)
+
+    def prepare(self, block: int, chunk: int) -> None:
+        """Compress this rank's part of a block it will add into, ahead of its arrival."""
+        self._own[(block, chunk)] = self._compress(block, chunk)
+
+    def combine(self, block: int, chunk: int, received: Any) -> Any:
+        """Add this rank's stream to the received partial sum (no decompression)."""
+        own = self._own.pop((block, chunk), None)
+        if own is None:
+            own = self._compress(block, chunk)
+        return self._api.add(received, own)
+

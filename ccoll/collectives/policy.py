@@ -1,0 +1,50 @@
+"""The one place that decides, per call, whether a collective compresses or sends raw.
+
+:func:`_decide` sees only numbers that every rank agreed on (the agreement step checks
+them), so every rank takes the same decision and the ranks never mix a compressed and a
+raw algorithm in one call. ``policy="compress"`` always compresses, ``policy="raw"`` never
+does (plain MPI with ccoll's API), and ``eb=None`` is always exact. A cost model ("auto")
+plugs in here: it must decide from agreed inputs only (for example a calibration that the
+ranks measured and allreduced together), never from rank-local timings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Decision", "_decide"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The agreed facts a policy may use."""
+
+    collective: str
+    policy: str
+    algorithm: str
+    exact: bool
+    count: int
+    dtype: np.dtype
+    n_ranks: int
+    eb_abs: float
+    # policy="auto" only: this rank's data, the channel's AutoPolicy and the bcast root
+    # (ccoll.collectives.auto_policy; its decide() is collective and sees agreed numbers).
+    data: Any = None
+    auto: Any = None
+    root: int | None = None
+
+
+def _decide(d: Decision) -> str:
+    """Return ``"compress"`` or ``"raw"`` for this call (identical on every rank)."""
+    if d.exact or d.policy == "raw":
+        return "raw"
+    if d.policy == "compress":
+        return "compress"
+    if d.policy == "auto":
+        from ccoll.collectives.auto_policy import decide_call
+
+        return "compress" if decide_call(d).compress else "raw"
+    raise AssertionError(f"policy {d.policy!r} passed validation but has no rule")

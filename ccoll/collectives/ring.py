@@ -1,0 +1,263 @@
+"""Ring reduce-scatter on compressed streams, and the allgather that forwards its result.
+
+Reduce-scatter (N ranks, N-1 steps): at step ``s`` rank ``r`` sends block ``r-s-1`` to
+rank ``r+1`` and receives block ``r-s-2`` from rank ``r-1`` (indices mod N), which it
+combines with its own contribution to that block; after the last step it holds block ``r``
+fully reduced. Every block is cut into chunks, one stream and one message each; a chunk is
+sent on as soon as its combine is done, so the combine of chunk ``k`` runs while chunk
+``k+1`` is on the wire (the combine runs on the channel's worker thread while this thread
+stays in MPI). Receive buffers are sized for the worst-case stream
+(:func:`ccoll.compressor.format.max_nbytes`), so no message announces a size; the real
+length is read from the stream header.
+
+What "combine" means is the algorithm's business (:class:`RingOps`): a homomorphic add of
+streams, or decompress-add-recompress. The allgather then forwards the reduced streams
+unchanged and every rank decodes the same bytes, so every rank gets the same output bit
+for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the bounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives.channel import Channel
+from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
+from ccoll.collectives.layout import Layout
+from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.errors import FormatError
+
+__all__ = ["RingOps", "reduce_scatter_streams", "allgather_streams", "decode_chunks"]
+
+# While both a compute task and an MPI transfer are pending, the driving thread alternates
+# between MPI_Testsome and a short wait for the worker; the wait grows up to this cap.
+_POLL_MAX_S = 1e-3
+
+
+class RingOps(Protocol):
+    """What one algorithm does with the chunks of the ring."""
+
+    def first(self, block: int, chunk: int) -> Any:
+        """Stream of this rank's own data for ``block``/``chunk``, sent at step 0."""
+
+    def prepare(self, block: int, chunk: int) -> None:
+        """Work for ``block``/``chunk`` that can run before its partner arrives (or nothing)."""
+
+    def combine(self, block: int, chunk: int, received: Any) -> Any:
+        """Stream of the received partial result combined with this rank's own data."""
+
+
+def reduce_scatter_streams(
+    ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps, bound: float, deadline: Deadline
+) -> list[Any]:
+    """Run the ring; return the streams of this rank's reduced block, one per chunk."""
+    comm = ch.comm
+    n_ranks, r = comm.Get_size(), comm.Get_rank()
+    nch = [len(layout.chunks(b)) for b in range(n_ranks)]
+    if n_ranks == 1:
+        return [ops.first(0, c) for c in range(nch[0])]
+    inline = layout.max_chunks <= 1
+    worker = ch.worker
+    steps = n_ranks - 1
+    right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
+
+    def send_block(s: int) -> int:
+        return (r - s - 1) % n_ranks
+
+    def recv_block(s: int) -> int:
+        return (r - s - 2) % n_ranks
+
+    max_c = max(nch)
+    # The steps at which chunk index c arrives; chunk c's buffer is reposted for the next.
+    arrivals = [[s for s in range(steps) if c < nch[recv_block(s)]] for c in range(max_c)]
+    bufs = ch.recv_buffers(max_c, max_nbytes(layout.chunk_elems, dtype))
+    posted = [0] * max_c
+    final: list[Any] = [None] * nch[r]
+    left_to_finish = nch[r]
+    reqs: list[MPI.Request] = []
+    meta: list[tuple[str, int, int, Any]] = []
+
+    def post_recv(c: int) -> None:
+        if posted[c] < len(arrivals[c]):
+            s = arrivals[c][posted[c]]
+            posted[c] += 1
+            reqs.append(comm.Irecv([bufs[c], MPI.BYTE], source=left, tag=c))
+            meta.append(("recv", s, c, None))
+
+    def send(s: int, c: int, stream: Any) -> None:
+        nb = stream_nbytes(stream)
+        reqs.append(comm.Isend([stream[:nb], MPI.BYTE], dest=right, tag=c))
+        meta.append(("send", s, c, stream))  # keeps the stream alive until sent
+        ch.stats.bytes_sent += nb
+
+    def on_mpi(i: int, status: MPI.Status) -> None:
+        kind, s, c, _ = meta[i]
+        if kind != "recv":
+            return
+        b = recv_block(s)
+        lo, hi = layout.chunks(b)[c]
+        nb = check_stream(bufs[c], hi - lo, dtype, bound)
+        if status.Get_count(MPI.BYTE) != nb:
+            raise FormatError(
+                f"ring step {s}: received {status.Get_count(MPI.BYTE)} bytes for a stream of "
+                f"{nb} bytes"
+            )
+        view = bufs[c][:nb]
+        worker.submit((s, 1, c), partial(ops.combine, b, c, view), ("combine", s, c), inline=inline)
+
+    def on_task(tag: tuple[str, int, int], result: Any) -> None:
+        nonlocal left_to_finish
+        kind, s, c = tag
+        if kind == "first":
+            send(0, c, result)
+        elif kind == "combine":
+            if s + 1 < steps:
+                send(s + 1, c, result)
+            else:
+                final[c] = result
+                left_to_finish -= 1
+            post_recv(c)
+
+    def pump_tasks() -> bool:
+        done = worker.drain()
+        for tag, result, exc in done:
+            if exc is not None:
+                raise exc
+            on_task(tag, result)
+        return bool(done)
+
+    def pump_mpi(block: bool) -> bool:
+        if not reqs:
+            return False
+        statuses = [MPI.Status() for _ in reqs]
+        if block:
+            idx = MPI.Request.Waitsome(reqs, statuses)
+        else:
+            idx = MPI.Request.Testsome(reqs, statuses)
+        if not idx:
+            return False
+        # MPI fills the statuses in completion order, not request order.
+        for k, i in enumerate(idx):
+            on_mpi(i, statuses[k])
+        for i in sorted(idx, reverse=True):
+            del reqs[i]
+            del meta[i]
+        return True
+
+    for c in range(max_c):
+        post_recv(c)
+    b0 = send_block(0)
+    for c in range(nch[b0]):
+        worker.submit((-1, 0, c), partial(ops.first, b0, c), ("first", 0, c), inline=inline)
+    pump_tasks()
+    for s in range(steps):
+        b = recv_block(s)
+        for c in range(nch[b]):
+            worker.submit((s, 0, c), partial(ops.prepare, b, c), ("prepare", s, c), inline=inline)
+            if inline:
+                pump_mpi(block=False)
+    pause = 20e-6
+    while left_to_finish or reqs or worker.outstanding:
+        progressed = pump_mpi(block=False)
+        progressed = pump_tasks() or progressed
+        if progressed:
+            pause = 20e-6
+            continue
+        if deadline.expired():
+            raise deadline.error("ring reduce-scatter")
+        if worker.outstanding:
+            # A compute task is running: wait for it, but come back to MPI often enough
+            # that the transfers in flight keep moving.
+            worker.wait(pause if reqs else min(0.05, deadline.remaining() or 0.05))
+            pause = min(2 * pause, _POLL_MAX_S)
+        elif reqs:
+            if deadline.at is None:
+                pump_mpi(block=True)
+            else:
+                time.sleep(min(pause, max(deadline.remaining() or 0.0, 0.0)))
+                pause = min(2 * pause, _POLL_MAX_S)
+        else:
+            raise AssertionError("ring reduce-scatter stalled with nothing in flight")
+    return final
+
+
+def decode_chunks(
+    buf: np.ndarray,
+    layout: Layout,
+    block: int,
+    dtype: np.dtype,
+    bound: float,
+    emit: Callable[[int, int, np.ndarray], None],
+) -> None:
+    """Walk the streams of ``block`` packed back to back in ``buf``; ``emit(lo, hi, stream)``."""
+    pos = 0
+    for lo, hi in layout.chunks(block):
+        nb = check_stream(buf[pos:], hi - lo, dtype, bound)
+        emit(lo, hi, buf[pos : pos + nb])
+        pos += nb
+    if pos != buf.size:
+        raise FormatError(
+            f"block {block} holds {buf.size} bytes but its streams end after {pos} bytes"
+        )
+
+
+def allgather_streams(
+    ch: Channel,
+    layout: Layout,
+    dtype: np.dtype,
+    mine: list[Any],
+    bound: float,
+    flat_out: np.ndarray,
+    deadline: Deadline,
+) -> None:
+    """Gather every rank's reduced block (bytes unchanged) and decode all into ``flat_out``."""
+    comm = ch.comm
+    n_ranks, r = comm.Get_size(), comm.Get_rank()
+    lens = [stream_nbytes(s) for s in mine]
+    packed = np.empty(sum(lens), dtype=np.uint8)
+    pos = 0
+    for s, nb in zip(mine, lens, strict=True):
+        packed[pos : pos + nb] = s[:nb]
+        pos += nb
+    mine_n = np.array([packed.size], dtype=np.int64)
+    counts = np.empty(n_ranks, dtype=np.int64)
+    if deadline.at is None:
+        comm.Allgather(mine_n, counts)
+    else:
+        wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+    displs = np.zeros(n_ranks, dtype=np.int64)
+    np.cumsum(counts[:-1], out=displs[1:])
+    total = int(counts.sum())
+    recv = np.empty(total, dtype=np.uint8)
+    req = comm.Iallgatherv([packed, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
+    ch.stats.bytes_sent += total - int(counts[(r + 1) % n_ranks])
+
+    dec = api().decompress
+
+    def emit(lo: int, hi: int, stream: np.ndarray) -> None:
+        dec(stream, out=flat_out[lo:hi])
+
+    # Decode this rank's block (from the very bytes the others receive) while the
+    # allgather moves, then the others' blocks.
+    worker = ch.worker
+    inline = layout.max_chunks <= 1
+    worker.submit(0, partial(decode_chunks, packed, layout, r, dtype, bound, emit), "own",
+                  inline=inline)
+    wait_all([req], deadline, "allgather of the reduced blocks")
+    while worker.outstanding:
+        for _, _, exc in worker.drain():
+            if exc is not None:
+                raise exc
+        if worker.outstanding:
+            if deadline.expired():
+                raise deadline.error("decoding")
+            worker.wait(0.05)
+    for q in range(n_ranks):
+        if q != r:
+            seg = recv[int(displs[q]) : int(displs[q]) + int(counts[q])]
+            decode_chunks(seg, layout, q, dtype, bound, emit)

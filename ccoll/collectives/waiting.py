@@ -1,0 +1,67 @@
+"""Waiting for MPI requests, with an optional deadline.
+
+Without a deadline the waits are plain ``MPI_Waitall``. With one (``Communicator(timeout=)``)
+they poll ``MPI_Testall`` with short sleeps and raise :class:`~ccoll.errors.CollectiveError`
+when the deadline passes, instead of waiting forever for a rank that failed or never
+entered the collective. The requests left behind cannot be completed safely, so the
+communicator that timed out is marked unusable (see docs/collectives.md, "Faults").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from mpi4py import MPI
+
+from ccoll.errors import CollectiveError
+
+__all__ = ["Deadline", "wait_all"]
+
+# Polling starts fast (a reply usually arrives within microseconds on one node) and backs
+# off so that a rank waiting for a slow peer leaves the CPU to the peer's compressor.
+_POLL_MIN_S = 20e-6
+_POLL_MAX_S = 1e-3
+
+
+class Deadline:
+    """A point in time after which a collective gives up; ``None`` seconds means never."""
+
+    __slots__ = ("timeout", "at", "what")
+
+    def __init__(self, timeout: float | None, what: str) -> None:
+        self.timeout = timeout
+        self.at = None if timeout is None else time.monotonic() + timeout
+        self.what = what
+
+    def remaining(self) -> float | None:
+        """Seconds left (may be negative), or ``None`` without a deadline."""
+        return None if self.at is None else self.at - time.monotonic()
+
+    def expired(self) -> bool:
+        """Return True once the deadline has passed."""
+        return self.at is not None and time.monotonic() >= self.at
+
+    def error(self, stage: str) -> CollectiveError:
+        """Return the error to raise when ``stage`` of the collective ran past the deadline."""
+        return CollectiveError(
+            f"{self.what} did not complete within its timeout of {self.timeout} s ({stage}): "
+            "another rank failed, is slower than the timeout, or did not enter the same "
+            "collective; this ccoll Communicator cannot be used any more"
+        )
+
+
+def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str) -> None:
+    """Complete every request, or raise ``deadline.error(stage)`` once it expires."""
+    reqs = list(reqs)
+    if not reqs:
+        return
+    if deadline.at is None:
+        MPI.Request.Waitall(reqs)
+        return
+    pause = _POLL_MIN_S
+    while not MPI.Request.Testall(reqs):
+        if deadline.expired():
+            raise deadline.error(stage)
+        time.sleep(pause)
+        pause = min(2 * pause, _POLL_MAX_S)

@@ -1,0 +1,291 @@
+"""ccoll's collectives under MPI (run with 1..5 ranks; see the Makefile's test-mpi).
+
+Every compressed result is checked element by element against the exact float64
+reduction of all ranks' inputs, and bitwise across ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collkit import exact_sum, global_eb, gradient_like
+from kit import assert_same_on_every_rank, assert_within_bound
+from mpi4py import MPI
+
+import ccoll
+from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+COUNTS = sorted({0, 1, 31, 33, max(SIZE - 1, 0), 100_003})
+DTYPES = [np.float32, np.float64]
+BOUNDS = [ccoll.ABS(1e-3), ccoll.REL(1e-3)]
+ALGOS = ["homomorphic", "dar"]
+
+
+def _bound_id(b):
+    return f"{type(b).__name__}{b.value:g}"
+
+
+def same_error_everywhere(comm, exc_info, exc_type, match):
+    err = exc_info.value
+    assert type(err) is exc_type, f"{type(err).__name__}: {err}"
+    assert match in str(err), str(err)
+    msgs = comm.allgather(str(err))
+    assert len(set(msgs)) == 1, msgs
+
+
+@pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", COUNTS)
+def test_allreduce_within_bound_and_identical(comm, n, dtype, eb, algorithm):
+    x = gradient_like(comm.rank, n, dtype)
+    y = ccoll.allreduce(x, eb=eb, comm=comm, algorithm=algorithm)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
+    assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_allreduce_avg(comm, dtype, algorithm):
+    x = gradient_like(comm.rank, 5000, dtype).reshape(50, 100)
+    eb = ccoll.REL(1e-3)
+    y = ccoll.allreduce(x, eb=eb, op="avg", comm=comm, algorithm=algorithm)
+    bound = global_eb(comm, x, eb) / comm.size
+    assert_within_bound(y, exact_sum(comm, x) / comm.size, bound, slack_ulps=2)
+    assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("chunk", [7, 32, 1000])
+def test_allreduce_pipelined_chunks(comm, chunk):
+    # Small chunks: many streams per block, the worker thread and the pipelined ring.
+    x = gradient_like(comm.rank, 2_011 if chunk < 32 else 20_011, np.float32)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, chunk_elems=chunk) as c:
+        y = c.allreduce(x, eb=eb)
+    assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
+    assert_same_on_every_rank(comm, y)
+
+
+def test_allreduce_tiny_bound_goes_raw_and_stays_within(comm):
+    # An absolute bound far below float32 resolution: blocks are stored raw and summed in
+    # float64, so the result is the float64 sum rounded once to float32.
+    x = gradient_like(comm.rank, 4099, np.float32) + np.float32(1.0)
+    y = ccoll.allreduce(x, eb=ccoll.ABS(1e-12), comm=comm)
+    assert_within_bound(y, exact_sum(comm, x), 1e-12, slack_ulps=1)
+    assert_same_on_every_rank(comm, y)
+
+
+def test_allreduce_out_and_in_place(comm):
+    x = gradient_like(comm.rank, 1000, np.float64)
+    ref = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), comm=comm)
+    out = np.empty_like(x)
+    y = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), comm=comm, out=out)
+    assert y is out and np.array_equal(out, ref)
+    xin = x.copy()
+    y2 = ccoll.allreduce(xin, eb=ccoll.ABS(1e-4), comm=comm, out=xin)
+    assert y2 is xin and np.array_equal(xin, ref)
+
+
+@pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [0, 1, 33, 10_007])
+def test_reduce_scatter(comm, n, dtype, algorithm):
+    x = gradient_like(comm.rank, n, dtype)
+    eb = ccoll.REL(1e-3)
+    y = ccoll.reduce_scatter(x, eb=eb, comm=comm, algorithm=algorithm)
+    want = np.array_split(exact_sum(comm, x).ravel(), comm.size)[comm.rank]
+    assert y.dtype == x.dtype
+    assert_within_bound(y, want, global_eb(comm, x, eb), slack_ulps=1)
+
+
+@pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3000,)])
+def test_allgather(comm, shape, dtype, eb):
+    x = gradient_like(comm.rank, int(np.prod(shape)), dtype).reshape(shape)
+    y = ccoll.allgather(x, eb=eb, comm=comm)
+    assert y.shape == (comm.size, *shape) and y.dtype == x.dtype
+    xs = np.stack(comm.allgather(x))
+    assert_within_bound(y, xs, global_eb(comm, x, eb))
+    assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", [(0,), (1,), (20, 30)])
+def test_bcast(comm, shape, dtype, eb):
+    root = comm.size - 1
+    n = int(np.prod(shape))
+    x = gradient_like(99 if comm.rank == root else comm.rank + 1000, n, dtype).reshape(shape)
+    y = ccoll.bcast(x, eb=eb, root=root, comm=comm)
+    want = comm.bcast(x, root=root)
+    fin = want[np.isfinite(want)].astype(np.float64)
+    ebabs = eb.value if isinstance(eb, ccoll.ABS) else (
+        eb.resolve(fin.min(), fin.max()) if fin.size else 0.0)
+    assert y.shape == shape and y.dtype == x.dtype
+    assert_within_bound(y, want, ebabs)
+    assert_same_on_every_rank(comm, y)
+
+
+# -- exact path: plain MPI bit for bit ---------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("n", [0, 5, 100_003])
+def test_exact_equals_mpi(comm, n, dtype):
+    x = gradient_like(comm.rank, n, dtype)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op=MPI.SUM)
+    assert np.array_equal(ccoll.allreduce(x, eb=None, comm=comm).view(np.uint8),
+                          want.view(np.uint8))
+    counts = [len(b) for b in np.array_split(np.empty(n), comm.size)]
+    rs = np.empty(counts[comm.rank], dtype=dtype)
+    comm.Reduce_scatter(x, rs, recvcounts=counts, op=MPI.SUM)
+    assert np.array_equal(ccoll.reduce_scatter(x, eb=None, comm=comm).view(np.uint8),
+                          rs.view(np.uint8))
+    ag = np.empty((comm.size, n), dtype=dtype)
+    comm.Allgather(x, ag)
+    assert np.array_equal(ccoll.allgather(x, eb=None, comm=comm), ag)
+    bc = x.copy()
+    comm.Bcast(bc, root=0)
+    assert np.array_equal(ccoll.bcast(x, eb=None, comm=comm), bc)
+
+
+def test_raw_policy_is_plain_mpi(comm):
+    x = gradient_like(comm.rank, 3001, np.float32)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op=MPI.SUM)
+    y = ccoll.allreduce(x, eb=ccoll.REL(1e-3), comm=comm, policy="raw")
+    assert np.array_equal(y.view(np.uint8), want.view(np.uint8))
+
+
+# -- non-finite values ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_nan_inf_propagate(comm, dtype, algorithm):
+    x = gradient_like(comm.rank, 1000, dtype)
+    if comm.rank == 0:
+        x[3] = np.nan
+        x[7] = np.inf
+    if comm.rank == comm.size - 1:
+        x[11] = -np.inf
+    eb = ccoll.REL(1e-3)
+    y = ccoll.allreduce(x, eb=eb, comm=comm, algorithm=algorithm)
+    assert np.isnan(y[3])
+    if comm.size > 1:
+        assert y[7] == np.inf and y[11] == -np.inf
+    else:
+        assert np.isnan(y[7]) or y[7] == np.inf  # one rank: +inf at 7, -inf at 11
+    fin = np.ones(x.size, dtype=bool)
+    fin[[3, 7, 11]] = False
+    ex = exact_sum(comm, x)
+    assert_within_bound(y[fin], ex[fin], global_eb(comm, x, eb), slack_ulps=1)
+    assert_same_on_every_rank(comm, y)
+
+
+# -- agreement: invalid and disagreeing calls fail on every rank -------------------------
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+@pytest.mark.parametrize(
+    "field, kwargs",
+    [
+        ("element count", {"n": 101}),
+        ("dtype", {"dtype": np.float64}),
+        ("error-bound value", {"eb": ccoll.REL(2e-3)}),
+        ("error-bound kind", {"eb": ccoll.ABS(1e-3)}),
+        ("op", {"op": "avg"}),
+        ("algorithm", {"algorithm": "dar"}),
+    ],
+)
+def test_mismatch_raises_same_error_everywhere(comm, field, kwargs):
+    n, dtype, eb, op, algo = 100, np.float32, ccoll.REL(1e-3), "sum", "homomorphic"
+    if comm.rank == 1:
+        n = kwargs.get("n", n)
+        dtype = kwargs.get("dtype", dtype)
+        eb = kwargs.get("eb", eb)
+        op = kwargs.get("op", op)
+        algo = kwargs.get("algorithm", algo)
+    x = gradient_like(comm.rank, n, dtype)
+    with pytest.raises(MismatchError) as info:
+        ccoll.allreduce(x, eb=eb, op=op, comm=comm, algorithm=algo)
+    same_error_everywhere(comm, info, MismatchError, field)
+    # The communicator is still usable afterwards: nothing was left in flight.
+    y = ccoll.allreduce(gradient_like(comm.rank, 10, np.float32), eb=None, comm=comm)
+    assert y.shape == (10,)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+def test_different_collectives_detected(comm):
+    x = gradient_like(comm.rank, 10, np.float32)
+    with pytest.raises(MismatchError) as info:
+        if comm.rank == 0:
+            ccoll.bcast(x, comm=comm)
+        else:
+            ccoll.allreduce(x, comm=comm)
+    same_error_everywhere(comm, info, MismatchError, "different collectives")
+
+
+@pytest.mark.parametrize(
+    "what, kwargs, exc, match",
+    [
+        ("op", {"op": "max"}, InputError, "op 'max' is not supported"),
+        ("dtype", {"x": np.arange(10, dtype=np.int32)}, DTypeError, "dtype int32"),
+        ("bound", {"eb": -1.0}, ErrorBoundError, "must be finite and > 0"),
+        ("out", {"out": np.empty(3, np.float32)}, InputError, "out has shape"),
+        ("algorithm", {"algorithm": "tree"}, InputError, "algorithm 'tree'"),
+    ],
+)
+def test_invalid_argument_on_one_rank_fails_everywhere(comm, what, kwargs, exc, match):
+    args = {"x": gradient_like(comm.rank, 10, np.float32), "eb": ccoll.REL(1e-3), "op": "sum"}
+    if comm.rank == comm.size - 1:
+        args.update(kwargs)
+    with pytest.raises(exc) as info:
+        ccoll.allreduce(comm=comm, **args)
+    same_error_everywhere(comm, info, exc, match)
+
+
+def test_bcast_bad_root(comm):
+    with pytest.raises(InputError) as info:
+        ccoll.bcast(np.zeros(3, np.float32), root=comm.size, comm=comm)
+    same_error_everywhere(comm, info, InputError, "root")
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+def test_allgather_shape_mismatch(comm):
+    shape = (4, 5) if comm.rank == 0 else (5, 4)
+    with pytest.raises(MismatchError) as info:
+        ccoll.allgather(np.zeros(shape, np.float32), comm=comm)
+    same_error_everywhere(comm, info, MismatchError, "shape")
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+def test_communicator_options_must_agree(comm):
+    with pytest.raises(MismatchError) as info:
+        ccoll.Communicator(comm, chunk_elems=1000 + (comm.rank == 1))
+    same_error_everywhere(comm, info, MismatchError, "chunk size")
+
+
+# -- nonblocking ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ALGOS)
+def test_iallreduce_matches_allreduce(comm, algorithm):
+    x = gradient_like(comm.rank, 30_000, np.float32)
+    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=4096) as c:
+        reqs = [c.iallreduce(x * (i + 1), eb=ccoll.REL(1e-3)) for i in range(3)]
+        ys = [r.wait(timeout=60) for r in reqs]
+        assert all(r.test() and r.done() for r in reqs)
+        for i, y in enumerate(ys):
+            assert np.array_equal(y, c.allreduce(x * (i + 1), eb=ccoll.REL(1e-3)))
+            assert_same_on_every_rank(comm, y)
+
+
+def test_iallreduce_error_at_wait(comm):
+    req = ccoll.iallreduce(np.zeros(4, np.float32), op="max", comm=comm)
+    with pytest.raises(InputError, match="op 'max'"):
+        req.wait(timeout=60)
