@@ -19,17 +19,21 @@ def make_sample(path: str) -> None:
     1-D float64, float16, big-endian, scalar, empty, with NaN/Inf, chunked+gzip), and
     members that must be copied unchanged (ints, strings, a null dataspace, links)."""
     rng = np.random.default_rng(7)
-    with h5py.File(path, "w") as f:
+    # Creation order tracked (as the capture script does): copies must list members and
+    # attributes in the same order, not by name.
+    with h5py.File(path, "w", track_order=True) as f:
         f.attrs["model"] = "sample"
         f.attrs.create("fixed", np.bytes_("fixed-len"))
         f.attrs["seed"] = np.int64(7)
         f.attrs["lrs"] = np.array([1e-3, 2e-3])
         f.attrs["names"] = ["a", "bb"]
         f.attrs["empty"] = h5py.Empty("f4")
-        g = f.create_group("step_0000")
+        g = f.create_group("step_0000", track_order=True)
         g.attrs["loss"] = 0.25
         g.attrs["step"] = 0
-        w = g.create_dataset("fc.weight", data=rng.standard_normal((64, 33)).astype(np.float32))
+        w = g.create_dataset(
+            "fc.weight", data=rng.standard_normal((64, 33)).astype(np.float32), track_order=True
+        )
         w.attrs["rows"] = "0:64"
         w.attrs["full_shape"] = np.array([128, 33])
         g.create_dataset("fc.bias", data=rng.standard_normal(33) * 1e-3)  # float64
@@ -96,16 +100,16 @@ def assert_restored(original: str, restored: str, eb_of, *, check: set[str] | No
     every other dataset identical. Returns the number of float datasets checked."""
     n = 0
     with h5py.File(original) as a, h5py.File(restored) as b:
-        assert attrs_of(a) == attrs_of(b)
+        assert attrs_of(a) == attrs_of(b) and list(a.attrs) == list(b.attrs)
         ma, mb = members(a), members(b)
-        assert ma == mb
+        assert ma == mb and list(ma) == list(mb)  # same members, listed in the same order
         for path, kind in ma.items():
             if kind == "Group":
                 assert attrs_of(a[path]) == attrs_of(b[path]), path
             if kind != "Dataset":
                 continue
             x, y = a[path], b[path]
-            assert attrs_of(x) == attrs_of(y), path
+            assert attrs_of(x) == attrs_of(y) and list(x.attrs) == list(y.attrs), path
             assert x.dtype == y.dtype and x.shape == y.shape, (
                 path,
                 x.dtype,

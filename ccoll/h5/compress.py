@@ -24,7 +24,7 @@ from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
 from ccoll.h5.output import atomic_output, check_input, check_output
 from ccoll.h5.progress import bar
-from ccoll.h5.tree import float_datasets, select, walk
+from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
 __all__ = ["compress_file", "compress_array", "bound_label", "F16_EB_CAP"]
 
@@ -110,13 +110,17 @@ def compress_file(
                 + (" after --include/--exclude" if (include or exclude) else "")
             )
         entries = list(walk(fin))
-        with atomic_output(dst) as tmp, h5py.File(tmp, "w") as fout:
+        with (
+            atomic_output(dst) as tmp,
+            h5py.File(tmp, "w", track_order=tracks_order(fin["/"])) as fout,
+        ):
             A.copy_attrs(fin, fout)
             fout.attrs[A.ROOT_VERSION] = ccoll.__version__
             with bar(len(chosen), enabled=progress, desc="compress") as pb:
                 for e in entries:
                     if e.kind == "group":
-                        A.copy_attrs(fin[e.path], fout.create_group(e.path))
+                        g = fin[e.path]
+                        A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))
                     elif e.kind == "softlink":
                         fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
                     elif e.kind == "extlink":
@@ -164,7 +168,7 @@ def _compress_dataset(
     from ccoll.compressor.format import VERSION
 
     stored = zstdframe.wrap(stream) if lossless == "zstd" else stream
-    out = parent.create_dataset(name, data=stored)
+    out = parent.create_dataset(name, data=stored, track_order=tracks_order(ds))
     A.copy_attrs(ds, out)
     out.attrs[A.FORMAT_VERSION] = np.int64(VERSION)
     out.attrs[A.DTYPE] = _dtype_label(ds.dtype)

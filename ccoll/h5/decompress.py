@@ -24,7 +24,7 @@ from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
 from ccoll.h5.output import atomic_output, check_input, check_output
 from ccoll.h5.progress import bar
-from ccoll.h5.tree import walk
+from ccoll.h5.tree import tracks_order, walk
 
 __all__ = ["decompress_file", "restore_dataset", "ON_ERROR_CHOICES"]
 
@@ -122,12 +122,16 @@ def decompress_file(
         targets = [
             e for e in entries if e.kind == "dataset" and A.FORMAT_VERSION in fin[e.path].attrs
         ]
-        with atomic_output(dst) as tmp, h5py.File(tmp, "w") as fout:
+        with (
+            atomic_output(dst) as tmp,
+            h5py.File(tmp, "w", track_order=tracks_order(fin["/"])) as fout,
+        ):
             A.copy_attrs(fin, fout, skip_prefix=A.PREFIX)
             with bar(len(targets), enabled=progress, desc="decompress") as pb:
                 for e in entries:
                     if e.kind == "group":
-                        A.copy_attrs(fin[e.path], fout.create_group(e.path))
+                        g = fin[e.path]
+                        A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))
                     elif e.kind == "softlink":
                         fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
                     elif e.kind == "extlink":
@@ -141,7 +145,9 @@ def decompress_file(
                                 raise FormatError(f"dataset {e.path!r} is damaged: {exc}") from exc
                             failed.append({"path": e.path, "error": str(exc)})
                         else:
-                            out = fout[e.parent].create_dataset(e.name, data=y)
+                            out = fout[e.parent].create_dataset(
+                                e.name, data=y, track_order=tracks_order(ds)
+                            )
                             A.copy_attrs(ds, out, skip_prefix=A.PREFIX)
                             restored.append(
                                 {

@@ -17,7 +17,15 @@ import h5py
 
 from ccoll.errors import InputError
 
-__all__ = ["Entry", "walk", "float_datasets", "select", "is_float_dataset", "matches"]
+__all__ = [
+    "Entry",
+    "walk",
+    "float_datasets",
+    "select",
+    "is_float_dataset",
+    "matches",
+    "tracks_order",
+]
 
 # Item sizes of the IEEE floats ccoll compresses (either byte order); float16 is upcast to
 # float32 (docs/cli.md says how). Wider types (long double) are copied unchanged.
@@ -100,3 +108,16 @@ def select(
                 )
     chosen = [p for p in paths if not include or any(matches(p, pat) for pat in include)]
     return [p for p in chosen if not any(matches(p, pat) for pat in exclude)]
+
+
+def tracks_order(obj: Any) -> bool:
+    """Tell whether a group or dataset keeps its links or attributes in creation order.
+
+    Copies are created with the same setting, so that members and attributes list in the
+    same order as in the source (h5py lists by name otherwise).
+    """
+    plist = obj.id.get_create_plist()
+    flags = plist.get_attr_creation_order()
+    if isinstance(obj, h5py.Group):
+        flags |= plist.get_link_creation_order()
+    return bool(flags)
