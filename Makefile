@@ -10,7 +10,8 @@ MPI_TEST_TIMEOUT ?= 60
 PYTEST_MPI = $(VPY) -m mpi4py -m pytest tests/mpi -q -p no:cacheprovider \
 	--timeout=$(MPI_TEST_TIMEOUT) --timeout-method=thread
 
-.PHONY: all venv demo test test-unit test-mpi test-cuda test-slow bench lint datasets clean \
+.PHONY: all venv demo test test-unit test-mpi test-cuda test-slow bench bench-cluster lint \
+	datasets clean \
 	slurm-up slurm-down
 
 all: test
@@ -46,8 +47,24 @@ test-slow: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(VPY) -m pytest tests/cuda -m slow
 	@set -e; for n in 2 4; do timeout 3600 $(MPIEXEC) -n $$n $(PYTEST_MPI) -m slow --timeout=1800; done
 
+# ccoll bench: collectives against plain MPI, side by side (docs/performance.md,
+# "Collectives speedup"). `bench` runs on shared memory; `bench-cluster` (root) on emulated
+# clusters of 1 and 10 Gbit/s links (jobs/emulated_cluster.py).
+BENCH_OUT ?= build/bench
 bench: $(STAMP)
 	$(VPY) bench/compressor.py
+	@mkdir -p $(BENCH_OUT)
+	timeout 1800 $(MPIEXEC) -n 2 $(VPY) -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 4 \
+	  --csv $(BENCH_OUT)/allreduce_shm_2.csv --json $(BENCH_OUT)/allreduce_shm_2.json \
+	  --plot $(BENCH_OUT)/allreduce_shm_2.png
+
+bench-cluster: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	@set -e; for spec in "2 1gbit" "4 1gbit" "2 10gbit" "4 10gbit"; do set -- $$spec; \
+	  timeout 3600 $(VPY) jobs/emulated_cluster.py --ranks $$1 --rate $$2 --timeout 3500 -- \
+	    ccoll bench allreduce -b 4 -e 256M -f 2 --csv $(BENCH_OUT)/allreduce_$$2_$$1.csv \
+	    --json $(BENCH_OUT)/allreduce_$$2_$$1.json --plot $(BENCH_OUT)/allreduce_$$2_$$1.png; \
+	done
 
 # One-node Slurm on this machine (root, Debian) for trying jobs/*.sbatch; see jobs/README.md.
 slurm-up:

@@ -1,0 +1,79 @@
+"""`ccoll bench` on a small size range under mpiexec (2 ranks), and its helpers.
+
+The timings are not judged (the machine is shared); the test checks the sweep's shape, that
+every compressed result met its bound, that traffic shrank where data compresses, and the
+CSV/JSON/plot outputs.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ccoll import bench
+
+REPO = Path(__file__).resolve().parent.parent
+MPIEXEC = REPO / ".venv" / "bin" / "mpiexec"
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "f", "expect"),
+    [(4, 64, 2, [4, 8, 16, 32, 64]), (4, 4096, 16, [4, 64, 1024]), (6, 6, 2, [4]),
+     (1, 16, 4, [4, 16])],
+)
+def test_sizes_are_whole_float32_multiples(lo: int, hi: int, f: float, expect: list[int]) -> None:
+    assert bench.sizes(lo, hi, f, 4) == expect
+
+
+def test_gradients_differ_by_rank_and_cycle() -> None:
+    data = REPO / "datasets" / "minilm.h5"
+    a, b = bench.load_gradients(data, 0), bench.load_gradients(data, 1)
+    assert a.dtype.name == "float32" and a.size == b.size > 100_000
+    assert not (a == b).all()
+    import h5py
+
+    with h5py.File(data) as f:
+        steps = len([k for k in f if k.startswith("step_")])
+    assert (bench.load_gradients(data, steps) == a).all()
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+@pytest.mark.parametrize(
+    ("collective", "lo"), [("allreduce", "16"), ("reduce_scatter", "64K"), ("allgather", "64K")]
+)
+def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None:
+    out = tmp_path / "b.json"
+    csv_out = tmp_path / "b.csv"
+    png = tmp_path / "b.png"
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           collective, "-b", lo, "-e", "64K", "-f", "16", "-n", "2", "-w", "1",
+           "--json", str(out), "--csv", str(csv_out), "--plot", str(png)]
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    algos = ["mpi", "homomorphic", "auto"] + (["dar"] if collective != "allgather" else [])
+    assert sorted({r["algorithm"] for r in rows}) == sorted(algos)
+    expect = [16, 256, 4096, 65536] if lo == "16" else [65536]
+    assert sorted({r["size"] for r in rows}) == expect
+    for r in rows:
+        assert r["avg_us"] > 0 and r["min_us"] <= r["avg_us"] <= r["max_us"]
+        if r["algorithm"] != "mpi":
+            assert r["err_over_eb"] <= 1.0, r
+        else:
+            assert r["speedup"] == pytest.approx(1.0)
+    big = [r for r in rows if r["size"] == 65536 and r["algorithm"] == "homomorphic"]
+    assert big[0]["ratio"] > 2, "MiniLM gradients at REL 1e-3 compress"
+    assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
+    with csv_out.open() as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # rank 0 printed the table, once
+    assert p.stdout.count("algorithm") == 1
