@@ -18,14 +18,17 @@ the same choices and produces byte-identical streams.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from ccoll.compressor import format as fmt
-from ccoll.errors import FormatError, MismatchError
+from ccoll.errors import ErrorBoundError, FormatError, MismatchError
 
 __all__ = ["compress_abs", "decompress", "add", "header", "finite_range", "as_stream"]
 
@@ -37,6 +40,24 @@ CODE_RAW = fmt.CODE_RAW
 CODE_RAW64 = fmt.CODE_RAW64
 LOR = fmt.LORENZO_BIT
 CANONICAL_NAN64 = 0x7FF8000000000000  # stored for a NaN sum (docs/format.md, "Homomorphic add")
+# Below this many elements the kernels run on the calling thread: waking the pool costs
+# more than the work, and far more on a loaded machine where a pool thread may wait
+# for a core.
+SERIAL_BELOW = 1 << 16
+
+
+@contextmanager
+def _threads_for(n: int) -> Iterator[None]:
+    """Run the numba kernels inside on one thread when ``n`` elements are few."""
+    if n >= SERIAL_BELOW:
+        yield
+        return
+    prev = numba.get_num_threads()  # thread-local, so concurrent callers do not interfere
+    numba.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(prev)
 
 
 
@@ -351,7 +372,8 @@ def finite_range(x: np.ndarray) -> tuple[float, float]:
     nchunks = max(1, min(256, flat.size // 65536))
     lo = np.empty(nchunks, np.int64)
     hi = np.empty(nchunks, np.int64)
-    _range_kernel(bits, is32, lo, hi)
+    with _threads_for(flat.size):
+        _range_kernel(bits, is32, lo, hi)
     klo, khi = int(lo.min()), int(hi.max())
     if klo > khi:
         return math.inf, -math.inf
@@ -490,11 +512,12 @@ def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
     bits = flat.view(np.uint32) if is32 else flat.view(np.uint64)
     step = 2.0 * eb
     if nblocks:
-        if eb == 0.0:
-            mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
-            _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words)
-        else:
-            _plan_lossy(flat, eb, step, codes, chunk_nnz, chunk_words)
+        with _threads_for(n):
+            if eb == 0.0:
+                mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
+                _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words)
+            else:
+                _plan_lossy(flat, eb, step, codes, chunk_nnz, chunk_words)
     chunk_k, nnz = _scan(chunk_nnz)
     chunk_pos, pwords = _scan(chunk_words)
     hdr = fmt.StreamHeader(
@@ -508,7 +531,8 @@ def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
         bitmap = out[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
         cbytes = out[hdr.codes_offset : hdr.codes_offset + nnz]
         W = out[hdr.payload_offset :].view(np.uint32)
-        _write_stream(flat, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W)
+        with _threads_for(n):
+            _write_stream(flat, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W)
     return out
 
 
@@ -596,7 +620,8 @@ def _validate(buf: np.ndarray) -> _Layout:
     nch = _nchunks(nblocks)
     chunk_nnz = np.zeros(nch, np.int64)
     if nch:
-        _count_bitmap(bitmap, chunk_nnz)
+        with _threads_for(hdr.n):
+            _count_bitmap(bitmap, chunk_nnz)
     chunk_k, total = _scan(chunk_nnz)
     if total != hdr.nnz:
         raise FormatError(
@@ -604,7 +629,8 @@ def _validate(buf: np.ndarray) -> _Layout:
         )
     chunk_words = np.zeros(nch, np.int64)
     if nch:
-        _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words)
+        with _threads_for(hdr.n):
+            _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words)
     if (chunk_words < 0).any():
         raise FormatError("stream holds an invalid block code byte")
     chunk_pos, words = _scan(chunk_words)
@@ -692,8 +718,9 @@ def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
         result = out
     if hdr.n:
         outbits = flat.view(np.uint32) if hdr.dtype == np.float32 else flat.view(np.int64)
-        _decode(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos, 2.0 * hdr.eb,
-                hdr.n, flat, outbits)
+        with _threads_for(hdr.n):
+            _decode(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos, 2.0 * hdr.eb,
+                    hdr.n, flat, outbits)
     return result
 
 
@@ -872,7 +899,7 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
         )
     bound = sum_bound(ha.bound, hb.bound)
     if not math.isfinite(bound):
-        raise MismatchError(f"the sum of bounds {ha.bound!r} + {hb.bound!r} overflows")
+        raise ErrorBoundError(f"the sum of bounds {ha.bound!r} + {hb.bound!r} overflows float64")
     nterms = ha.nterms + hb.nterms
     if nterms >= 1 << 32:
         raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
@@ -887,7 +914,8 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
     args_a = (la.W, la.bitmap, la.codes, la.chunk_k, la.chunk_pos)
     args_b = (lb.W, lb.bitmap, lb.codes, lb.chunk_k, lb.chunk_pos)
     if nch:
-        _plan_add(*args_a, *args_b, n, is32, codes, chunk_nnz, chunk_words)
+        with _threads_for(n):
+            _plan_add(*args_a, *args_b, n, is32, codes, chunk_nnz, chunk_words)
     chunk_k, nnz = _scan(chunk_nnz)
     chunk_pos, pwords = _scan(chunk_words)
     hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound, nnz=nnz,
@@ -914,6 +942,7 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
         bitmap = res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
         cbytes = res[hdr.codes_offset : hdr.codes_offset + nnz]
         W = res[hdr.payload_offset :].view(np.uint32)
-        _write_add(*args_a, *args_b, n, is32, step, codes, chunk_k, chunk_pos, bitmap,
-                   cbytes, W)
+        with _threads_for(n):
+            _write_add(*args_a, *args_b, n, is32, step, codes, chunk_k, chunk_pos, bitmap,
+                       cbytes, W)
     return res

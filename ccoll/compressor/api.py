@@ -45,7 +45,8 @@ def _host_array(x: Any) -> np.ndarray:
         raise _dtype_error(dt)
     if not dt.isnative:
         x = x.astype(dt.newbyteorder("="))
-    return np.ascontiguousarray(x)
+    # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+    return x if x.flags.c_contiguous else x.copy(order="C")
 
 
 def _device_dtype(x: Any) -> np.dtype:
@@ -86,7 +87,8 @@ def _device_range(x: Any, stream: Any) -> tuple[float, float]:
     # Without a device reduction, copy to the host (correct, slower).
     from numba import cuda as nbcuda
 
-    return _cpu.finite_range(np.ascontiguousarray(nbcuda.as_cuda_array(x).copy_to_host()))
+    host = nbcuda.as_cuda_array(x).copy_to_host()
+    return _cpu.finite_range(host if host.flags.c_contiguous else host.copy(order="C"))
 
 
 def compress(x: Any, eb: object, *, stream: Any = None) -> Any:

@@ -1,0 +1,371 @@
+"""A slow, independent reading of docs/format.md, and tests that ccoll matches it byte for byte.
+
+The reference below uses only Python floats (IEEE float64), ``math.floor``, ``struct`` and a
+numpy cast for rounding to float32; it shares no code with ccoll. Tests compare ccoll's
+streams, decoded values and homomorphic sums with it, and parse a stream by hand to check
+the layout section by section.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from ccoll.compressor import add, compress_abs, decompress
+
+HEADER = struct.Struct("<4sBBBBIIQddQQII")
+QLIM = 2**31 - 1
+NAN64 = 0x7FF8000000000000
+
+
+def _to_dtype(d: float, is32: bool) -> float:
+    """float64 value after rounding ``d`` to the stream dtype (nearest-even)."""
+    return float(np.float32(d)) if is32 else d
+
+
+def _bits(v: float | np.floating, is32: bool) -> int:
+    a = np.array(v, np.float32 if is32 else np.float64)
+    return int(a.view(np.uint32 if is32 else np.uint64))
+
+
+def _bitlen(v: int) -> int:
+    return v.bit_length()
+
+
+def _fixed_code(q: list[int], m: int) -> tuple[int, list[int]]:
+    """Rule 4: code byte and the codes c of the chosen predictor."""
+    cq = list(q)
+    cl = [q[i] - (q[i - 1] if i else 0) if i < m else 0 for i in range(32)]
+    wq = _bitlen(max(abs(c) for c in cq))
+    wl = _bitlen(max(abs(c) for c in cl))
+    if wl < wq:
+        return 0x80 | wl, cl
+    return wq, cq
+
+
+def _fixed_words(c: list[int], w: int) -> list[int]:
+    sign = sum(1 << i for i in range(32) if c[i] < 0)
+    planes = [sum(((abs(c[i]) >> j) & 1) << i for i in range(32)) for j in range(w)]
+    return [sign] + planes
+
+
+def _raw_words(vals: list[float], is32_values: bool,
+               bits_list: list[int] | None = None) -> list[int]:
+    words: list[int] = []
+    for i in range(32):
+        if i < len(vals):
+            b = bits_list[i] if bits_list is not None else _bits(vals[i], is32_values)
+        else:
+            b = 0
+        if is32_values:
+            words.append(b)
+        else:
+            words += [b & 0xFFFFFFFF, b >> 32]
+    return words
+
+
+def ref_blocks(x: np.ndarray, eb: float) -> list[tuple[int, list[int]]]:
+    """(code, payload words) of every block of ``x`` (C order), following format.md."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    is32 = flat.dtype == np.float32
+    all_bits = flat.view(np.uint32 if is32 else np.uint64).tolist()
+    all_vals = flat.astype(np.float64).tolist()  # exact
+    out = []
+    step = 2.0 * eb
+    for b0 in range(0, flat.size, 32):
+        vals = all_vals[b0 : b0 + 32]
+        m = len(vals)
+        bits = all_bits[b0 : b0 + 32]
+        sign_mask = (1 << 31) if is32 else (1 << 63)
+        if eb == 0.0:
+            if all((bb & ~sign_mask) == 0 for bb in bits):
+                out.append((0, []))
+            else:
+                out.append((32, _raw_words(vals, is32, bits)))
+            continue
+        q: list[int] = []
+        ok = True
+        for xd in vals:
+            t = xd / step
+            if not abs(t) < QLIM:
+                ok = False
+                break
+            qi = math.floor(t + 0.5)
+            y = _to_dtype(float(qi) * step, is32)
+            if not abs(y - xd) < eb:
+                ok = False
+                break
+            q.append(qi)
+        if not ok:
+            out.append((32, _raw_words(vals, is32, bits)))
+            continue
+        q += [0] * (32 - m)
+        if not any(q):
+            out.append((0, []))
+            continue
+        code, c = _fixed_code(q, m)
+        out.append((code, _fixed_words(c, code & 0x7F)))
+    return out
+
+
+def ref_assemble(blocks: list[tuple[int, list[int]]], dtype: np.dtype, shape: tuple[int, ...],
+                 eb: float, bound: float, nterms: int) -> bytes:
+    n = math.prod(shape)
+    nblocks = (n + 31) // 32
+    bitmap = [0] * ((nblocks + 31) // 32)
+    codes = bytearray()
+    payload: list[int] = []
+    for b, (code, words) in enumerate(blocks):
+        if code:
+            bitmap[b // 32] |= 1 << (b % 32)
+            codes.append(code)
+            payload += words
+    nnz = len(codes)
+    codes += b"\0" * ((-nnz) % 4)
+    head = HEADER.pack(b"CCOL", 1, 1 if dtype == np.float32 else 2, len(shape), 0, 32, 0, n,
+                       eb, bound, nnz, len(payload), nterms, 0)
+    return (head + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack(f"<{len(bitmap)}I", *bitmap)
+            + bytes(codes) + struct.pack(f"<{len(payload)}I", *payload))
+
+
+def ref_compress(x: np.ndarray, eb: float) -> bytes:
+    with np.errstate(over="ignore"):  # float32 rounding may overflow to inf (then raw)
+        return ref_assemble(ref_blocks(x, eb), x.dtype, x.shape, eb, eb, 1)
+
+
+def ref_parse(buf: bytes) -> dict:
+    """Split a stream into its sections by hand (format.md, "Overview")."""
+    (magic, version, dcode, ndim, r0, block, r1, n, eb, bound, nnz, pwords, nterms, r2) = (
+        HEADER.unpack_from(buf, 0))
+    shape = struct.unpack_from(f"<{ndim}Q", buf, 64)
+    nblocks = (n + 31) // 32
+    bw = (nblocks + 31) // 32
+    off = 64 + 8 * ndim
+    bitmap = struct.unpack_from(f"<{bw}I", buf, off)
+    off += 4 * bw
+    codes = buf[off : off + nnz]
+    pad = buf[off + nnz : off + nnz + (-nnz) % 4]
+    off += nnz + (-nnz) % 4
+    payload = struct.unpack_from(f"<{pwords}I", buf, off)
+    is32 = dcode == 1
+    blocks = []
+    k = 0
+    pos = 0
+    for b in range(nblocks):
+        if not (bitmap[b // 32] >> (b % 32)) & 1:
+            blocks.append((0, []))
+            continue
+        code = codes[k]
+        k += 1
+        size = (32 if is32 else 64) if code == 32 else 64 if code == 33 else 1 + (code & 0x7F)
+        blocks.append((code, list(payload[pos : pos + size])))
+        pos += size
+    return dict(magic=magic, version=version, dcode=dcode, ndim=ndim, reserved=(r0, r1, r2),
+                block=block, n=n, eb=eb, bound=bound, nnz=nnz, payload_words=pwords,
+                nterms=nterms, shape=shape, bitmap=bitmap, codes=bytes(codes), pad=bytes(pad),
+                payload_end=off + 4 * pwords, blocks=blocks, is32=is32)
+
+
+def ref_block_values(code: int, words: list[int], m: int, step: float, is32: bool,
+                     unrounded: bool = False) -> list[float]:
+    """float64 values of the m valid lanes; fixed lanes rounded to the dtype unless asked."""
+    if code == 0:
+        return [0.0] * m
+    if code == 32 and is32:
+        return [float(np.array(w, np.uint32).view(np.float32)) for w in words[:m]]
+    if code in (32, 33):
+        return [float(np.array(words[2 * i] | (words[2 * i + 1] << 32), np.uint64)
+                      .view(np.float64)) for i in range(m)]
+    w = code & 0x7F
+    mags = [sum(((words[1 + j] >> i) & 1) << j for j in range(w)) for i in range(32)]
+    c = [-mags[i] if (words[0] >> i) & 1 else mags[i] for i in range(32)]
+    if code & 0x80:
+        c = [sum(c[: i + 1]) for i in range(32)]
+    vals = [float(ci) * step for ci in c[:m]]
+    if unrounded:
+        return vals
+    with np.errstate(over="ignore"):
+        return [_to_dtype(v, is32) for v in vals]
+
+
+def ref_decompress(buf: bytes) -> np.ndarray:
+    s = ref_parse(buf)
+    is32 = s["is32"]
+    step = 2.0 * s["eb"]
+    vals: list[float] = []
+    for b, (code, words) in enumerate(s["blocks"]):
+        m = min(32, s["n"] - 32 * b)
+        if code == 32:
+            # raw blocks of the stream dtype: bit patterns, NaN payloads included
+            dt = np.uint32 if is32 else np.uint64
+            bits = (words[:m] if is32
+                    else [words[2 * i] | (words[2 * i + 1] << 32) for i in range(m)])
+            vals += list(np.array(bits, dt).view(np.float32 if is32 else np.float64))
+        else:
+            vals += ref_block_values(code, words, m, step, is32)
+    dt = np.float32 if is32 else np.float64
+    with np.errstate(all="ignore"):
+        return np.array(vals, dt).reshape(s["shape"])
+
+
+def _up(a: float, b: float) -> float:
+    s = a + b
+    from fractions import Fraction
+
+    if Fraction(s) < Fraction(a) + Fraction(b):
+        s = math.nextafter(s, math.inf)
+    return s
+
+
+def ref_add(bufa: bytes, bufb: bytes) -> bytes:
+    sa, sb = ref_parse(bufa), ref_parse(bufb)
+    is32 = sa["is32"]
+    step = 2.0 * sa["eb"]
+    n = sa["n"]
+    blocks = []
+    for b, ((ca, wa), (cb, wb)) in enumerate(zip(sa["blocks"], sb["blocks"], strict=True)):
+        m = min(32, n - 32 * b)
+        if ca == 0 or cb == 0:
+            blocks.append((ca, wa) if cb == 0 else (cb, wb))
+            continue
+        if ca not in (32, 33) and cb not in (32, 33):
+            qa = ref_block_values(ca, wa, m, 1.0, is32, unrounded=True)
+            qb = ref_block_values(cb, wb, m, 1.0, is32, unrounded=True)
+            q = [int(u) + int(v) for u, v in zip(qa, qb, strict=True)] + [0] * (32 - m)
+            if all(abs(v) < QLIM for v in q):
+                if not any(q):
+                    blocks.append((0, []))
+                else:
+                    code, c = _fixed_code(q, m)
+                    blocks.append((code, _fixed_words(c, code & 0x7F)))
+                continue
+        va = ref_block_values(ca, wa, m, step, is32, unrounded=True)
+        vb = ref_block_values(cb, wb, m, step, is32, unrounded=True)
+        bits = []
+        for u, v in zip(va, vb, strict=True):
+            s = u + v
+            bits.append(NAN64 if s != s else _bits(s, False))
+        blocks.append((33 if is32 else 32, _raw_words([0.0] * m, False, bits)))
+    return ref_assemble(blocks, np.dtype(np.float32 if is32 else np.float64), sa["shape"],
+                        sa["eb"], _up(sa["bound"], sb["bound"]), sa["nterms"] + sb["nterms"])
+
+
+# -------------------------------------------------------------------------------- tests
+
+_FLOAT_DTYPES = [np.float32, np.float64]
+_SPECIALS = [0.0, -0.0, 1.0, -1.0, 1e-45, -1e-45, 1e-38, 3.4028235e38, -3.4028235e38, 1e38,
+             math.inf, -math.inf, math.nan, 2.5e-3, -7.5e-3, 5e-3]
+
+
+@st.composite
+def arrays_and_bounds(draw, max_n: int = 200):  # type: ignore[no-untyped-def]
+    dtype = draw(st.sampled_from(_FLOAT_DTYPES))
+    n = draw(st.integers(0, max_n))
+    kind = draw(st.sampled_from(["smooth", "noise", "any", "sparse"]))
+    if kind == "any":
+        elems = st.floats(width=32 if dtype == np.float32 else 64)
+        x = draw(hnp.arrays(dtype, n, elements=elems))
+    else:
+        seed = draw(st.integers(0, 2**32 - 1))
+        rng = np.random.default_rng(seed)
+        if kind == "smooth":
+            x = np.cumsum(rng.standard_normal(n) * 1e-3).astype(dtype)
+        elif kind == "noise":
+            x = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3)).astype(dtype)
+        else:
+            x = np.where(rng.random(n) < 0.9, 0.0, rng.standard_normal(n)).astype(dtype)
+        if n and draw(st.booleans()):
+            idx = draw(st.lists(st.integers(0, n - 1), max_size=4))
+            for i in idx:
+                x[i] = draw(st.sampled_from(_SPECIALS))
+    eb = draw(st.one_of(
+        st.sampled_from([0.0, 1e-30, 1e-7, 1e-4, 1e-3, 0.01, 0.5, 1e30, 5e-324, 1e308]),
+        st.floats(1e-12, 10.0),
+    ))
+    return x, eb
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrays_and_bounds())
+def test_stream_bytes_equal_the_reference(case):
+    x, eb = case
+    ours = compress_abs(x, eb)
+    assert ours.tobytes() == ref_compress(x, eb)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrays_and_bounds(max_n=120))
+def test_decoded_values_equal_the_reference(case):
+    x, eb = case
+    buf = compress_abs(x, eb)
+    ours = decompress(buf)
+    ref = ref_decompress(buf.tobytes())
+    assert ours.dtype == ref.dtype and ours.shape == ref.shape
+    assert ours.tobytes() == ref.tobytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrays_and_bounds(max_n=120), st.integers(0, 2**32 - 1), st.sampled_from([1.0, 1e3, 1e9]))
+def test_homomorphic_sum_bytes_equal_the_reference(case, seed, scale):
+    x, eb = case
+    assume(eb < 1e307)  # larger bounds overflow the sum of bounds (tested elsewhere)
+    rng = np.random.default_rng(seed)
+    x2 = (rng.standard_normal(x.shape) * scale).astype(x.dtype)
+    a, b = compress_abs(x, eb), compress_abs(x2, eb)
+    assert add(a, b).tobytes() == ref_add(a.tobytes(), b.tobytes())
+
+
+def test_hand_parsed_layout_matches_format_md():
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((7, 23)) * 1e-2).astype(np.float32)  # 161 elements, 6 blocks
+    x[0, :5] = 0.0
+    x[1, 3] = np.nan
+    x.reshape(-1)[64:96] = 0.0  # block 2 is a zero block
+    x.reshape(-1)[96:128] = np.arange(32) * 1e-3  # a smooth block: Lorenzo
+    eb = 1e-4
+    buf = compress_abs(x, eb).tobytes()
+    s = ref_parse(buf)
+    assert s["magic"] == b"CCOL" and s["version"] == 1 and s["dcode"] == 1
+    assert s["ndim"] == 2 and s["shape"] == (7, 23) and s["n"] == 161
+    assert s["reserved"] == (0, 0, 0) and s["block"] == 32 and s["nterms"] == 1
+    assert s["eb"] == eb and s["bound"] == eb
+    assert s["payload_end"] == len(buf)  # the stream is exactly its sections
+    assert len(s["bitmap"]) == 1 and s["bitmap"][0] == 0b111011  # 6 blocks, block 2 zero
+    assert s["nnz"] == 5 and s["pad"] == b"\0\0\0"
+    codes = s["codes"]
+    assert codes[0] == 32  # block 0 holds the NaN: raw
+    assert codes[2] & 0x80 and codes[2] & 0x7F <= 6  # Lorenzo on the smooth ramp
+    # Block 5 is partial (1 valid lane); its raw or fixed payload zeroes the padding lanes.
+    code5, words5 = s["blocks"][5]
+    assert code5 not in (32, 33) and words5[0] >> 1 == 0
+    assert all(w >> 1 == 0 for w in words5[1:])
+    # Raw block words are the float32 bit patterns, in lane order.
+    assert s["blocks"][0][1][:32] == list(x.reshape(-1)[:32].view(np.uint32))
+    assert buf == ref_compress(x, eb)
+
+
+def test_float64_raw_words_are_low_then_high_halves():
+    x = np.array([1.0, -2.5, np.inf, 1e-310], np.float64)
+    buf = compress_abs(x, 1e-300).tobytes()
+    s = ref_parse(buf)
+    code, words = s["blocks"][0]
+    assert code == 32 and len(words) == 64
+    for i, v in enumerate(x):
+        bits = int(np.array(v).view(np.uint64))
+        assert words[2 * i] == bits & 0xFFFFFFFF and words[2 * i + 1] == bits >> 32
+    assert words[8:] == [0] * 56
+
+
+@pytest.mark.parametrize("dtype", _FLOAT_DTYPES)
+def test_lossless_stream_reference(dtype):
+    x = np.array([0.0, -0.0, 0.0, 1.5, np.nan] + [0.0] * 40, dtype)
+    buf = compress_abs(x, 0.0)
+    assert buf.tobytes() == ref_compress(x, 0.0)
+    # The first block is raw (bit patterns kept, -0.0 and NaN included); the second is zero.
+    assert decompress(buf).tobytes() == x.tobytes()
