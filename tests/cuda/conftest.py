@@ -1,6 +1,6 @@
 """CUDA simulator harness: these tests run with NUMBA_ENABLE_CUDASIM=1 (see the Makefile).
 
-The simulator lacks warp intrinsics; `install_warp_shim` adds the ones ccoll's kernels use,
+The simulator lacks warp intrinsics; `warp_shim.install()` adds the ones ccoll's kernels use,
 built on a per-warp barrier (lanes must not diverge around them, as on hardware).
 """
 
@@ -12,6 +12,12 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+sys.path.insert(0, os.path.dirname(__file__))
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    import warp_shim
+
+    warp_shim.install()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,662 @@
+"""CUDA backend of the ccoll compressor (numba-cuda), stream format v1 (docs/format.md).
+
+Entry points, all taking an optional ``stream`` (a numba stream, a CuPy or PyTorch stream,
+or a raw ``cudaStream_t`` as int) on which every copy and kernel is enqueued:
+
+- ``compress_abs(x, eb_abs)``: a float32/float64 device array (CuPy, PyTorch, numba, or
+  anything with ``__cuda_array_interface__`` / DLPack) to a uint8 stream on the device;
+- ``decompress(buf, out=None)``: a device stream back to an array of its dtype and shape;
+- ``add(a, b, out=None)``: homomorphic sum of two device streams;
+- ``header(buf)``: the parsed header of a device stream;
+- ``finite_range(x)``: min and max of the finite values (for ``REL`` bounds).
+
+Results are arrays of the input's kind (CuPy in, CuPy out; PyTorch in, PyTorch out) that
+share memory allocated by numba. Streams are byte-identical to the CPU backend's. Kernels
+live in ``_cuda_kernels``; docs/cuda.md describes the design, registers and buffers.
+
+Host round trips: compression and add read back two totals (non-zero blocks, payload
+words) to allocate the exact output; decompression and add read the stream header(s)
+first, and read the validation flag at the end so that a malformed stream raises
+:class:`ccoll.FormatError` instead of producing garbage. Work buffers (look-back flags,
+scratch) live per (device, stream) and are reused and grown, never freed per call.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numba import cuda
+from numba.core import config
+
+from ccoll.compressor import _cuda_kernels as K
+from ccoll.compressor import format as fmt
+from ccoll.errors import ErrorBoundError, FormatError, InputError, MismatchError
+
+__all__ = ["compress_abs", "decompress", "add", "header", "finite_range"]
+
+_SIM = bool(config.ENABLE_CUDASIM)
+_PREFIX = fmt.HEADER_NBYTES + 8 * fmt.MAX_NDIM  # header bytes read back in one copy
+_EPOCH_LIMIT = 1 << 30  # look-back flags hold (epoch << 2) | state in 32 bits
+_MAX_WORKSETS = 16
+
+# Reasons the index kernel reports in ``bad[slot] = (epoch << 4) | reason`` (the largest
+# reason found wins, so the order is the order of precedence).
+_BAD_REASONS = {
+    1: "stream code padding bytes are not zero",
+    2: "stream block sizes do not add up to the payload length in its header",
+    3: "stream bitmap's count of non-zero blocks does not match its header",
+    4: "stream holds an invalid block code byte",
+    5: "stream bitmap has bits set beyond its last block",
+}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class _Dev:
+    """A device array imported from some framework, with what is needed to answer in kind."""
+
+    arr: Any  # numba device array (or simulator array)
+    kind: str  # "numba", "cupy", "torch"
+    obj: Any  # the caller's object
+    device: int | None  # CUDA ordinal, None for "current"
+    producer: Any  # stream the data was produced on (None: nothing to wait for)
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__.split(".", 1)[0]
+
+
+def _import(obj: Any, what: str) -> _Dev:
+    """Wrap a device array without copying; a clear error for anything else."""
+    from numba.cuda.cudadrv import devicearray
+
+    if devicearray.is_cuda_ndarray(obj):
+        return _Dev(obj, "numba", obj, None, None)
+    mod = _module_of(obj)
+    if mod == "torch":
+        import torch
+
+        if not obj.is_cuda:
+            raise InputError(f"{what} is a PyTorch tensor on {obj.device}, not on a CUDA device")
+        t = obj.detach()
+        dev = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        producer = torch.cuda.current_stream(t.device).cuda_stream
+        _check_torch_dtype(t, what)
+        with cuda.gpus[dev]:
+            arr = cuda.as_cuda_array(t, sync=False)
+        return _Dev(arr, "torch", obj, dev, producer)
+    if hasattr(obj, "__cuda_array_interface__"):
+        desc = obj.__cuda_array_interface__
+        dev = obj.device.id if mod == "cupy" else None
+        producer = desc.get("stream") if desc.get("version", 0) >= 3 else None
+        if dev is None:
+            arr = cuda.as_cuda_array(obj, sync=False)
+        else:
+            with cuda.gpus[dev]:
+                arr = cuda.as_cuda_array(obj, sync=False)
+        return _Dev(arr, "cupy" if mod == "cupy" else "numba", obj, dev, producer)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        dev_type, _ = obj.__dlpack_device__()
+        if int(dev_type) in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+            try:
+                import cupy
+
+                return _import(cupy.from_dlpack(obj), what)
+            except ImportError:
+                pass
+            try:
+                import torch
+
+                return _import(torch.from_dlpack(obj), what)
+            except ImportError:
+                pass
+            raise InputError(f"{what} is a DLPack CUDA array; importing it needs CuPy or PyTorch")
+    raise InputError(
+        f"{what} must be a CUDA device array (CuPy, PyTorch, numba or any object with "
+        f"__cuda_array_interface__ or DLPack), got {type(obj).__name__}"
+    )
+
+
+def _check_torch_dtype(t: Any, what: str) -> None:
+    import torch
+
+    if t.dtype not in (torch.float32, torch.float64, torch.uint8):
+        raise InputError(f"{what} has dtype {t.dtype}; ccoll handles float32, float64 and uint8 "
+                         "streams")
+
+
+def _contiguous(src: _Dev, what: str) -> Any:
+    """The array flattened to 1-D, or a clear error when it is not C-contiguous."""
+    arr = src.arr
+    if arr.size and not arr.is_c_contiguous():
+        raise InputError(f"{what} must be C-contiguous (got strides {arr.strides}); make a "
+                         "contiguous copy first")
+    return arr.reshape(arr.size)
+
+
+def _ptr(arr: Any) -> int | None:
+    if _SIM:
+        return None
+    return int(arr.__cuda_array_interface__["data"][0])
+
+
+def _device_ctx(dev: int | None) -> Any:
+    if dev is None or _SIM:
+        return _Null()
+    return cuda.gpus[dev]
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _export(arr: Any, like: _Dev, shape: tuple[int, ...] | None = None) -> Any:
+    """``arr`` (numba) as an array of the caller's kind, sharing memory."""
+    if like.kind == "torch":
+        import torch
+
+        dev = torch.device("cuda", like.device if like.device is not None else 0)
+        t = torch.as_tensor(arr, device=dev)
+        return t.reshape(shape) if shape is not None else t
+    if like.kind == "cupy":
+        import cupy
+
+        c = cupy.asarray(arr)
+        return c.reshape(shape) if shape is not None else c
+    if shape is not None and tuple(arr.shape) != shape:
+        return arr.reshape(shape) if len(shape) else arr.reshape(())
+    return arr
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def _stream_from_handle(h: int) -> Any:
+    if h == 0:
+        return cuda.default_stream()
+    if h == 1:
+        return cuda.legacy_default_stream()
+    if h == 2:
+        return cuda.per_thread_default_stream()
+    return cuda.external_stream(h)
+
+
+def _resolve_stream(stream: Any, src: _Dev) -> Any:
+    """The numba stream to enqueue on: the caller's, else the producer framework's current."""
+    if _SIM:
+        return cuda.default_stream() if stream is None else stream
+    if stream is None:
+        if src.kind == "torch":
+            import torch
+
+            return _stream_from_handle(int(torch.cuda.current_stream(src.device).cuda_stream))
+        if src.kind == "cupy":
+            import cupy
+
+            return _stream_from_handle(int(cupy.cuda.get_current_stream().ptr))
+        return cuda.default_stream()
+    if isinstance(stream, int):
+        return _stream_from_handle(stream)
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        return _stream_from_handle(int(stream.cuda_stream))
+    if hasattr(stream, "ptr") and not hasattr(stream, "handle"):  # cupy.cuda.Stream
+        return _stream_from_handle(int(stream.ptr))
+    if hasattr(stream, "handle"):  # numba stream
+        return stream
+    raise InputError(f"stream must be a numba, CuPy or PyTorch stream or an int handle, got "
+                     f"{type(stream).__name__}")
+
+
+def _handle(s: Any) -> int:
+    if _SIM:
+        return 0
+    return int(s)
+
+
+def _after_producer(src: _Dev, s: Any, work: _Work) -> None:
+    """Make stream ``s`` wait (on the device, not the host) for the stream that made ``src``."""
+    if _SIM or src.producer is None:
+        return
+    h = int(src.producer)
+    if h == _handle(s) or (h in (0, 1) and _handle(s) in (0, 1)):
+        return
+    work.event.record(stream=_stream_from_handle(h))
+    work.event.wait(stream=s)
+
+
+# ----------------------------------------------------------------------- work buffers
+
+
+class _Work:
+    """Look-back flags, scratch and staging of one (device, stream); grown, never shrunk."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lock = threading.Lock()
+        self.stream = stream
+        self.epoch = 0
+        self.ctr = cuda.to_device(np.zeros(1, np.int64), stream=stream)
+        self.bad = cuda.to_device(np.zeros(2, np.int64), stream=stream)
+        self.totals = cuda.device_array(2, np.int64, stream=stream)
+        self.keys = cuda.device_array(2, np.int64, stream=stream)
+        self.h_tot = cuda.pinned_array(4, np.int64)
+        self.h_hdr = cuda.pinned_array((2, _PREFIX), np.uint8)
+        self.event = None if _SIM else cuda.event(timing=False)
+        self.cap_t = 0
+        self.cap_codes = 0
+        self.cap_pay = 0
+        self._alloc_tiles(1)
+        self._alloc_codes(1)
+        self._alloc_pay(1)
+
+    def _zeros(self, n: int, dtype: Any) -> Any:
+        return cuda.to_device(np.zeros(n, dtype), stream=self.stream)
+
+    def _alloc_tiles(self, n: int) -> None:
+        s = self.stream
+        self.flags_a = self._zeros(n, np.uint32)
+        self.flags_b = self._zeros(n, np.uint32)
+        self.vals_a = cuda.device_array(4 * n, np.int64, stream=s)
+        self.vals_b = cuda.device_array(4 * n, np.int64, stream=s)
+        self.pre = [cuda.device_array(2 * n, np.int64, stream=s) for _ in range(2)]
+        self.bitmap = cuda.device_array(n, np.uint32, stream=s)
+        self.cap_t = n
+
+    def _alloc_codes(self, nwords: int) -> None:
+        self.codes_w = cuda.device_array(nwords, np.uint32, stream=self.stream)
+        self.codes_b = self.codes_w.view(np.uint8)
+        self.cap_codes = nwords
+
+    def _alloc_pay(self, nwords: int) -> None:
+        self.pay = cuda.device_array(nwords, np.uint32, stream=self.stream)
+        self.cap_pay = nwords
+
+    def ensure(self, tiles: int, codes_bytes: int = 0, pay_words: int = 0) -> None:
+        """Grow the buffers to hold ``tiles`` bitmap words, code bytes and payload words."""
+        if tiles > self.cap_t:
+            self._alloc_tiles(_grow(tiles))
+        cw = (codes_bytes + 3) // 4
+        if cw > self.cap_codes:
+            self._alloc_codes(_grow(cw))
+        if pay_words > self.cap_pay:
+            self._alloc_pay(_grow(pay_words))
+
+    def next_epoch(self) -> int:
+        """A fresh epoch for one look-back launch; stale flags then read as 'not ready'."""
+        self.epoch += 1
+        if self.epoch >= _EPOCH_LIMIT:
+            self.flags_a = self._zeros(self.cap_t, np.uint32)
+            self.flags_b = self._zeros(self.cap_t, np.uint32)
+            self.bad = self._zeros(2, np.int64)
+            self.epoch = 1
+        return self.epoch
+
+
+def _grow(n: int) -> int:
+    return max(n, 1) + max(n, 1) // 4
+
+
+_WORKSETS: OrderedDict[tuple[int, int], _Work] = OrderedDict()
+_WORKSETS_LOCK = threading.Lock()
+
+
+def _work(s: Any) -> _Work:
+    """The work buffers of the current device and stream ``s`` (created on first use)."""
+    dev = 0 if _SIM else cuda.get_current_device().id
+    key = (dev, _handle(s))
+    with _WORKSETS_LOCK:
+        w = _WORKSETS.get(key)
+        if w is None:
+            w = _WORKSETS[key] = _Work(s)
+            while len(_WORKSETS) > _MAX_WORKSETS:
+                _WORKSETS.popitem(last=False)
+        else:
+            _WORKSETS.move_to_end(key)
+        return w
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _grid(n: int, per: int) -> int:
+    return max(1, (n + per - 1) // per)
+
+
+def _upload(dst: Any, host: np.ndarray, s: Any) -> None:
+    dst[: host.size].copy_to_device(host, stream=s)
+
+
+def _stream_bytes(src: _Dev, what: str) -> Any:
+    """A device stream as a flat uint8 array, or a FormatError."""
+    arr = src.arr
+    if np.dtype(arr.dtype) != np.uint8:
+        raise FormatError(f"{what}: a ccoll stream is a uint8 array, got dtype {arr.dtype}")
+    if arr.size and not arr.is_c_contiguous():
+        raise FormatError(f"{what}: a ccoll stream must be a contiguous array")
+    return arr.reshape(arr.size)
+
+
+def _enqueue_prefix(buf8: Any, s: Any, host_row: np.ndarray) -> int:
+    m = min(int(buf8.size), _PREFIX)
+    if m:
+        buf8[:m].copy_to_host(host_row[:m], stream=s)
+    return m
+
+
+def _parse(host_row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
+    return fmt.parse_header(np.array(host_row[:m], copy=True), total_nbytes=total)
+
+
+def _aligned(buf8: Any, s: Any) -> Any:
+    """The stream itself when word-aligned, else an aligned device copy of it."""
+    p = _ptr(buf8)
+    if p is None or p % 8 == 0:
+        return buf8
+    cp = cuda.device_array(buf8.size, np.uint8, stream=s)
+    cp.copy_to_device(buf8, stream=s)
+    return cp
+
+
+def _index(work: _Work, slot: int, buf8: Any, hdr: fmt.StreamHeader, s: Any) -> tuple[Any, int]:
+    """Launch validation + indexing of a stream; returns (word view, validation epoch)."""
+    nbw = hdr.bitmap_words
+    buf32 = buf8.view(np.uint32)
+    epoch = work.next_epoch()
+    ntiles = _grid(nbw, K.WARPS)
+    K.index_kernel[ntiles, K.TPB, s](
+        buf8, buf32, hdr.bitmap_offset // 4, hdr.codes_offset, hdr.nnz, hdr.payload_words,
+        hdr.nblocks, nbw, int(hdr.dtype == np.float32), ntiles, work.ctr, work.flags_a,
+        work.vals_a, work.flags_b, work.vals_b, epoch, work.pre[slot], work.bad, slot,
+    )
+    return buf32, epoch
+
+
+def _raise_if_bad(bad: int, epoch: int, what: str) -> None:
+    if bad >> 4 == epoch:
+        raise FormatError(f"{what}: {_BAD_REASONS.get(bad & 15, 'malformed stream')}")
+
+
+def _new_stream(hdr: fmt.StreamHeader, s: Any) -> Any:
+    out = cuda.device_array(hdr.nbytes, np.uint8, stream=s)
+    _upload(out, hdr.pack(), s)
+    return out
+
+
+def _assemble(work: _Work, out: Any, hdr: fmt.StreamHeader, s: Any) -> None:
+    nbw = hdr.bitmap_words
+    total = nbw + (hdr.nnz + 3) // 4 + hdr.payload_words
+    grid = min(_grid(total, K.TPB), 65536)
+    K.assemble_kernel[grid, K.TPB, s](
+        out.view(np.uint32), hdr.bitmap_offset // 4, nbw, work.bitmap, work.codes_w, hdr.nnz,
+        hdr.payload_words, work.pay,
+    )
+
+
+def _check_out_stream(out: Any, nbytes: int) -> Any:
+    """A caller's stream buffer (uint8, contiguous, word-aligned, large enough), flattened."""
+    src = _import(out, "out")
+    arr = src.arr
+    if np.dtype(arr.dtype) != np.uint8 or (arr.size and not arr.is_c_contiguous()):
+        raise MismatchError("out for a stream must be a contiguous uint8 device array")
+    if arr.size < nbytes:
+        raise MismatchError(
+            f"out holds {arr.size} bytes, the stream needs {nbytes} (size it with max_nbytes)"
+        )
+    p = _ptr(arr)
+    if p is not None and p % 4:
+        raise MismatchError("out for a stream must be 4-byte aligned")
+    return arr.reshape(arr.size)[:nbytes]
+
+
+# ------------------------------------------------------------------------ public API
+
+
+def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
+    """Compress a float32/float64 device array with absolute bound ``eb_abs`` (0: lossless).
+
+    Returns a uint8 device array of the input's kind holding a format-v1 stream,
+    byte-identical to the CPU backend's for the same data and bound.
+    """
+    eb = float(eb_abs)
+    if not (math.isfinite(eb) and eb >= 0.0):
+        raise ErrorBoundError(f"absolute error bound must be finite and >= 0, got {eb_abs!r}")
+    src = _import(x, "x")
+    dtype = np.dtype(src.arr.dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise InputError(f"x has dtype {dtype}; ccoll compresses float32 or float64 data")
+    with _device_ctx(src.device):
+        s = _resolve_stream(stream, src)
+        flat = _contiguous(src, "x")
+        shape = tuple(int(d) for d in src.arr.shape)
+        n = int(flat.size)
+        nblocks = (n + fmt.BLOCK - 1) // fmt.BLOCK
+        nbw = (nblocks + 31) // 32
+        if nblocks == 0:
+            hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=0,
+                                   payload_words=0)
+            return _export(_new_stream(hdr, s), src)
+        work = _work(s)
+        with work.lock:
+            _after_producer(src, s, work)
+            raw = 32 if dtype == np.float32 else 64
+            work.ensure(nbw, nblocks, nblocks * raw)
+            xb = flat.view(np.int32 if dtype == np.float32 else np.int64)
+            epoch = work.next_epoch()
+            K.compress_kernel[nbw, K.TPB, s](
+                xb, n, eb, 2.0 * eb, nbw, work.ctr, work.flags_a, work.vals_a, epoch,
+                work.bitmap, work.codes_b, work.pay, work.totals,
+            )
+            work.totals.copy_to_host(work.h_tot[:2], stream=s)
+            s.synchronize()
+            nnz, pwords = int(work.h_tot[0]), int(work.h_tot[1])
+            hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=nnz,
+                                   payload_words=pwords)
+            out = _new_stream(hdr, s)
+            _assemble(work, out, hdr, s)
+        return _export(out, src)
+
+
+def header(buf: Any, stream: Any = None) -> fmt.StreamHeader:
+    """Parse and validate the header of a device stream (copies its first bytes back)."""
+    src = _import(buf, "stream")
+    with _device_ctx(src.device):
+        s = _resolve_stream(stream, src)
+        b8 = _stream_bytes(src, "stream")
+        host = np.empty(_PREFIX, np.uint8)
+        m = _enqueue_prefix(b8, s, host)
+        s.synchronize()
+        return _parse(host, m, int(b8.size))
+
+
+def _check_out_array(out: Any, hdr: fmt.StreamHeader) -> tuple[_Dev, Any]:
+    src = _import(out, "out")
+    arr = src.arr
+    if np.dtype(arr.dtype) != hdr.dtype:
+        raise MismatchError(f"out has dtype {arr.dtype}, the stream holds {hdr.dtype}")
+    if tuple(arr.shape) != hdr.shape and arr.size != hdr.n:
+        raise MismatchError(
+            f"out has shape {tuple(arr.shape)} ({arr.size} elements), the stream holds shape "
+            f"{hdr.shape} ({hdr.n} elements)"
+        )
+    if arr.size and not arr.is_c_contiguous():
+        raise MismatchError("out must be C-contiguous")
+    return src, arr.reshape(arr.size)
+
+
+def decompress(buf: Any, out: Any = None, stream: Any = None) -> Any:
+    """Decode a device stream; returns ``out`` or a new device array of the stream's shape.
+
+    A malformed, truncated or foreign stream raises :class:`ccoll.FormatError`; the payload
+    is read only after the bitmap and codes were validated on the device.
+    """
+    src = _import(buf, "stream")
+    with _device_ctx(src.device):
+        s = _resolve_stream(stream, src)
+        b8 = _stream_bytes(src, "stream")
+        work = _work(s)
+        with work.lock:
+            _after_producer(src, s, work)
+            m = _enqueue_prefix(b8, s, work.h_hdr[0])
+            s.synchronize()
+            hdr = _parse(work.h_hdr[0], m, int(b8.size))
+            if out is None:
+                flat = cuda.device_array(hdr.n, hdr.dtype, stream=s)
+                res_src = src
+            else:
+                res_src, flat = _check_out_array(out, hdr)
+            if hdr.n:
+                b8 = _aligned(b8, s)
+                work.ensure(hdr.bitmap_words)
+                buf32, vep = _index(work, 0, b8, hdr, s)
+                is32 = hdr.dtype == np.float32
+                bits = flat.view(np.uint32 if is32 else np.int64)
+                K.decode_kernel[_grid(hdr.bitmap_words, K.WARPS), K.TPB, s](
+                    b8, buf32, hdr.bitmap_offset // 4, hdr.codes_offset, hdr.payload_offset // 4,
+                    hdr.n, hdr.bitmap_words, int(is32), 2.0 * hdr.eb, work.pre[0], work.bad, 0,
+                    vep, flat, bits,
+                )
+                work.bad.copy_to_host(work.h_tot[:2], stream=s)
+                s.synchronize()
+                _raise_if_bad(int(work.h_tot[0]), vep, "stream")
+    if out is not None:
+        return out
+    return _export(flat, res_src, hdr.shape)
+
+
+def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
+    """Homomorphic sum of two device streams (docs/format.md, "Homomorphic add").
+
+    Byte-identical to the CPU backend's sum. With ``out`` (a contiguous, word-aligned uint8
+    device array; ``format.max_nbytes`` always suffices) the stream is written there and
+    the used prefix is returned.
+    """
+    from ccoll.compressor._cpu import sum_bound
+
+    sa = _import(a, "a")
+    sb = _import(b, "b")
+    with _device_ctx(sa.device):
+        s = _resolve_stream(stream, sa)
+        a8 = _stream_bytes(sa, "a")
+        b8 = _stream_bytes(sb, "b")
+        work = _work(s)
+        with work.lock:
+            _after_producer(sa, s, work)
+            _after_producer(sb, s, work)
+            ma = _enqueue_prefix(a8, s, work.h_hdr[0])
+            mb = _enqueue_prefix(b8, s, work.h_hdr[1])
+            s.synchronize()
+            ha = _parse(work.h_hdr[0], ma, int(a8.size))
+            hb = _parse(work.h_hdr[1], mb, int(b8.size))
+            _check_addable(ha, hb)
+            bound = sum_bound(ha.bound, hb.bound)
+            if not math.isfinite(bound):
+                raise MismatchError(f"the sum of bounds {ha.bound!r} + {hb.bound!r} overflows")
+            nterms = ha.nterms + hb.nterms
+            if nterms >= 1 << 32:
+                raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
+            nbw = ha.bitmap_words
+            if ha.nblocks == 0:
+                hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound,
+                                       nnz=0, payload_words=0, nterms=nterms)
+                return _finish_add(hdr, out, s, sa, None)
+            a8 = _aligned(a8, s)
+            b8 = _aligned(b8, s)
+            is32 = ha.dtype == np.float32
+            pay_max = 64 * min(ha.nnz + hb.nnz, ha.nblocks)
+            work.ensure(nbw, ha.nblocks, pay_max)
+            a32, vea = _index(work, 0, a8, ha, s)
+            b32, veb = _index(work, 1, b8, hb, s)
+            epoch = work.next_epoch()
+            K.add_kernel[nbw, K.TPB, s](
+                a8, a32, ha.bitmap_offset // 4, ha.codes_offset, ha.payload_offset // 4,
+                work.pre[0], b8, b32, hb.bitmap_offset // 4, hb.codes_offset,
+                hb.payload_offset // 4, work.pre[1], work.bad, vea, veb, ha.n, int(is32),
+                2.0 * ha.eb, nbw, work.ctr, work.flags_a, work.vals_a, epoch, work.bitmap,
+                work.codes_b, work.pay, work.totals,
+            )
+            work.bad.copy_to_host(work.h_tot[:2], stream=s)
+            work.totals.copy_to_host(work.h_tot[2:4], stream=s)
+            s.synchronize()
+            _raise_if_bad(int(work.h_tot[0]), vea, "a")
+            _raise_if_bad(int(work.h_tot[1]), veb, "b")
+            hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound,
+                                   nnz=int(work.h_tot[2]), payload_words=int(work.h_tot[3]),
+                                   nterms=nterms)
+            return _finish_add(hdr, out, s, sa, work)
+
+
+def _check_addable(ha: fmt.StreamHeader, hb: fmt.StreamHeader) -> None:
+    """Same checks and messages as the CPU backend's add."""
+    if ha.dtype != hb.dtype:
+        raise MismatchError(f"cannot add a {ha.dtype} stream to a {hb.dtype} stream")
+    if ha.n != hb.n:
+        raise MismatchError(f"cannot add streams of {ha.n} and {hb.n} elements")
+    if np.float64(ha.eb).view(np.uint64) != np.float64(hb.eb).view(np.uint64):
+        raise MismatchError(
+            f"cannot add streams quantized with different bounds eb={ha.eb!r} and eb={hb.eb!r}"
+        )
+
+
+def _finish_add(hdr: fmt.StreamHeader, out: Any, s: Any, like: _Dev, work: _Work | None) -> Any:
+    if out is None:
+        res = _new_stream(hdr, s)
+    else:
+        res = _check_out_stream(out, hdr.nbytes)
+        _upload(res, hdr.pack(), s)
+    if work is not None:
+        _assemble(work, res, hdr, s)
+    if out is not None:
+        return _export_prefix(out, hdr.nbytes)
+    return _export(res, like)
+
+
+def _export_prefix(out: Any, nbytes: int) -> Any:
+    flat = out.reshape(-1) if hasattr(out, "reshape") else out
+    return flat[:nbytes]
+
+
+def finite_range(x: Any, stream: Any = None) -> tuple[float, float]:
+    """Min and max of the finite values of a device array (``(inf, -inf)`` if none)."""
+    src = _import(x, "x")
+    dtype = np.dtype(src.arr.dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise InputError(f"x has dtype {dtype}; expected float32 or float64")
+    with _device_ctx(src.device):
+        s = _resolve_stream(stream, src)
+        flat = _contiguous(src, "x")
+        n = int(flat.size)
+        if n == 0:
+            return math.inf, -math.inf
+        is32 = dtype == np.float32
+        work = _work(s)
+        with work.lock:
+            _after_producer(src, s, work)
+            init = np.array([np.iinfo(np.int64).max, np.iinfo(np.int64).min], np.int64)
+            work.keys.copy_to_device(init, stream=s)
+            xb = flat.view(np.int32 if is32 else np.int64)
+            grid = min(_grid(n, K.TPB), 4096)
+            K.range_kernel[grid, K.TPB, s](xb, n, work.keys)
+            work.keys.copy_to_host(work.h_tot[:2], stream=s)
+            s.synchronize()
+            klo, khi = int(work.h_tot[0]), int(work.h_tot[1])
+    if klo > khi:
+        return math.inf, -math.inf
+    return _key_to_float(klo, is32), _key_to_float(khi, is32)
+
+
+def _key_to_float(key: int, is32: bool) -> float:
+    if is32:
+        s = key if key >= 0 else key ^ 0x7FFFFFFF
+        return float(np.array([s], np.int32).view(np.float32)[0])
+    s = key if key >= 0 else key ^ 0x7FFFFFFFFFFFFFFF
+    return float(np.array([s], np.int64).view(np.float64)[0])
