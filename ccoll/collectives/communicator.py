@@ -283,7 +283,7 @@ class Communicator:
         try:
             y = fn(*args)
         except BaseException as exc:
-            ch.fail(f"ccoll.{name} raised {type(exc).__name__}: {exc}")
+            ch.fail(f"ccoll.{name} raised {type(exc).__name__}")
             raise
         ch.stats.calls += 1
         ch.stats.last = {
@@ -353,8 +353,8 @@ class Communicator:
         deadline = Deadline(ch.timeout, f"ccoll.{collective}")
         try:
             agreed = agree(ch.comm, call, deadline)
-        except CollectiveError as exc:
-            ch.fail(str(exc))
+        except CollectiveError:
+            ch.fail(f"ccoll.{collective} timed out in its agreement step")
             raise
         eb_abs = 0.0 if bound is None else bound.resolve(agreed.lo, agreed.hi)
         auto = self._auto_policy(ch) if policy == "auto" and bound is not None else None
