@@ -7,6 +7,7 @@ reason (pytest -ra lists it), never passed silently.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -159,3 +160,26 @@ def test_cleanup_stale_removes_namespaces_of_dead_launchers() -> None:
         assert ns not in ec.list_namespaces()
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@needs_root
+def test_bench_and_probe_across_the_cluster(tmp_path: Path) -> None:
+    # The whole path: ccoll bench in two namespaces over an 80 Mbit/s link; the auto policy's
+    # probe must see that link's bandwidth, and every compressed result its bound.
+    out = tmp_path / "b.json"
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--ranks", "2", "--rate", "80mbit", "--settle", "1",
+         "--timeout", "150", "--", "ccoll", "bench", "allreduce", "-b", "256K", "-e", "256K",
+         "-n", "2", "-w", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=200, env=env, cwd=REPO,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    beta = doc["meta"]["calibration"]["link"]["beta"]
+    assert 0.5 * 10e6 < beta < 1.3 * 10e6, f"probe saw {beta * 8 / 1e6:.1f} Mbit/s at 80"
+    rows = {r["algorithm"]: r for r in doc["rows"]}
+    assert set(rows) == {"mpi", "homomorphic", "dar", "auto"}
+    for a in ("homomorphic", "dar", "auto"):
+        assert rows[a]["err_over_eb"] <= 1.0
+    assert rows["homomorphic"]["ratio"] > 2
