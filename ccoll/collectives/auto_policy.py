@@ -486,11 +486,11 @@ class AutoPolicy:
         # 1. Clear-cut by size alone: even an infinitely fast compressor with an infinite
         #    ratio loses. Uses only agreed numbers, so it needs no communication, and the
         #    threshold is computed once, so that tiny messages cost a comparison.
-        if size < self._threshold((collective, algorithm), self.params(None)):
+        if size < self._threshold((collective, algorithm), lambda: self.params(None)):
             return self._done(AutoDecision(False, block_elems, "too small to gain"))
         comp = self.compressor(x, eb)
         p = self.params(comp)
-        if size < self._threshold((collective, algorithm, str(x.dtype)), p):
+        if size < self._threshold((collective, algorithm, str(x.dtype)), lambda: p):
             return self._done(AutoDecision(False, block_elems, "compressor slower than the link"))
         # 2. Ratio from a strided sample of blocks, summed over ranks.
         forced = _env_float("CCOLL_RATIO", float)
@@ -511,7 +511,7 @@ class AutoPolicy:
         return self._done(choose(x.size, x.itemsize, n, p, ratio, width, collective=collective,
                                  algorithm=algorithm, max_chunks=max_chunks))
 
-    def _threshold(self, key: tuple[str, ...], p: Params) -> float:
+    def _threshold(self, key: tuple[str, ...], params: Callable[[], Params]) -> float:
         """Smallest size at which compression could pay with an infinite ratio (cached).
 
         Both times are affine in the size for one chunk, so "compressed loses" holds
@@ -522,6 +522,7 @@ class AutoPolicy:
             return t
         collective, algorithm = key[0], key[1]
         n = self.comm.Get_size()
+        p = params()
 
         def wins(size: float) -> bool:
             best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
