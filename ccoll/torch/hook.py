@@ -1,0 +1,298 @@
+"""DDP communication hook that averages gradient buckets with ``ccoll.allreduce``.
+
+``comm_hook(state, bucket)`` queues the bucket on ccoll's progress engine (one background
+thread that owns the asynchronous MPI calls, ``ccoll.gpu_sched.progress``) and returns a
+``torch.futures.Future`` at once, so the allreduce of this bucket overlaps the backward pass
+of the buckets after it. The engine thread completes the future with the averaged bucket.
+
+What a bucket goes through (docs/training.md has the reasoning and the bound):
+
+1. iterations ``< start_iter`` and buckets of fewer than ``min_numel`` elements: exact
+   average (``eb=None``: plain MPI allreduce, then a division by the number of ranks);
+2. otherwise the bucket goes through the homomorphic ring of ``ccoll.allreduce`` with
+   ``op="avg"`` and ``N`` times the hook's bound (that function bounds the sum), so the
+   averaged bucket is within ``eb`` of the exact average on every element, up to one
+   rounding to float32, and bitwise identical on every rank;
+3. float16 / bfloat16 buckets are upcast to a float32 copy, reduced and bounded in float32,
+   and cast back: the bound then holds up to one rounding to the bucket's precision.
+   CUDA buckets are staged through a host copy (ccoll's collectives take host arrays);
+4. with ``error_feedback``, the residual of the previous step is added before compression
+   and the new residual is kept per ``bucket.index()`` (see :class:`CCollHookState`).
+
+NaN and ±Inf pass through as NaN and ±Inf, so ``torch.amp.GradScaler`` still sees overflow
+and skips the step on every rank.
+"""
+
+# No `from __future__ import annotations`: DDP's register_comm_hook compares the hook's
+# annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ccoll.errorbound import ABS, REL, ErrorBound, as_bound, finite_range
+from ccoll.errors import InputError
+
+__all__ = ["CCollHookState", "comm_hook"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_SUPPORTED = (torch.float32, torch.float64, *_LOW_PRECISION)
+
+
+def _check_int(name: str, value: object, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
+        raise InputError(f"{name} must be an int >= {lo}, got {value!r}")
+    return int(value)
+
+
+class CCollHookState:
+    """Settings and per-bucket memory of :func:`comm_hook`.
+
+    Args:
+        eb: error bound of the *averaged* gradient: ``ccoll.ABS(e)`` (every element of the
+            average within ``e`` of the exact average) or ``ccoll.REL(v)`` (within
+            ``v * (max - min)``, the range of the bucket's values over all ranks), or a string
+            ``"rel:1e-3"``. Default ``REL(1e-3)``. (``ccoll.allreduce`` bounds the *sum*; the
+            hook passes ``N`` times this bound to it with ``op="avg"``, so each rank
+            quantizes on a grid that does not shrink as ranks are added.)
+        error_feedback: keep what compression dropped and add it back next step (see below).
+        start_iter: iterations before this one use the exact average. DDP rebuilds its
+            buckets after the first iteration, so the default ``1`` compresses from the
+            second iteration on, when bucket indices (and residuals keyed by them) are stable.
+        min_numel: buckets with fewer elements are averaged exactly; compressing a small
+            message costs more than the bytes it saves.
+        comm: mpi4py intracommunicator of the DDP ranks (default ``MPI.COMM_WORLD``). The state
+            works on a duplicate of it (``Dup`` is collective: construct the state on every
+            rank), so the hook's traffic never mixes with the caller's messages.
+        timeout: seconds a bucket's collective may wait for its peers before it fails with
+            :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
+
+    Error feedback (per ``bucket.index()``, as PowerSGD keeps its residuals): with ``x`` the
+    bucket (float32) and ``r`` the stored residual of that bucket, the hook reduces
+    ``x_ef = x + r`` and stores ``r_new = x_ef - Q(x_ef)``, where ``Q(x_ef)`` is exactly this
+    rank's own contribution to the reduced sum: its input quantized chunk by chunk on the
+    per-rank grid of the homomorphic ring (recomputed locally, an extra compress and
+    decompress of the bucket). Summed over steps, the applied gradients then differ from
+    the true ones by the average of the last residuals only, which stays within the bound:
+    the error does not accumulate. A step whose reduced bucket holds NaN or Inf (skipped by
+    GradScaler) keeps the old residual; a bucket whose size changed starts from zero.
+    Residuals are in the units of the gradients the hook sees (with GradScaler: scaled).
+
+    Attributes:
+        iter: iterations seen (incremented after the last bucket of each backward pass).
+        residuals: ``{bucket index: float32 numpy array}`` when error feedback is on.
+        compressed: buckets reduced with compression so far; ``exact``: reduced exactly.
+        communicator: the :class:`ccoll.Communicator` the buckets go through (its ``stats``
+            count bytes in and out).
+
+    """
+
+    __slots__ = (
+        "eb",
+        "error_feedback",
+        "start_iter",
+        "min_numel",
+        "comm",
+        "communicator",
+        "iter",
+        "residuals",
+        "compressed",
+        "exact",
+    )
+
+    def __init__(
+        self,
+        eb: ErrorBound | str | None = None,
+        *,
+        error_feedback: bool = False,
+        start_iter: int = 1,
+        min_numel: int = 4096,
+        comm: Any = None,
+        timeout: float | None = None,
+    ) -> None:
+        from mpi4py import MPI
+
+        from ccoll.collectives import Communicator
+
+        bound = REL(1e-3) if eb is None else as_bound(eb)
+        if not isinstance(bound, (ABS, REL)):
+            raise InputError(f"eb must be ccoll.ABS or ccoll.REL, got {eb!r}")
+        if not isinstance(error_feedback, (bool, np.bool_)):
+            raise InputError(f"error_feedback must be True or False, got {error_feedback!r}")
+        start = _check_int("start_iter", start_iter, 0)
+        min_n = _check_int("min_numel", min_numel, 0)
+        base = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
+            raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+        self.eb: ErrorBound = bound
+        self.error_feedback = bool(error_feedback)
+        self.start_iter = start
+        self.min_numel = min_n
+        self.comm = base.Dup()
+        # Error feedback needs to know each rank's own quantized input, which only the
+        # homomorphic ring defines (decompress-add-recompress mixes the ranks' errors).
+        self.communicator = Communicator(self.comm, algorithm="homomorphic", timeout=timeout)
+        self.iter = 0
+        self.residuals: dict[int, np.ndarray] = {}
+        self.compressed = 0
+        self.exact = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"CCollHookState(eb={self.eb!r}, error_feedback={self.error_feedback}, "
+            f"start_iter={self.start_iter}, min_numel={self.min_numel}, "
+            f"ranks={self.comm.Get_size()}, iter={self.iter})"
+        )
+
+    def close(self) -> None:
+        """Free the communicators (collective; after the last backward pass that uses them)."""
+        from mpi4py import MPI
+
+        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+            self.communicator.free()
+            self.comm.Free()
+
+    def sum_bound(self, x: np.ndarray) -> float:
+        """Absolute bound of the ranks' *sum* that bounds their average by ``eb``.
+
+        Collective over :attr:`comm` for ``REL`` (the global range of ``x``).
+        """
+        from mpi4py import MPI
+
+        n = self.comm.Get_size()
+        if isinstance(self.eb, ABS):
+            return self.eb.value * n
+        lo, hi = finite_range(x)
+        ext = np.array([lo, -hi], dtype=np.float64)
+        self.comm.Allreduce(MPI.IN_PLACE, ext, op=MPI.MIN)
+        return self.eb.resolve(float(ext[0]), float(-ext[1])) * n
+
+
+def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np.ndarray:
+    """Return this rank's input as the homomorphic ring adds it into the sum.
+
+    The ring compresses every chunk of every ring block once with the per-rank bound
+    (ccoll/collectives/homomorphic.py); doing the same here gives the same values.
+    """
+    from ccoll.collectives.homomorphic import rank_bound
+    from ccoll.collectives.layout import Layout
+    from ccoll.compressor import compress_abs, decompress
+
+    n = state.comm.Get_size()
+    eb_r = rank_bound(eb_sum, n)
+    layout = Layout(x.size, n, state.communicator.chunk_elems)
+    flat = x.reshape(-1)
+    own = np.empty_like(flat)
+    for b in range(n):
+        for lo, hi in layout.chunks(b):
+            decompress(compress_abs(flat[lo:hi], eb_r), out=own[lo:hi])
+    return own.reshape(x.shape)
+
+
+def _reduce_host(state: CCollHookState, x: np.ndarray, index: int, compress: bool) -> None:
+    """Average the host array ``x`` over the ranks, in place."""
+    cc = state.communicator
+    if not compress:
+        state.exact += 1
+        cc.allreduce(x, None, "avg", out=x)
+        return
+    state.compressed += 1
+    if not state.error_feedback:
+        n = state.comm.Get_size()
+        scaled = ABS(state.eb.value * n) if isinstance(state.eb, ABS) else REL(state.eb.value * n)
+        cc.allreduce(x, scaled, "avg", out=x)
+        return
+    r = state.residuals.get(index)
+    x_ef = x + r if r is not None and r.shape == x.shape else x.copy()
+    eb_sum = state.sum_bound(x_ef)
+    if eb_sum == 0.0:  # constant bucket: nothing to quantize
+        cc.allreduce(x_ef, None, "avg", out=x)
+        state.residuals.pop(index, None)
+        return
+    compressed_before = cc.stats.compressed_calls
+    cc.allreduce(x_ef, ABS(eb_sum), "avg", out=x)
+    # A step with NaN/Inf is skipped by GradScaler; its residual is not consumed.
+    if not math.isfinite(float(np.add.reduce(x, axis=None, dtype=np.float64))):
+        return
+    if cc.stats.compressed_calls == compressed_before:  # sent raw: nothing was dropped
+        state.residuals.pop(index, None)
+    else:
+        state.residuals[index] = x_ef - _own_contribution(x_ef, eb_sum, state)
+
+
+def _average(
+    state: CCollHookState,
+    tensor: torch.Tensor,
+    index: int,
+    compress: bool,
+    ready: Any,
+) -> torch.Tensor:
+    """Engine-thread body: average ``tensor`` over the ranks in place and return it."""
+    if ready is not None:  # CUDA: the gradients were written on the training stream
+        ready.synchronize()
+    if tensor.dtype in (torch.float32, torch.float64) and not tensor.is_cuda:
+        _reduce_host(state, tensor.numpy(), index, compress)  # a view: reduced in place
+        return tensor
+    # float16 / bfloat16 (numpy has no bfloat16) and CUDA buckets: a float32/float64 host
+    # copy is reduced and copied back, rounding once to the bucket's precision. ccoll's
+    # collectives take host arrays, so CUDA buckets are staged through host memory.
+    host = tensor.to(device="cpu", dtype=torch.float32 if tensor.dtype in _LOW_PRECISION
+                     else tensor.dtype)
+    _reduce_host(state, host.numpy(), index, compress)
+    tensor.copy_(host)
+    if tensor.is_cuda:
+        torch.cuda.current_stream(tensor.device).synchronize()
+    return tensor
+
+
+def comm_hook(
+    state: CCollHookState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """Average ``bucket`` over the ranks with ccoll; return at once with a Future.
+
+    Register with ``ddp_model.register_comm_hook(state, ccoll.torch.comm_hook)``. The
+    Future completes on ccoll's progress-engine thread with the averaged bucket (the bucket
+    tensor itself, overwritten). Every rank must register the hook with equal settings:
+    DDP fires buckets in index order on every rank, and the engine runs them in that order.
+    """
+    from ccoll.gpu_sched.progress import submit
+
+    if not isinstance(state, CCollHookState):
+        raise InputError(f"state must be a ccoll.torch.CCollHookState, got {type(state).__name__}")
+    tensor = bucket.buffer()
+    if tensor.dtype not in _SUPPORTED:
+        raise InputError(
+            f"gradient bucket {bucket.index()} has dtype {tensor.dtype}; expected float32, "
+            "float64, float16 or bfloat16"
+        )
+    compress = state.iter >= state.start_iter and tensor.numel() >= state.min_numel
+    ready = None
+    if tensor.is_cuda:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(tensor.device))
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+        devices=[tensor.device] if tensor.is_cuda else None
+    )
+
+    def complete(req: Any) -> None:
+        exc = req.exception()
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(req.wait())
+
+    req = submit(_average, state, tensor, bucket.index(), compress, ready, comm=state.comm)
+    if bucket.is_last():
+        state.iter += 1
+    req.add_done_callback(complete)
+    # Chaining makes a failure a real error of the returned future: DDP then raises a
+    # RuntimeError that names ccoll's exception and message ("MismatchError: ranks disagree
+    # ..."), where a bare set_exception would surface as "Unable to cast ... to Tensor".
+    return fut.then(_value)
+
+
+def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    return fut.wait()

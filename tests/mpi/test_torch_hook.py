@@ -1,0 +1,255 @@
+"""ccoll.torch.comm_hook under MPI: bound against the exact average, error feedback, overflow.
+
+Run: mpiexec -n K python -m mpi4py -m pytest tests/mpi/test_torch_hook.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+from kit import assert_same_on_every_rank, assert_within_bound  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import ccoll  # noqa: E402
+import ccoll.torch as ct  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    torch.set_num_threads(1)
+    ct.init_process_group_from_mpi()
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def state_factory():
+    made: list[ct.CCollHookState] = []
+
+    def make(**kw) -> ct.CCollHookState:
+        s = ct.CCollHookState(**kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()
+
+
+class Net(torch.nn.Module):
+    """Two layers, 12,810 parameters: one DDP bucket (under the 1 MiB first-bucket cap)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(64, 160)
+        self.b = torch.nn.Linear(160, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def local_grads(model: torch.nn.Module, x: torch.Tensor) -> list[np.ndarray]:
+    """This rank's own gradients (no DDP), as float64."""
+    model.zero_grad()
+    model(x).square().mean().backward()
+    return [p.grad.double().numpy().copy() for p in model.parameters()]
+
+
+def rank_input(dtype: torch.dtype, step: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * MPI.COMM_WORLD.Get_rank() + step)
+    return torch.randn(32, 64, generator=g).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-4), ccoll.REL(1e-3), ccoll.REL(1e-2)], ids=repr)
+def test_hook_within_bound_of_exact_average(comm, state_factory, eb, dtype) -> None:
+    dt = DTYPES[dtype]
+    torch.manual_seed(0)
+    model = Net().to(dt)
+    x = rank_input(dt)
+    # Exact reference: every rank's own gradients, averaged in float64.
+    mine = local_grads(model, x)
+    every = comm.allgather(mine)
+    exact = [np.mean([g[i] for g in every], axis=0) for i in range(len(mine))]
+    flat = np.concatenate([g.ravel() for r in every for g in r])
+    # REL is relative to the global value range of the bucket's inputs (all ranks).
+    eb_abs = eb.resolve(float(flat.min()), float(flat.max()))
+
+    state = state_factory(eb=eb, start_iter=0, min_numel=0)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    ddp.zero_grad()
+    ddp(x).square().mean().backward()
+    assert (state.compressed, state.exact, state.iter) == (1, 0, 1)
+    for p, ref in zip(model.parameters(), exact, strict=True):
+        assert p.grad.dtype == dt
+        # The bound plus one rounding of the result to the bucket's own precision.
+        if dt == torch.bfloat16:  # numpy has no bfloat16: measure its spacing with torch
+            err = np.abs(p.grad.double().numpy() - ref)
+            assert np.all(err <= eb_abs + _ulp(p.grad)), f"max |err| {err.max()!r} > {eb_abs!r}"
+        else:
+            assert_within_bound(p.grad.numpy(), ref, eb_abs, slack_ulps=1)
+        assert_same_on_every_rank(comm, p.grad.float().numpy())
+
+
+def _ulp(t: torch.Tensor) -> np.ndarray:
+    """Spacing of the low-precision grid at each value of ``t``."""
+    a = t.float().abs()
+    nxt = torch.nextafter(t.abs(), torch.full_like(t, float("inf"))).float()
+    return (nxt - a).numpy().astype(np.float64)
+
+
+def test_first_iterations_and_small_buckets_are_exact(comm, state_factory) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    state = state_factory(eb=ccoll.REL(1e-1), start_iter=2, min_numel=0)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    for step in range(3):
+        x = rank_input(torch.float32, step)
+        twin = Net()
+        twin.load_state_dict(model.state_dict())
+        mine = local_grads(twin, x)
+        exact = [np.mean(g, axis=0) for g in zip(*comm.allgather(mine), strict=True)]
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+        errs = [
+            np.abs(p.grad.double().numpy() - e).max()
+            for p, e in zip(model.parameters(), exact, strict=True)
+        ]
+        if step < 2:  # exact: only float32 rounding of the sum
+            assert max(errs) < 1e-6, errs
+        else:  # REL 1e-1 is coarse: compression shows
+            assert max(errs) > 1e-6, errs
+    assert (state.exact, state.compressed, state.iter) == (2, 1, 3)
+
+    small = state_factory(eb=ccoll.REL(1e-1), start_iter=0, min_numel=10**6)
+    ddp2 = DDP(Net())
+    ddp2.register_comm_hook(small, ct.comm_hook)
+    ddp2(rank_input(torch.float32)).sum().backward()
+    assert (small.exact, small.compressed) == (1, 0)
+
+
+class Fixed(torch.nn.Module):
+    """loss = sum(w * c): the gradient of w is the constant c, step after step."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(n))
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return (self.w * c).sum()
+
+
+def accumulated_error(state: ct.CCollHookState, c: torch.Tensor, steps: int) -> list[float]:
+    """max |sum_t y_t - t * exact average| after each step (float64 accumulation)."""
+    comm = MPI.COMM_WORLD
+    exact = np.mean(comm.allgather(c.double().numpy()), axis=0)
+    model = Fixed(c.numel())
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    total = np.zeros(c.numel())
+    out = []
+    for t in range(1, steps + 1):
+        ddp.zero_grad()
+        ddp(c).backward()
+        total += model.w.grad.double().numpy()
+        out.append(float(np.abs(total - t * exact).max()))
+    return out
+
+
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=repr)
+def test_error_feedback_keeps_accumulated_error_bounded(comm, state_factory, eb) -> None:
+    g = torch.Generator().manual_seed(7 + comm.Get_rank())
+    c = torch.randn(5000, generator=g)
+    steps = 40
+    flat = np.concatenate(comm.allgather(c.numpy()))
+    eb_abs = eb.resolve(float(flat.min()), float(flat.max()))
+
+    with_ef = accumulated_error(state_factory(eb=eb, error_feedback=True, start_iter=0,
+                                              min_numel=0), c, steps)
+    without = accumulated_error(state_factory(eb=eb, start_iter=0, min_numel=0), c, steps)
+    # Error feedback: the accumulated error is the last residual (averaged over ranks), within
+    # one per-rank bound (the residual's range grows the REL bound a little), plus float32
+    # rounding of the gradients summed up over the steps.
+    slack = steps * 4 * np.spacing(np.float32(np.abs(flat).max()))
+    assert max(with_ef) <= 1.5 * eb_abs + slack, with_ef
+    assert max(with_ef[steps // 2 :]) <= 1.5 * eb_abs + slack
+    # Without it the bias of each element's rounding adds up step after step.
+    assert without[-1] > 5 * eb_abs, without
+    assert without[-1] > 10 * with_ef[-1]
+
+
+@pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "ef"])
+def test_overflow_reaches_every_rank_and_gradscaler_skips(comm, state_factory,
+                                                          error_feedback) -> None:
+    torch.manual_seed(0)
+    model = Net()
+    state = state_factory(eb=ccoll.REL(1e-3), error_feedback=error_feedback, start_iter=0,
+                          min_numel=0)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+
+    def step(poison: bool) -> None:
+        handle = None
+        if poison and comm.Get_rank() == 0:
+            # Overflow on one rank only: +inf in a few gradient entries, NaN in one.
+            def inject(grad: torch.Tensor) -> torch.Tensor:
+                grad = grad.clone()
+                grad[0, :3] = float("inf")
+                grad[1, 0] = float("nan")
+                return grad
+
+            handle = model.a.weight.register_hook(inject)
+        opt.zero_grad()
+        scaler.scale(ddp(rank_input(torch.float32)).square().mean()).backward()
+        if handle is not None:
+            handle.remove()
+
+    step(False)
+    scaler.step(opt)
+    scaler.update()
+    before = [p.detach().clone() for p in model.parameters()]
+    scale = scaler.get_scale()
+
+    step(True)
+    ga = model.a.weight.grad
+    assert torch.isinf(ga[0, :3]).all() and (ga[0, :3] > 0).all(), ga[0, :3]
+    assert torch.isnan(ga[1, 0])
+    assert torch.isfinite(model.b.weight.grad).all()  # the other entries stay finite
+    scaler.step(opt)
+    scaler.update()
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), b), "the overflowed step was not skipped"
+    assert scaler.get_scale() == scale / 2
+    assert comm.allgather(scaler.get_scale()) == [scale / 2] * comm.Get_size()
+    if error_feedback:
+        assert all(np.isfinite(r).all() for r in state.residuals.values())
+
+    step(False)  # training resumes
+    scaler.step(opt)
+    scaler.update()
+    assert not torch.equal(model.a.weight.detach(), before[0])
+    for p in model.parameters():
+        assert_same_on_every_rank(comm, p.detach().numpy())
+
+
+def test_error_from_the_collective_reaches_backward_on_every_rank(comm, state_factory) -> None:
+    # Ranks that disagree on the bound get a clear error from loss.backward(), never a hang.
+    if comm.Get_size() == 1:
+        pytest.skip("needs two ranks to disagree")
+    state = state_factory(eb=ccoll.ABS(1e-3 * (1 + comm.Get_rank())), start_iter=0, min_numel=0)
+    ddp = DDP(Net())
+    ddp.register_comm_hook(state, ct.comm_hook)
+    # DDP turns the hook's failure into a RuntimeError that names ccoll's exception.
+    with pytest.raises(RuntimeError, match="MismatchError: ranks disagree .*error-bound"):
+        ddp(rank_input(torch.float32)).sum().backward()
