@@ -1,0 +1,213 @@
+"""How much does compressing gradients slow a training-like loop on the CPU?
+
+Training stand-in: a fixed number of float32 matmuls (numpy/OpenBLAS, all cores). After
+each step one "gradient" is compressed with ccoll's compressor. Modes, measured side by
+side in one run, interleaved, median of --repeats:
+
+- train-alone     the matmul loop only (the reference for slowdowns);
+- compress-alone  the compressions only, on the main thread with all numba threads;
+- inline          each step compresses on the training thread (serial);
+- lane            compressions go to a Scheduler("cpu") compress lane at nice 0;
+- lane-nice       same at the lane's default priority (nice +10 on Linux).
+
+The lanes use Scheduler.grid_limit("compress") numba threads (--max-sm-fraction of them).
+Reported: the training loop's time (time until the last matmul returned) and the total
+(until the last compression finished), with ratios to train-alone.
+
+Run: .venv/bin/python bench/sched_cpu.py [--iters 40] [--grad-mib 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numba
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ccoll.gpu_sched import Scheduler  # noqa: E402
+
+
+def _standin_compress() -> Callable[[np.ndarray, float], Any]:
+    """A numba kernel with the compressor's shape of work (quantize, block widths, pack)."""
+    from numba import njit, prange
+
+    @njit(parallel=True, nogil=True, cache=True)
+    def kernel(x, step, out):  # type: ignore[no-untyped-def]
+        nb = x.size // 32
+        for b in prange(nb):
+            m = 0
+            for j in range(32):
+                q = int(np.round(x[b * 32 + j] / step))
+                m = max(m, abs(q))
+            w = 0
+            while m:
+                w += 1
+                m >>= 1
+            for p in range(w):
+                word = 0
+                for j in range(32):
+                    q = abs(int(np.round(x[b * 32 + j] / step)))
+                    word |= ((q >> p) & 1) << j
+                out[b * 33 + p] = word
+            out[b * 33 + 32] = w
+        return out
+
+    def compress(x: np.ndarray, eb: float) -> np.ndarray:
+        out = np.empty((x.size // 32) * 33, dtype=np.uint32)
+        return kernel(x, 2.0 * eb, out)
+
+    return compress
+
+
+def resolve_compressor(allow_standin: bool) -> tuple[Callable[[np.ndarray, Any], Any], Any, str]:
+    """Return (compress, error bound, description): ccoll's compressor when it exists."""
+    import ccoll
+
+    fn = getattr(ccoll, "compress", None)
+    if fn is None:
+        try:
+            from ccoll.compressor import compress as fn  # type: ignore[attr-defined,no-redef]
+        except ImportError:
+            fn = None
+    if fn is not None:
+        return fn, ccoll.REL(1e-3), f"{fn.__module__}.{fn.__qualname__}, REL 1e-3"
+    if not allow_standin:
+        raise SystemExit("ccoll.compress is not available; pass --stand-in to develop without it")
+    return _standin_compress(), None, "STAND-IN numba kernel (not ccoll's compressor)"
+
+
+def gradient(n: int, seed: int) -> np.ndarray:
+    """Gradient-like data: small Laplace-distributed values, a few large ones set the range."""
+    rng = np.random.default_rng(seed)
+    g = rng.laplace(0.0, 1e-4, n).astype(np.float32)
+    g[rng.integers(0, n, max(1, n // 100000))] = rng.normal(0.0, 1e-1, max(1, n // 100000))
+    return g
+
+
+def run(args: argparse.Namespace) -> None:
+    compress, eb_obj, desc = resolve_compressor(args.stand_in)
+    n = args.size
+    a = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((n, n)).astype(np.float32)
+    c = np.empty_like(a)
+    grads = [gradient(args.grad_mib * 2**18, s) for s in range(4)]
+    eb: Any = eb_obj
+    if eb is None:  # the stand-in takes an absolute bound
+        eb = 1e-3 * float(grads[0].max() - grads[0].min())
+
+    def step() -> None:
+        np.matmul(a, b, out=c)
+
+    # Warm up: JIT, thread pools, page faults.
+    step()
+    compress(grads[0], eb)
+
+    def train_alone() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            step()
+        t = time.perf_counter() - t0
+        return t, t
+
+    def compress_alone() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        for i in range(args.iters):
+            compress(grads[i % 4], eb)
+        t = time.perf_counter() - t0
+        return 0.0, t
+
+    def inline() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        for i in range(args.iters):
+            step()
+            compress(grads[i % 4], eb)
+        t = time.perf_counter() - t0
+        return t, t
+
+    def on_lane(sched: Scheduler) -> Callable[[], tuple[float, float]]:
+        lane = sched.lane("compress")
+        lane.submit(compress, grads[0], eb).wait()  # warm the lane's thread and numba pool
+
+        def go() -> tuple[float, float]:
+            t0 = time.perf_counter()
+            for i in range(args.iters):
+                step()
+                lane.submit(compress, grads[i % 4], eb)
+            t_train = time.perf_counter() - t0
+            lane.synchronize()
+            return t_train, time.perf_counter() - t0
+
+        return go
+
+    frac = args.max_sm_fraction
+    s0 = Scheduler("cpu", max_sm_fraction=frac, priorities={"compress": 0})
+    s10 = Scheduler("cpu", max_sm_fraction=frac)
+    modes: dict[str, Callable[[], tuple[float, float]]] = {
+        "train-alone": train_alone,
+        "compress-alone": compress_alone,
+        "inline": inline,
+        "lane": on_lane(s0),
+        "lane-nice": on_lane(s10),
+    }
+    res: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    for _ in range(args.repeats):
+        for name, fn in modes.items():
+            res[name].append(fn())
+    lane_threads, lane_nice = s10.grid_limit("compress"), s10.priority("compress")
+    s0.close()
+    s10.close()
+
+    med = {m: (statistics.median(t for t, _ in r), statistics.median(t for _, t in r))
+           for m, r in res.items()}
+    base = med["train-alone"][0]
+    print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+          f"{_cpu_model()}; load average before: {args.load0}")
+    print(f"# compressor: {desc}")
+    print(f"# training: {args.iters} x matmul {n}x{n} float32 (OpenBLAS); one {args.grad_mib} MiB "
+          f"float32 gradient compressed per step; numba threads {numba.get_num_threads()}, "
+          f"compress lane threads {lane_threads} "
+          f"(max_sm_fraction {frac}), lane nice +{lane_nice}")
+    print(f"# median of {args.repeats}, modes interleaved")
+    print(f"{'mode':<15}{'train_s':>10}{'total_s':>10}{'train/alone':>13}{'total/alone':>13}")
+    for m, (t, tot) in med.items():
+        tr = f"{t / base:13.2f}" if t else f"{'-':>13}"
+        print(f"{m:<15}{t:10.3f}{tot:10.3f}{tr}{tot / base:13.2f}")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--iters", type=int, default=40, help="training steps (default 40)")
+    p.add_argument("--size", type=int, default=1024, help="matmul size n (default 1024)")
+    p.add_argument("--grad-mib", type=int, default=8, help="gradient MiB per step (default 8)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats per mode (default 3)")
+    p.add_argument("--max-sm-fraction", type=float, default=0.5,
+                   help="share of numba threads for the compress lane (default 0.5)")
+    p.add_argument("--stand-in", action="store_true",
+                   help="use a stand-in numba kernel when ccoll.compress does not exist yet")
+    args = p.parse_args()
+    args.load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
