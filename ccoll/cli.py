@@ -429,7 +429,7 @@ def _report_eval(doc: dict[str, Any], summary: bool) -> str:
 
 
 def _progress(args: argparse.Namespace) -> bool:
-    return not args.quiet and sys.stderr.isatty()
+    return not getattr(args, "quiet", False) and sys.stderr.isatty()
 
 
 def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
@@ -557,7 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         if as_json:
             _print_json({**doc, "exit_code": code})
-        elif not args.quiet:
+        elif not getattr(args, "quiet", False):
             print(text)
         if args.command == "decompress" and doc["failed"]:
             paths = ", ".join(f["path"] for f in doc["failed"])
