@@ -18,20 +18,36 @@ if [[ ! -e $DIR/$MARKER ]]; then
     exit 2
 fi
 
-# stop PIDFILE NAME: stop the process in PIDFILE if it still runs a program called NAME
-# (a stale PID file may name a PID that now belongs to something else).
-stop() {
+# ours PIDFILE NAME: print the PID in PIDFILE if it still runs a program called NAME (a stale
+# PID file may name a PID that now belongs to something else).
+ours() {
     local pid
     [[ -s $1 ]] || return 0
     pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$2" ]] || return 0
-    kill -TERM "$pid" 2>/dev/null || return 0
+    [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/comm && $(</proc/"$pid"/comm) == "$2" ]] && echo "$pid"
+    return 0
+}
+
+# stop NAME=PID...: SIGTERM to all at once (each daemon takes ~2 s to exit), wait up to 10 s,
+# then SIGKILL whatever is left.
+stop() {
+    local item pid name left
+    for item in "$@"; do kill -TERM "${item#*=}" 2>/dev/null || true; done
     for _ in $(seq 100); do
-        [[ -e /proc/$pid ]] || { say "stopped $2 ($pid)"; return 0; }
+        left=0
+        for item in "$@"; do [[ -e /proc/${item#*=} ]] && left=1; done
+        (( left )) || break
         sleep 0.1
     done
-    say "$2 ($pid) ignored SIGTERM for 10 s; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
+    for item in "$@"; do
+        name=${item%%=*} pid=${item#*=}
+        if [[ -e /proc/$pid ]]; then
+            say "$name ($pid) ignored SIGTERM for 10 s; sending SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+        else
+            say "stopped $name ($pid)"
+        fi
+    done
 }
 
 if [[ -s $DIR/slurm.conf ]] && command -v squeue >/dev/null; then
@@ -49,8 +65,11 @@ if [[ -s $DIR/slurm.conf ]] && command -v squeue >/dev/null; then
     fi
 fi
 
-stop "$DIR/run/slurmd.pid" slurmd
-stop "$DIR/run/slurmctld.pid" slurmctld
-stop "$DIR/munge/munged.pid" munged
+daemons=()
+pid=$(ours "$DIR/run/slurmd.pid" slurmd) && [[ -n $pid ]] && daemons+=("slurmd=$pid")
+pid=$(ours "$DIR/run/slurmctld.pid" slurmctld) && [[ -n $pid ]] && daemons+=("slurmctld=$pid")
+(( ${#daemons[@]} )) && stop "${daemons[@]}"
+# munged last: the Slurm daemons authenticate through it until they exit.
+pid=$(ours "$DIR/munge/munged.pid" munged) && [[ -n $pid ]] && stop "munged=$pid"
 rm -rf -- "$DIR"
 say "removed $DIR"
