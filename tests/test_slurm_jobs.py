@@ -105,7 +105,7 @@ def cluster():
     folder = Path(f"/tmp/ccoll-slurm-test-{os.getpid()}")
     env = {**os.environ, "CCOLL_SLURM_DIR": str(folder)}
     up = subprocess.run(
-        ["timeout", "1200", str(LOCAL / "up.sh")], env=env, capture_output=True, text=True
+        ["timeout", "800", str(LOCAL / "up.sh")], env=env, capture_output=True, text=True
     )
     try:
         if up.returncode == 3:

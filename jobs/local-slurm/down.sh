@@ -55,7 +55,7 @@ if [[ -s $DIR/slurm.conf ]] && command -v squeue >/dev/null; then
     # Cancel what still runs, so no job steps outlive slurmd.
     jobs=$(timeout 10 squeue -h -o %i 2>/dev/null || true)
     if [[ -n $jobs ]]; then
-        say "cancelling jobs: $(echo $jobs)"
+        say "cancelling jobs: ${jobs//$'\n'/ }"
         # shellcheck disable=SC2086
         timeout 10 scancel $jobs 2>/dev/null || true
         for _ in $(seq 50); do

@@ -21,7 +21,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DIR=${CCOLL_SLURM_DIR:-/tmp/ccoll-slurm}
 CPUS=${CCOLL_SLURM_CPUS:-4}
-NODE=$(hostname -s)
+NODE=$(hostname -s 2>/dev/null || uname -n | cut -d. -f1)
 MARKER=.ccoll-local-slurm
 
 say() { echo "local-slurm: $*" >&2; }
@@ -47,11 +47,13 @@ if (( missing )); then
     export DEBIAN_FRONTEND=noninteractive
     # The package lists may be missing or stale: update once, only when the first try fails.
     aptlog=$(mktemp)
-    if ! timeout 600 apt-get install -y -q slurm-wlm munge >"$aptlog" 2>&1; then
-        timeout 600 apt-get update -q >>"$aptlog" 2>&1 \
-            && timeout 900 apt-get install -y -q slurm-wlm munge >>"$aptlog" 2>&1 \
-            || { tail -n 20 "$aptlog" >&2; rm -f "$aptlog"
-                 unavailable "apt-get install slurm-wlm munge failed (no network to the package registry?)"; }
+    if ! timeout 300 apt-get install -y -q slurm-wlm munge >"$aptlog" 2>&1; then
+        if ! { timeout 120 apt-get update -q \
+                && timeout 300 apt-get install -y -q slurm-wlm munge; } >>"$aptlog" 2>&1; then
+            tail -n 20 "$aptlog" >&2
+            rm -f "$aptlog"
+            unavailable "apt-get install slurm-wlm munge failed (no network to the package registry?)"
+        fi
     fi
     rm -f "$aptlog"
 fi
