@@ -520,12 +520,20 @@ def _exit_code(exc: BaseException) -> int:
     return EXIT_FAILURE
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that cleanup runs as for Ctrl-C."""
+def _install_stop_handlers() -> dict[int, Any]:
+    """SIGINT and SIGTERM record the signal and raise KeyboardInterrupt (ccoll.h5.output)."""
+    from ccoll.h5.output import clear_stop, request_stop
 
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    raise _Terminated()
+    clear_stop()
+    old: dict[int, Any] = {}
+    for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+        if sig is None:
+            continue
+        try:
+            old[sig] = signal.signal(sig, lambda signum, frame: request_stop(signum))
+        except ValueError:  # not the main thread (main() called from a thread): keep defaults
+            break
+    return old
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -533,20 +541,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on a usage error, 0 for --help
     as_json = getattr(args, "json", False)
-    old = None
-    if hasattr(signal, "SIGTERM"):
-        try:
-            old = signal.signal(signal.SIGTERM, _on_sigterm)
-        except ValueError:  # not the main thread (main() called from a thread)
-            old = None
+    old = _install_stop_handlers()
     try:
         doc, text, code = _run(args)
     except KeyboardInterrupt:
-        print("ccoll: interrupted; no output was written", file=sys.stderr)
-        code, doc = EXIT_INTERRUPTED, {"error": "interrupted"}
-    except _Terminated:
-        print("ccoll: terminated; no output was written", file=sys.stderr)
-        code, doc = 128 + signal.SIGTERM, {"error": "terminated"}
+        from ccoll.h5.output import stop_signal
+
+        sig = stop_signal() or signal.SIGINT
+        what = "interrupted" if sig == signal.SIGINT else f"stopped by {signal.Signals(sig).name}"
+        print(f"ccoll: {what}; no output was written", file=sys.stderr)
+        code, doc = 128 + int(sig), {"error": what}
     except Exception as exc:
         code = _exit_code(exc)
         msg = str(exc) or type(exc).__name__
@@ -568,8 +572,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return code
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     if as_json:
         _print_json({"command": args.command, **doc, "exit_code": code})
     return code

@@ -220,3 +220,23 @@ def test_eval_human_and_json(capsys, tmp_path):
     assert code == 0 and len(doc["totals"]) == 6 and doc["plot"] == png
     assert all(r["psnr_db"] is None or r["psnr_db"] > 0 for r in doc["runs"])  # inf -> null
     assert sorted(os.listdir(tmp_path)) == ["rd.png"]
+
+
+def test_a_stop_whose_exception_was_lost_still_stops(capsys, sample, tmp_path, monkeypatch):
+    # A signal handler's exception is dropped when it lands in a weakref callback or __del__;
+    # the recorded signal must still stop the run before the output is committed.
+    import signal
+
+    import ccoll.h5.compress as cm
+    import ccoll.h5.output as out
+
+    real = cm.compress_array
+
+    def swallowed(x, bound):
+        out._stop.append(signal.SIGTERM)  # what request_stop records before its lost raise
+        return real(x, bound)
+
+    monkeypatch.setattr(cm, "compress_array", swallowed)
+    code, _, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")
+    assert code == 143 and "stopped by SIGTERM; no output was written" in err
+    assert os.listdir(tmp_path) == []

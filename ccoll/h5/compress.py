@@ -22,7 +22,7 @@ from ccoll.errorbound import ABS, ErrorBound, as_bound, finite_range
 from ccoll.errors import InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
-from ccoll.h5.output import atomic_output, check_input, check_output
+from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
@@ -118,6 +118,7 @@ def compress_file(
             fout.attrs[A.ROOT_VERSION] = ccoll.__version__
             with bar(len(chosen), enabled=progress, desc="compress") as pb:
                 for e in entries:
+                    check_stop()
                     if e.kind == "group":
                         g = fin[e.path]
                         A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))

@@ -22,7 +22,7 @@ from ccoll.compressor.format import VERSION, max_nbytes
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
-from ccoll.h5.output import atomic_output, check_input, check_output
+from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import tracks_order, walk
 
@@ -129,6 +129,7 @@ def decompress_file(
             A.copy_attrs(fin, fout, skip_prefix=A.PREFIX)
             with bar(len(targets), enabled=progress, desc="decompress") as pb:
                 for e in entries:
+                    check_stop()
                     if e.kind == "group":
                         g = fin[e.path]
                         A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))

@@ -21,7 +21,7 @@ import numpy as np
 from ccoll.errorbound import ErrorBound, as_bound, finite_range
 from ccoll.errors import ErrorBoundError, InputError
 from ccoll.h5.compress import bound_label
-from ccoll.h5.output import check_input
+from ccoll.h5.output import check_input, check_stop
 from ccoll.h5.peers import PEER_NAMES, Codec, load
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select
@@ -176,6 +176,7 @@ def evaluate_file(
         _warm_up(codecs, dtypes)
         with bar(len(paths) * len(bounds), enabled=progress, desc="eval") as pb:
             for p in paths:
+                check_stop()
                 x = np.asarray(f[p][()], order="C")
                 x = x.astype(
                     np.float32 if x.dtype.itemsize == 2 else x.dtype.newbyteorder("="), copy=False

@@ -16,7 +16,43 @@ import h5py
 
 from ccoll.errors import InputError
 
-__all__ = ["check_input", "check_output", "atomic_output"]
+__all__ = [
+    "check_input",
+    "check_output",
+    "atomic_output",
+    "request_stop",
+    "check_stop",
+    "stop_signal",
+    "clear_stop",
+]
+
+# Signals received during a run. A signal handler that raises can lose its exception: when
+# the signal lands while Python runs a weakref callback or a __del__, the exception is
+# printed and dropped. The handler therefore also records the signal here, and the work
+# loops and atomic_output check it, so that a stop is never lost and never committed.
+_stop: list[int] = []
+
+
+def request_stop(signum: int) -> None:
+    """Record ``signum`` and raise ``KeyboardInterrupt`` (a signal handler for INT/TERM)."""
+    _stop.append(signum)
+    raise KeyboardInterrupt
+
+
+def check_stop() -> None:
+    """Raise ``KeyboardInterrupt`` if a stop was requested (see :func:`request_stop`)."""
+    if _stop:
+        raise KeyboardInterrupt
+
+
+def stop_signal() -> int | None:
+    """Return the first signal that requested a stop, or ``None``."""
+    return _stop[0] if _stop else None
+
+
+def clear_stop() -> None:
+    """Forget requested stops (at the start of a command)."""
+    _stop.clear()
 
 
 def check_input(path: str) -> None:
@@ -60,6 +96,7 @@ def atomic_output(path: str) -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
+        check_stop()  # a stop whose exception was lost must not commit the file
         # mkstemp creates the file 0600; give the result the permissions a plain open() would.
         umask = os.umask(0)
         os.umask(umask)
