@@ -35,6 +35,9 @@ test-unit: $(STAMP)
 
 test-cuda: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(VPY) -m pytest tests/cuda -m "not slow"
+	NUMBA_ENABLE_CUDASIM=1 timeout 900 $(MPIEXEC) -n 2 $(VPY) -m mpi4py -m pytest \
+	  tests/mpi/test_collectives_gpu_sim.py -q -p no:cacheprovider --timeout=300 \
+	  --timeout-method=thread
 
 test-mpi: $(STAMP)
 	@set -e; for n in $(MPI_RANKS); do \

@@ -46,6 +46,7 @@ class Channel:
         self.stats = Stats()
         self.failed: str | None = None
         self._pool: list[np.ndarray] = []
+        self._pinned: list[np.ndarray] = []
 
     def check_usable(self) -> None:
         """Raise :class:`CollectiveError` if an earlier call on this channel failed midway."""
@@ -62,6 +63,7 @@ class Channel:
         """Mark the channel unusable: receives may still land in its buffers."""
         self.failed = reason
         self._pool = []  # never hand these buffers out again
+        self._pinned = []
         self.worker.discard()
 
     def recv_buffers(self, count: int, nbytes: int) -> list[np.ndarray]:
@@ -73,6 +75,20 @@ class Channel:
             elif pool[i].size < nbytes:
                 pool[i] = np.empty(nbytes, dtype=np.uint8)
         return pool[:count]
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """Return a pinned host buffer of at least ``nbytes`` from this channel's pool."""
+        for i, buf in enumerate(self._pinned):
+            if buf.size >= nbytes:
+                return self._pinned.pop(i)
+        from numba import cuda
+
+        return cuda.pinned_array(max(nbytes, 4096), dtype=np.uint8)
+
+    def unpin(self, buf: np.ndarray) -> None:
+        """Return a buffer from :meth:`pinned` to the pool."""
+        if self.failed is None:
+            self._pinned.append(buf)
 
     def release_buffers(self, keep_bytes: int) -> None:
         """Drop pooled buffers beyond ``keep_bytes`` in total (bounds resident memory)."""
@@ -87,5 +103,6 @@ class Channel:
         """Stop the worker and free the private communicator."""
         self.worker.close()
         self._pool = []
+        self._pinned = []
         if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
             self.comm.Free()

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,16 @@ from ccoll.collectives.agreement import (
 )
 from ccoll.collectives.channel import Channel, Stats
 from ccoll.collectives.dar import DarOps, dar_bound
+from ccoll.collectives.devices import (
+    HOST,
+    DeviceData,
+    DevicePlace,
+    HostPlace,
+    cuda_aware_mpi,
+    device_add,
+    device_divide,
+    is_device,
+)
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy import Decision, _decide
@@ -48,16 +60,20 @@ DEFAULT_CHUNK = 1 << 20
 
 @dataclass
 class _Prepared:
-    """A call after agreement: what every rank knows identically."""
+    """A call after agreement: what every rank knows identically, and this rank's data."""
 
-    x: np.ndarray
-    flat: np.ndarray
+    x: Any  # the caller's array
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    flat: Any  # 1-D host array, or 1-D numba view of device data
     eb_abs: float
     mode: str  # "compress" | "raw"
     algorithm: str
     avg: bool
     deadline: Deadline
     chunk_elems: int = 0  # chosen by policy="auto"; 0: the Communicator's chunk_elems
+    place: HostPlace = HOST
+    dev: DeviceData | None = None
 
 
 class Communicator:
@@ -307,18 +323,20 @@ class Communicator:
     ) -> _Prepared:
         ch.check_usable()
         call = Call(collective, chunk=self.chunk_elems)
-        arr = _as_array(call, x)
-        call.count = arr.size
-        call.dtype = DTYPES.get(arr.dtype, 0)
-        call.shown["dtype"] = str(arr.dtype)
-        call.shown["element count"] = str(arr.size)
+        arr, dev = _as_array(call, x)
+        shape, dtype = (arr.shape, arr.dtype) if dev is None else (dev.shape, dev.dtype)
+        size = math.prod(shape)
+        call.count = size
+        call.dtype = DTYPES.get(dtype, 0)
+        call.shown["dtype"] = str(dtype)
+        call.shown["element count"] = str(size)
         if call.dtype == 0:
             call.problem(
-                DTypeError, f"dtype {arr.dtype} is not supported (expected float32 or float64)"
+                DTypeError, f"dtype {dtype} is not supported (expected float32 or float64)"
             )
         if collective in ("allgather", "bcast"):
-            call.shape = shape_code(arr.shape)
-            call.shown["shape"] = str(arr.shape)
+            call.shape = shape_code(shape)
+            call.shown["shape"] = str(shape)
         bound = _bound(call, eb)
         if op is not None:
             call.op = OPS.get(op, 0) if isinstance(op, str) else 0
@@ -333,23 +351,24 @@ class Communicator:
         call.policy = POLICIES.get(policy, 0) if isinstance(policy, str) else 0
         call.shown["algorithm"] = repr(algorithm)
         call.shown["policy"] = repr(policy)
-        size = ch.comm.Get_size()
+        n_ranks = ch.comm.Get_size()
         if root is not None:
             if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
-                0 <= root < size
+                0 <= root < n_ranks
             ):
                 call.problem(
-                    InputError, f"root {root!r} is not a rank of a communicator of size {size}"
+                    InputError,
+                    f"root {root!r} is not a rank of a communicator of size {n_ranks}",
                 )
                 call.root = -1
             else:
                 call.root = int(root)
             call.shown["root"] = repr(root)
         if out is not None:
-            _check_out(call, out, arr)
+            _check_out(call, out, shape, dtype, dev is not None)
         if isinstance(bound, REL) and not call.problems:
             if root is None or ch.comm.Get_rank() == root:
-                call.lo, call.hi = finite_range(arr)
+                call.lo, call.hi = _finite_range(arr, dev)
         deadline = Deadline(ch.timeout, f"ccoll.{collective}")
         try:
             agreed = agree(ch.comm, call, deadline)
@@ -364,77 +383,101 @@ class Communicator:
                 policy=policy,
                 algorithm=algorithm,
                 exact=bound is None,
-                count=arr.size,
-                dtype=arr.dtype,
-                n_ranks=size,
+                count=size,
+                dtype=dtype,
+                n_ranks=n_ranks,
                 eb_abs=eb_abs,
-                data=arr,
+                data=arr if dev is None else dev.flat(),
                 auto=auto,
                 root=root,
             )
         )
         chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
-        flat = np.ascontiguousarray(arr).reshape(-1)
-        ch.stats.bytes_input += flat.nbytes
+        if dev is None:
+            flat = np.ascontiguousarray(arr).reshape(-1)
+            place: HostPlace = HOST
+        else:
+            flat = dev.flat()
+            place = DevicePlace(ch, cuda_aware_mpi())
+        ch.stats.bytes_input += size * dtype.itemsize
         if mode == "compress":
             ch.stats.compressed_calls += 1
-        return _Prepared(arr, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk)
+        return _Prepared(
+            x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
+            place, dev,
+        )
 
-    def _run_allreduce(self, ch: Channel, p: _Prepared, out: np.ndarray | None) -> np.ndarray:
-        y = np.empty(p.x.shape, dtype=p.x.dtype) if out is None else out
-        yflat = y.reshape(-1)
+    def _run_allreduce(self, ch: Channel, p: _Prepared, out: Any) -> Any:
+        y = _new_output(p, p.shape, out)
+        yflat = y.reshape(y.size)
         n_ranks = ch.comm.Get_size()
         if p.mode == "raw":
-            exact.allreduce(ch, p.flat, yflat, p.deadline)
+            in_place = out is not None and (
+                out is p.x or (p.dev is None and np.shares_memory(p.flat, yflat))
+            )
+            with _mpi_buffers(ch, p, p.flat, yflat, copy_out=True) as (xs, ys):
+                exact.allreduce(ch, xs, ys, p.deadline, in_place=in_place and xs is p.flat)
         elif p.flat.size:
             layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
             ops, bound = self._ring_ops(p, layout, n_ranks)
-            mine = reduce_scatter_streams(ch, layout, p.x.dtype, ops, bound, p.deadline)
-            allgather_streams(ch, layout, p.x.dtype, mine, bound, yflat, p.deadline)
+            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, bound, p.deadline, p.place)
+            allgather_streams(ch, layout, p.dtype, mine, bound, yflat, p.deadline, p.place)
         if p.avg:
-            np.divide(yflat, y.dtype.type(n_ranks), out=yflat)
-        return y
+            _divide(p, yflat, n_ranks)
+        return _result(p, y, out)
 
-    def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> np.ndarray:
+    def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
         layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
         lo, hi = layout.blocks[r]
-        y = np.empty(hi - lo, dtype=p.x.dtype)
+        y = _new_output(p, (hi - lo,), None)
         if p.mode == "raw":
             counts = [b - a for a, b in layout.blocks]
-            exact.reduce_scatter(ch, p.flat, counts, y, p.deadline)
+            with _mpi_buffers(ch, p, p.flat, y, copy_out=True) as (xs, ys):
+                exact.reduce_scatter(ch, xs, counts, ys, p.deadline)
         elif p.flat.size:
             ops, bound = self._ring_ops(p, layout, n_ranks)
-            mine = reduce_scatter_streams(ch, layout, p.x.dtype, ops, bound, p.deadline)
-            gather.decode_block(layout, r, p.x.dtype, mine, bound, y)
+            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, bound, p.deadline, p.place)
+            gather.decode_block(layout, r, p.dtype, mine, bound, y)
         if p.avg:
-            np.divide(y, y.dtype.type(n_ranks), out=y)
-        return y
+            _divide(p, y, n_ranks)
+        return _result(p, y, None)
 
     def _ring_ops(self, p: _Prepared, layout: Layout, n_ranks: int) -> tuple[Any, float]:
         if p.algorithm == "dar":
-            return DarOps(p.flat, layout, dar_bound(p.eb_abs, n_ranks)), p.eb_abs
+            add = device_add if p.dev is not None else _host_add
+            return DarOps(p.flat, layout, dar_bound(p.eb_abs, n_ranks), add), p.eb_abs
         return HomomorphicOps(p.flat, layout, rank_bound(p.eb_abs, n_ranks)), p.eb_abs
 
-    def _run_allgather(self, ch: Channel, p: _Prepared) -> np.ndarray:
-        y = np.empty((ch.comm.Get_size(), *p.x.shape), dtype=p.x.dtype)
-        yflat = y.reshape(ch.comm.Get_size(), -1)
+    def _run_allgather(self, ch: Channel, p: _Prepared) -> Any:
+        n_ranks = ch.comm.Get_size()
+        y = _new_output(p, (n_ranks, *p.shape), None)
+        yflat = y.reshape(n_ranks, p.flat.size)
         if p.mode == "raw":
-            exact.allgather(ch, p.flat, yflat, p.deadline)
+            with _mpi_buffers(ch, p, p.flat, yflat, copy_out=True) as (xs, ys):
+                exact.allgather(ch, xs, ys, p.deadline)
         elif p.flat.size:
-            gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline)
-        return y
+            gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline, p.place)
+        return _result(p, y, None)
 
-    def _run_bcast(self, ch: Channel, p: _Prepared, root: int) -> np.ndarray:
-        y = np.empty(p.x.shape, dtype=p.x.dtype)
-        yflat = y.reshape(-1)
+    def _run_bcast(self, ch: Channel, p: _Prepared, root: int) -> Any:
+        y = _new_output(p, p.shape, None)
+        yflat = y.reshape(y.size)
         if p.mode == "raw":
-            if ch.comm.Get_rank() == root:
-                yflat[...] = p.flat
-            exact.bcast(ch, yflat, root, p.deadline)
+            is_root = ch.comm.Get_rank() == root
+            with _mpi_buffers(ch, p, p.flat if is_root else None, yflat, copy_out=True) as (
+                xs,
+                ys,
+            ):
+                if is_root:
+                    if isinstance(ys, np.ndarray):
+                        ys[...] = xs
+                    else:  # device buffers (CUDA-aware MPI): device-to-device copy
+                        ys.copy_to_device(xs)
+                exact.bcast(ch, ys, root, p.deadline)
         elif p.flat.size:
-            gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline)
-        return y
+            gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline, p.place)
+        return _result(p, y, None)
 
 
 # -- argument checks (problems are recorded, raised on every rank after agreement) ------
@@ -446,16 +489,36 @@ def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) ->
                      f"{', '.join(map(repr, allowed))})")
 
 
-def _as_array(call: Call, x: Any) -> np.ndarray:
+def _as_array(call: Call, x: Any) -> tuple[np.ndarray, DeviceData | None]:
+    """Return this rank's input as a host array, or as device data (array then empty)."""
+    empty = np.empty(0, dtype=np.float32)
+    if is_device(x):
+        try:
+            dev = DeviceData(x)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
+            call.problem(InputError, f"x cannot be read as a device array ({exc})")
+            return empty, None
+        if not dev.contiguous:
+            call.problem(InputError, "a device array x must be C-contiguous")
+        return empty, dev
     try:
         arr = np.asarray(x)
     except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
         call.problem(InputError, f"x cannot be read as an array ({type(exc).__name__}: {exc})")
-        return np.empty(0, dtype=np.float32)
+        return empty, None
     if arr.dtype == object:
         call.problem(InputError, f"x of type {type(x).__name__} is not a numeric array")
-        return np.empty(0, dtype=np.float32)
-    return arr
+        return empty, None
+    return arr, None
+
+
+def _finite_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
+    if dev is None:
+        return finite_range(arr)
+    from ccoll.compressor._backend import cuda_module
+
+    lo, hi = cuda_module().finite_range(dev.flat())
+    return float(lo), float(hi)
 
 
 def _bound(call: Call, eb: Any) -> ErrorBound | None:
@@ -477,16 +540,98 @@ def _bound(call: Call, eb: Any) -> ErrorBound | None:
     return bound
 
 
-def _check_out(call: Call, out: Any, x: np.ndarray) -> None:
-    if not isinstance(out, np.ndarray):
+def _check_out(
+    call: Call, out: Any, shape: tuple[int, ...], dtype: np.dtype, device: bool
+) -> None:
+    if device:
+        if not is_device(out):
+            call.problem(InputError, "out must be a device array like x")
+            return
+        try:
+            o = DeviceData(out)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
+            call.problem(InputError, f"out cannot be read as a device array ({exc})")
+            return
+        oshape, odtype, ok = o.shape, o.dtype, o.contiguous
+    elif not isinstance(out, np.ndarray):
         call.problem(InputError, f"out must be a numpy array like x, got {type(out).__name__}")
-    elif out.shape != x.shape or out.dtype != x.dtype:
+        return
+    else:
+        oshape, odtype = out.shape, out.dtype
+        ok = out.flags.c_contiguous and out.flags.writeable
+    if oshape != shape or odtype != dtype:
         call.problem(
             InputError,
-            f"out has shape {out.shape} and dtype {out.dtype}; expected {x.shape} and {x.dtype}",
+            f"out has shape {oshape} and dtype {odtype}; expected {shape} and {dtype}",
         )
-    elif not out.flags.c_contiguous or not out.flags.writeable:
+    elif not ok:
         call.problem(InputError, "out must be C-contiguous and writeable")
+
+
+# -- outputs and staging ------------------------------------------------------------------
+
+
+def _new_output(p: _Prepared, shape: tuple[int, ...], out: Any) -> Any:
+    """Return the array to write the result to: ``out`` (numba for device data) or new."""
+    if p.dev is None:
+        return np.empty(shape, dtype=p.dtype) if out is None else out
+    return p.dev.empty(shape) if out is None else DeviceData(out).arr
+
+
+def _result(p: _Prepared, y: Any, out: Any) -> Any:
+    """Return what the caller gets: ``out`` itself, or ``y`` in the kind of the input."""
+    if out is not None:
+        return out
+    return y if p.dev is None else p.dev.export(y)
+
+
+def _divide(p: _Prepared, y: Any, n: int) -> None:
+    if p.dev is None:
+        np.divide(y, y.dtype.type(n), out=y)
+    else:
+        device_divide(y, n)
+
+
+def _host_add(a: np.ndarray, b: np.ndarray) -> None:
+    np.add(a, b, out=a)
+
+
+@contextmanager
+def _mpi_buffers(
+    ch: Channel, p: _Prepared, src: Any, dst: Any, copy_out: bool
+) -> Iterator[tuple[Any, Any]]:
+    """Yield the buffers for a plain MPI call on ``src``/``dst``.
+
+    They are ``src``/``dst`` themselves on the host or with CUDA-aware MPI, else pinned host
+    copies (``dst`` is copied back to the device afterwards).
+    """
+    if p.dev is None:
+        yield src, dst
+        return
+    from numba import cuda
+
+    if p.place.cuda_aware:  # type: ignore[attr-defined]
+        cuda.synchronize()  # MPI does not wait for CUDA streams
+        yield src, dst
+        return
+    tokens = []
+
+    def host_of(arr: Any) -> np.ndarray:
+        raw = ch.pinned(max(arr.nbytes, 1))
+        tokens.append(raw)
+        return raw[: arr.nbytes].view(p.dtype).reshape(arr.shape)
+
+    hsrc = None if src is None else host_of(src)
+    if src is not None:
+        src.copy_to_host(hsrc)
+    hdst = host_of(dst)
+    try:
+        yield hsrc, hdst
+        if copy_out and dst.size:
+            dst.copy_to_device(hdst)
+    finally:
+        for t in tokens:
+            ch.unpin(t)
 
 
 # -- default Communicator per mpi4py communicator ---------------------------------------

@@ -10,6 +10,7 @@ recompressions per block, and the error they add.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ccoll.collectives.codec import api
@@ -26,10 +27,13 @@ def dar_bound(eb: float, n_ranks: int) -> float:
 class DarOps:
     """Ring operations of the DAR algorithm on one rank's flattened input."""
 
-    def __init__(self, flat: Any, layout: Layout, eb_step: float) -> None:
+    def __init__(
+        self, flat: Any, layout: Layout, eb_step: float, add: Callable[[Any, Any], None]
+    ) -> None:
         self.flat = flat
         self.layout = layout
         self.eb_step = eb_step
+        self._add = add  # in-place a += b in the dtype, on the host or the device
         self._api = api()
 
     def first(self, block: int, chunk: int) -> Any:
@@ -44,5 +48,5 @@ class DarOps:
         """Decompress the partial sum, add this rank's data in its dtype, recompress."""
         lo, hi = self.layout.chunks(block)[chunk]
         part = self._api.decompress(received)
-        part += self.flat[lo:hi]
+        self._add(part, self.flat[lo:hi])
         return self._api.compress_abs(part, self.eb_step)

@@ -8,6 +8,8 @@ blocking ones in the last bits.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from mpi4py import MPI
 
@@ -17,11 +19,13 @@ from ccoll.collectives.waiting import Deadline, wait_all
 __all__ = ["allreduce", "reduce_scatter", "allgather", "bcast"]
 
 
-def allreduce(ch: Channel, flat: np.ndarray, out: np.ndarray, deadline: Deadline) -> None:
-    """``out = sum over ranks of flat`` with ``MPI_Allreduce``."""
+def allreduce(
+    ch: Channel, flat: Any, out: Any, deadline: Deadline, *, in_place: bool = False
+) -> None:
+    """``out = sum over ranks of flat`` with ``MPI_Allreduce`` (``in_place``: flat is out)."""
     comm = ch.comm
     n_ranks = comm.Get_size()
-    send = MPI.IN_PLACE if np.shares_memory(flat, out) else flat
+    send = MPI.IN_PLACE if in_place else flat
     if deadline.at is None:
         comm.Allreduce(send, out, op=MPI.SUM)
     else:

@@ -17,6 +17,7 @@ from mpi4py import MPI
 
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, stream_nbytes
+from ccoll.collectives.devices import HOST, HostPlace
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, wait_all
 
@@ -24,7 +25,12 @@ __all__ = ["allgather", "bcast", "decode_block"]
 
 
 def allgather(
-    ch: Channel, flat: np.ndarray, eb: float, out: np.ndarray, deadline: Deadline
+    ch: Channel,
+    flat: Any,
+    eb: float,
+    out: Any,
+    deadline: Deadline,
+    place: HostPlace = HOST,
 ) -> None:
     """Fill ``out[q]`` with rank ``q``'s ``flat`` compressed within ``eb``."""
     comm = ch.comm
@@ -32,7 +38,7 @@ def allgather(
     a = api()
     stream = a.compress_abs(flat, eb)
     nb = stream_nbytes(stream)
-    mine = np.ascontiguousarray(stream[:nb])
+    mine = np.ascontiguousarray(place.to_host(stream, nb))
     counts = np.empty(n_ranks, dtype=np.int64)
     mine_n = np.array([nb], dtype=np.int64)
     if deadline.at is None:
@@ -45,36 +51,42 @@ def allgather(
     req = comm.Iallgatherv([mine, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
     ch.stats.bytes_sent += int(counts.sum()) - int(counts[(r + 1) % n_ranks])
     wait_all([req], deadline, "allgather of the compressed arrays")
+    everything = place.to_place(recv)
     for q in range(n_ranks):
-        seg = recv[int(displs[q]) : int(displs[q]) + int(counts[q])]
-        got = check_stream(seg, flat.size, flat.dtype, eb)
-        if got != seg.size:
-            raise_size(q, got, seg.size)
-        a.decompress(seg, out=out[q])
+        lo, hi = int(displs[q]), int(displs[q]) + int(counts[q])
+        got = check_stream(recv[lo:hi], flat.size, flat.dtype, eb)
+        if got != hi - lo:
+            raise_size(q, got, hi - lo)
+        a.decompress(everything[lo:hi], out=out[q])
 
 
 def bcast(
-    ch: Channel, flat: np.ndarray, eb: float, root: int, out: np.ndarray, deadline: Deadline
+    ch: Channel,
+    flat: Any,
+    eb: float,
+    root: int,
+    out: Any,
+    deadline: Deadline,
+    place: HostPlace = HOST,
 ) -> None:
     """Fill ``out`` with the root's ``flat`` compressed within ``eb`` (on every rank)."""
     comm = ch.comm
     a = api()
     n = np.zeros(1, dtype=np.int64)
-    stream: Any = None
+    host: np.ndarray | None = None
     if comm.Get_rank() == root:
         stream = a.compress_abs(flat, eb)
         n[0] = stream_nbytes(stream)
+        host = np.ascontiguousarray(place.to_host(stream, int(n[0])))
     _bcast(comm, n, root, deadline, "broadcast of the stream size")
-    buf = np.ascontiguousarray(stream[: int(n[0])]) if stream is not None else np.empty(
-        int(n[0]), dtype=np.uint8
-    )
+    buf = host if host is not None else np.empty(int(n[0]), dtype=np.uint8)
     _bcast(comm, buf, root, deadline, "broadcast of the stream")
     if comm.Get_rank() != (root - 1) % comm.Get_size():
         ch.stats.bytes_sent += buf.nbytes
     got = check_stream(buf, flat.size, flat.dtype, eb)
     if got != buf.size:
         raise_size(root, got, buf.size)
-    a.decompress(buf, out=out)
+    a.decompress(place.to_place(buf), out=out)
 
 
 def decode_block(

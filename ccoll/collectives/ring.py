@@ -19,7 +19,6 @@ for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the b
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
@@ -28,6 +27,7 @@ from mpi4py import MPI
 
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
+from ccoll.collectives.devices import HOST, HostPlace
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errors import FormatError
@@ -53,9 +53,19 @@ class RingOps(Protocol):
 
 
 def reduce_scatter_streams(
-    ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps, bound: float, deadline: Deadline
+    ch: Channel,
+    layout: Layout,
+    dtype: np.dtype,
+    ops: RingOps,
+    bound: float,
+    deadline: Deadline,
+    place: HostPlace = HOST,
 ) -> list[Any]:
-    """Run the ring; return the streams of this rank's reduced block, one per chunk."""
+    """Run the ring; return the streams of this rank's reduced block, one per chunk.
+
+    ``place`` says where the streams live and how their bytes reach MPI
+    (:mod:`ccoll.collectives.devices`).
+    """
     comm = ch.comm
     n_ranks, r = comm.Get_size(), comm.Get_rank()
     nch = [len(layout.chunks(b)) for b in range(n_ranks)]
@@ -75,7 +85,7 @@ def reduce_scatter_streams(
     max_c = max(nch)
     # The steps at which chunk index c arrives; chunk c's buffer is reposted for the next.
     arrivals = [[s for s in range(steps) if c < nch[recv_block(s)]] for c in range(max_c)]
-    bufs = ch.recv_buffers(max_c, max_nbytes(layout.chunk_elems, dtype))
+    bufs = place.recv_buffers(ch, max_c, max_nbytes(layout.chunk_elems, dtype))
     posted = [0] * max_c
     final: list[Any] = [None] * nch[r]
     left_to_finish = nch[r]
@@ -91,13 +101,15 @@ def reduce_scatter_streams(
 
     def send(s: int, c: int, stream: Any) -> None:
         nb = stream_nbytes(stream)
-        reqs.append(comm.Isend([stream[:nb], MPI.BYTE], dest=right, tag=c))
-        meta.append(("send", s, c, stream))  # keeps the stream alive until sent
+        buf, token = place.for_send(stream, nb)
+        reqs.append(comm.Isend([buf, MPI.BYTE], dest=right, tag=c))
+        meta.append(("send", s, c, (stream, token)))  # keeps the buffers alive until sent
         ch.stats.bytes_sent += nb
 
     def on_mpi(i: int, status: MPI.Status) -> None:
-        kind, s, c, _ = meta[i]
+        kind, s, c, keep = meta[i]
         if kind != "recv":
+            place.sent(keep[1])
             return
         b = recv_block(s)
         lo, hi = layout.chunks(b)[c]
@@ -107,7 +119,7 @@ def reduce_scatter_streams(
                 f"ring step {s}: received {status.Get_count(MPI.BYTE)} bytes for a stream of "
                 f"{nb} bytes"
             )
-        view = bufs[c][:nb]
+        view = place.received(bufs[c], nb)
         worker.submit((s, 1, c), partial(ops.combine, b, c, view), ("combine", s, c), inline=inline)
 
     def on_task(tag: tuple[str, int, int], result: Any) -> None:
@@ -183,26 +195,35 @@ def reduce_scatter_streams(
                 pause = min(2 * pause, _POLL_MAX_S)
         else:
             raise AssertionError("ring reduce-scatter stalled with nothing in flight")
+    if place.device and not place.cuda_aware:  # type: ignore[attr-defined]
+        for b in bufs:
+            place.sent(b)
     return final
 
 
 def decode_chunks(
-    buf: np.ndarray,
+    host: np.ndarray,
+    buf: Any,
     layout: Layout,
     block: int,
     dtype: np.dtype,
     bound: float,
-    emit: Callable[[int, int, np.ndarray], None],
+    flat_out: Any,
 ) -> None:
-    """Walk the streams of ``block`` packed back to back in ``buf``; ``emit(lo, hi, stream)``."""
+    """Decode the streams of ``block``, packed back to back, into ``flat_out``.
+
+    ``host`` holds the bytes in host memory (their headers are read there) and ``buf`` the
+    same bytes where the decoder runs (``host`` itself, or a device copy).
+    """
+    dec = api().decompress
     pos = 0
     for lo, hi in layout.chunks(block):
-        nb = check_stream(buf[pos:], hi - lo, dtype, bound)
-        emit(lo, hi, buf[pos : pos + nb])
+        nb = check_stream(host[pos:], hi - lo, dtype, bound)
+        dec(buf[pos : pos + nb], out=flat_out[lo:hi])
         pos += nb
-    if pos != buf.size:
+    if pos != host.size:
         raise FormatError(
-            f"block {block} holds {buf.size} bytes but its streams end after {pos} bytes"
+            f"block {block} holds {host.size} bytes but its streams end after {pos} bytes"
         )
 
 
@@ -212,17 +233,22 @@ def allgather_streams(
     dtype: np.dtype,
     mine: list[Any],
     bound: float,
-    flat_out: np.ndarray,
+    flat_out: Any,
     deadline: Deadline,
+    place: HostPlace = HOST,
 ) -> None:
-    """Gather every rank's reduced block (bytes unchanged) and decode all into ``flat_out``."""
+    """Gather every rank's reduced block (bytes unchanged) and decode all into ``flat_out``.
+
+    The bytes travel through host memory whatever ``place`` is: they are compressed, so the
+    copies are small, and one ``MPI_Allgatherv`` on host buffers works with any MPI.
+    """
     comm = ch.comm
     n_ranks, r = comm.Get_size(), comm.Get_rank()
     lens = [stream_nbytes(s) for s in mine]
     packed = np.empty(sum(lens), dtype=np.uint8)
     pos = 0
     for s, nb in zip(mine, lens, strict=True):
-        packed[pos : pos + nb] = s[:nb]
+        packed[pos : pos + nb] = place.to_host(s, nb)
         pos += nb
     mine_n = np.array([packed.size], dtype=np.int64)
     counts = np.empty(n_ranks, dtype=np.int64)
@@ -237,17 +263,13 @@ def allgather_streams(
     req = comm.Iallgatherv([packed, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
     ch.stats.bytes_sent += total - int(counts[(r + 1) % n_ranks])
 
-    dec = api().decompress
-
-    def emit(lo: int, hi: int, stream: np.ndarray) -> None:
-        dec(stream, out=flat_out[lo:hi])
-
     # Decode this rank's block (from the very bytes the others receive) while the
     # allgather moves, then the others' blocks.
     worker = ch.worker
     inline = layout.max_chunks <= 1
-    worker.submit(0, partial(decode_chunks, packed, layout, r, dtype, bound, emit), "own",
-                  inline=inline)
+    own = partial(decode_chunks, packed, place.to_place(packed), layout, r, dtype, bound,
+                  flat_out)
+    worker.submit(0, own, "own", inline=inline)
     wait_all([req], deadline, "allgather of the reduced blocks")
     while worker.outstanding:
         for _, _, exc in worker.drain():
@@ -257,7 +279,8 @@ def allgather_streams(
             if deadline.expired():
                 raise deadline.error("decoding")
             worker.wait(0.05)
+    everything = place.to_place(recv)
     for q in range(n_ranks):
         if q != r:
-            seg = recv[int(displs[q]) : int(displs[q]) + int(counts[q])]
-            decode_chunks(seg, layout, q, dtype, bound, emit)
+            a, b = int(displs[q]), int(displs[q]) + int(counts[q])
+            decode_chunks(recv[a:b], everything[a:b], layout, q, dtype, bound, flat_out)

@@ -1,0 +1,64 @@
+"""The device path of the ring with several ranks, in the CUDA simulator.
+
+Runs only with NUMBA_ENABLE_CUDASIM=1 (`make test-cuda` starts it under mpiexec with 2
+ranks). Device streams cross MPI through pinned host staging (the simulator, like the pip
+MPI wheels, is not CUDA-aware); results must equal the host path's bit for bit on every
+rank and stay within the bound.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
+    pytest.skip("device collectives run in the CUDA simulator (NUMBA_ENABLE_CUDASIM=1)",
+                allow_module_level=True)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cuda"))
+
+import warp_shim  # noqa: E402
+from collkit import exact_sum, global_eb, gradient_like  # noqa: E402
+from kit import assert_same_on_every_rank, assert_within_bound  # noqa: E402
+from numba import cuda  # noqa: E402
+
+import ccoll  # noqa: E402
+
+warp_shim.install()
+
+
+@pytest.mark.parametrize(
+    "dtype, algorithm", [(np.float32, "homomorphic"), (np.float64, "dar")], ids=["f32-h", "f64-dar"]
+)
+def test_device_ring_equals_host_ring(comm, dtype, algorithm):
+    # Two chunks per block: the worker thread and staged sends of a pipelined ring.
+    x = gradient_like(comm.rank, 64 * comm.size + 7, dtype)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=40) as c:
+        want = c.allreduce(x, eb=eb)
+        y = c.allreduce(cuda.to_device(x), eb=eb).copy_to_host()
+    assert y.tobytes() == want.tobytes()
+    assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
+    assert_same_on_every_rank(comm, y)
+
+
+def test_device_reduce_scatter_allgather_bcast(comm):
+    x = gradient_like(comm.rank, 101, np.float32)
+    d = cuda.to_device(x)
+    eb = ccoll.ABS(1e-4)
+    rs = ccoll.reduce_scatter(d, eb=eb, comm=comm).copy_to_host()
+    assert rs.tobytes() == ccoll.reduce_scatter(x, eb=eb, comm=comm).tobytes()
+    ag = ccoll.allgather(d, eb=eb, comm=comm).copy_to_host()
+    assert ag.tobytes() == ccoll.allgather(x, eb=eb, comm=comm).tobytes()
+    bc = ccoll.bcast(d, eb=eb, root=comm.size - 1, comm=comm).copy_to_host()
+    assert bc.tobytes() == ccoll.bcast(x, eb=eb, root=comm.size - 1, comm=comm).tobytes()
+    assert_same_on_every_rank(comm, bc)
+
+
+def test_device_exact_equals_mpi(comm):
+    x = gradient_like(comm.rank, 57, np.float64)
+    y = ccoll.allreduce(cuda.to_device(x), eb=None, comm=comm).copy_to_host()
+    assert y.tobytes() == ccoll.allreduce(x, eb=None, comm=comm).tobytes()
