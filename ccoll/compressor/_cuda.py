@@ -35,11 +35,11 @@ from numba.core import config
 
 from ccoll.compressor import _cuda_kernels as K
 from ccoll.compressor import format as fmt
-from ccoll.errors import ErrorBoundError, FormatError, InputError, MismatchError
+from ccoll.errors import DTypeError, ErrorBoundError, FormatError, InputError, MismatchError
 
 __all__ = ["compress_abs", "decompress", "add", "header", "finite_range"]
 
-_SIM = bool(config.ENABLE_CUDASIM)
+_SIM = bool(getattr(config, "ENABLE_CUDASIM", 0))
 _PREFIX = fmt.HEADER_NBYTES + 8 * fmt.MAX_NDIM  # header bytes read back in one copy
 _EPOCH_LIMIT = 1 << 30  # look-back flags hold (epoch << 2) | state in 32 bits
 _MAX_WORKSETS = 16
@@ -94,14 +94,11 @@ def _import(obj: Any, what: str) -> _Dev:
         return _Dev(arr, "torch", obj, dev, producer)
     if hasattr(obj, "__cuda_array_interface__"):
         desc = obj.__cuda_array_interface__
-        dev = obj.device.id if mod == "cupy" else None
-        producer = desc.get("stream") if desc.get("version", 0) >= 3 else None
-        if dev is None:
+        ordinal = int(obj.device.id) if mod == "cupy" else None
+        cai_stream = desc.get("stream") if desc.get("version", 0) >= 3 else None
+        with _device_ctx(ordinal):
             arr = cuda.as_cuda_array(obj, sync=False)
-        else:
-            with cuda.gpus[dev]:
-                arr = cuda.as_cuda_array(obj, sync=False)
-        return _Dev(arr, "cupy" if mod == "cupy" else "numba", obj, dev, producer)
+        return _Dev(arr, "cupy" if mod == "cupy" else "numba", obj, ordinal, cai_stream)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
         dev_type, _ = obj.__dlpack_device__()
         if int(dev_type) in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
@@ -128,12 +125,12 @@ def _check_torch_dtype(t: Any, what: str) -> None:
     import torch
 
     if t.dtype not in (torch.float32, torch.float64, torch.uint8):
-        raise InputError(f"{what} has dtype {t.dtype}; ccoll handles float32, float64 and uint8 "
-                         "streams")
+        raise DTypeError(f"{what} has dtype {t.dtype}; ccoll handles float32 and float64 data "
+                         "and uint8 streams")
 
 
 def _contiguous(src: _Dev, what: str) -> Any:
-    """The array flattened to 1-D, or a clear error when it is not C-contiguous."""
+    """Return the array flattened to 1-D; a clear error when it is not C-contiguous."""
     arr = src.arr
     if arr.size and not arr.is_c_contiguous():
         raise InputError(f"{what} must be C-contiguous (got strides {arr.strides}); make a "
@@ -193,7 +190,7 @@ def _stream_from_handle(h: int) -> Any:
 
 
 def _resolve_stream(stream: Any, src: _Dev) -> Any:
-    """The numba stream to enqueue on: the caller's, else the producer framework's current."""
+    """Pick the numba stream to enqueue on: the caller's, else the producer's current one."""
     if _SIM:
         return cuda.default_stream() if stream is None else stream
     if stream is None:
@@ -231,8 +228,10 @@ def _after_producer(src: _Dev, s: Any, work: _Work) -> None:
     h = int(src.producer)
     if h == _handle(s) or (h in (0, 1) and _handle(s) in (0, 1)):
         return
-    work.event.record(stream=_stream_from_handle(h))
-    work.event.wait(stream=s)
+    ev = work.event
+    assert ev is not None  # created for every work set outside the simulator
+    ev.record(stream=_stream_from_handle(h))
+    ev.wait(stream=s)
 
 
 # ----------------------------------------------------------------------- work buffers
@@ -251,7 +250,7 @@ class _Work:
         self.keys = cuda.device_array(2, np.int64, stream=stream)
         self.h_tot = cuda.pinned_array(4, np.int64)
         self.h_hdr = cuda.pinned_array((2, _PREFIX), np.uint8)
-        self.event = None if _SIM else cuda.event(timing=False)
+        self.event: Any = None if _SIM else cuda.event(timing=False)  # type: ignore[call-arg]
         self.cap_t = 0
         self.cap_codes = 0
         self.cap_pay = 0
@@ -292,7 +291,7 @@ class _Work:
             self._alloc_pay(_grow(pay_words))
 
     def next_epoch(self) -> int:
-        """A fresh epoch for one look-back launch; stale flags then read as 'not ready'."""
+        """Return a fresh epoch for one look-back launch; stale flags read as 'not ready'."""
         self.epoch += 1
         if self.epoch >= _EPOCH_LIMIT:
             self.flags_a = self._zeros(self.cap_t, np.uint32)
@@ -311,7 +310,7 @@ _WORKSETS_LOCK = threading.Lock()
 
 
 def _work(s: Any) -> _Work:
-    """The work buffers of the current device and stream ``s`` (created on first use)."""
+    """Return the work buffers of the current device and stream ``s`` (made on first use)."""
     dev = 0 if _SIM else cuda.get_current_device().id
     key = (dev, _handle(s))
     with _WORKSETS_LOCK:
@@ -337,7 +336,7 @@ def _upload(dst: Any, host: np.ndarray, s: Any) -> None:
 
 
 def _stream_bytes(src: _Dev, what: str) -> Any:
-    """A device stream as a flat uint8 array, or a FormatError."""
+    """Return a device stream as a flat uint8 array; FormatError for anything else."""
     arr = src.arr
     if np.dtype(arr.dtype) != np.uint8:
         raise FormatError(f"{what}: a ccoll stream is a uint8 array, got dtype {arr.dtype}")
@@ -358,7 +357,7 @@ def _parse(host_row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
 
 
 def _aligned(buf8: Any, s: Any) -> Any:
-    """The stream itself when word-aligned, else an aligned device copy of it."""
+    """Return the stream itself when word-aligned, else an aligned device copy of it."""
     p = _ptr(buf8)
     if p is None or p % 8 == 0:
         return buf8
@@ -403,7 +402,7 @@ def _assemble(work: _Work, out: Any, hdr: fmt.StreamHeader, s: Any) -> None:
 
 
 def _check_out_stream(out: Any, nbytes: int) -> Any:
-    """A caller's stream buffer (uint8, contiguous, word-aligned, large enough), flattened."""
+    """Check a caller's stream buffer (uint8, contiguous, aligned, large enough); flatten it."""
     src = _import(out, "out")
     arr = src.arr
     if np.dtype(arr.dtype) != np.uint8 or (arr.size and not arr.is_c_contiguous()):
@@ -427,13 +426,13 @@ def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
     Returns a uint8 device array of the input's kind holding a format-v1 stream,
     byte-identical to the CPU backend's for the same data and bound.
     """
-    eb = float(eb_abs)
+    eb = float(eb_abs) + 0.0  # -0.0 becomes +0.0, as in the CPU backend's headers
     if not (math.isfinite(eb) and eb >= 0.0):
         raise ErrorBoundError(f"absolute error bound must be finite and >= 0, got {eb_abs!r}")
     src = _import(x, "x")
     dtype = np.dtype(src.arr.dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise InputError(f"x has dtype {dtype}; ccoll compresses float32 or float64 data")
+        raise DTypeError(f"ccoll compresses float32 or float64 data, got {dtype}")
     with _device_ctx(src.device):
         s = _resolve_stream(stream, src)
         flat = _contiguous(src, "x")
@@ -450,12 +449,7 @@ def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
             _after_producer(src, s, work)
             raw = 32 if dtype == np.float32 else 64
             work.ensure(nbw, nblocks, nblocks * raw)
-            xb = flat.view(np.int32 if dtype == np.float32 else np.int64)
-            epoch = work.next_epoch()
-            K.compress_kernel[nbw, K.TPB, s](
-                xb, n, eb, 2.0 * eb, nbw, work.ctr, work.flags_a, work.vals_a, epoch,
-                work.bitmap, work.codes_b, work.pay, work.totals,
-            )
+            _launch_compress(work, flat.view(np.int32 if raw == 32 else np.int64), n, eb, s)
             work.totals.copy_to_host(work.h_tot[:2], stream=s)
             s.synchronize()
             nnz, pwords = int(work.h_tot[0]), int(work.h_tot[1])
@@ -464,6 +458,15 @@ def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
             out = _new_stream(hdr, s)
             _assemble(work, out, hdr, s)
         return _export(out, src)
+
+
+def _launch_compress(work: _Work, xb: Any, n: int, eb: float, s: Any) -> None:
+    """Enqueue the compression kernel (scratch sized by the caller); no host wait."""
+    nbw = (n + 32 * fmt.BLOCK - 1) // (32 * fmt.BLOCK)
+    K.compress_kernel[nbw, K.TPB, s](
+        xb, n, eb, 2.0 * eb, nbw, work.ctr, work.flags_a, work.vals_a, work.next_epoch(),
+        work.bitmap, work.codes_b, work.pay, work.totals,
+    )
 
 
 def header(buf: Any, stream: Any = None) -> fmt.StreamHeader:
@@ -596,7 +599,7 @@ def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
 
 
 def _check_addable(ha: fmt.StreamHeader, hb: fmt.StreamHeader) -> None:
-    """Same checks and messages as the CPU backend's add."""
+    """Check that two streams can be added (same checks and messages as the CPU backend)."""
     if ha.dtype != hb.dtype:
         raise MismatchError(f"cannot add a {ha.dtype} stream to a {hb.dtype} stream")
     if ha.n != hb.n:
@@ -630,7 +633,7 @@ def finite_range(x: Any, stream: Any = None) -> tuple[float, float]:
     src = _import(x, "x")
     dtype = np.dtype(src.arr.dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise InputError(f"x has dtype {dtype}; expected float32 or float64")
+        raise DTypeError(f"finite_range takes float32 or float64 data, got {dtype}")
     with _device_ctx(src.device):
         s = _resolve_stream(stream, src)
         flat = _contiguous(src, "x")

@@ -175,7 +175,7 @@ def _round_like_ol(d, xb):  # type: ignore[no-untyped-def]
 
 
 def _f64_of_words(lo, hi):  # type: ignore[no-untyped-def]
-    """The float64 whose bit pattern is ``hi:lo``."""
+    """Return the float64 whose bit pattern is ``hi:lo``."""
     return np.array([np.int64(lo) | (np.int64(hi) << 32)], np.int64).view(np.float64)[0]
 
 
@@ -195,7 +195,7 @@ def _f64_of_f32word_ol(w):  # type: ignore[no-untyped-def]
 
 
 def _bits_of_f64(d):  # type: ignore[no-untyped-def]
-    """The bit pattern of a float64, as int64."""
+    """Return the bit pattern of a float64, as int64."""
     return np.array([d], np.float64).view(np.int64)[0]
 
 
@@ -219,7 +219,7 @@ def _store_ol(out, i, d):  # type: ignore[no-untyped-def]
 
 
 def _i32(v):  # type: ignore[no-untyped-def]
-    """The int32 with the bit pattern of the low 32 bits of ``v`` (0 <= v < 2^32)."""
+    """Return the int32 with the bit pattern of the low 32 bits of ``v`` (0 <= v < 2^32)."""
     v = np.int64(v)
     return np.int32(v - ((v >> 31) << 32))
 
@@ -310,7 +310,7 @@ def _code_words(code, is32):  # type: ignore[no-untyped-def]
 
 @cuda.jit(device=True)
 def _code_ok(code, is32):  # type: ignore[no-untyped-def]
-    """A code byte allowed for a non-zero block (format.md, "Block kinds and code bytes")."""
+    """Tell whether a code byte is allowed for a non-zero block (format.md, "Block kinds")."""
     w = code & 0x7F
     if code & LOR:
         return w >= 1 and w <= 31
@@ -946,7 +946,7 @@ def signatures() -> dict[str, list[tuple[str, tuple]]]:
     from numba import float32, float64, int32, int64, uint8, uint32
 
     a_u8, a_u32, a_i32, a_i64 = uint8[::1], uint32[::1], int32[::1], int64[::1]
-    out = {}
+    out: dict[str, list[tuple[str, tuple]]] = {}
     out["compress_kernel"] = [
         (dt, (xb, int64, float64, float64, int64, a_i64, a_u32, a_i64, int64, a_u32, a_u8,
               a_u32, a_i64))

@@ -225,12 +225,12 @@ def test_finite_range_matches_cpu(dtype):
 
 
 def test_bad_inputs_are_clear_errors():
-    from ccoll.errors import ErrorBoundError, InputError
+    from ccoll.errors import DTypeError, ErrorBoundError, InputError
 
     x = to_dev(np.ones(64, np.float32))
     assert_clear_error(ErrorBoundError, "finite", _cuda.compress_abs, x, math.nan)
     assert_clear_error(ErrorBoundError, "finite", _cuda.compress_abs, x, -1.0)
-    assert_clear_error(InputError, "float32 or float64",
+    assert_clear_error(DTypeError, "float32 or float64",
                        _cuda.compress_abs, to_dev(np.ones(8, np.int32)), 1e-3)
     strided = to_dev(np.ones((8, 8), np.float32)).T
     assert_clear_error(InputError, "C-contiguous", _cuda.compress_abs, strided, 1e-3)
@@ -359,3 +359,17 @@ def test_lookback_sums_aggregates_across_windows(ntiles, last_prefix):
     v = host(d_vals)[4 * ntiles : 4 * ntiles + 4]
     assert f == (epoch << 2) | K.ST_PRE
     assert list(v) == [5, 7, agg[:, 0].sum() + 5, agg[:, 1].sum() + 7]
+
+
+# ------------------------------------------------------------------------ frozen streams
+
+FIXTURES = __import__("pathlib").Path(__file__).resolve().parent.parent / "fixtures"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURES.glob("*.ccoll")))
+def test_frozen_streams_decode_to_the_frozen_values(name):
+    frozen = np.frombuffer((FIXTURES / f"{name}.ccoll").read_bytes(), np.uint8)
+    want = np.load(FIXTURES / f"{name}.npy")
+    got = host(_cuda.decompress(to_dev(frozen)))
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
