@@ -187,7 +187,9 @@ def load_minilm() -> Any:
     never gets a gradient; freezing it keeps DDP from waiting for gradients that never come.
     """
     from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one bar per rank otherwise
     st = SentenceTransformer(str(minilm_model_dir()), device="cpu")
     bert = st[0].auto_model
     pooler = getattr(bert, "pooler", None)
