@@ -18,7 +18,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
