@@ -36,12 +36,13 @@ def codes_of(buf):
 def sum_tolerance(bound, y, abs_sum, dtype, terms):
     """The bound of docs/error-bound.md, "Homomorphic sum", for a sum of ``terms`` streams.
 
-    Per term at most eb (1 + 2^-21) before rounding; at most ``terms`` float64 roundings
-    (raw sums and the final product), each within 2^-53 of the sum of magnitudes; one
-    rounding to the dtype.
+    Per term at most eb (1 + 2^-21) before rounding; at most 3 float64 roundings per add
+    and one in the final product, each within 2^-53 of the magnitudes; one rounding to
+    the dtype.
     """
     half_ulp = np.spacing(np.abs(y).astype(dtype)).astype(np.float64) / 2
-    return bound * (1 + 2.0**-21) + terms * 2.0**-53 * (abs_sum + bound) + half_ulp
+    roundings = 3 * (terms - 1) + 1
+    return bound * (1 + 2.0**-21) + roundings * 2.0**-53 * (abs_sum + bound) + half_ulp
 
 
 # ---------------------------------------------------------------------------- exactness

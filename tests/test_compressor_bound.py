@@ -213,3 +213,16 @@ def test_big_endian_input():
     buf = ccoll.compress(x, ccoll.ABS(1e-3))
     assert ccoll.decompress(buf).dtype == np.float32
     assert np.array_equal(ccoll.decompress(buf), y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("values", [
+    [], [np.nan], [np.inf, -np.inf, np.nan], [-0.0, 0.0], [1.0], [3.0, np.nan, -2.0, np.inf],
+    list(np.linspace(-5, 7, 70001)) + [np.nan, -np.inf], [F32_MAX, -F32_MAX, 1e-45],
+], ids=lambda v: f"n{len(v)}" if isinstance(v, list) else None)
+def test_parallel_range_equals_the_reference_range(values, dtype):
+    from ccoll.compressor import _cpu
+
+    with np.errstate(over="ignore"):
+        x = np.array(values, dtype)
+    assert _cpu.finite_range(x) == finite_range(x)

@@ -122,6 +122,52 @@ def _f32_from_bits(typingctx, x):  # type: ignore[no-untyped-def]
     return sig, codegen
 
 
+_I32 = ir.IntType(32)
+_V32 = ir.VectorType(_I32, 32)
+_M32 = ir.VectorType(ir.IntType(1), 32)
+
+
+def _splat32(builder, val):  # type: ignore[no-untyped-def]
+    v = builder.insert_element(ir.Constant(_V32, ir.Undefined), val, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, ir.Constant(_V32, ir.Undefined), ir.Constant(_V32, [0] * 32))
+
+
+@intrinsic
+def _plane_of(typingctx, mag, j):  # type: ignore[no-untyped-def]
+    """Gather bit ``j`` of the 32 uint32 lanes of ``mag`` into one word (bit l = lane l).
+
+    One vector shift and a mask move on AVX-512 instead of a 32-step reduction; ``mag``
+    must be a C-contiguous uint32 array of at least 32 elements.
+    """
+    sig = types.uint32(mag, types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        vec = builder.load(builder.bitcast(arr.data, _V32.as_pointer()), align=4)
+        shifted = builder.lshr(vec, _splat32(builder, builder.trunc(args[1], _I32)))
+        return builder.bitcast(builder.trunc(shifted, _M32), _I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def _or_plane(typingctx, mag, p, j):  # type: ignore[no-untyped-def]
+    """``mag[l] |= ((p >> l) & 1) << j`` for the 32 uint32 lanes of ``mag`` (a bit-plane)."""
+    sig = types.void(mag, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.bitcast(arr.data, _V32.as_pointer())
+        vec = builder.load(ptr, align=4)
+        mask = builder.bitcast(builder.trunc(args[1], _I32), _M32)
+        bit = _splat32(builder, builder.shl(ir.Constant(_I32, 1), builder.trunc(args[2], _I32)))
+        builder.store(builder.or_(vec, builder.select(mask, bit, ir.Constant(_V32, None))), ptr,
+                      align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 def _round_like(d, arr):  # type: ignore[no-untyped-def]
     """``float64(T(d))`` where ``T`` is the dtype of ``arr`` (one rounding, nearest-even)."""
     raise NotImplementedError  # only called from numba code, see the overload below
@@ -239,12 +285,9 @@ def _quantize(xb, eb, step, q):  # type: ignore[no-untyped-def]
 
 @njit(nogil=True, cache=True)
 def _planes(mag, w, Wb):  # type: ignore[no-untyped-def]
-    """Bit-planes 0..w-1 of the 32 magnitudes ``mag`` into ``Wb[1 : 1 + w]``."""
+    """Bit-planes 0..w-1 of the 32 uint32 magnitudes ``mag`` into ``Wb[1 : 1 + w]``."""
     for j in range(w):
-        p = np.int64(0)
-        for l in range(BLOCK):
-            p |= ((mag[l] >> j) & 1) << l
-        Wb[1 + j] = p
+        Wb[1 + j] = _plane_of(mag, j)
 
 
 @njit(nogil=True, cache=True)
@@ -295,25 +338,50 @@ def _encode_q(q, m, code, Wb, mag):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _decode_q(Wb, code, q):  # type: ignore[no-untyped-def]
-    """Read a fixed-length block ``Wb`` into ``q[0:32]`` (int64, Lorenzo undone)."""
+def _magnitudes(Wb, code, mag):  # type: ignore[no-untyped-def]
+    """Assemble the 32 magnitudes (uint32, below 2^31) of a fixed-length block."""
     for l in range(BLOCK):
-        q[l] = 0
-    w = code & 0x7F
-    for j in range(w):
-        p = np.int64(Wb[1 + j])
-        for l in range(BLOCK):
-            q[l] |= ((p >> l) & 1) << j
+        mag[l] = 0
+    for j in range(code & 0x7F):
+        _or_plane(mag, np.int64(Wb[1 + j]), j)
+
+
+@njit(nogil=True, cache=True)
+def _decode_q(Wb, code, mag, q):  # type: ignore[no-untyped-def]
+    """Read a fixed-length block ``Wb`` into ``q[0:32]`` (int64, Lorenzo undone)."""
+    _magnitudes(Wb, code, mag)
     sign = np.int64(Wb[0])
     for l in range(BLOCK):
         s = (sign >> l) & 1
-        q[l] = (q[l] ^ -s) + s  # negate where the sign bit is set
+        q[l] = (np.int64(mag[l]) ^ -s) + s  # negate where the sign bit is set
     if code & LOR:
         # Magnitudes are below 2^31, so 32 of them cannot overflow int64.
         acc = np.int64(0)
         for l in range(BLOCK):
             acc += q[l]
             q[l] = acc
+
+
+@njit(nogil=True, cache=True)
+def _decode_to(Wb, code, mag, ob, step):  # type: ignore[no-untyped-def]
+    """Decode a fixed-length block straight into ``ob`` (its valid lanes)."""
+    _magnitudes(Wb, code, mag)
+    sign = np.int64(Wb[0])
+    m = ob.size
+    if code & LOR:
+        acc = np.int64(0)
+        for l in range(m):
+            s = (sign >> l) & 1
+            acc += (np.int64(mag[l]) ^ -s) + s
+            ob[l] = np.float64(acc) * step
+    elif m == BLOCK:
+        for l in range(BLOCK):
+            s = (sign >> l) & 1
+            ob[l] = np.float64((np.int64(mag[l]) ^ -s) + s) * step
+    else:
+        for l in range(m):
+            s = (sign >> l) & 1
+            ob[l] = np.float64((np.int64(mag[l]) ^ -s) + s) * step
 
 
 @njit(nogil=True, cache=True)
@@ -330,33 +398,39 @@ def _raw_value(Wb, code, l, is32):  # type: ignore[no-untyped-def]
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _range_kernel(bits, is32, chunk_lo, chunk_hi):  # type: ignore[no-untyped-def]
-    """Per-chunk min/max of the finite values, on order-preserving integer keys."""
-    n = bits.size
+def _range_kernel(x, chunk_lo, chunk_hi):  # type: ignore[no-untyped-def]
+    """Per-chunk min/max of the finite values (+inf/-inf for a chunk without any).
+
+    32 running minima and maxima per chunk, updated lane by lane, so the loop vectorizes
+    without fastmath (a float min reduction would not).
+    """
+    n = x.size
     nchunks = chunk_lo.size
-    per = (n + nchunks - 1) // nchunks
+    per = ((n + nchunks - 1) // nchunks + BLOCK - 1) // BLOCK * BLOCK
+    big = np.finfo(x.dtype).max
     for c in prange(nchunks):
-        i0 = c * per
+        lo = np.empty(BLOCK, x.dtype)
+        hi = np.empty(BLOCK, x.dtype)
+        for l in range(BLOCK):
+            lo[l] = np.inf
+            hi[l] = -np.inf
+        i0 = min(c * per, n)
         i1 = min(i0 + per, n)
-        lo = np.int64(0x7FFFFFFFFFFFFFFF)
-        hi = np.int64(-0x7FFFFFFFFFFFFFFF - 1)
-        if is32:
-            for i in range(i0, i1):
-                b = np.int64(bits[i])  # uint32 bit pattern
-                fin = (b & 0x7F800000) != 0x7F800000
-                s = b - ((b & 0x80000000) << 1)  # as a signed 32-bit value
-                key = s ^ ((s >> 63) & 0x7FFFFFFF)
-                lo = min(lo, key) if fin else lo
-                hi = max(hi, key) if fin else hi
-        else:
-            for i in range(i0, i1):
-                s = np.int64(bits[i])  # int64 view of the float64 bits
-                fin = (s & 0x7FF0000000000000) != 0x7FF0000000000000
-                key = s ^ ((s >> 63) & 0x7FFFFFFFFFFFFFFF)
-                lo = min(lo, key) if fin else lo
-                hi = max(hi, key) if fin else hi
-        chunk_lo[c] = lo
-        chunk_hi[c] = hi
+        nfull = (i1 - i0) // BLOCK
+        for k in range(nfull):
+            xb = x[i0 + k * BLOCK : i0 + k * BLOCK + BLOCK]
+            for l in range(BLOCK):
+                v = xb[l]
+                fin = abs(v) <= big  # false for NaN and +-inf
+                lo[l] = v if fin & (v < lo[l]) else lo[l]
+                hi[l] = v if fin & (v > hi[l]) else hi[l]
+        for i in range(i0 + nfull * BLOCK, i1):
+            v = x[i]
+            if abs(v) <= big:
+                lo[0] = min(lo[0], v)
+                hi[0] = max(hi[0], v)
+        chunk_lo[c] = lo.min()
+        chunk_hi[c] = hi.max()
 
 
 def finite_range(x: np.ndarray) -> tuple[float, float]:
@@ -367,25 +441,15 @@ def finite_range(x: np.ndarray) -> tuple[float, float]:
     flat = x.reshape(-1)
     if flat.size == 0:
         return math.inf, -math.inf
-    is32 = flat.dtype == np.float32
-    bits = flat.view(np.uint32) if is32 else flat.view(np.int64)
     nchunks = max(1, min(256, flat.size // 65536))
-    lo = np.empty(nchunks, np.int64)
-    hi = np.empty(nchunks, np.int64)
+    lo = np.empty(nchunks, np.float64)
+    hi = np.empty(nchunks, np.float64)
     with _threads_for(flat.size):
-        _range_kernel(bits, is32, lo, hi)
-    klo, khi = int(lo.min()), int(hi.max())
-    if klo > khi:
+        _range_kernel(flat, lo, hi)
+    vlo, vhi = float(lo.min()), float(hi.max())
+    if vlo > vhi:
         return math.inf, -math.inf
-    return _key_to_float(klo, is32), _key_to_float(khi, is32)
-
-
-def _key_to_float(key: int, is32: bool) -> float:
-    if is32:
-        s = key if key >= 0 else key ^ 0x7FFFFFFF
-        return float(np.array([s], np.int32).view(np.float32)[0])
-    s = key if key >= 0 else key ^ 0x7FFFFFFFFFFFFFFF
-    return float(np.array([s], np.int64).view(np.float64)[0])
+    return vlo, vhi
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -444,7 +508,7 @@ def _write_stream(x, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W): 
     nblocks = codes.size
     is32 = x.itemsize == 4
     for c in prange(chunk_k.size):
-        mag = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.uint32)
         k = chunk_k[c]
         pos = chunk_pos[c]
         b0 = c * CHUNK_BLOCKS
@@ -648,7 +712,7 @@ def _decode(W, bitmap, codes, chunk_k, chunk_pos, step, n, out, outbits):  # typ
     nblocks = (n + BLOCK - 1) // BLOCK
     is32 = out.itemsize == 4
     for c in prange(chunk_k.size):
-        q = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.uint32)
         k = chunk_k[c]
         pos = chunk_pos[c]
         b0 = c * CHUNK_BLOCKS
@@ -679,13 +743,7 @@ def _decode(W, bitmap, codes, chunk_k, chunk_pos, step, n, out, outbits):  # typ
                 for l in range(m):
                     ob[l] = _raw_value(Wb, code, l, is32)
             else:
-                _decode_q(Wb, code, q)
-                if m == BLOCK:
-                    for l in range(BLOCK):
-                        ob[l] = np.float64(q[l]) * step
-                else:
-                    for l in range(m):
-                        ob[l] = np.float64(q[l]) * step
+                _decode_to(Wb, code, mag, ob, step)
 
 
 def _check_out(out: object, hdr: fmt.StreamHeader) -> np.ndarray:
@@ -728,13 +786,13 @@ def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True)
-def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb):  # type: ignore[no-untyped-def]
+def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag):  # type: ignore[no-untyped-def]
     """Code of the sum of two non-zero blocks; for a fixed sum ``qa`` = q_a + q_b."""
     rawsum = CODE_RAW64 if is32 else CODE_RAW
     if ca == CODE_RAW or ca == CODE_RAW64 or cb == CODE_RAW or cb == CODE_RAW64:
         return rawsum
-    _decode_q(Wa, ca, qa)
-    _decode_q(Wb, cb, qb)
+    _decode_q(Wa, ca, mag, qa)
+    _decode_q(Wb, cb, mag, qb)
     big = np.int64(0)
     orq = np.int64(0)
     ord_ = np.int64(0)
@@ -754,14 +812,14 @@ def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True)
-def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, Wo):  # type: ignore[no-untyped-def]
+def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, mag, Wo):  # type: ignore[no-untyped-def]
     """Store ``float64(a) + float64(b)`` per lane as 64 words (code 32 or 33)."""
     fa = ca != CODE_RAW and ca != CODE_RAW64
     fb = cb != CODE_RAW and cb != CODE_RAW64
     if fa:
-        _decode_q(Wa, ca, qa)
+        _decode_q(Wa, ca, mag, qa)
     if fb:
-        _decode_q(Wb, cb, qb)
+        _decode_q(Wb, cb, mag, qb)
     for l in range(m):
         va = np.float64(qa[l]) * step if fa else _raw_value(Wa, ca, l, is32)
         vb = np.float64(qb[l]) * step if fb else _raw_value(Wb, cb, l, is32)
@@ -781,6 +839,7 @@ def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
     for c in prange(chunk_nnz.size):
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.uint32)
         ka = cka[c]
         pa = cpa[c]
         kb = ckb[c]
@@ -799,7 +858,7 @@ def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
             if za and zb:
                 m = min(BLOCK, n - b * BLOCK)
                 code = _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32,
-                                  qa, qb)
+                                  qa, qb, mag)
             else:
                 code = codea | codeb  # at most one of them is non-zero
             ka += za
@@ -822,7 +881,7 @@ def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
     for c in prange(chunk_k.size):
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
-        mag = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.uint32)
         ka = cka[c]
         pa = cpa[c]
         kb = ckb[c]
@@ -854,11 +913,12 @@ def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
                         Wo[i] = src[i]
                 elif code != CODE_RAW and code != CODE_RAW64:
                     # Fixed + fixed in range: recompute q_a + q_b and encode it.
-                    _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, qa, qb)
+                    _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, qa, qb,
+                               mag)
                     _encode_q(qa, m, code, Wo, mag)
                 else:
                     _raw_sum(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, step,
-                             qa, qb, Wo)
+                             qa, qb, mag, Wo)
                 pos += size
             ka += za
             pa += sa
