@@ -289,3 +289,59 @@ def test_iallreduce_error_at_wait(comm):
     req = ccoll.iallreduce(np.zeros(4, np.float32), op="max", comm=comm)
     with pytest.raises(InputError, match="op 'max'"):
         req.wait(timeout=60)
+
+
+# -- demo and soak ---------------------------------------------------------------------------
+
+
+def test_demo_runs(comm, capsys):
+    from ccoll import demo
+
+    assert demo.main(["--max-tensors", "4", "--repeat", "1"], comm=comm) == 0
+    out = capsys.readouterr().out
+    if comm.rank == 0:
+        assert "total (4 tensors)" in out, out
+        total = [ln for ln in out.splitlines() if ln.startswith("total")][0]
+        assert total.split()[-1] == "yes", total
+        worst = float(total.split()[-4])
+        assert worst <= 1.0, total
+
+
+def _rss_bytes() -> int:
+    import os
+
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.slow
+def test_soak_mixed_calls_do_not_grow_memory(comm):
+    rng = np.random.default_rng(1234)  # same sequence of calls on every rank
+    kinds = ["allreduce", "dar", "reduce_scatter", "allgather", "bcast", "exact", "iallreduce"]
+    with ccoll.Communicator(comm, chunk_elems=8192) as c:
+        rss = []
+        for i in range(1000):
+            kind = kinds[int(rng.integers(len(kinds)))]
+            n = int(rng.integers(0, 50_000))
+            dtype = np.float32 if rng.random() < 0.5 else np.float64
+            x = gradient_like(comm.rank, n, dtype, seed=i)
+            eb = ccoll.REL(1e-3)
+            if kind == "allreduce":
+                y = c.allreduce(x, eb=eb)
+            elif kind == "dar":
+                y = c.allreduce(x, eb=eb, algorithm="dar")
+            elif kind == "reduce_scatter":
+                y = c.reduce_scatter(x, eb=eb)
+            elif kind == "allgather":
+                y = c.allgather(x, eb=eb)
+            elif kind == "bcast":
+                y = c.bcast(x, eb=eb, root=i % comm.size)
+            elif kind == "exact":
+                y = c.allreduce(x, eb=None)
+            else:
+                y = c.iallreduce(x, eb=eb).wait(timeout=60)
+            assert np.all(np.isfinite(y))
+            if i in (199, 999):
+                rss.append(_rss_bytes())
+        growth = rss[1] - rss[0]
+        assert growth < 32 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB"
