@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None, comm: MPI.Intracomm | None = None) -
     comm = MPI.COMM_WORLD if comm is None else comm
     rank, size = comm.Get_rank(), comm.Get_size()
     step, grads = _load(args.data or default_dataset(), rank, args.max_tensors)
-    steps = comm.gather(step)
+    steps = comm.gather(step) or []
     eb = ccoll.REL(args.rel)
     rows = []
     with ccoll.Communicator(comm, algorithm=args.algorithm) as cc:

@@ -668,7 +668,7 @@ def default_communicator(comm: Any) -> Communicator:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_on_comm_free)
         found = comm.Get_attr(_keyval)
-        if found is None:
+        if not isinstance(found, Communicator):
             found = Communicator(comm)
             comm.Set_attr(_keyval, found)
         return found

@@ -68,6 +68,17 @@ def test_allreduce_pipelined_chunks(comm, chunk):
     assert_same_on_every_rank(comm, y)
 
 
+def test_compressed_allreduce_sends_fewer_bytes_than_a_raw_ring(comm):
+    x = gradient_like(comm.rank, 100_000, np.float32)
+    with ccoll.Communicator(comm) as c:
+        c.allreduce(x, eb=ccoll.REL(1e-3))
+        sent = c.stats.last["bytes_sent"]
+    raw_ring = 2 * (comm.size - 1) * x.nbytes / comm.size
+    assert sent <= raw_ring / 2, (sent, raw_ring)
+    if comm.size == 1:
+        assert sent == 0
+
+
 def test_allreduce_tiny_bound_goes_raw_and_stays_within(comm):
     # An absolute bound far below float32 resolution: blocks are stored raw and summed in
     # float64, so the result is the float64 sum rounded once to float32.

@@ -1,0 +1,91 @@
+"""Single-process pieces of the collectives: layout, bounds, agreement codes, worker, policy."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ccoll.collectives.agreement import shape_code
+from ccoll.collectives.dar import dar_bound
+from ccoll.collectives.homomorphic import rank_bound
+from ccoll.collectives.layout import Layout, block_bounds
+from ccoll.collectives.policy import Decision, _decide
+from ccoll.collectives.worker import Worker
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("n", [0, 1, 2, 6, 31, 33, 1000])
+def test_blocks_are_numpy_array_split(n, size):
+    want = [(int(a[0]), int(a[-1]) + 1) if a.size else None
+            for a in np.array_split(np.arange(n), size)]
+    got = block_bounds(n, size)
+    assert [hi - lo for lo, hi in got] == [len(a) for a in np.array_split(np.arange(n), size)]
+    assert all(w is None or w == g for w, g in zip(want, got, strict=True))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 32, 1 << 20])
+def test_chunks_tile_each_block(chunk):
+    lay = Layout(1003, 4, chunk)
+    for b, (lo, hi) in enumerate(lay.blocks):
+        ch = lay.chunks(b)
+        assert ch[0][0] == lo and ch[-1][1] == hi
+        assert all(c1[1] == c2[0] for c1, c2 in zip(ch, ch[1:], strict=False))
+        assert all(0 < h - l <= chunk for l, h in ch)
+    assert lay.max_chunks == len(lay.chunks(0))
+
+
+@pytest.mark.parametrize("n_ranks", [1, 2, 3, 4, 5, 64, 1000])
+def test_rank_bound_leaves_the_documented_margin(n_ranks):
+    eb = 1e-3
+    r = rank_bound(eb, n_ranks)
+    m = (n_ranks + 8) * 2.0**-22
+    # Quantization, conversions and additions of docs/error-bound.md stay below eb.
+    total = n_ranks * r * (1 + 2.0**-21) + 2.0**-21 * eb + 2.0**-22 * (n_ranks + 1) * eb
+    assert total < eb
+    assert r == pytest.approx(eb / n_ranks * (1 - m), rel=1e-15)
+    assert rank_bound(0.0, n_ranks) == 0.0
+    assert dar_bound(eb, n_ranks) * (2 * n_ranks - 1) == pytest.approx(eb)
+
+
+def test_shape_codes_differ_and_fit_float64():
+    shapes = [(), (0,), (1,), (4, 5), (5, 4), (20,), (2, 10), (1, 20), (20, 1)]
+    codes = [shape_code(s) for s in shapes]
+    assert len(set(codes)) == len(codes)
+    assert all(float(c) == c and c < 2**53 for c in codes)
+
+
+def test_worker_runs_by_priority_and_reports_errors():
+    w = Worker("test-worker")
+    gate = threading.Event()
+    order = []
+    w.submit((0,), gate.wait, "gate")  # holds the thread while the others queue up
+    for key in [(3, 0), (1, 5), (2, 0), (1, 1)]:
+        w.submit(key, lambda k=key: order.append(k), key)
+    w.submit((9,), lambda: 1 / 0, "boom")
+    gate.set()
+    done = []
+    while w.outstanding:
+        w.wait(1.0)
+        done.extend(w.drain())
+    w.close()
+    assert order == [(1, 1), (1, 5), (2, 0), (3, 0)]
+    errors = [exc for tag, _, exc in done if tag == "boom"]
+    assert isinstance(errors[0], ZeroDivisionError)
+
+
+def test_worker_inline():
+    w = Worker()
+    w.submit(0, lambda: 42, "a", inline=True)
+    assert w.drain() == [("a", 42, None)]
+    assert w.outstanding == 0
+
+
+@pytest.mark.parametrize(
+    "policy, exact, want", [("compress", False, "compress"), ("raw", False, "raw"),
+                            ("compress", True, "raw")]
+)
+def test_decide(policy, exact, want):
+    d = Decision("allreduce", policy, "homomorphic", exact, 100, np.dtype(np.float32), 4, 1e-3)
+    assert _decide(d) == want
