@@ -159,7 +159,14 @@ class _Null:
 
 
 def _export(arr: Any, like: _Dev, shape: tuple[int, ...] | None = None) -> Any:
-    """``arr`` (numba) as an array of the caller's kind, sharing memory."""
+    """``arr`` (numba) as an array of the caller's kind, sharing memory.
+
+    The result was produced on the stream the call used; it is handed over without a stream
+    in its ``__cuda_array_interface__`` so that CuPy does not wait for it on the host (work
+    on that stream is ordered after it, which is the default stream choice).
+    """
+    if like.kind in ("torch", "cupy"):
+        arr = arr.bind(0)
     if like.kind == "torch":
         import torch
 
@@ -216,9 +223,12 @@ def _resolve_stream(stream: Any, src: _Dev) -> Any:
 
 
 def _handle(s: Any) -> int:
+    """Return the raw ``cudaStream_t`` of a numba stream as an int (0: default stream)."""
     if _SIM:
         return 0
-    return int(s)
+    h = getattr(s, "handle", s)
+    h = getattr(h, "value", h)  # a ctypes handle with older bindings
+    return int(h) if h else 0
 
 
 def _after_producer(src: _Dev, s: Any, work: _Work) -> None:

@@ -373,3 +373,21 @@ def test_frozen_streams_decode_to_the_frozen_values(name):
     got = host(_cuda.decompress(to_dev(frozen)))
     assert got.dtype == want.dtype and got.shape == want.shape
     assert got.tobytes() == want.tobytes()
+
+
+# ------------------------------------------------------------------- through the public API
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_public_api_dispatches_device_arrays_here(dtype):
+    from ccoll.compressor import add, header
+
+    x = gradient_like(200, dtype, seed=31)
+    d = to_dev(x)
+    g = ccoll.compress(d, ccoll.REL(1e-3))  # REL resolved by the device range kernel
+    assert not isinstance(g, np.ndarray), "device input must give a device stream"
+    c = ccoll.compress(x, ccoll.REL(1e-3))
+    assert host(g).tobytes() == c.tobytes()
+    assert host(ccoll.decompress(g)).tobytes() == ccoll.decompress(c).tobytes()
+    assert header(g) == header(c)
+    assert host(add(g, g)).tobytes() == add(c, c).tobytes()
