@@ -198,8 +198,14 @@ def rank_command(command: Sequence[str], python: str) -> list[str]:
 
 
 def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python: str,
-                 extra_env: dict[str, str] | None = None) -> list[str]:
-    """An MPICH ``mpiexec`` MPMD line that starts one rank in each namespace."""
+                 extra_env: dict[str, str] | None = None, threads: int | None = None,
+                 pin: bool = False) -> list[str]:
+    """An MPICH ``mpiexec`` MPMD line that starts one rank in each namespace.
+
+    ``threads`` sets each rank's compute threads (numba, OpenMP); ``pin`` binds rank ``i``
+    to its share of the cores (``taskset``), so that ranks behave like separate nodes
+    instead of migrating over each other's cores.
+    """
     env = {
         "MPIR_CVAR_NOLOCAL": "1",
         "MPIR_CVAR_CH4_NETMOD": "ofi",
@@ -208,7 +214,10 @@ def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python:
         "CCOLL_CLUSTER_RATE_BPS": str(int(cluster.rate_bps)),
         **(extra_env or {}),
     }
+    if threads is not None:
+        env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
     prog = rank_command(command, python)
+    cpus = sorted(os.sched_getaffinity(0))
     line: list[str] = [mpiexec]
     for i, ns in enumerate(cluster.rank_ns):
         if i:
@@ -216,8 +225,19 @@ def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python:
         line += ["-n", "1"]
         for k, v in env.items():
             line += ["-env", k, v]
-        line += ["ip", "netns", "exec", ns, *prog]
+        line += ["ip", "netns", "exec", ns]
+        if pin:
+            line += ["taskset", "-c", ",".join(map(str, rank_cores(i, cluster.ranks, cpus)))]
+        line += prog
     return line
+
+
+def rank_cores(rank: int, ranks: int, cpus: Sequence[int]) -> list[int]:
+    """The cores of rank ``rank`` when ``ranks`` ranks share the cores ``cpus`` evenly."""
+    if ranks >= len(cpus):
+        return [cpus[rank % len(cpus)]]
+    per = len(cpus) // ranks
+    return cpus[rank * per : (rank + 1) * per]
 
 
 def _default_mpiexec() -> str:
@@ -268,7 +288,8 @@ def run_on_cluster(args: argparse.Namespace) -> int:
                 )
                 # OFI's tcp provider fails with "Bad file descriptor" on links younger than ~1 s.
                 time.sleep(args.settle)
-                line = mpmd_command(cluster, args.command, args.mpiexec, args.python)
+                line = mpmd_command(cluster, args.command, args.mpiexec, args.python,
+                                    threads=args.threads, pin=args.pin)
                 if args.verbose:
                     print("+ " + " ".join(line), file=sys.stderr, flush=True)
                 proc = subprocess.Popen(line, start_new_session=True)
@@ -311,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--settle", type=float, default=2.0,
                    help="seconds to wait after creating links before MPI starts (default 2)")
     p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s")
+    p.add_argument("--threads", type=int, default=None,
+                   help="compute threads per rank (NUMBA_NUM_THREADS, OMP_NUM_THREADS); "
+                   "default: the cores divided among the ranks, at least 1")
+    p.add_argument("--pin", action="store_true",
+                   help="bind each rank to its share of the cores (taskset), like a node")
     p.add_argument("--keep", action="store_true", help="leave the namespaces in place (debugging)")
     p.add_argument("--mpiexec", default=None, help="mpiexec to use (default .venv/bin/mpiexec)")
     p.add_argument("--python", default=sys.executable, help="python for `ccoll ...` commands")
@@ -344,6 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--ranks must be 1..64, got {args.ranks}", file=sys.stderr)
         return 2
     args.mpiexec = args.mpiexec or _default_mpiexec()
+    if args.threads is None:
+        args.threads = max(1, len(os.sched_getaffinity(0)) // args.ranks)
+    if args.pin and shutil.which("taskset") is None:
+        print("--pin needs `taskset` (util-linux)", file=sys.stderr)
+        return 2
     return run_on_cluster(args)
 
 

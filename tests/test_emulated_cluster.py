@@ -95,6 +95,25 @@ def test_mpmd_line_puts_each_rank_in_its_namespace() -> None:
     assert line.count("FI_TCP_IFACE") == 3 and line.count("MPIR_CVAR_NOLOCAL") == 3
 
 
+@pytest.mark.parametrize(
+    ("ranks", "cpus", "expect"),
+    [(2, [0, 1], [[0], [1]]), (4, [0, 1], [[0], [1], [0], [1]]),
+     (2, list(range(8)), [[0, 1, 2, 3], [4, 5, 6, 7]]), (3, [2, 3, 4, 5, 6, 7], [[2, 3], [4, 5],
+                                                                               [6, 7]])],
+)
+def test_rank_cores_share_the_cores_evenly(ranks: int, cpus: list[int],
+                                           expect: list[list[int]]) -> None:
+    assert [ec.rank_cores(i, ranks, cpus) for i in range(ranks)] == expect
+
+
+def test_threads_and_pinning_reach_every_rank() -> None:
+    cl = ec.Cluster(2, 1e9)
+    line = ec.mpmd_command(cl, ["python", "x.py"], "mpiexec", "py", threads=3, pin=True)
+    assert line.count("NUMBA_NUM_THREADS") == 2 and line.count("taskset") == 2
+    i = line.index("NUMBA_NUM_THREADS")
+    assert line[i + 1] == "3"
+
+
 @needs_root
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_runs_mpi_over_shaped_links_and_cleans_up(tmp_path: Path, ranks: int) -> None:
