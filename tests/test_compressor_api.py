@@ -158,3 +158,22 @@ def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
         ccoll.decompress(np.zeros(8, np.uint8), out=dev)
     with pytest.raises(ccoll.DTypeError):
         ccoll.compress(FakeDeviceArray("<i4"), ccoll.ABS(1e-3))
+
+
+def test_concurrent_calls_from_python_threads():
+    # Kernels release the GIL; parallel kernels may be entered from several threads at once
+    # (the collectives compress and add while a transfer is in flight).
+    from concurrent.futures import ThreadPoolExecutor
+
+    xs = [sample((300_000,), np.float32, seed=s) for s in range(4)]
+    want = [compress_abs(x, 1e-4).tobytes() for x in xs]
+
+    def work(i):
+        buf = compress_abs(xs[i], 1e-4)
+        return buf.tobytes(), ccoll.decompress(add(buf, buf))
+
+    with ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(work, range(4)))
+    for i, (buf, y) in enumerate(got):
+        assert buf == want[i]
+        assert np.array_equal(y, ccoll.decompress(add(want[i], want[i])))

@@ -438,7 +438,7 @@ def finite_range(x: np.ndarray) -> tuple[float, float]:
 
     One parallel pass; equal to :func:`ccoll.errorbound.finite_range`.
     """
-    flat = x.reshape(-1)
+    flat = _readonly(x.reshape(-1))
     if flat.size == 0:
         return math.inf, -math.inf
     nchunks = max(1, min(256, flat.size // 65536))
@@ -556,6 +556,17 @@ def _scan(counts: np.ndarray) -> tuple[np.ndarray, int]:
     return out, total
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    """Return a read-only view, so kernels always see the same array type.
+
+    numba compiles a separate specialization for read-only arrays (bytes, mapped files);
+    passing every input read-only halves the compiled (and cached) kernels.
+    """
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _nchunks(nblocks: int) -> int:
     return (nblocks + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS
 
@@ -565,7 +576,7 @@ def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
 
     ``eb`` must be finite and ``>= 0`` (checked by the caller); ``eb = 0`` is lossless.
     """
-    flat = x.reshape(-1)
+    flat = _readonly(x.reshape(-1))
     n = flat.size
     is32 = flat.dtype == np.float32
     nblocks = (n + BLOCK - 1) // BLOCK
@@ -669,9 +680,7 @@ def _validate(buf: np.ndarray) -> _Layout:
     hdr = fmt.parse_header(buf)
     is32 = hdr.dtype == np.float32
     nblocks = hdr.nblocks
-    raw = buf
-    if buf.ctypes.data % 4:
-        raw = buf.copy()  # word views need 4-byte alignment
+    raw = _readonly(buf if buf.ctypes.data % 4 == 0 else buf.copy())  # words need alignment
     bitmap = raw[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
     codes = raw[hdr.codes_offset : hdr.codes_offset + hdr.nnz]
     pad = raw[hdr.codes_offset + hdr.nnz : hdr.payload_offset]
@@ -786,24 +795,40 @@ def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True)
-def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag):  # type: ignore[no-untyped-def]
+def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-untyped-def]
     """Code of the sum of two non-zero blocks; for a fixed sum ``qa`` = q_a + q_b."""
     rawsum = CODE_RAW64 if is32 else CODE_RAW
     if ca == CODE_RAW or ca == CODE_RAW64 or cb == CODE_RAW or cb == CODE_RAW64:
         return rawsum
-    _decode_q(Wa, ca, mag, qa)
-    _decode_q(Wb, cb, mag, qb)
     big = np.int64(0)
     orq = np.int64(0)
     ord_ = np.int64(0)
     prev = np.int64(0)
-    for l in range(m):
-        s = qa[l] + qb[l]
-        big |= np.int64(abs(s) >= QMAX_ADD)
-        orq |= abs(s)
-        ord_ |= abs(s - prev)
-        prev = s
-        qa[l] = s
+    if (ca | cb) & LOR:
+        _decode_q(Wa, ca, mag, qa)
+        _decode_q(Wb, cb, mag, qb)
+        for l in range(m):
+            t = qa[l] + qb[l]
+            big |= np.int64(abs(t) >= QMAX_ADD)
+            orq |= abs(t)
+            ord_ |= abs(t - prev)
+            prev = t
+            qa[l] = t
+    else:
+        # No prefix sums: one vectorizable pass over both blocks' magnitudes and signs.
+        _magnitudes(Wa, ca, mag)
+        _magnitudes(Wb, cb, magb)
+        sa = np.int64(Wa[0])
+        sb = np.int64(Wb[0])
+        for l in range(m):
+            ta = (sa >> l) & 1
+            tb = (sb >> l) & 1
+            t = ((np.int64(mag[l]) ^ -ta) + ta) + ((np.int64(magb[l]) ^ -tb) + tb)
+            big |= np.int64(abs(t) >= QMAX_ADD)
+            orq |= abs(t)
+            ord_ |= abs(t - prev)
+            prev = t
+            qa[l] = t
     for l in range(m, BLOCK):
         qa[l] = 0
     if big:
@@ -840,6 +865,7 @@ def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
+        magb = np.empty(BLOCK, np.uint32)
         ka = cka[c]
         pa = cpa[c]
         kb = ckb[c]
@@ -858,7 +884,7 @@ def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
             if za and zb:
                 m = min(BLOCK, n - b * BLOCK)
                 code = _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32,
-                                  qa, qb, mag)
+                                  qa, qb, mag, magb)
             else:
                 code = codea | codeb  # at most one of them is non-zero
             ka += za
@@ -882,6 +908,7 @@ def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
+        magb = np.empty(BLOCK, np.uint32)
         ka = cka[c]
         pa = cpa[c]
         kb = ckb[c]
@@ -914,7 +941,7 @@ def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
                 elif code != CODE_RAW and code != CODE_RAW64:
                     # Fixed + fixed in range: recompute q_a + q_b and encode it.
                     _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, qa, qb,
-                               mag)
+                               mag, magb)
                     _encode_q(qa, m, code, Wo, mag)
                 else:
                     _raw_sum(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, step,
