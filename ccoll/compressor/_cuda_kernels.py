@@ -109,42 +109,36 @@ def _ddiv_ol(a, b):  # type: ignore[no-untyped-def]
     return lambda a, b: libdevice.ddiv_rn(a, b)
 
 
-def _value_at(xb, i):  # type: ignore[no-untyped-def]
-    """float64 value of element ``i`` of a bit view (int32: float32 data, int64: float64)."""
+def _value_of(b, xb):  # type: ignore[no-untyped-def]
+    """float64 value of bit pattern ``b`` (int64; int32-view data sign-extended) of ``xb``."""
     if xb.dtype == np.int32:
-        return np.float64(np.array([xb[i]], np.int32).view(np.float32)[0])
-    return np.array([xb[i]], np.int64).view(np.float64)[0]
+        return np.float64(np.array([b], np.int64).astype(np.int32).view(np.float32)[0])
+    return np.array([b], np.int64).view(np.float64)[0]
 
 
-@overload(_value_at)
-def _value_at_ol(xb, i):  # type: ignore[no-untyped-def]
+@overload(_value_of)
+def _value_of_ol(b, xb):  # type: ignore[no-untyped-def]
     if xb.dtype == types.int32:
-        return lambda xb, i: np.float64(libdevice.int_as_float(xb[i]))
-    return lambda xb, i: libdevice.longlong_as_double(xb[i])
+        return lambda b, xb: np.float64(libdevice.int_as_float(np.int32(b)))
+    return lambda b, xb: libdevice.longlong_as_double(b)
 
 
-def _words_at(xb, i):  # type: ignore[no-untyped-def]
-    """Element ``i`` of a bit view as (low word, high word) int64 (high is 0 for float32)."""
-    b = np.int64(xb[i])
+def _words_of(b, xb):  # type: ignore[no-untyped-def]
+    """Split bit pattern ``b`` of an element of ``xb`` into (low word, high word).
+
+    The high word is 0 for float32 data.
+    """
+    b = np.int64(b)
     if xb.dtype == np.int32:
         return b & 0xFFFFFFFF, np.int64(0)
     return b & 0xFFFFFFFF, (b >> 32) & 0xFFFFFFFF
 
 
-@overload(_words_at)
-def _words_at_ol(xb, i):  # type: ignore[no-untyped-def]
+@overload(_words_of)
+def _words_of_ol(b, xb):  # type: ignore[no-untyped-def]
     if xb.dtype == types.int32:
-
-        def impl32(xb, i):  # type: ignore[no-untyped-def]
-            return np.int64(xb[i]) & 0xFFFFFFFF, np.int64(0)
-
-        return impl32
-
-    def impl64(xb, i):  # type: ignore[no-untyped-def]
-        b = np.int64(xb[i])
-        return b & 0xFFFFFFFF, (b >> 32) & 0xFFFFFFFF
-
-    return impl64
+        return lambda b, xb: (b & 0xFFFFFFFF, np.int64(0))
+    return lambda b, xb: (b & 0xFFFFFFFF, (b >> 32) & 0xFFFFFFFF)
 
 
 def _raw_words(xb):  # type: ignore[no-untyped-def]
@@ -443,8 +437,11 @@ def _encode_q(q, valid, lane):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit(device=True)
-def _compress_block(xb, n, blk, eb, step, lane):  # type: ignore[no-untyped-def]
-    """(code, payload words, lane word lo, lane word hi) of block ``blk``; whole warp."""
+def _compress_block(xb, b, n, blk, eb, step, lane):  # type: ignore[no-untyped-def]
+    """(code, payload words, lane word lo, lane word hi) of block ``blk``; whole warp.
+
+    ``b`` is this lane's element of ``xb`` (bit pattern, int64), loaded by the caller.
+    """
     i = blk * BLOCK + lane
     valid = i < n
     ok = True
@@ -452,9 +449,9 @@ def _compress_block(xb, n, blk, eb, step, lane):  # type: ignore[no-untyped-def]
     lo = np.int64(0)
     hi = np.int64(0)
     if valid:
-        lo, hi = _words_at(xb, i)
+        lo, hi = _words_of(b, xb)
         if eb > 0.0:
-            xd = _value_at(xb, i)
+            xd = _value_of(b, xb)
             v = _ddiv(xd, step)
             if abs(v) < QLIM:
                 q = np.int64(math.floor(_dadd(v, 0.5)))
@@ -572,9 +569,14 @@ def compress_kernel(xb, n, eb, step, ntiles, ctr, flags, vals, epoch,  # type: i
     tile = s_misc[0]
     lo = cuda.local.array(BPW, np.int64)
     hi = cuda.local.array(BPW, np.int64)
+    xw = cuda.local.array(BPW, np.int64)
+    # Issue the warp's 4 coalesced loads before any arithmetic, to keep more bytes in flight.
+    for k in range(BPW):
+        i = (tile * TILE + warp * BPW + k) * BLOCK + lane
+        xw[k] = np.int64(xb[i]) if i < n else np.int64(0)
     for k in range(BPW):
         j = warp * BPW + k
-        code, size, wlo, whi = _compress_block(xb, n, tile * TILE + j, eb, step, lane)
+        code, size, wlo, whi = _compress_block(xb, xw[k], n, tile * TILE + j, eb, step, lane)
         lo[k] = wlo
         hi[k] = whi
         if lane == 0:
