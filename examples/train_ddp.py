@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
     ap.add_argument("--min-numel", type=int, default=4096, help="ccoll hook: smaller buckets exact")
     ap.add_argument("--start-iter", type=int, default=1, help="ccoll hook: first compressed step")
+    ap.add_argument("--policy", choices=("compress", "auto", "raw"), default="compress",
+                    help="ccoll hook: always compress, let the cost model decide, or never")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"))
     ap.add_argument("--tag", default="", help="suffix of the log's file name")
     ap.add_argument("--plot-only", action="store_true", help="only redraw the plots in --out")
@@ -82,6 +84,8 @@ def run_name(args: argparse.Namespace, size: int) -> str:
         parts.append(args.eb.replace(":", ""))
         if args.error_feedback:
             parts.append("ef")
+        if args.policy != "compress":
+            parts.append(args.policy)
     parts += [f"n{size}", f"s{args.seed}"]
     if args.tag:
         parts.append(args.tag)
@@ -165,6 +169,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             error_feedback=args.error_feedback,
             start_iter=args.start_iter,
             min_numel=args.min_numel,
+            policy=args.policy,
         )
         ddp.register_comm_hook(state, ccoll.torch.comm_hook)
     elif args.compress == "fp16":
@@ -184,6 +189,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "lr": args.lr,
         "min_numel": args.min_numel,
         "start_iter": args.start_iter,
+        "policy": args.policy if args.compress == "ccoll" else None,
         "parameters": sum(p.numel() for p in task.module.parameters() if p.requires_grad),
         "command": shlex.join(["python", *sys.argv]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
@@ -245,6 +251,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if state is not None:
         log["buckets_compressed"] = state.compressed
         log["buckets_exact"] = state.exact
+        log["hook_busy_s_per_step"] = state.busy_s / args.steps
         st = state.communicator.stats
         # A ring allreduce of raw floats puts 2 (N - 1) / N of its input on the wire per rank.
         raw_wire = st.bytes_input * 2 * (size - 1) / size

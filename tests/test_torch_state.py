@@ -56,6 +56,7 @@ def test_state_accepts_bounds(eb) -> None:
         ({"start_iter": 1.0}, InputError, "start_iter must be an int >= 0"),
         ({"min_numel": True}, InputError, "min_numel must be an int >= 0"),
         ({"comm": "world"}, InputError, "comm must be an mpi4py intracommunicator"),
+        ({"policy": "sometimes"}, InputError, "policy must be one of 'compress', 'auto'"),
     ],
     ids=lambda v: repr(v)[:30],
 )

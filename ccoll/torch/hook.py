@@ -27,6 +27,7 @@ and skips the step on every rank.
 # annotations with dist.GradBucket and torch.futures.Future[torch.Tensor] as objects.
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ __all__ = ["CCollHookState", "comm_hook"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float64, *_LOW_PRECISION)
+_POLICIES = ("compress", "auto", "raw")
 
 
 def _check_int(name: str, value: object, lo: int) -> int:
@@ -67,6 +69,10 @@ class CCollHookState:
         comm: mpi4py intracommunicator of the DDP ranks (default ``MPI.COMM_WORLD``). The state
             works on a duplicate of it (``Dup`` is collective: construct the state on every
             rank), so the hook's traffic never mixes with the caller's messages.
+        policy: what the collective does with a bucket the hook hands it for compression:
+            ``"compress"`` (default: always), ``"auto"`` (ccoll's cost model decides per
+            bucket from measured link and compressor speeds, docs/model.md) or ``"raw"``
+            (never: plain MPI through the same path, for comparisons).
         timeout: seconds a bucket's collective may wait for its peers before it fails with
             :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
 
@@ -84,7 +90,10 @@ class CCollHookState:
     Attributes:
         iter: iterations seen (incremented after the last bucket of each backward pass).
         residuals: ``{bucket index: float32 numpy array}`` when error feedback is on.
-        compressed: buckets reduced with compression so far; ``exact``: reduced exactly.
+        compressed: buckets that went through compression so far; ``exact``: buckets
+            averaged exactly (first iterations, small buckets, the policy's raw choices).
+        busy_s: seconds the engine thread spent averaging buckets (overlaps the backward
+            pass; compare with the step time to see how much of it stays exposed).
         communicator: the :class:`ccoll.Communicator` the buckets go through (its ``stats``
             count bytes in and out).
 
@@ -101,6 +110,8 @@ class CCollHookState:
         "residuals",
         "compressed",
         "exact",
+        "busy_s",
+        "policy",
     )
 
     def __init__(
@@ -111,6 +122,7 @@ class CCollHookState:
         start_iter: int = 1,
         min_numel: int = 4096,
         comm: Any = None,
+        policy: str = "compress",
         timeout: float | None = None,
     ) -> None:
         from mpi4py import MPI
@@ -124,6 +136,9 @@ class CCollHookState:
             raise InputError(f"error_feedback must be True or False, got {error_feedback!r}")
         start = _check_int("start_iter", start_iter, 0)
         min_n = _check_int("min_numel", min_numel, 0)
+        if policy not in _POLICIES:
+            raise InputError(f"policy must be one of {', '.join(map(repr, _POLICIES))}, "
+                             f"got {policy!r}")
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
@@ -134,16 +149,20 @@ class CCollHookState:
         self.comm = base.Dup()
         # Error feedback needs to know each rank's own quantized input, which only the
         # homomorphic ring defines (decompress-add-recompress mixes the ranks' errors).
-        self.communicator = Communicator(self.comm, algorithm="homomorphic", timeout=timeout)
+        self.policy = policy
+        self.communicator = Communicator(
+            self.comm, algorithm="homomorphic", policy=policy, timeout=timeout
+        )
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
         self.compressed = 0
         self.exact = 0
+        self.busy_s = 0.0
 
     def __repr__(self) -> str:
         return (
             f"CCollHookState(eb={self.eb!r}, error_feedback={self.error_feedback}, "
-            f"start_iter={self.start_iter}, min_numel={self.min_numel}, "
+            f"start_iter={self.start_iter}, min_numel={self.min_numel}, policy={self.policy!r}, "
             f"ranks={self.comm.Get_size()}, iter={self.iter})"
         )
 
@@ -193,13 +212,25 @@ def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np
 
 
 def _reduce_host(state: CCollHookState, x: np.ndarray, index: int, compress: bool) -> None:
-    """Average the host array ``x`` over the ranks, in place."""
+    """Average the host array ``x`` over the ranks, in place; count how it went."""
+    cc = state.communicator
+    before = cc.stats.compressed_calls
+    try:
+        _reduce_host_counted(state, x, index, compress)
+    finally:
+        if cc.stats.compressed_calls > before:
+            state.compressed += 1
+        else:
+            state.exact += 1
+
+
+def _reduce_host_counted(
+    state: CCollHookState, x: np.ndarray, index: int, compress: bool
+) -> None:
     cc = state.communicator
     if not compress:
-        state.exact += 1
         cc.allreduce(x, None, "avg", out=x)
         return
-    state.compressed += 1
     if not state.error_feedback:
         n = state.comm.Get_size()
         scaled = ABS(state.eb.value * n) if isinstance(state.eb, ABS) else REL(state.eb.value * n)
@@ -217,7 +248,7 @@ def _reduce_host(state: CCollHookState, x: np.ndarray, index: int, compress: boo
     # A step with NaN/Inf is skipped by GradScaler; its residual is not consumed.
     if not math.isfinite(float(np.add.reduce(x, axis=None, dtype=np.float64))):
         return
-    if cc.stats.compressed_calls == compressed_before:  # sent raw: nothing was dropped
+    if cc.stats.compressed_calls == compressed_before:  # the policy sent it raw: exact
         state.residuals.pop(index, None)
     else:
         state.residuals[index] = x_ef - _own_contribution(x_ef, eb_sum, state)
@@ -231,6 +262,20 @@ def _average(
     ready: Any,
 ) -> torch.Tensor:
     """Engine-thread body: average ``tensor`` over the ranks in place and return it."""
+    t0 = time.perf_counter()
+    try:
+        return _average_timed(state, tensor, index, compress, ready)
+    finally:
+        state.busy_s += time.perf_counter() - t0
+
+
+def _average_timed(
+    state: CCollHookState,
+    tensor: torch.Tensor,
+    index: int,
+    compress: bool,
+    ready: Any,
+) -> torch.Tensor:
     if ready is not None:  # CUDA: the gradients were written on the training stream
         ready.synchronize()
     if tensor.dtype in (torch.float32, torch.float64) and not tensor.is_cuda:

@@ -151,6 +151,35 @@ def test_first_iterations_and_small_buckets_are_exact(comm, state_factory) -> No
     assert (small.exact, small.compressed) == (1, 0)
 
 
+@pytest.mark.parametrize("policy", ["raw", "auto"])
+def test_policy_choice_keeps_the_bound(comm, state_factory, policy) -> None:
+    # "raw": the collective never compresses, so error feedback has nothing to keep.
+    # "auto": whatever the cost model picks for this small bucket, the bound holds.
+    torch.manual_seed(0)
+    model = Net()
+    x = rank_input(torch.float32)
+    mine = local_grads(model, x)
+    every = comm.allgather(mine)
+    exact = [np.mean([g[i] for g in every], axis=0) for i in range(len(mine))]
+    flat = np.concatenate([g.ravel() for r in every for g in r])
+    eb = ccoll.REL(1e-2)
+    eb_abs = eb.resolve(float(flat.min()), float(flat.max()))
+    state = state_factory(eb=eb, error_feedback=True, start_iter=0, min_numel=0, policy=policy)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    for _ in range(2):
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+    assert state.compressed + state.exact == 2
+    if policy == "raw":
+        assert (state.exact, state.residuals) == (2, {})
+    for p, ref in zip(model.parameters(), exact, strict=True):
+        # Two steps on the same input: with error feedback the second step carries the
+        # first one's residual, so its own error is within two bounds.
+        assert_within_bound(p.grad.numpy(), ref, 2 * eb_abs, slack_ulps=1)
+        assert_same_on_every_rank(comm, p.grad.numpy())
+
+
 class Fixed(torch.nn.Module):
     """loss = sum(w * c): the gradient of w is the constant c, step after step."""
 
