@@ -67,7 +67,7 @@ def test_best_chunks_is_the_minimum_over_powers_of_two() -> None:
     s, n, r = 64 * MiB, 4, 12.0
     k = model.best_chunks(s, n, P, r)
     times = {c: model.predict_homomorphic(s, n, P, r, chunks=c) for c in (1, 2, 4, 8, 16, 32, 64)
-             if c == 1 or s / n / c >= 256 << 10}
+             if c == 1 or s / n / c >= model.MIN_CHUNK_BYTES}
     assert k in times and times[k] == min(times.values())
 
 

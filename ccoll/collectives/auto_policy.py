@@ -69,6 +69,9 @@ Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 # Seconds of Python and bookkeeping in one compressed call besides its small collectives;
 # fitted on the bench (docs/model.md, "Calibration").
 PY_OVERHEAD = 150e-6
+# Seconds per pipeline chunk beyond the compressor's own per-call cost: thread hand-offs
+# and the ring's polling between MPI and the worker (measured on the bench, docs/model.md).
+RING_CHUNK_OVERHEAD = 300e-6
 CACHE_MAX_AGE_S = 7 * 24 * 3600.0
 _TRANSPORT_ENV = (
     "MPIR_CVAR_NOLOCAL", "MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE",
@@ -77,8 +80,12 @@ _TRANSPORT_ENV = (
 _SAMPLE_BUDGET = 0.01  # share of the predicted raw time that ratio sampling may take
 _MIN_SAMPLE_BLOCKS = 32
 _MAX_SAMPLE_BLOCKS = 4096
-_CAL_SAMPLE_ELEMS = 1 << 20  # elements timed for compressor throughputs
-_CAL_RUN = 8192  # elements per contiguous run of the calibration sample (256 blocks)
+# Elements timed for compressor throughputs: 16 MiB of float32, more than a core's share of
+# the last-level cache, so that the rates are those of a large message streamed from memory
+# (a 4 MiB sample ran 2-4x faster than a 64 MiB message here, all of it from cache).
+_CAL_SAMPLE_ELEMS = 1 << 22
+_CAL_RUN = 1 << 16  # elements per contiguous run of the calibration sample
+_CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
 
 
 @dataclass(frozen=True)
@@ -302,7 +309,7 @@ def _remember_compressor(comm: MPI.Intracomm, key: str | None,
 
 
 def _calibration_sample(x: np.ndarray) -> np.ndarray:
-    """Up to 1 Mi elements of ``x`` in evenly spaced runs of 8192, tiled if ``x`` is small."""
+    """Up to 4 Mi elements of ``x`` in evenly spaced runs of 64 Ki, tiled if ``x`` is small."""
     flat = x.reshape(-1)
     n = flat.size
     if n >= _CAL_SAMPLE_ELEMS:
@@ -326,23 +333,23 @@ def _best(f: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
 def calibrate_compressor(x: np.ndarray, eb: float, ops: Ops) -> CompressorCalibration:
     """Time ``(compress_abs, add, decompress)`` on a sample of ``x`` at bound ``eb`` (local).
 
-    Each throughput is a 1 Mi-element sample's size over its best time (so one call's fixed
+    Each throughput is a 4 Mi-element sample's size over its best time (so one call's fixed
     cost is included, which errs on the slow side); the fixed cost of a call
     (``chunk_overhead``) is what an 8 Ki-element piece takes beyond its share of that rate,
     capped at 2 ms so that one descheduled timing on a busy machine cannot dominate.
     """
     compress_abs, add, decompress = ops
     big = _calibration_sample(x)
-    small = np.ascontiguousarray(big[:_CAL_RUN])
+    small = np.ascontiguousarray(big[:_CAL_PIECE])
     out = np.empty_like(big)
     s0 = compress_abs(small, eb)  # compile or load the kernels outside the timing
     add(s0, s0)
     decompress(s0, out=out[: small.size])
-    tcb, sb = _best(lambda: compress_abs(big, eb))
+    tcb, sb = _best(lambda: compress_abs(big, eb), 2)
     tcs, ss = _best(lambda: compress_abs(small, eb), 5)
-    tab, _ = _best(lambda: add(sb, sb))
+    tab, _ = _best(lambda: add(sb, sb), 2)
     tas, _ = _best(lambda: add(ss, ss), 5)
-    tdb, _ = _best(lambda: decompress(sb, out=out))
+    tdb, _ = _best(lambda: decompress(sb, out=out), 2)
     tds, _ = _best(lambda: decompress(ss, out=out[: small.size]), 5)
     c, a, d = (big.nbytes / max(t, 1e-9) for t in (tcb, tab, tdb))
     sm = small.nbytes
@@ -462,7 +469,7 @@ class AutoPolicy:
                           chunk_overhead=0.0)
         return Params(alpha=link.alpha, beta=link.beta, compress=comp.compress, add=comp.add,
                       decompress=comp.decompress, reduce=link.reduce, overhead=overhead,
-                      chunk_overhead=comp.chunk_overhead)
+                      chunk_overhead=comp.chunk_overhead + RING_CHUNK_OVERHEAD)
 
     # -- decision ---------------------------------------------------------------------
 

@@ -83,6 +83,9 @@ SUM_GROWTH = 0.5
 # Mean code width (bits) of the non-zero blocks of a MiniLM gradient at REL 1e-3 / N.
 DEFAULT_WIDTH = 3.0
 
+# Smallest pipeline chunk the model considers (bytes).
+MIN_CHUNK_BYTES = 4 << 20
+
 # Used by `ccoll model` for whatever the caller does not give; measured on one core of the
 # 2-core development machine with the CPU backend (docs/model.md, "Calibration").
 DEFAULTS = Params(
@@ -290,12 +293,14 @@ def predict_compressed_bcast(size: float, ranks: int, p: Params, ratio: float) -
 
 def best_chunks(size: float, ranks: int, p: Params, ratio: float, *,
                 ratio_sum: float | None = None, width: float = DEFAULT_WIDTH,
-                max_chunks: int = 64, min_chunk_bytes: int = 256 << 10) -> int:
+                max_chunks: int = 64, min_chunk_bytes: int = MIN_CHUNK_BYTES) -> int:
     """Pick the chunks per ring block (a power of two) that minimize the homomorphic time.
 
     A ring block is ``S/N`` bytes; chunks smaller than ``min_chunk_bytes`` are not
-    considered: below that the compressor's per-call costs, which the model folds into
-    ``chunk_overhead``, stop being constant.
+    considered: below that the per-chunk costs of the ring (thread hand-offs, polling,
+    kernel calls), which the model folds into ``chunk_overhead``, stop being constant
+    (on the 2-core machine of docs/performance.md, 256 KiB chunks made a 64 MiB allreduce
+    2.4x slower than 4 MiB chunks).
     """
     best_k, best_t = 1, math.inf
     k = 1
