@@ -572,8 +572,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         return code
     finally:
+        from ccoll.h5.output import clear_stop
+
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        # A stop belongs to this command only; later library calls in the process run on.
+        clear_stop()
     if as_json:
         _print_json({"command": args.command, **doc, "exit_code": code})
     return code

@@ -240,3 +240,4 @@ def test_a_stop_whose_exception_was_lost_still_stops(capsys, sample, tmp_path, m
     code, _, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")
     assert code == 143 and "stopped by SIGTERM; no output was written" in err
     assert os.listdir(tmp_path) == []
+    assert out.stop_signal() is None  # the stop does not outlive the command
