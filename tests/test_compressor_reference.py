@@ -369,3 +369,17 @@ def test_lossless_stream_reference(dtype):
     assert buf.tobytes() == ref_compress(x, 0.0)
     # The first block is raw (bit patterns kept, -0.0 and NaN included); the second is zero.
     assert decompress(buf).tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("dtype", _FLOAT_DTYPES)
+@pytest.mark.parametrize("eb", [1e-3, 3 * 5e-324, 5e-324, 1e-40, 1e308, 1e38, 0.1])
+def test_zero_block_shortcut_matches_the_full_rule(eb, dtype):
+    # Full blocks of values around eb/2 (the compressor's shortcut threshold) and eb.
+    with np.errstate(over="ignore", under="ignore"):
+        around = np.array([eb / 2, eb * 0.49, eb * 0.51, eb * 0.99, eb, -eb / 2, 0.0, -0.0])
+        cands = np.concatenate([np.nextafter(around, np.inf), around,
+                                np.nextafter(around, -np.inf)]).astype(dtype)
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.full(32, cands[i % cands.size]) if i % 3 == 0
+                        else rng.choice(cands, 32) for i in range(24)]).astype(dtype)
+    assert compress_abs(x, eb).tobytes() == ref_compress(x, eb)

@@ -453,8 +453,13 @@ def finite_range(x: np.ndarray) -> tuple[float, float]:
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _plan_lossy(x, eb, step, codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
-    """Pass 1 of a lossy compression: every block's code, per-chunk sums."""
+def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
+    """Pass 1 of a lossy compression: every block's code, per-chunk sums.
+
+    ``small`` (of x's dtype) is at most ``eb / 2``: a full block whose elements all have
+    ``|x| <= small`` is a zero block without quantizing it (``|x / step| <= 1/4`` gives
+    ``q = 0``, and ``|0 - x| < eb`` accepts it), the same decision as the full path.
+    """
     n = x.size
     nblocks = codes.size
     is32 = x.itemsize == 4
@@ -466,7 +471,15 @@ def _plan_lossy(x, eb, step, codes, chunk_nnz, chunk_words):  # type: ignore[no-
         words = 0
         for b in range(b0, b1):
             base = b * BLOCK
-            bad, orq, ord_ = _quantize(x[base : min(base + BLOCK, n)], eb, step, q)
+            xb = x[base : min(base + BLOCK, n)]
+            if xb.size == BLOCK:
+                tiny = True
+                for l in range(BLOCK):
+                    tiny &= abs(xb[l]) <= small
+                if tiny:
+                    codes[b] = 0
+                    continue
+            bad, orq, ord_ = _quantize(xb, eb, step, q)
             code = CODE_RAW if bad else _code_of(orq, ord_)
             codes[b] = code
             if code != 0:
@@ -547,6 +560,26 @@ def _write_stream(x, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W): 
                 word = 0
 
 
+def _small(eb: float, dtype: np.dtype) -> np.floating:
+    """Largest value of ``dtype`` that is at most ``eb / 2`` (see ``_plan_lossy``).
+
+    -1 (no element qualifies) when ``step = 2 * eb`` overflows: then every reconstruction
+    is NaN and every block raw, which the shortcut must not contradict.
+    """
+    if not math.isfinite(2.0 * eb):
+        return dtype.type(-1.0)
+    # Exact unless eb is subnormal; then it may round up by half a subnormal, which still
+    # leaves |x / step| <= 1/3 and |x| < eb for every |x| <= half.
+    half = eb * 0.5
+    big = float(np.finfo(dtype).max)
+    if half >= big:
+        return dtype.type(big)
+    t = dtype.type(half)
+    if float(t) > half:
+        t = np.nextafter(t, dtype.type(0))
+    return dtype.type(t)
+
+
 def _scan(counts: np.ndarray) -> tuple[np.ndarray, int]:
     """Exclusive prefix sum (int64) and total."""
     out = np.zeros(counts.size, np.int64)
@@ -592,7 +625,7 @@ def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
                 mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
                 _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words)
             else:
-                _plan_lossy(flat, eb, step, codes, chunk_nnz, chunk_words)
+                _plan_lossy(flat, eb, step, _small(eb, flat.dtype), codes, chunk_nnz, chunk_words)
     chunk_k, nnz = _scan(chunk_nnz)
     chunk_pos, pwords = _scan(chunk_words)
     hdr = fmt.StreamHeader(
