@@ -287,7 +287,13 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
             runs.setdefault(log["model"], []).append((path.stem, log))
     written = []
     for model, logs in sorted(runs.items()):
-        fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(3, 2))
+        fig, (ax, dx, bx) = plt.subplots(1, 3, figsize=(15, 4.4), width_ratios=(3, 2, 2))
+        # The uncompressed run with the same ranks, seed and steps is the reference.
+        base = {
+            (lg["ranks"], lg["seed"], lg["steps"]): np.asarray(lg["loss"], dtype=float)
+            for _, lg in logs
+            if lg["compress"] == "none"
+        }
         for name, log in logs:
             loss = np.asarray(log["loss"], dtype=float)
             win = max(1, min(10, len(loss) // 10))
@@ -295,21 +301,27 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
             t = log.get("median_step_time_s")
             label = name if t is None else f"{name} ({t * 1e3:.0f} ms/step)"
             (line,) = ax.plot(np.arange(len(smooth)) + win - 1, smooth, label=label, lw=1.2)
+            ref = base.get((log["ranks"], log["seed"], log["steps"]))
+            if ref is not None and log["compress"] != "none":
+                dx.plot(loss - ref, color=line.get_color(), lw=0.9)
             ev = log.get("eval", [])
             bx.plot([e["step"] for e in ev], [e["accuracy"] for e in ev], "o-", ms=3,
                     color=line.get_color(), lw=1.2)
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (mean over ranks, moving average)")
         ax.set_title(f"{model}: training loss")
-        ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+        dx.set_xlabel("step")
+        dx.set_ylabel("loss minus uncompressed run's loss")
+        dx.set_title(f"{model}: difference from compress=none")
         bx.set_xlabel("step")
         bx.set_ylabel("test accuracy" if model == "cnn" else "in-batch retrieval accuracy")
         bx.set_title(f"{model}: held-out accuracy")
-        bx.grid(alpha=0.3)
+        for a in (ax, dx, bx):
+            a.grid(alpha=0.3)
         fig.tight_layout()
         path = out / f"loss_{model}.png"
-        fig.savefig(path, dpi=110)
+        fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
     return written
