@@ -15,7 +15,8 @@ What a bucket goes through (docs/training.md has the reasoning and the bound):
    rounding to float32, and bitwise identical on every rank;
 3. float16 / bfloat16 buckets are upcast to a float32 copy, reduced and bounded in float32,
    and cast back: the bound then holds up to one rounding to the bucket's precision.
-   CUDA buckets are staged through a host copy (ccoll's collectives take host arrays);
+   CUDA buckets go to ccoll's device path (compressed, added and decoded on the GPU);
+   with error feedback they are staged through a host copy;
 4. with ``error_feedback``, the residual of the previous step is added before compression
    and the new residual is kept per ``bucket.index()`` (see :class:`CCollHookState`).
 
@@ -211,12 +212,16 @@ def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np
     return own.reshape(x.shape)
 
 
-def _reduce_host(state: CCollHookState, x: np.ndarray, index: int, compress: bool) -> None:
-    """Average the host array ``x`` over the ranks, in place; count how it went."""
+def _reduce(state: CCollHookState, x: Any, index: int, compress: bool) -> None:
+    """Average ``x`` over the ranks, in place; count how it went.
+
+    ``x`` is a host numpy array, or a CUDA tensor when error feedback is off (ccoll's
+    collectives then compress, add and decode on the device).
+    """
     cc = state.communicator
     before = cc.stats.compressed_calls
     try:
-        _reduce_host_counted(state, x, index, compress)
+        _reduce_counted(state, x, index, compress)
     finally:
         if cc.stats.compressed_calls > before:
             state.compressed += 1
@@ -224,9 +229,7 @@ def _reduce_host(state: CCollHookState, x: np.ndarray, index: int, compress: boo
             state.exact += 1
 
 
-def _reduce_host_counted(
-    state: CCollHookState, x: np.ndarray, index: int, compress: bool
-) -> None:
+def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool) -> None:
     cc = state.communicator
     if not compress:
         cc.allreduce(x, None, "avg", out=x)
@@ -278,18 +281,26 @@ def _average_timed(
 ) -> torch.Tensor:
     if ready is not None:  # CUDA: the gradients were written on the training stream
         ready.synchronize()
-    if tensor.dtype in (torch.float32, torch.float64) and not tensor.is_cuda:
-        _reduce_host(state, tensor.numpy(), index, compress)  # a view: reduced in place
+    full = tensor.dtype in (torch.float32, torch.float64)
+    if not tensor.is_cuda and full:
+        _reduce(state, tensor.numpy(), index, compress)  # a view: reduced in place
         return tensor
-    # float16 / bfloat16 (numpy has no bfloat16) and CUDA buckets: a float32/float64 host
-    # copy is reduced and copied back, rounding once to the bucket's precision. ccoll's
-    # collectives take host arrays, so CUDA buckets are staged through host memory.
-    host = tensor.to(device="cpu", dtype=torch.float32 if tensor.dtype in _LOW_PRECISION
-                     else tensor.dtype)
-    _reduce_host(state, host.numpy(), index, compress)
+    if tensor.is_cuda and not (compress and state.error_feedback):
+        # ccoll's device path: the bucket (or its float32 copy) is reduced on the GPU.
+        x = tensor if full else tensor.float()
+        _reduce(state, x, index, compress)
+        if x is not tensor:
+            tensor.copy_(x)  # one rounding to float16 / bfloat16
+        torch.cuda.synchronize(tensor.device)  # ccoll's kernels ran on their own streams
+        return tensor
+    # float16 / bfloat16 host buckets (numpy has no bfloat16), and CUDA buckets with error
+    # feedback (the residual bookkeeping lives on the host): a float32 (float64) host copy
+    # is reduced and copied back, rounding once to the bucket's precision.
+    host = tensor.to(device="cpu", dtype=tensor.dtype if full else torch.float32)
+    _reduce(state, host.numpy(), index, compress)
     tensor.copy_(host)
     if tensor.is_cuda:
-        torch.cuda.current_stream(tensor.device).synchronize()
+        torch.cuda.synchronize(tensor.device)
     return tensor
 
 
