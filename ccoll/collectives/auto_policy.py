@@ -55,6 +55,8 @@ __all__ = [
     "probe_link",
     "link_calibration",
     "calibrate_compressor",
+    "measure_ring_costs",
+    "size_class",
     "sample_blocks",
     "cache_dir",
     "newest_cached_params",
@@ -68,10 +70,9 @@ Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 # Seconds of Python and bookkeeping in one compressed call besides its small collectives;
 # fitted on the bench (docs/model.md, "Calibration").
+# A lower bound of the fixed cost of a compressed call, used before the ring's own costs
+# are measured (the size test that decides tiny messages without any communication).
 PY_OVERHEAD = 150e-6
-# Seconds per pipeline chunk beyond the compressor's own per-call cost: thread hand-offs
-# and the ring's polling between MPI and the worker (measured on the bench, docs/model.md).
-RING_CHUNK_OVERHEAD = 300e-6
 CACHE_MAX_AGE_S = 7 * 24 * 3600.0
 _TRANSPORT_ENV = (
     "MPIR_CVAR_NOLOCAL", "MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE",
@@ -100,13 +101,19 @@ class LinkCalibration:
 
 @dataclass(frozen=True)
 class CompressorCalibration:
-    """Throughputs of one backend (bytes of float data per second) and its per-call cost."""
+    """Throughputs of one backend (bytes of float data per second) and the ring's fixed costs.
+
+    ``call_overhead`` is what a tiny compressed allreduce takes end to end (Python, the
+    agreement, the exchange of stream sizes, thread hand-offs, latencies); ``chunk_overhead``
+    what each further pipeline chunk per ring block adds.
+    """
 
     compress: float
     add: float
     decompress: float
     chunk_overhead: float
     source: str
+    call_overhead: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -173,6 +180,8 @@ def newest_cached_params() -> Params | None:
     comp = e.get("compressor") or {}
     kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress", "chunk_overhead")
                if k in comp})
+    if float(comp.get("call_overhead", 0.0)) > 0:
+        kw["overhead"] = float(comp["call_overhead"])
     return replace(model.DEFAULTS, **kw)
 
 
@@ -309,16 +318,25 @@ def _remember_compressor(comm: MPI.Intracomm, key: str | None,
 
 
 def _calibration_sample(x: np.ndarray) -> np.ndarray:
-    """Up to 4 Mi elements of ``x`` in evenly spaced runs of 64 Ki, tiled if ``x`` is small."""
+    """4 Mi elements of ``x`` in evenly spaced runs of 64 Ki, or all of a smaller ``x``."""
     flat = x.reshape(-1)
     n = flat.size
-    if n >= _CAL_SAMPLE_ELEMS:
+    if n > _CAL_SAMPLE_ELEMS:
         runs = _CAL_SAMPLE_ELEMS // _CAL_RUN
         starts = np.arange(runs, dtype=np.int64) * ((n - _CAL_RUN) // max(runs - 1, 1))
         idx = (starts[:, None] + np.arange(_CAL_RUN)[None, :]).reshape(-1)
         return np.ascontiguousarray(flat[idx])
-    reps = -(-_CAL_SAMPLE_ELEMS // max(n, 1))
-    return np.ascontiguousarray(np.tile(flat, reps)[:_CAL_SAMPLE_ELEMS])
+    return np.array(flat, copy=True)
+
+
+def size_class(count: int) -> str:
+    """Messages whose compressor costs are calibrated together: by powers of 4, or "large".
+
+    Throughput depends on the size (cache) and on the data (zero blocks are cheap; the
+    first tensors of a gradient are often mostly zero), so a small message's numbers are
+    not used for a large one. From 4 Mi elements on, a strided 16 MiB sample stands for all.
+    """
+    return "large" if count >= _CAL_SAMPLE_ELEMS else str(count.bit_length() // 2)
 
 
 def _best(f: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
@@ -355,6 +373,34 @@ def calibrate_compressor(x: np.ndarray, eb: float, ops: Ops) -> CompressorCalibr
     sm = small.nbytes
     fixed = sum(max(0.0, ts - sm / r) for ts, r in ((tcs, c), (tas, a), (tds, d)))
     return CompressorCalibration(c, a, d, min(fixed, 2e-3), "measured")
+
+
+def measure_ring_costs(comm: MPI.Intracomm, x: np.ndarray, eb: float) -> tuple[float, float]:
+    """Time a compressed allreduce's fixed cost and each further chunk's cost (collective).
+
+    Times tiny homomorphic allreduces (256 elements per rank and block, taken from ``x``)
+    through the real collective on a private Communicator: one chunk per block, then 8.
+    Returns this rank's ``(call, per_chunk)`` seconds; the caller takes the maximum.
+    """
+    from ccoll.collectives.communicator import Communicator
+    from ccoll.errorbound import ABS
+
+    n = comm.Get_size()
+    blk = 256
+    data = np.resize(sample_blocks(x, 8 * n), blk * n).astype(x.dtype)
+    bound = ABS(eb * n)  # the ring quantizes each rank's streams with about eb
+    times = []
+    for chunk in (blk, blk // 8):
+        with Communicator(comm, policy="compress", chunk_elems=chunk) as cc:
+            cc.allreduce(data, bound)
+            best = np.inf
+            for _ in range(5):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                cc.allreduce(data, bound)
+                best = min(best, time.perf_counter() - t0)
+        times.append(best)
+    return times[0], max(0.0, (times[1] - times[0]) / 7)
 
 
 def sample_blocks(x: np.ndarray, nsample: int) -> np.ndarray:
@@ -408,6 +454,7 @@ class AutoPolicy:
         self._key: str | None = None
         self._comp: dict[str, CompressorCalibration] = {}
         self._thresholds: dict[tuple[str, ...], float] = {}
+        self._ring: tuple[float, float] | None = None
         self.last: AutoDecision | None = None
 
     # -- calibration ------------------------------------------------------------------
@@ -429,7 +476,7 @@ class AutoPolicy:
 
     def compressor(self, x: np.ndarray, eb: float) -> CompressorCalibration:
         """Compressor throughputs, agreed over ranks (collective on first use per dtype)."""
-        key = f"{self.backend}/{x.dtype}"
+        key = f"{self.backend}/{x.dtype}/{size_class(x.size)}"
         cal = self._comp.get(key)
         if cal is not None:
             return cal
@@ -437,19 +484,23 @@ class AutoPolicy:
                for k in ("compress", "add", "decompress")}
         given = [env[k] for k in ("compress", "add", "decompress")]
         if all(v is not None for v in given):
-            mine = np.array([*(v * 1e9 for v in given if v is not None), 0.0])
+            mine = np.array([*(v * 1e9 for v in given if v is not None), -0.0, -PY_OVERHEAD])
             src = "env"
         else:
             m = calibrate_compressor(x, eb, self.ops())
-            mine = np.array([m.compress, m.add, m.decompress, -m.chunk_overhead])
+            if self._ring is None:  # once per communicator: it does not depend on the data
+                self._ring = measure_ring_costs(self.comm, x, eb)
+            call, chunk = self._ring
+            mine = np.array([m.compress, m.add, m.decompress, -chunk, -call])
             for i, v in enumerate(given):
                 if v is not None:
                     mine[i] = v * 1e9
             src = "measured"
         agreed = np.empty_like(mine)
-        self.comm.Allreduce(mine, agreed, op=MPI.MIN)  # the slowest rank sets the pace
+        # The slowest rank sets the pace: minimum rates, maximum costs.
+        self.comm.Allreduce(mine, agreed, op=MPI.MIN)
         cal = CompressorCalibration(float(agreed[0]), float(agreed[1]), float(agreed[2]),
-                                    float(-agreed[3]), src)
+                                    float(-agreed[3]), src, float(-agreed[4]))
         self._comp[key] = cal
         _remember_compressor(self.comm, self._key, cal)
         return cal
@@ -458,18 +509,22 @@ class AutoPolicy:
         """Model parameters from the calibrations (``comp=None``: an infinitely fast one)."""
         link = self.link()
         n = self.comm.Get_size()
-        # Small collectives of a compressed call (agreement, stream sizes, this policy's
-        # ratio): about log2(N) latencies each.
-        small = 3.0 * max(1, (n - 1).bit_length()) * link.alpha
+        # A compressed call's fixed cost, plus the small allreduce of this policy's ratio.
+        mine = link.alpha * max(1, (n - 1).bit_length())
         over = _env_float("CCOLL_OVERHEAD", model.parse_time)
-        overhead = (PY_OVERHEAD if over is None else over) + small
+        if over is not None:
+            overhead = over + mine
+        elif comp is None or comp.call_overhead <= 0:
+            overhead = PY_OVERHEAD + 3 * mine  # agreement, stream sizes, ratio
+        else:
+            overhead = comp.call_overhead + mine
         if comp is None:
             return Params(alpha=link.alpha, beta=link.beta, compress=1e30, add=1e30,
                           decompress=1e30, reduce=link.reduce, overhead=overhead,
                           chunk_overhead=0.0)
         return Params(alpha=link.alpha, beta=link.beta, compress=comp.compress, add=comp.add,
                       decompress=comp.decompress, reduce=link.reduce, overhead=overhead,
-                      chunk_overhead=comp.chunk_overhead + RING_CHUNK_OVERHEAD)
+                      chunk_overhead=comp.chunk_overhead)
 
     # -- decision ---------------------------------------------------------------------
 
@@ -497,7 +552,8 @@ class AutoPolicy:
             return self._done(AutoDecision(False, block_elems, "too small to gain"))
         comp = self.compressor(x, eb)
         p = self.params(comp)
-        if size < self._threshold((collective, algorithm, str(x.dtype)), lambda: p):
+        best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
+        if (best.homomorphic if algorithm == "homomorphic" else best.dar) >= best.raw:
             return self._done(AutoDecision(False, block_elems, "compressor slower than the link"))
         # 2. Ratio from a strided sample of blocks, summed over ranks.
         forced = _env_float("CCOLL_RATIO", float)
