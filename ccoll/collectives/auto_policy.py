@@ -7,8 +7,10 @@ measured on the communicator and on the data:
 - link latency ``alpha`` and bandwidth ``beta``: a ring ``Sendrecv`` probe at first use on a
   communicator (about 0.1-0.3 s), cached in ``~/.cache/ccoll/links.json`` under a key made of
   every rank's host name and network namespace, the size, and the MPI transport settings;
-- compressor throughputs (compress, homomorphic add, decompress): timed once per
-  communicator, backend and dtype on a sample of the first message that needs them;
+- compressor throughputs (compress, homomorphic add, decompress): timed per communicator,
+  backend, dtype and size class on the first message of the class that needs them (a
+  16 MiB strided sample of large ones); the ring's fixed and per-chunk costs: tiny
+  compressed allreduces, timed once per communicator;
 - the compression ratio: per call, from compressing a strided sample of the message's
   32-element blocks (its cost is kept near 1% of the predicted raw time).
 
