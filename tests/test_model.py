@@ -230,3 +230,12 @@ def test_model_command_fast_link_says_raw() -> None:
     doc, text, _ = _model_cmd("--ranks", "4", "--bandwidth", "400Gbit", "--latency", "5us")
     assert doc["choice"] == "raw"
     assert doc["break_even_bandwidth_bps"] is not None and doc["break_even_bandwidth_bps"] < 4e11
+
+
+def test_raw_efficiency_scales_only_the_raw_bandwidth_term() -> None:
+    half = replace(P, raw_efficiency=0.5)
+    s, n = 4e6, 4
+    assert model.predict_raw(s, n, half) - model.predict_raw(s, n, P) == pytest.approx(
+        2 * (n - 1) / n * s / P.beta)
+    pr, ph = model.predict(s, n, P, 10.0, chunks=1), model.predict(s, n, half, 10.0, chunks=1)
+    assert ph.homomorphic == pr.homomorphic  # the compressed ring's own messages are unaffected

@@ -99,6 +99,7 @@ class LinkCalibration:
     beta: float
     reduce: float
     source: str  # "probe", "cache", "env", or "single rank"
+    raw_efficiency: float = 1.0  # share of beta that MPI_Allreduce itself reaches
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,7 @@ def newest_cached_params() -> Params | None:
     if not doc:
         return None
     e = max(doc.values(), key=lambda v: v.get("time", 0.0))
-    kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce") if k in e}
+    kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency") if k in e}
     comp = e.get("compressor") or {}
     kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress", "chunk_overhead")
                if k in comp})
@@ -255,7 +256,21 @@ def probe_link(comm: MPI.Intracomm) -> LinkCalibration:
         t = _ring_time(comm, m, 2)
     beta = m / max(t - alpha, 1e-9)
     red = float(comm.allreduce(_sum_throughput(), op=MPI.MIN))
-    return LinkCalibration(alpha, beta, red, "probe")
+    # MPI's own allreduce of a message whose ring blocks are m bytes: how much of the link
+    # it reaches sets the baseline the compressed algorithms compete with.
+    n = comm.Get_size()
+    a = np.ones(m * n // 4, np.float32)
+    y = np.empty_like(a)
+    best = np.inf
+    for _ in range(2):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(a, y, op=MPI.SUM)
+        best = min(best, time.perf_counter() - t0)
+    t_ar = float(comm.allreduce(best, op=MPI.MAX))
+    wire = t_ar - 2 * (n - 1) * alpha - (n - 1) / n * a.nbytes / red
+    eff = 2 * (n - 1) / n * a.nbytes / beta / max(wire, 1e-9)
+    return LinkCalibration(alpha, beta, red, "probe", min(max(eff, 0.05), 1.0))
 
 
 def _env_float(name: str, parse: Callable[[str], float]) -> float | None:
@@ -289,12 +304,14 @@ def link_calibration(comm: MPI.Intracomm) -> tuple[LinkCalibration, str | None]:
     entry = comm.bcast(entry, root=0)
     if entry is not None:
         cal = LinkCalibration(float(entry["alpha"]), float(entry["beta"]),
-                              float(entry["reduce"]), "cache")
+                              float(entry["reduce"]), "cache",
+                              float(entry.get("raw_efficiency", 1.0)))
     else:
         cal = probe_link(comm)
         if comm.Get_rank() == 0 and mode != "off":
             _write_cache(key, {"alpha": cal.alpha, "beta": cal.beta, "reduce": cal.reduce,
-                               "time": time.time(), "size": comm.Get_size()})
+                               "raw_efficiency": cal.raw_efficiency, "time": time.time(),
+                               "size": comm.Get_size()})
     cal = replace(
         cal,
         alpha=cal.alpha if env_a is None else env_a,
@@ -523,9 +540,10 @@ class AutoPolicy:
         if comp is None:
             return Params(alpha=link.alpha, beta=link.beta, compress=1e30, add=1e30,
                           decompress=1e30, reduce=link.reduce, overhead=overhead,
-                          chunk_overhead=0.0)
+                          chunk_overhead=0.0, raw_efficiency=link.raw_efficiency)
         return Params(alpha=link.alpha, beta=link.beta, compress=comp.compress, add=comp.add,
                       decompress=comp.decompress, reduce=link.reduce, overhead=overhead,
+                      raw_efficiency=link.raw_efficiency,
                       chunk_overhead=comp.chunk_overhead)
 
     # -- decision ---------------------------------------------------------------------

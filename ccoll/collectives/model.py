@@ -68,12 +68,15 @@ class Params:
     reduce: float = 4e9  # bytes/s of a plain float sum
     overhead: float = 100e-6  # s per compressed call
     chunk_overhead: float = 30e-6  # s per pipeline chunk (a kernel launch, a Python loop turn)
+    # Share of the link bandwidth that MPI's own allreduce / reduce-scatter reach (measured:
+    # MPICH over TCP reached about half of a 10 Gbit/s link, all of a 1 Gbit/s one).
+    raw_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         for name, v in asdict(self).items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"model parameter {name} must be finite and >= 0, got {v!r}")
-        for name in ("beta", "compress", "add", "decompress", "reduce"):
+        for name in ("beta", "compress", "add", "decompress", "reduce", "raw_efficiency"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} is a rate and must be > 0")
 
@@ -168,12 +171,14 @@ def ratio_at_finer_bound(ratio: float, factor: float, width: float = DEFAULT_WID
 def predict_raw(size: float, ranks: int, p: Params) -> float:
     """Ring (reduce-scatter + allgather) allreduce of raw data, the bandwidth-optimal MPI one.
 
-    ``2(N-1) alpha + 2(N-1)/N * S/beta + (N-1)/N * S/reduce``.
+    ``2(N-1) alpha + 2(N-1)/N * S/(e beta) + (N-1)/N * S/reduce``, ``e`` the share of the
+    link MPI's allreduce reaches (``raw_efficiency``).
     """
     if ranks <= 1:
         return 0.0
     n = ranks
-    return 2 * (n - 1) * p.alpha + 2 * (n - 1) / n * size / p.beta + (n - 1) / n * size / p.reduce
+    bw = p.beta * p.raw_efficiency
+    return 2 * (n - 1) * p.alpha + 2 * (n - 1) / n * size / bw + (n - 1) / n * size / p.reduce
 
 
 def _overlap(compute: float, network: float, chunks: int) -> float:
@@ -261,9 +266,10 @@ def predict_dar(
 
 
 def predict_raw_reduce_scatter(size: float, ranks: int, p: Params) -> float:
-    """Raw ring reduce-scatter: ``(N-1) alpha + (N-1)/N * S (1/beta + 1/reduce)``."""
+    """Raw ring reduce-scatter: ``(N-1) alpha + (N-1)/N * S (1/(e beta) + 1/reduce)``."""
     n = ranks
-    return (n - 1) * p.alpha + (n - 1) / n * size * (1 / p.beta + 1 / p.reduce)
+    bw = p.beta * p.raw_efficiency
+    return (n - 1) * p.alpha + (n - 1) / n * size * (1 / bw + 1 / p.reduce)
 
 
 def predict_raw_allgather(size: float, ranks: int, p: Params) -> float:

@@ -57,6 +57,7 @@ def test_probe_agrees_and_is_cached(comm, shared_cache):
     ] * comm.size
     if comm.size > 1:
         assert 0 < cal.alpha < 0.1 and cal.beta > 1e6
+        assert 0 < cal.raw_efficiency <= 1
     again, key2 = link_calibration(comm)
     assert (again.source, again.alpha, again.beta, key2) == ("cache", cal.alpha, cal.beta, key)
     if comm.rank == 0:
