@@ -594,6 +594,21 @@ class AutoPolicy:
         return self._done(choose(x.size, x.itemsize, n, p, ratio, width, collective=collective,
                                  algorithm=algorithm, max_chunks=max_chunks))
 
+    def decide_by_size(self, count: int, itemsize: int, *, collective: str = "allreduce",
+                       algorithm: str = "homomorphic") -> AutoDecision:
+        """Raw below the size at which an ideal compressor could pay, compressed above.
+
+        Uses only the link calibration (collective on first use); ``chunk_elems`` 0 means
+        the Communicator's own chunk size.
+        """
+        n = self.comm.Get_size()
+        if n == 1 or count == 0:
+            return self._done(AutoDecision(False, 0, "one rank or empty"))
+        size = float(count * itemsize)
+        if size < self._threshold((collective, algorithm), lambda: self.params(None)):
+            return self._done(AutoDecision(False, 0, "too small to gain"))
+        return self._done(AutoDecision(True, 0, "device data above the size threshold"))
+
     def _threshold(self, key: tuple[str, ...], params: Callable[[], Params]) -> float:
         """Smallest size at which compression could pay with an infinite ratio (cached).
 
@@ -650,7 +665,13 @@ def decide_call(d: Any) -> AutoDecision:
     of the same call, after the agreement.
     """
     pol: AutoPolicy = d.auto
-    x = np.asarray(d.data)
+    if not isinstance(d.data, np.ndarray):
+        # Device data: the CUDA compressor cannot be timed on a machine without a GPU, and a
+        # host copy of samples would time the wrong backend. Decide by size alone: raw where
+        # even an ideal compressor loses, compressed above (with the Communicator's chunks).
+        return pol.decide_by_size(d.count, np.dtype(d.dtype).itemsize,
+                                  collective=d.collective, algorithm=d.algorithm)
+    x = d.data
     eb = stream_bound(d.collective, d.algorithm, d.eb_abs, d.n_ranks)
     # DAR's ratio is sampled at its own bound; the model takes the ratio at the
     # homomorphic per-rank bound and derives DAR's, so sample there for both.

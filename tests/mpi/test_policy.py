@@ -154,3 +154,13 @@ def test_auto_allgather_and_reduce_scatter(comm, shared_cache, monkeypatch):
     assert_within_bound(g, xs.astype(np.float32), global_eb(comm, x, eb), slack_ulps=1)
     mine = np.array_split(exact_sum(comm, x), comm.size)[comm.rank]
     assert_within_bound(r, mine, global_eb(comm, x, eb), slack_ulps=1)
+
+
+def test_device_data_is_decided_by_size(comm, shared_cache, monkeypatch):
+    _env(monkeypatch, SLOW_LINK)
+    pol = AutoPolicy(comm)
+    small = pol.decide_by_size(1, 4)
+    big = pol.decide_by_size(16 << 20, 4)
+    assert not small.compress
+    assert big.compress == (comm.size > 1) and big.chunk_elems == 0
+    assert len(set(comm.allgather((small.compress, big.compress)))) == 1
