@@ -164,3 +164,15 @@ def test_device_data_is_decided_by_size(comm, shared_cache, monkeypatch):
     assert not small.compress
     assert big.compress == (comm.size > 1) and big.chunk_elems == 0
     assert len(set(comm.allgather((small.compress, big.compress)))) == 1
+
+
+def test_known_raw_uses_only_calibrations_already_made(comm, shared_cache, monkeypatch):
+    _env(monkeypatch, FAST_LINK)
+    pol = AutoPolicy(comm)
+    big = gradient_like(comm.rank, 1 << 20, np.float32)
+    if comm.size > 1:
+        assert not pol.known_raw(big.size, big.dtype)  # nothing calibrated yet: compute range
+    assert not pol.decide(big, 1e-4).compress
+    assert pol.known_raw(big.size, big.dtype)  # same class, compressor known to be too slow
+    assert pol.known_raw(1, np.float32)
+    assert len(set(comm.allgather(pol.known_raw(1 << 22, np.float32)))) == 1
