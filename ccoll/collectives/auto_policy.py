@@ -9,7 +9,7 @@ measured on the communicator and on the data:
   every rank's host name and network namespace, the size, and the MPI transport settings;
 - compressor throughputs (compress, homomorphic add, decompress): timed per communicator,
   backend, dtype and size class on the first message of the class that needs them (a
-  16 MiB strided sample of large ones); the ring's fixed and per-chunk costs: tiny
+  64 MiB strided sample of larger ones); the ring's fixed and per-chunk costs: tiny
   compressed allreduces, timed once per communicator;
 - the compression ratio: per call, from compressing a strided sample of the message's
   32-element blocks (its cost is kept near 1% of the predicted raw time).
@@ -72,6 +72,10 @@ Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 # Seconds of Python and bookkeeping in one compressed call besides its small collectives;
 # fitted on the bench (docs/model.md, "Calibration").
+# Compress only when the model predicts it at least this much faster: predictions were
+# within about 25% of measured times here, and a wrong "compress" near the break-even point
+# costs more than a missed one (docs/model.md, "The decision").
+DECISION_MARGIN = 0.2
 # A lower bound of the fixed cost of a compressed call, used before the ring's own costs
 # are measured (the size test that decides tiny messages without any communication).
 PY_OVERHEAD = 150e-6
@@ -83,11 +87,11 @@ _TRANSPORT_ENV = (
 _SAMPLE_BUDGET = 0.01  # share of the predicted raw time that ratio sampling may take
 _MIN_SAMPLE_BLOCKS = 32
 _MAX_SAMPLE_BLOCKS = 4096
-# Elements timed for compressor throughputs: 16 MiB of float32, more than a core's share of
-# the last-level cache, so that the rates are those of a large message streamed from memory
-# (a 4 MiB sample ran 2-4x faster than a 64 MiB message here, all of it from cache).
-_CAL_SAMPLE_ELEMS = 1 << 22
-_CAL_RUN = 1 << 16  # elements per contiguous run of the calibration sample
+# Elements timed for compressor throughputs: 64 MiB of float32, twice the last-level cache
+# here, so that the rates are those of a large message streamed from memory (a 4 MiB sample
+# ran 2-4x faster than a 64 MiB message, and a 16 MiB one still 10-30% faster).
+_CAL_SAMPLE_ELEMS = 1 << 24
+_CAL_RUN = 1 << 18  # elements per contiguous run of the calibration sample
 _CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
 
 
@@ -337,7 +341,7 @@ def _remember_compressor(comm: MPI.Intracomm, key: str | None,
 
 
 def _calibration_sample(x: np.ndarray) -> np.ndarray:
-    """4 Mi elements of ``x`` in evenly spaced runs of 64 Ki, or all of a smaller ``x``."""
+    """16 Mi elements of ``x`` in evenly spaced runs of 256 Ki, or all of a smaller ``x``."""
     flat = x.reshape(-1)
     n = flat.size
     if n > _CAL_SAMPLE_ELEMS:
@@ -353,7 +357,7 @@ def size_class(count: int) -> str:
 
     Throughput depends on the size (cache) and on the data (zero blocks are cheap; the
     first tensors of a gradient are often mostly zero), so a small message's numbers are
-    not used for a large one. From 4 Mi elements on, a strided 16 MiB sample stands for all.
+    not used for a large one. From 16 Mi elements on, a strided 64 MiB sample stands for all.
     """
     return "large" if count >= _CAL_SAMPLE_ELEMS else str(count.bit_length() // 2)
 
@@ -370,7 +374,7 @@ def _best(f: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
 def calibrate_compressor(x: np.ndarray, eb: float, ops: Ops) -> CompressorCalibration:
     """Time ``(compress_abs, add, decompress)`` on a sample of ``x`` at bound ``eb`` (local).
 
-    Each throughput is a 4 Mi-element sample's size over its best time (so one call's fixed
+    Each throughput is the sample's size over its best time (so one call's fixed
     cost is included, which errs on the slow side); the fixed cost of a call
     (``chunk_overhead``) is what an 8 Ki-element piece takes beyond its share of that rate,
     capped at 2 ms so that one descheduled timing on a busy machine cannot dominate.
@@ -398,7 +402,8 @@ def measure_ring_costs(comm: MPI.Intracomm, x: np.ndarray, eb: float) -> tuple[f
     """Time a compressed allreduce's fixed cost and each further chunk's cost (collective).
 
     Times tiny homomorphic allreduces (256 elements per rank and block, taken from ``x``)
-    through the real collective on a private Communicator: one chunk per block, then 8.
+    through the real collective on a private Communicator, the median of seven: one chunk
+    per block, then 8.
     Returns this rank's ``(call, per_chunk)`` seconds; the caller takes the maximum.
     """
     from ccoll.collectives.communicator import Communicator
@@ -412,13 +417,15 @@ def measure_ring_costs(comm: MPI.Intracomm, x: np.ndarray, eb: float) -> tuple[f
     for chunk in (blk, blk // 8):
         with Communicator(comm, policy="compress", chunk_elems=chunk) as cc:
             cc.allreduce(data, bound)
-            best = np.inf
-            for _ in range(5):
+            ts = []
+            for _ in range(7):
                 comm.Barrier()
                 t0 = time.perf_counter()
                 cc.allreduce(data, bound)
-                best = min(best, time.perf_counter() - t0)
-        times.append(best)
+                ts.append(time.perf_counter() - t0)
+        # The median, not the best: these costs recur on every call, and thread hand-offs
+        # and polling vary from call to call.
+        times.append(float(np.median(ts)))
     return times[0], max(0.0, (times[1] - times[0]) / 7)
 
 
@@ -718,7 +725,7 @@ def choose(count: int, itemsize: int, ranks: int, p: Params, ratio: float, width
     pred = model.predict(size, ranks, p, ratio, collective=collective, width=width,
                          max_chunks=max_chunks)
     t_comp = pred.homomorphic if algorithm == "homomorphic" else pred.dar
-    if ranks > 1 and t_comp < pred.raw:
+    if ranks > 1 and t_comp * (1 + DECISION_MARGIN) < pred.raw:
         chunk = max(1, -(-block_elems // pred.chunks))
         return AutoDecision(True, chunk, f"predicted {pred.raw / t_comp:.2f}x faster compressed",
                             pred, ratio)
