@@ -45,7 +45,10 @@ def test_gradients_differ_by_rank_and_cycle() -> None:
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
 @pytest.mark.parametrize(
-    ("collective", "lo"), [("allreduce", "16"), ("reduce_scatter", "64K"), ("allgather", "64K")]
+    ("collective", "lo"),
+    [("allreduce", "16"),
+     pytest.param("reduce_scatter", "64K", marks=pytest.mark.slow),
+     pytest.param("allgather", "64K", marks=pytest.mark.slow)],
 )
 def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None:
     out = tmp_path / "b.json"
