@@ -7,12 +7,14 @@ side in one run, interleaved, median of --repeats:
 - train-alone     the matmul loop only (the reference for slowdowns);
 - compress-alone  the compressions only, on the main thread with all numba threads;
 - inline          each step compresses on the training thread (serial);
+- inline-capped   the same with the compress lane's numba thread count;
 - lane            compressions go to a Scheduler("cpu") compress lane at nice 0;
 - lane-nice       same at the lane's default priority (nice +10 on Linux).
 
 The lanes use Scheduler.grid_limit("compress") numba threads (--max-sm-fraction of them).
 Reported: the training loop's time (time until the last matmul returned) and the total
-(until the last compression finished), with ratios to train-alone.
+(until the last compression finished), with ratios to train-alone, and the share of the
+CPUs other processes used meanwhile (a shared machine makes runs with others% > 0 unclean).
 
 Run: .venv/bin/python bench/sched_cpu.py [--iters 40] [--grad-mib 8] [--repeats 3]
 """
@@ -93,6 +95,33 @@ def gradient(n: int, seed: int) -> np.ndarray:
     return g
 
 
+def _busy_s() -> float | None:
+    """CPU seconds all processes spent busy since boot (Linux /proc/stat), else None."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(fn: Callable[[], tuple[float, float]]) -> tuple[float, float, float]:
+    """Run one mode; also return the share of all CPUs that other processes used meanwhile.
+
+    The machine may be shared: a run where others took a noticeable share is not a clean
+    measurement, and more threads of ours then also win a larger share of a contended CPU.
+    """
+    b0, o0, w0 = _busy_s(), os.times(), time.perf_counter()
+    t_train, t_total = fn()
+    b1, o1, w1 = _busy_s(), os.times(), time.perf_counter()
+    if b0 is None or b1 is None:
+        return t_train, t_total, float("nan")
+    own = (o1.user + o1.system) - (o0.user + o0.system)
+    others = max(0.0, (b1 - b0) - own) / ((w1 - w0) * (os.cpu_count() or 1))
+    return t_train, t_total, others
+
+
 def run(args: argparse.Namespace) -> None:
     compress, eb_obj, desc = resolve_compressor(args.stand_in)
     n = args.size
@@ -133,6 +162,15 @@ def run(args: argparse.Namespace) -> None:
         t = time.perf_counter() - t0
         return t, t
 
+    def inline_capped() -> tuple[float, float]:
+        # Inline with the lane's numba thread count: separates "fewer threads" from "lane".
+        n0 = numba.get_num_threads()
+        numba.set_num_threads(lane_threads)
+        try:
+            return inline()
+        finally:
+            numba.set_num_threads(n0)
+
     def on_lane(sched: Scheduler) -> Callable[[], tuple[float, float]]:
         lane = sched.lane("compress")
         lane.submit(compress, grads[0], eb).wait()  # warm the lane's thread and numba pool
@@ -151,24 +189,26 @@ def run(args: argparse.Namespace) -> None:
     frac = args.max_sm_fraction
     s0 = Scheduler("cpu", max_sm_fraction=frac, priorities={"compress": 0})
     s10 = Scheduler("cpu", max_sm_fraction=frac)
+    lane_threads, lane_nice = s10.grid_limit("compress"), s10.priority("compress")
     modes: dict[str, Callable[[], tuple[float, float]]] = {
         "train-alone": train_alone,
         "compress-alone": compress_alone,
         "inline": inline,
+        "inline-capped": inline_capped,
         "lane": on_lane(s0),
         "lane-nice": on_lane(s10),
     }
-    res: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
+    res: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
     for _ in range(args.repeats):
         for name, fn in modes.items():
-            res[name].append(fn())
-    lane_threads, lane_nice = s10.grid_limit("compress"), s10.priority("compress")
+            res[name].append(measured(fn))
     s0.close()
     s10.close()
 
-    med = {m: (statistics.median(t for t, _ in r), statistics.median(t for _, t in r))
+    med = {m: tuple(statistics.median(x[k] for x in r) for k in range(3))
            for m, r in res.items()}
     base = med["train-alone"][0]
+    worst_others = max(x[2] for r in res.values() for x in r)
     print(f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"{_cpu_model()}; load average before: {args.load0}")
     print(f"# compressor: {desc}")
@@ -176,11 +216,13 @@ def run(args: argparse.Namespace) -> None:
           f"float32 gradient compressed per step; numba threads {numba.get_num_threads()}, "
           f"compress lane threads {lane_threads} "
           f"(max_sm_fraction {frac}), lane nice +{lane_nice}")
-    print(f"# median of {args.repeats}, modes interleaved")
-    print(f"{'mode':<15}{'train_s':>10}{'total_s':>10}{'train/alone':>13}{'total/alone':>13}")
-    for m, (t, tot) in med.items():
+    print(f"# median of {args.repeats}, modes interleaved; other processes used at most "
+          f"{100 * worst_others:.0f}% of the CPUs during any one run")
+    print(f"{'mode':<15}{'train_s':>10}{'total_s':>10}{'train/alone':>13}{'total/alone':>13}"
+          f"{'others%':>9}")
+    for m, (t, tot, oth) in med.items():
         tr = f"{t / base:13.2f}" if t else f"{'-':>13}"
-        print(f"{m:<15}{t:10.3f}{tot:10.3f}{tr}{tot / base:13.2f}")
+        print(f"{m:<15}{t:10.3f}{tot:10.3f}{tr}{tot / base:13.2f}{100 * oth:9.0f}")
 
 
 def _cpu_model() -> str:
