@@ -97,6 +97,11 @@ def test_allreduce_out_and_in_place(comm):
     xin = x.copy()
     y2 = ccoll.allreduce(xin, eb=ccoll.ABS(1e-4), comm=comm, out=xin)
     assert y2 is xin and np.array_equal(xin, ref)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op=MPI.SUM)
+    xin = x.copy()
+    assert ccoll.allreduce(xin, eb=None, comm=comm, out=xin) is xin
+    assert np.array_equal(xin, want)
 
 
 @pytest.mark.parametrize("algorithm", ALGOS)
