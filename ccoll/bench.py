@@ -383,12 +383,14 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     algos = list(dict.fromkeys(r.algorithm for r in rows))
+    colors = {"mpi": "tab:blue", "homomorphic": "tab:orange", "dar": "tab:green",
+              "auto": "tab:red"}
     for a in algos:
         rs = [r for r in rows if r.algorithm == a]
-        ax1.plot([r.size for r in rs], [r.avg_us for r in rs], marker="o", ms=3, label=a)
+        style = {"marker": "o", "ms": 3, "label": a, "color": colors.get(a)}
+        ax1.plot([r.size for r in rs], [r.avg_us for r in rs], **style)
         if a != "mpi":
-            ax2.plot([r.size for r in rs], [r.speedup or math.nan for r in rs], marker="o",
-                     ms=3, label=a)
+            ax2.plot([r.size for r in rs], [r.speedup or math.nan for r in rs], **style)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes per rank")
@@ -396,12 +398,14 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
     ax1.set_yscale("log")
     ax1.set_ylabel("time per call (us)")
     ax2.axhline(1.0, color="k", lw=0.8)
-    ax2.set_ylabel("speedup over MPI (x)")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("speedup over MPI (x, log scale)")
     ax2.legend()
     ax1.legend()
     rate = meta.get("link_rate_bps")
     link = f", link {float(rate) / 1e9:g} Gbit/s" if rate else ", shared memory"
-    fig.suptitle(f"ccoll {meta['collective']}: {meta['ranks']} ranks, eb {meta['eb']}{link}")
+    fig.suptitle(f"ccoll {meta['collective']}: {meta['ranks']} ranks, eb {meta['eb']}{link}, "
+                 f"load {meta['loadavg'][0]:.1f}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -580,7 +580,7 @@ class AutoPolicy:
         comp = self.compressor(x, eb)
         p = self.params(comp)
         best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
-        if (best.homomorphic if algorithm == "homomorphic" else best.dar) >= best.raw:
+        if not _pays(best, algorithm):
             return self._done(AutoDecision(False, block_elems, "compressor slower than the link"))
         # 2. Ratio from a strided sample of blocks, summed over ranks.
         forced = _env_float("CCOLL_RATIO", float)
@@ -624,7 +624,7 @@ class AutoPolicy:
         if comp is None:
             return False
         best = model.predict(size, n, self.params(comp), 1e30, collective=collective, chunks=1)
-        return (best.homomorphic if algorithm == "homomorphic" else best.dar) >= best.raw
+        return not _pays(best, algorithm)
 
     def decide_by_size(self, count: int, itemsize: int, *, collective: str = "allreduce",
                        algorithm: str = "homomorphic") -> AutoDecision:
@@ -656,7 +656,7 @@ class AutoPolicy:
 
         def wins(size: float) -> bool:
             best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
-            return (best.homomorphic if algorithm == "homomorphic" else best.dar) < best.raw
+            return _pays(best, algorithm)
 
         lo, hi = 1.0, float(1 << 50)
         if not wins(hi):
@@ -675,6 +675,16 @@ class AutoPolicy:
     def _done(self, d: AutoDecision) -> AutoDecision:
         self.last = d
         return d
+
+
+def _pays(pred: Prediction, algorithm: str) -> bool:
+    """Whether compressing is predicted at least ``DECISION_MARGIN`` faster than raw.
+
+    Every test of the decision (the size thresholds too) uses the same margin, so that a
+    call the full decision would send raw is recognized as raw before any sampling.
+    """
+    t_comp = pred.homomorphic if algorithm == "homomorphic" else pred.dar
+    return t_comp * (1 + DECISION_MARGIN) < pred.raw
 
 
 def stream_bound(collective: str, algorithm: str, eb_abs: float, n_ranks: int) -> float:
@@ -725,7 +735,7 @@ def choose(count: int, itemsize: int, ranks: int, p: Params, ratio: float, width
     pred = model.predict(size, ranks, p, ratio, collective=collective, width=width,
                          max_chunks=max_chunks)
     t_comp = pred.homomorphic if algorithm == "homomorphic" else pred.dar
-    if ranks > 1 and t_comp * (1 + DECISION_MARGIN) < pred.raw:
+    if ranks > 1 and _pays(pred, algorithm):
         chunk = max(1, -(-block_elems // pred.chunks))
         return AutoDecision(True, chunk, f"predicted {pred.raw / t_comp:.2f}x faster compressed",
                             pred, ratio)
