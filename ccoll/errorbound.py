@@ -87,13 +87,15 @@ BoundLike = Union[ErrorBound, float, str]
 
 
 def as_bound(eb: object) -> ErrorBound:
-    """Turn ``ABS``/``REL`` objects, a float (absolute) or ``"rel:1e-3"``/``"abs:1e-5"`` into a bound."""
+    """Turn ``ABS``/``REL``, a float (absolute) or ``"rel:1e-3"``/``"abs:1e-5"`` into a bound."""
     if isinstance(eb, ErrorBound):
         return eb
     if isinstance(eb, str):
         kind, sep, num = eb.partition(":")
         if not sep:
-            raise ErrorBoundError(f"bound string must look like 'rel:1e-3' or 'abs:1e-5', got {eb!r}")
+            raise ErrorBoundError(
+                f"bound string must look like 'rel:1e-3' or 'abs:1e-5', got {eb!r}"
+            )
         try:
             v = float(num)
         except ValueError:

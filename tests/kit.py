@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 
-def assert_within_bound(y: np.ndarray, x: np.ndarray, eb: float, *, slack_ulps: float = 0.0) -> None:
+def assert_within_bound(
+    y: np.ndarray, x: np.ndarray, eb: float, *, slack_ulps: float = 0.0
+) -> None:
     """Every finite ``x`` is matched within ``eb`` (plus ``slack_ulps`` of y's dtype); NaN
     stays NaN and ±Inf stays the same infinity; shape and dtype equal."""
     y = np.asarray(y)
@@ -58,7 +60,9 @@ def assert_same_on_every_rank(comm: Any, a: Any) -> None:
     assert len(set(all_d)) == 1, f"ranks disagree: {all_d}"
 
 
-def assert_clear_error(exc_type: type[BaseException], match: str, fn: Any, *args: Any, **kw: Any) -> None:
+def assert_clear_error(
+    exc_type: type[BaseException], match: str, fn: Any, *args: Any, **kw: Any
+) -> None:
     """``fn`` raises ``exc_type`` (a ccoll error) whose message matches ``match``."""
     from ccoll.errors import CCollError
 

@@ -40,7 +40,7 @@ CODE_RAW = 32
 CODE_RAW64 = 33
 LORENZO_BIT = 0x80
 
-_DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
+_DTYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
 _CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 # magic, version, dtype, ndim, reserved, block_size, reserved, n, eb, bound, nnz,
 # payload_words, nterms, reserved
@@ -113,7 +113,7 @@ class StreamHeader:
         return self.payload_offset + 4 * self.payload_words
 
     def pack(self) -> np.ndarray:
-        """The header and shape bytes (``payload... bitmap`` not included) as a uint8 array."""
+        """Pack the 64-byte header and the shape into a uint8 array (nothing after them)."""
         fixed = _FIXED.pack(
             MAGIC,
             VERSION,
@@ -172,7 +172,9 @@ def parse_header(
     if magic != MAGIC:
         raise FormatError(f"not a ccoll stream: magic is {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
-        raise FormatError(f"unsupported ccoll stream version {version} (this build reads {VERSION})")
+        raise FormatError(
+            f"unsupported ccoll stream version {version} (this build reads {VERSION})"
+        )
     if dcode not in _DTYPES:
         raise FormatError(f"unknown dtype code {dcode} in stream header (1=float32, 2=float64)")
     if r0 or r1 or r2:

@@ -2,7 +2,6 @@
 
 import pytest
 from numba import cuda, float32
-
 from ptxkit import ARCHS, assemble, compile_for, ptxas
 
 
