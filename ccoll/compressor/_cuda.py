@@ -430,15 +430,25 @@ def _check_out_stream(out: Any, nbytes: int) -> Any:
 # ------------------------------------------------------------------------ public API
 
 
-def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
+def compress_abs(
+    x: Any, eb_abs: float, stream: Any = None, *, max_blocks: int | None = None
+) -> Any:
     """Compress a float32/float64 device array with absolute bound ``eb_abs`` (0: lossless).
 
     Returns a uint8 device array of the input's kind holding a format-v1 stream,
-    byte-identical to the CPU backend's for the same data and bound.
+    byte-identical to the CPU backend's for the same data and bound. ``max_blocks`` (an
+    int >= 1, e.g. ``Scheduler.grid_limit("compress")``) caps the thread blocks of the
+    compression kernel, leaving the other SMs to concurrent work; the stream is the same
+    bytes for any cap. ``None``: one thread block per tile of 1024 elements.
     """
     eb = float(eb_abs) + 0.0  # -0.0 becomes +0.0, as in the CPU backend's headers
     if not (math.isfinite(eb) and eb >= 0.0):
         raise ErrorBoundError(f"absolute error bound must be finite and >= 0, got {eb_abs!r}")
+    if max_blocks is not None and (
+        isinstance(max_blocks, bool) or not isinstance(max_blocks, (int, np.integer))
+        or max_blocks < 1
+    ):
+        raise InputError(f"max_blocks must be None or an int >= 1, got {max_blocks!r}")
     src = _import(x, "x")
     dtype = np.dtype(src.arr.dtype)
     if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -459,7 +469,8 @@ def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
             _after_producer(src, s, work)
             raw = 32 if dtype == np.float32 else 64
             work.ensure(nbw, nblocks, nblocks * raw)
-            _launch_compress(work, flat.view(np.int32 if raw == 32 else np.int64), n, eb, s)
+            _launch_compress(work, flat.view(np.int32 if raw == 32 else np.int64), n, eb, s,
+                             max_blocks)
             work.totals.copy_to_host(work.h_tot[:2], stream=s)
             s.synchronize()
             nnz, pwords = int(work.h_tot[0]), int(work.h_tot[1])
@@ -470,10 +481,17 @@ def compress_abs(x: Any, eb_abs: float, stream: Any = None) -> Any:
         return _export(out, src)
 
 
-def _launch_compress(work: _Work, xb: Any, n: int, eb: float, s: Any) -> None:
-    """Enqueue the compression kernel (scratch sized by the caller); no host wait."""
+def _launch_compress(
+    work: _Work, xb: Any, n: int, eb: float, s: Any, max_blocks: int | None = None
+) -> None:
+    """Enqueue the compression kernel (scratch sized by the caller); no host wait.
+
+    Its thread blocks are persistent (they take tiles until none is left), so a grid
+    capped at ``max_blocks`` covers every tile and writes the same bytes.
+    """
     nbw = (n + 32 * fmt.BLOCK - 1) // (32 * fmt.BLOCK)
-    K.compress_kernel[nbw, K.TPB, s](
+    grid = nbw if max_blocks is None else max(1, min(nbw, int(max_blocks)))
+    K.compress_kernel[grid, K.TPB, s](
         xb, n, eb, 2.0 * eb, nbw, work.ctr, work.flags_a, work.vals_a, work.next_epoch(),
         work.bitmap, work.codes_b, work.pay, work.totals,
     )

@@ -317,10 +317,17 @@ def _code_ok(code, is32):  # type: ignore[no-untyped-def]
 
 
 @cuda.jit(device=True)
-def _ticket(ctr, ntiles):  # type: ignore[no-untyped-def]
-    """Tile index in launch order; the last taker resets the counter for the next launch."""
+def _ticket(ctr, ntakes):  # type: ignore[no-untyped-def]
+    """Tile index in launch order; the last of ``ntakes`` takers resets the counter.
+
+    A launch takes exactly ``ntakes`` tickets, so the reset leaves the counter at 0 for the
+    next launch on the same stream. One tile per thread block: ``ntakes`` is the number of
+    tiles. Persistent thread blocks (``compress_kernel``) take tickets until one is past the
+    last tile, i.e. every thread block takes exactly one ticket beyond it: ``ntakes`` is
+    tiles + thread blocks.
+    """
     t = cuda.atomic.add(ctr, 0, 1)
-    if t == ntiles - 1:
+    if t == ntakes - 1:
         ctr[0] = 0
     return t
 
@@ -551,9 +558,13 @@ def compress_kernel(xb, n, eb, step, ntiles, ctr, flags, vals, epoch,  # type: i
                     bitmap_s, codes_s, pay_s, totals):
     """Compress bit view ``xb`` (int32 for float32, int64 for float64) into scratch.
 
-    One thread block per tile of 32 blocks. Writes the bitmap word of the tile, its code
-    bytes and payload at their final positions relative to their sections, and the totals
-    (non-zero blocks, payload words) from the last tile.
+    Tiles of 32 blocks. Writes the bitmap word of each tile, its code bytes and payload at
+    their final positions relative to their sections, and the totals (non-zero blocks,
+    payload words) from the last tile. Thread blocks are persistent: each takes tickets
+    until one is past the last tile, so any grid size (``_cuda`` caps it with
+    ``max_blocks``) writes the same bytes. Look-back stays deadlock-free: a tile waits only
+    on lower tickets, taken earlier by thread blocks that are running and that themselves
+    wait only on lower tickets.
     """
     s_code = cuda.shared.array(TILE, np.int32)
     s_size = cuda.shared.array(TILE, np.int32)
@@ -563,28 +574,35 @@ def compress_kernel(xb, n, eb, step, ntiles, ctr, flags, vals, epoch,  # type: i
     tid = cuda.threadIdx.x
     warp = tid >> 5
     lane = tid & 31
-    if tid == 0:
-        s_misc[0] = _ticket(ctr, ntiles)
-    cuda.syncthreads()
-    tile = s_misc[0]
+    ntakes = ntiles + np.int64(cuda.gridDim.x)
     lo = cuda.local.array(BPW, np.int64)
     hi = cuda.local.array(BPW, np.int64)
     xw = cuda.local.array(BPW, np.int64)
-    # Issue the warp's 4 coalesced loads before any arithmetic, to keep more bytes in flight.
-    for k in range(BPW):
-        i = (tile * TILE + warp * BPW + k) * BLOCK + lane
-        xw[k] = np.int64(xb[i]) if i < n else np.int64(0)
-    for k in range(BPW):
-        j = warp * BPW + k
-        code, size, wlo, whi = _compress_block(xb, xw[k], n, tile * TILE + j, eb, step, lane)
-        lo[k] = wlo
-        hi[k] = whi
-        if lane == 0:
-            s_code[j] = code
-            s_size[j] = size
-    cuda.syncthreads()
-    _finish_tile(tile, ntiles, tid, lo, hi, s_code, s_size, s_off, s_stage, s_misc,
-                 flags, vals, epoch, bitmap_s, codes_s, pay_s, totals)
+    while True:
+        # The previous tile's last shared reads (s_misc[1:3], s_stage) end before this
+        # barrier is passed, and its shared writes start after it.
+        if tid == 0:
+            s_misc[0] = _ticket(ctr, ntakes)
+        cuda.syncthreads()
+        tile = s_misc[0]
+        if tile >= ntiles:
+            break  # the same value on every thread: the whole thread block leaves
+        # Issue the warp's 4 coalesced loads before any arithmetic: more bytes in flight.
+        for k in range(BPW):
+            i = (tile * TILE + warp * BPW + k) * BLOCK + lane
+            xw[k] = np.int64(xb[i]) if i < n else np.int64(0)
+        for k in range(BPW):
+            j = warp * BPW + k
+            code, size, wlo, whi = _compress_block(xb, xw[k], n, tile * TILE + j, eb, step,
+                                                   lane)
+            lo[k] = wlo
+            hi[k] = whi
+            if lane == 0:
+                s_code[j] = code
+                s_size[j] = size
+        cuda.syncthreads()
+        _finish_tile(tile, ntiles, tid, lo, hi, s_code, s_size, s_off, s_stage, s_misc,
+                     flags, vals, epoch, bitmap_s, codes_s, pay_s, totals)
 
 
 @cuda.jit(**_JIT)

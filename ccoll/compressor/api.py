@@ -115,15 +115,19 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
     return _cpu.compress_abs(arr, _check_eb_abs(eb_abs))
 
 
-def compress_abs(x: Any, eb_abs: float, *, stream: Any = None) -> Any:
+def compress_abs(
+    x: Any, eb_abs: float, *, stream: Any = None, max_blocks: int | None = None
+) -> Any:
     """Compress ``x`` with an absolute bound already resolved (finite, ``>= 0``; 0 = lossless).
 
-    ``stream`` is a CUDA stream for device data and is ignored for host data.
+    ``stream`` is a CUDA stream and ``max_blocks`` a cap on the compression kernel's thread
+    blocks (e.g. ``Scheduler.grid_limit("compress")``; the stream bytes do not depend on
+    it) for device data; both are ignored for host data.
     """
     eb = _check_eb_abs(eb_abs)
     if _backend.backend_of(x) == "cuda":
         _device_dtype(x)
-        return _backend.cuda_module().compress_abs(x, eb, stream=stream)
+        return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks)
     return _cpu.compress_abs(_host_array(x), eb)
 
 

@@ -237,6 +237,33 @@ def test_bad_inputs_are_clear_errors():
     assert_clear_error(InputError, "CUDA device array", _cuda.compress_abs, np.ones(4), 1e-3)
 
 
+@pytest.mark.parametrize("max_blocks", [1])
+def test_capped_grid_writes_the_same_stream(max_blocks):
+    # 3000 elements: 3 tiles, so one persistent thread block takes every tile
+    # (the look-back then waits on tiles their own or another thread block did earlier).
+    from ccoll.compressor import api
+
+    x = gradient_like(3000, np.float32, seed=41)
+    eb = rel_eb(x, 1e-3)
+    d = to_dev(x)
+    want = _cpu.compress_abs(x, eb).tobytes()
+    capped = host(_cuda.compress_abs(d, eb, max_blocks=max_blocks)).tobytes()
+    assert capped == want
+    # The ticket counter is left at 0: uncapped and capped launches after it agree.
+    assert host(_cuda.compress_abs(d, eb)).tobytes() == want
+    assert host(api.compress_abs(d, eb, max_blocks=max_blocks)).tobytes() == want
+    assert host(_cuda.decompress(to_dev(np.frombuffer(capped, np.uint8)))).tobytes() == \
+        _cpu.decompress(np.frombuffer(want, np.uint8)).tobytes()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_max_blocks_is_a_clear_error(bad):
+    from ccoll.errors import InputError
+
+    x = to_dev(np.ones(64, np.float32))
+    assert_clear_error(InputError, "max_blocks", _cuda.compress_abs, x, 1e-3, max_blocks=bad)
+
+
 # --------------------------------------------------------------------- malformed streams
 
 
