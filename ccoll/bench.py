@@ -119,23 +119,23 @@ def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb:
         if a == "mpi":
             if collective == "allreduce":
                 y = np.empty_like(x)
-                out[a] = lambda y=y: (comm.Allreduce(x, y, op=MPI.SUM), y)[1]
+                out[a] = lambda y=y: (comm.Allreduce(x, y, op=MPI.SUM), y)[1]  # type: ignore[misc]
             elif collective == "reduce_scatter":
                 y = np.empty(counts[r], x.dtype)
-                out[a] = lambda y=y: (comm.Reduce_scatter(x, y, recvcounts=counts,
+                out[a] = lambda y=y: (comm.Reduce_scatter(x, y, recvcounts=counts,  # type: ignore[misc]
                                                           op=MPI.SUM), y)[1]
             else:
                 y = np.empty((n, x.size), x.dtype)
-                out[a] = lambda y=y: (comm.Allgather(x, y), y)[1]
+                out[a] = lambda y=y: (comm.Allgather(x, y), y)[1]  # type: ignore[misc]
             continue
         cc = ccs[a]
         if collective == "allreduce":
             y = np.empty_like(x)
-            out[a] = lambda cc=cc, y=y: cc.allreduce(x, eb, out=y)
+            out[a] = lambda cc=cc, y=y: cc.allreduce(x, eb, out=y)  # type: ignore[misc]
         elif collective == "reduce_scatter":
-            out[a] = lambda cc=cc: cc.reduce_scatter(x, eb)
+            out[a] = lambda cc=cc: cc.reduce_scatter(x, eb)  # type: ignore[misc]
         else:
-            out[a] = lambda cc=cc: cc.allgather(x, eb)
+            out[a] = lambda cc=cc: cc.allgather(x, eb)  # type: ignore[misc]
     return out
 
 
