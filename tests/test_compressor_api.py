@@ -136,7 +136,10 @@ def test_missing_cuda_backend_is_a_clear_error(monkeypatch):
 def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
     calls = []
     fake = types.ModuleType("ccoll.compressor._cuda")
-    fake.compress_abs = lambda x, eb, stream=None: calls.append(("compress_abs", eb, stream)) or "s"
+    caps = []
+    fake.compress_abs = lambda x, eb, stream=None, max_blocks=None: (
+        calls.append(("compress_abs", eb, stream)) or caps.append(max_blocks) or "s"
+    )
     fake.decompress = lambda buf, out=None, stream=None: calls.append(("decompress", out)) or "y"
     fake.add = lambda a, b, out=None, stream=None: calls.append(("add", out)) or "sum"
     fake.header = lambda buf: calls.append(("header",)) or "h"
@@ -147,6 +150,8 @@ def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
     assert ccoll.compress(dev, ccoll.REL(0.25)) == "s"
     assert ccoll.compress(dev, ccoll.ABS(0.5), stream=7) == "s"
     assert compress_abs(dev, 0.0) == "s"
+    assert compress_abs(dev, 0.0, max_blocks=3) == "s"
+    assert caps == [None, None, None, 3]  # the grid cap reaches the CUDA backend
     assert ccoll.decompress(dev) == "y"
     assert add(dev, dev) == "sum"
     assert header(dev) == "h"
