@@ -233,14 +233,15 @@ def predict_homomorphic(
     ``W = k (N-1) alpha + (N-1)/N * S/(ratio beta)``; each ring block is cut into ``k``
     chunks (one stream, one message each), so ``max(C, W) + min(C, W)/k``. Then the
     allgather of the reduced streams (ratio ``ratio_sum``) and the decoding
-    (:func:`_gather_and_decode`); plus ``overhead + k * chunk_overhead``.
+    (:func:`_gather_and_decode`); plus ``overhead + (k - 1) * chunk_overhead`` (the fixed
+    cost of a call includes its first chunk).
     """
     if ranks <= 1:
         return p.overhead
     n = ranks
     rs = ratio_of_sum(ratio, n, width) if ratio_sum is None else ratio_sum
     k = max(1, int(chunks))
-    return (p.overhead + k * p.chunk_overhead + _hom_reduce_scatter(size, n, p, ratio, k)
+    return (p.overhead + (k - 1) * p.chunk_overhead + _hom_reduce_scatter(size, n, p, ratio, k)
             + _gather_and_decode(size, n, p, rs))
 
 
@@ -261,7 +262,8 @@ def predict_dar(
     n = ranks
     k = max(1, int(chunks))
     r_final = ratio_of_sum(ratio_at_finer_bound(ratio, (2 * n - 1) / n, width), n, width)
-    return (p.overhead + k * p.chunk_overhead + _dar_reduce_scatter(size, n, p, ratio, k, width)
+    return (p.overhead + (k - 1) * p.chunk_overhead
+            + _dar_reduce_scatter(size, n, p, ratio, k, width)
             + _gather_and_decode(size, n, p, r_final))
 
 
@@ -346,7 +348,7 @@ def predict(size: float, ranks: int, p: Params, ratio: float, *,
         dar = predict_dar(size, n, p, ratio, chunks=k, width=width)
     elif collective == "reduce_scatter":
         raw = predict_raw_reduce_scatter(size, n, p)
-        fixed = p.overhead + k * p.chunk_overhead + size / n / p.decompress
+        fixed = p.overhead + (k - 1) * p.chunk_overhead + size / n / p.decompress
         hom = fixed + _hom_reduce_scatter(size, n, p, ratio, k)
         dar = fixed + _dar_reduce_scatter(size, n, p, ratio, k, width)
     elif collective == "allgather":
