@@ -5,8 +5,13 @@ Run as ``mpiexec -n 4 python -m mpi4py -m ccoll.demo``. Rank ``r`` loads trainin
 data-parallel workers do. Every tensor is allreduced with ``ccoll.allreduce`` (``REL``
 bound) and with ``MPI_Allreduce``; rank 0 prints, per tensor and in total, the bytes each
 rank sent (ccoll: counted; MPI: what a bandwidth-optimal ring sends, ``2(N-1)/N`` of the
-tensor), their ratio, the largest error over the bound (against the exact float64 sum),
-the best time of each over ``--repeat`` runs, and whether every rank got identical bytes.
+tensor), their ratio, whether ccoll compressed the tensor, the largest error over the
+bound (against the exact float64 sum), the best time of each over ``--repeat`` runs, and
+whether every rank got identical bytes.
+
+The demo forces compression (``--policy compress``) to show what it does to real
+gradients; ``--policy auto`` shows what ccoll's default chooses instead (on shared memory,
+where MPI is fast, it sends most tensors raw).
 
 On one machine the "network" is shared memory, so MPI's time is not what a cluster link
 would give; the byte counts and the errors are what carries over (``ccoll bench`` and
@@ -90,6 +95,8 @@ def main(argv: Sequence[str] | None = None, comm: MPI.Intracomm | None = None) -
     ap.add_argument("--data", type=Path, default=None, help="HDF5 gradient dump")
     ap.add_argument("--rel", type=float, default=1e-3, help="REL error bound (default 1e-3)")
     ap.add_argument("--algorithm", choices=("homomorphic", "dar"), default="homomorphic")
+    ap.add_argument("--policy", choices=("compress", "auto", "raw"), default="compress",
+                    help="ccoll's policy (default compress; auto: ccoll's own default)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs per tensor (best kept)")
     ap.add_argument("--max-tensors", type=int, default=None, help="only the first N tensors")
     args = ap.parse_args(argv)
@@ -99,7 +106,7 @@ def main(argv: Sequence[str] | None = None, comm: MPI.Intracomm | None = None) -
     steps = comm.gather(step) or []
     eb = ccoll.REL(args.rel)
     rows = []
-    with ccoll.Communicator(comm, algorithm=args.algorithm) as cc:
+    with ccoll.Communicator(comm, algorithm=args.algorithm, policy=args.policy) as cc:
         # Warm-up: numba compiles (or loads from its cache) the kernels once.
         cc.allreduce(grads[0][1], eb=eb)
         for name, x in grads:
@@ -107,10 +114,14 @@ def main(argv: Sequence[str] | None = None, comm: MPI.Intracomm | None = None) -
             t_mpi, _ = _best_time(comm, lambda x=x, y=y_mpi: comm.Allreduce(x, y, op=MPI.SUM),
                                   args.repeat)
             sent: list[float] = []
+            modes: list[bool] = []
 
-            def run(x: np.ndarray = x, sent: list[float] = sent) -> np.ndarray:
+            def run(x: np.ndarray = x, sent: list[float] = sent,
+                    modes: list[bool] = modes) -> np.ndarray:
+                before = cc.stats.compressed_calls
                 y = cc.allreduce(x, eb=eb)
                 sent.append(cc.stats.last["bytes_sent"])
+                modes.append(cc.stats.compressed_calls > before)
                 return y
 
             t_cc, y = _best_time(comm, run, args.repeat)
@@ -125,7 +136,8 @@ def main(argv: Sequence[str] | None = None, comm: MPI.Intracomm | None = None) -
             same = len(set(comm.allgather(digest))) == 1
             cc_bytes = comm.allreduce(sent[-1], op=MPI.SUM) / size
             mpi_bytes = 2 * (size - 1) * x.nbytes / size
-            rows.append((name, x.size, mpi_bytes, cc_bytes, err, eb_abs, t_mpi, t_cc, same))
+            rows.append((name, x.size, mpi_bytes, cc_bytes, modes[-1], err, eb_abs, t_mpi, t_cc,
+                         same))
     if rank == 0:
         _print_table(rows, size, steps, args)
     return 0
@@ -135,25 +147,28 @@ def _print_table(rows: list[tuple], size: int, steps: list[str], args: argparse.
     print(
         f"ccoll demo: allreduce of real MiniLM gradients, {size} ranks "
         f"(rank r holds {', '.join(f'{r}:{s}' for r, s in enumerate(steps))}), "
-        f"REL {args.rel:g}, algorithm {args.algorithm}, best of {args.repeat}"
+        f"REL {args.rel:g}, algorithm {args.algorithm}, policy {args.policy}, "
+        f"best of {args.repeat}"
     )
     head = (
         f"{'tensor':<48} {'elements':>9} {'MPI sent':>10} {'ccoll sent':>10} {'ratio':>7} "
-        f"{'err/eb':>7} {'MPI ms':>8} {'ccoll ms':>8} {'same':>5}"
+        f"{'comp':>5} {'err/eb':>7} {'MPI ms':>8} {'ccoll ms':>8} {'same':>5}"
     )
     print(head)
     print("-" * len(head))
     tot = [0, 0.0, 0.0, 0.0, 0.0]
     worst = 0.0
     all_same = True
-    for name, n, mb, cb, err, eb_abs, tm, tc, same in rows:
+    n_comp = 0
+    for name, n, mb, cb, comp, err, eb_abs, tm, tc, same in rows:
         rel = err / eb_abs if eb_abs > 0 else (0.0 if err == 0 else float("inf"))
         worst = max(worst, rel)
         all_same &= same
         short = name if len(name) <= 48 else "..." + name[-45:]
         print(
             f"{short:<48} {n:>9} {_fmt_bytes(mb):>10} {_fmt_bytes(cb):>10} "
-            f"{mb / cb if cb else float('inf'):>6.1f}x {rel:>7.3f} {tm * 1e3:>8.2f} "
+            f"{mb / cb if cb else float('inf'):>6.1f}x {'yes' if comp else 'raw':>5} "
+            f"{rel:>7.3f} {tm * 1e3:>8.2f} "
             f"{tc * 1e3:>8.2f} {'yes' if same else 'NO':>5}"
         )
         tot[0] += n
@@ -161,15 +176,17 @@ def _print_table(rows: list[tuple], size: int, steps: list[str], args: argparse.
         tot[2] += cb
         tot[3] += tm
         tot[4] += tc
+        n_comp += comp
     print("-" * len(head))
     print(
         f"{'total (' + str(len(rows)) + ' tensors)':<48} {tot[0]:>9} {_fmt_bytes(tot[1]):>10} "
         f"{_fmt_bytes(tot[2]):>10} {tot[1] / tot[2] if tot[2] else float('inf'):>6.1f}x "
-        f"{worst:>7.3f} {tot[3] * 1e3:>8.2f} {tot[4] * 1e3:>8.2f} "
+        f"{f'{n_comp}/{len(rows)}':>5} {worst:>7.3f} {tot[3] * 1e3:>8.2f} {tot[4] * 1e3:>8.2f} "
         f"{'yes' if all_same else 'NO':>5}"
     )
     print(
         "bytes: per rank; MPI = 2(N-1)/N of the tensor (ring allreduce), ccoll = counted. "
+        "comp: ccoll compressed (raw: plain MPI). "
         "err/eb: max |ccoll - exact float64 sum| / bound. same: identical bytes on all ranks."
     )
 
