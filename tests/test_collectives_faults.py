@@ -60,7 +60,7 @@ def test_exception_mid_collective_ends_the_job(tmp_path):
                 return real(self, *args)
 
             homomorphic.HomomorphicOps.combine = failing
-        with ccoll.Communicator(comm, chunk_elems=4096) as c:
+        with ccoll.Communicator(comm, chunk_elems=4096, policy="compress") as c:
             c.allreduce(x, eb=ccoll.REL(1e-3))
         print(f"rank {comm.rank} finished", flush=True)
     """)
@@ -72,7 +72,7 @@ def test_exception_mid_collective_ends_the_job(tmp_path):
 
 def test_timeout_turns_a_stalled_peer_into_collective_error(tmp_path):
     proc, elapsed = run_job(tmp_path, """
-        c = ccoll.Communicator(comm, chunk_elems=4096, timeout=3.0)
+        c = ccoll.Communicator(comm, chunk_elems=4096, timeout=3.0, policy="compress")
         c.allreduce(x[:1000], eb=ccoll.REL(1e-3))  # warm-up: compile before timing
         if comm.rank == 2:
             real = homomorphic.HomomorphicOps.combine

@@ -32,6 +32,7 @@ def test_state_defaults() -> None:
         assert MPI.Comm.Compare(s.comm, MPI.COMM_WORLD) == MPI.CONGRUENT  # a duplicate
         assert not hasattr(s, "__dict__")
         assert "REL(0.001)" in repr(s)
+        assert s.policy == s.communicator.policy == "auto"
     finally:
         s.close()
 

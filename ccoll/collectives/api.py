@@ -1,7 +1,8 @@
 """The module-level collectives of ``ccoll`` (DESIGN.md, "Public API").
 
 Each function runs on the default :class:`~ccoll.collectives.communicator.Communicator`
-of ``comm`` (made on first use, collectively) or on a Communicator passed as ``comm``.
+of ``comm`` (made on first use, collectively; ``policy="auto"``: compressed only where the
+cost model predicts it pays) or on a Communicator passed as ``comm``.
 ``eb`` is an error bound (``ccoll.ABS``, ``ccoll.REL``, a float meaning absolute, or a
 string ``"rel:1e-3"``) or ``None`` for the exact result of plain MPI.
 """

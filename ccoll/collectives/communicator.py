@@ -83,7 +83,9 @@ class Communicator:
 
     - ``algorithm``: ``"homomorphic"`` (default: compress once, add compressed streams,
       decode once) or ``"dar"`` (decompress-add-recompress at every ring step, as C-Coll).
-    - ``policy``: ``"compress"`` (default) or ``"raw"`` (plain MPI, same API).
+    - ``policy``: ``"auto"`` (default: the cost model of docs/model.md decides per call
+      whether compressing pays, and sends raw when it does not), ``"compress"`` (always)
+      or ``"raw"`` (never: plain MPI, same API).
     - ``chunk_elems``: elements per pipeline chunk (one stream, one message).
     - ``timeout``: seconds a collective may wait for its peers before it raises
       :class:`~ccoll.errors.CollectiveError` (default ``None``: wait forever, as MPI).
@@ -98,7 +100,7 @@ class Communicator:
         comm: MPI.Intracomm | None = None,
         *,
         algorithm: str = "homomorphic",
-        policy: str = "compress",
+        policy: str = "auto",
         chunk_elems: int = DEFAULT_CHUNK,
         timeout: float | None = None,
     ) -> None:
@@ -627,7 +629,7 @@ def _mpi_buffers(
         return raw[: arr.nbytes].view(p.dtype).reshape(arr.shape)
 
     hsrc = None if src is None else host_of(src)
-    if src is not None:
+    if src is not None and src.size:  # an empty copy fails on strides (numba's simulator)
         src.copy_to_host(hsrc)
     hdst = host_of(dst)
     try:

@@ -71,8 +71,8 @@ class CCollHookState:
             works on a duplicate of it (``Dup`` is collective: construct the state on every
             rank), so the hook's traffic never mixes with the caller's messages.
         policy: what the collective does with a bucket the hook hands it for compression:
-            ``"compress"`` (default: always), ``"auto"`` (ccoll's cost model decides per
-            bucket from measured link and compressor speeds, docs/model.md) or ``"raw"``
+            ``"auto"`` (default: ccoll's cost model decides per bucket from measured link
+            and compressor speeds, docs/model.md), ``"compress"`` (always) or ``"raw"``
             (never: plain MPI through the same path, for comparisons).
         timeout: seconds a bucket's collective may wait for its peers before it fails with
             :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
@@ -123,7 +123,7 @@ class CCollHookState:
         start_iter: int = 1,
         min_numel: int = 4096,
         comm: Any = None,
-        policy: str = "compress",
+        policy: str = "auto",
         timeout: float | None = None,
     ) -> None:
         from mpi4py import MPI

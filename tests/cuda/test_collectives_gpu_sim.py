@@ -22,6 +22,13 @@ from ccoll.collectives.devices import cuda_aware_mpi
 COMM = MPI.COMM_WORLD
 
 
+@pytest.fixture(scope="module")
+def compressing():
+    """Forced compression: the default policy sends a single rank's data raw."""
+    with ccoll.Communicator(COMM, policy="compress") as c:
+        yield c
+
+
 def data(n: int, dtype, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n) * 1e-2
@@ -36,11 +43,13 @@ def test_simulator_mpi_is_not_cuda_aware():
 
 @pytest.mark.parametrize("algorithm", ["homomorphic", "dar"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-def test_allreduce_device_equals_host(dtype, algorithm):
+def test_allreduce_device_equals_host(compressing, dtype, algorithm):
     x = data(200, dtype)
     eb = ccoll.REL(1e-3)
-    want = ccoll.allreduce(x, eb=eb, comm=COMM, algorithm=algorithm)
-    y = ccoll.allreduce(cuda.to_device(x), eb=eb, comm=COMM, algorithm=algorithm)
+    before = compressing.stats.compressed_calls
+    want = ccoll.allreduce(x, eb=eb, comm=compressing, algorithm=algorithm)
+    y = ccoll.allreduce(cuda.to_device(x), eb=eb, comm=compressing, algorithm=algorithm)
+    assert compressing.stats.compressed_calls == before + 2
     assert devicearray.is_cuda_ndarray(y)
     got = y.copy_to_host()
     assert got.dtype == x.dtype and got.shape == x.shape
@@ -48,29 +57,33 @@ def test_allreduce_device_equals_host(dtype, algorithm):
     assert_within_bound(got, x, eb.resolve(float(x.min()), float(x.max())), slack_ulps=1)
 
 
-def test_allreduce_device_out_avg_and_nan():
+def test_allreduce_device_out_avg_and_nan(compressing):
     x = data(120, np.float32, seed=1).reshape(4, 30)
     x[2, 3] = np.nan
     out = cuda.device_array_like(x)
-    y = ccoll.allreduce(cuda.to_device(x), eb=ccoll.ABS(1e-4), op="avg", comm=COMM, out=out)
+    y = ccoll.allreduce(cuda.to_device(x), eb=ccoll.ABS(1e-4), op="avg", comm=compressing,
+                        out=out)
     assert y is out
     got = out.copy_to_host()
     assert np.isnan(got[2, 3])
-    want = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), op="avg", comm=COMM)
+    want = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), op="avg", comm=compressing)
     assert got.tobytes() == want.tobytes()
 
 
-def test_reduce_scatter_allgather_bcast_on_device():
+def test_reduce_scatter_allgather_bcast_on_device(compressing):
     x = data(90, np.float64, seed=2)
     d = cuda.to_device(x)
     eb = ccoll.ABS(1e-5)
-    rs = ccoll.reduce_scatter(d, eb=eb, comm=COMM).copy_to_host()
-    assert rs.tobytes() == ccoll.reduce_scatter(x, eb=eb, comm=COMM).tobytes()
-    ag = ccoll.allgather(d, eb=eb, comm=COMM).copy_to_host()
+    cc = compressing
+    before = cc.stats.compressed_calls
+    rs = ccoll.reduce_scatter(d, eb=eb, comm=cc).copy_to_host()
+    assert rs.tobytes() == ccoll.reduce_scatter(x, eb=eb, comm=cc).tobytes()
+    ag = ccoll.allgather(d, eb=eb, comm=cc).copy_to_host()
     assert ag.shape == (1, 90)
-    assert ag.tobytes() == ccoll.allgather(x, eb=eb, comm=COMM).tobytes()
-    bc = ccoll.bcast(d, eb=eb, comm=COMM).copy_to_host()
-    assert bc.tobytes() == ccoll.bcast(x, eb=eb, comm=COMM).tobytes()
+    assert ag.tobytes() == ccoll.allgather(x, eb=eb, comm=cc).tobytes()
+    bc = ccoll.bcast(d, eb=eb, comm=cc).copy_to_host()
+    assert bc.tobytes() == ccoll.bcast(x, eb=eb, comm=cc).tobytes()
+    assert cc.stats.compressed_calls == before + 6
     assert_within_bound(bc, x, 1e-5)
 
 
@@ -82,6 +95,7 @@ def test_exact_on_device_equals_mpi(name):
     assert got.tobytes() == fn(x, eb=None, comm=COMM).tobytes()
 
 
-def test_zero_length_device():
-    y = ccoll.allreduce(cuda.device_array(0, np.float32), comm=COMM)
+@pytest.mark.parametrize("policy", ["auto", "compress", "raw"])
+def test_zero_length_device(policy):
+    y = ccoll.allreduce(cuda.device_array(0, np.float32), comm=COMM, policy=policy)
     assert y.copy_to_host().size == 0

@@ -1,7 +1,9 @@
 """ccoll's collectives under MPI (run with 1..5 ranks; see the Makefile's test-mpi).
 
 Every compressed result is checked element by element against the exact float64
-reduction of all ranks' inputs, and bitwise across ranks.
+reduction of all ranks' inputs, and bitwise across ranks. The default policy ("auto")
+sends these small messages raw, so the tests that check compression ask for it
+(``policy="compress"``); tests/mpi/test_policy.py checks the default itself.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ def _bound_id(b):
     return f"{type(b).__name__}{b.value:g}"
 
 
+@pytest.fixture
+def compressing(comm):
+    """A Communicator that always compresses (allgather and bcast take no per-call policy)."""
+    with ccoll.Communicator(comm, policy="compress") as c:
+        yield c
+
+
 def same_error_everywhere(comm, exc_info, exc_type, match):
     err = exc_info.value
     assert type(err) is exc_type, f"{type(err).__name__}: {err}"
@@ -40,7 +49,7 @@ def same_error_everywhere(comm, exc_info, exc_type, match):
 @pytest.mark.parametrize("n", COUNTS)
 def test_allreduce_within_bound_and_identical(comm, n, dtype, eb, algorithm):
     x = gradient_like(comm.rank, n, dtype)
-    y = ccoll.allreduce(x, eb=eb, comm=comm, algorithm=algorithm)
+    y = ccoll.allreduce(x, eb=eb, comm=comm, algorithm=algorithm, policy="compress")
     assert y.shape == x.shape and y.dtype == x.dtype
     assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
     assert_same_on_every_rank(comm, y)
@@ -51,7 +60,7 @@ def test_allreduce_within_bound_and_identical(comm, n, dtype, eb, algorithm):
 def test_allreduce_avg(comm, dtype, algorithm):
     x = gradient_like(comm.rank, 5000, dtype).reshape(50, 100)
     eb = ccoll.REL(1e-3)
-    y = ccoll.allreduce(x, eb=eb, op="avg", comm=comm, algorithm=algorithm)
+    y = ccoll.allreduce(x, eb=eb, op="avg", comm=comm, algorithm=algorithm, policy="compress")
     bound = global_eb(comm, x, eb) / comm.size
     assert_within_bound(y, exact_sum(comm, x) / comm.size, bound, slack_ulps=2)
     assert_same_on_every_rank(comm, y)
@@ -62,7 +71,7 @@ def test_allreduce_pipelined_chunks(comm, chunk):
     # Small chunks: many streams per block, the worker thread and the pipelined ring.
     x = gradient_like(comm.rank, 2_011 if chunk < 32 else 20_011, np.float32)
     eb = ccoll.REL(1e-3)
-    with ccoll.Communicator(comm, chunk_elems=chunk) as c:
+    with ccoll.Communicator(comm, chunk_elems=chunk, policy="compress") as c:
         y = c.allreduce(x, eb=eb)
     assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
     assert_same_on_every_rank(comm, y)
@@ -70,7 +79,7 @@ def test_allreduce_pipelined_chunks(comm, chunk):
 
 def test_compressed_allreduce_sends_fewer_bytes_than_a_raw_ring(comm):
     x = gradient_like(comm.rank, 100_000, np.float32)
-    with ccoll.Communicator(comm) as c:
+    with ccoll.Communicator(comm, policy="compress") as c:
         c.allreduce(x, eb=ccoll.REL(1e-3))
         sent = c.stats.last["bytes_sent"]
     raw_ring = 2 * (comm.size - 1) * x.nbytes / comm.size
@@ -83,19 +92,20 @@ def test_allreduce_tiny_bound_goes_raw_and_stays_within(comm):
     # An absolute bound far below float32 resolution: blocks are stored raw and summed in
     # float64, so the result is the float64 sum rounded once to float32.
     x = gradient_like(comm.rank, 4099, np.float32) + np.float32(1.0)
-    y = ccoll.allreduce(x, eb=ccoll.ABS(1e-12), comm=comm)
+    y = ccoll.allreduce(x, eb=ccoll.ABS(1e-12), comm=comm, policy="compress")
     assert_within_bound(y, exact_sum(comm, x), 1e-12, slack_ulps=1)
     assert_same_on_every_rank(comm, y)
 
 
-def test_allreduce_out_and_in_place(comm):
+@pytest.mark.parametrize("policy", ["compress", "raw"])
+def test_allreduce_out_and_in_place(comm, policy):
     x = gradient_like(comm.rank, 1000, np.float64)
-    ref = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), comm=comm)
+    ref = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), comm=comm, policy=policy)
     out = np.empty_like(x)
-    y = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), comm=comm, out=out)
+    y = ccoll.allreduce(x, eb=ccoll.ABS(1e-4), comm=comm, out=out, policy=policy)
     assert y is out and np.array_equal(out, ref)
     xin = x.copy()
-    y2 = ccoll.allreduce(xin, eb=ccoll.ABS(1e-4), comm=comm, out=xin)
+    y2 = ccoll.allreduce(xin, eb=ccoll.ABS(1e-4), comm=comm, out=xin, policy=policy)
     assert y2 is xin and np.array_equal(xin, ref)
     want = np.empty_like(x)
     comm.Allreduce(x, want, op=MPI.SUM)
@@ -110,7 +120,7 @@ def test_allreduce_out_and_in_place(comm):
 def test_reduce_scatter(comm, n, dtype, algorithm):
     x = gradient_like(comm.rank, n, dtype)
     eb = ccoll.REL(1e-3)
-    y = ccoll.reduce_scatter(x, eb=eb, comm=comm, algorithm=algorithm)
+    y = ccoll.reduce_scatter(x, eb=eb, comm=comm, algorithm=algorithm, policy="compress")
     want = np.array_split(exact_sum(comm, x).ravel(), comm.size)[comm.rank]
     assert y.dtype == x.dtype
     assert_within_bound(y, want, global_eb(comm, x, eb), slack_ulps=1)
@@ -119,9 +129,9 @@ def test_reduce_scatter(comm, n, dtype, algorithm):
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3000,)])
-def test_allgather(comm, shape, dtype, eb):
+def test_allgather(comm, compressing, shape, dtype, eb):
     x = gradient_like(comm.rank, int(np.prod(shape)), dtype).reshape(shape)
-    y = ccoll.allgather(x, eb=eb, comm=comm)
+    y = ccoll.allgather(x, eb=eb, comm=compressing)
     assert y.shape == (comm.size, *shape) and y.dtype == x.dtype
     xs = np.stack(comm.allgather(x))
     assert_within_bound(y, xs, global_eb(comm, x, eb))
@@ -131,11 +141,11 @@ def test_allgather(comm, shape, dtype, eb):
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(0,), (1,), (20, 30)])
-def test_bcast(comm, shape, dtype, eb):
+def test_bcast(comm, compressing, shape, dtype, eb):
     root = comm.size - 1
     n = int(np.prod(shape))
     x = gradient_like(99 if comm.rank == root else comm.rank + 1000, n, dtype).reshape(shape)
-    y = ccoll.bcast(x, eb=eb, root=root, comm=comm)
+    y = ccoll.bcast(x, eb=eb, root=root, comm=compressing)
     want = comm.bcast(x, root=root)
     fin = want[np.isfinite(want)].astype(np.float64)
     ebabs = eb.value if isinstance(eb, ccoll.ABS) else (
@@ -190,7 +200,7 @@ def test_nan_inf_propagate(comm, dtype, algorithm):
     if comm.rank == comm.size - 1:
         x[11] = -np.inf
     eb = ccoll.REL(1e-3)
-    y = ccoll.allreduce(x, eb=eb, comm=comm, algorithm=algorithm)
+    y = ccoll.allreduce(x, eb=eb, comm=comm, algorithm=algorithm, policy="compress")
     assert np.isnan(y[3])
     if comm.size > 1:
         assert y[7] == np.inf and y[11] == -np.inf
@@ -292,7 +302,8 @@ def test_communicator_options_must_agree(comm):
 @pytest.mark.parametrize("algorithm", ALGOS)
 def test_iallreduce_matches_allreduce(comm, algorithm):
     x = gradient_like(comm.rank, 30_000, np.float32)
-    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=4096) as c:
+    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=4096,
+                            policy="compress") as c:
         reqs = [c.iallreduce(x * (i + 1), eb=ccoll.REL(1e-3)) for i in range(3)]
         ys = [r.wait(timeout=60) for r in reqs]
         assert all(r.test() and r.done() for r in reqs)
@@ -321,6 +332,7 @@ def test_demo_runs(comm, capsys):
         assert total.split()[-1] == "yes", total
         worst = float(total.split()[-4])
         assert worst <= 1.0, total
+        assert total.split()[-5] == "4/4", total  # the demo compresses every tensor
 
 
 def _rss_bytes() -> int:
@@ -334,7 +346,7 @@ def _rss_bytes() -> int:
 def test_soak_mixed_calls_do_not_grow_memory(comm):
     rng = np.random.default_rng(1234)  # same sequence of calls on every rank
     kinds = ["allreduce", "dar", "reduce_scatter", "allgather", "bcast", "exact", "iallreduce"]
-    with ccoll.Communicator(comm, chunk_elems=8192) as c:
+    with ccoll.Communicator(comm, chunk_elems=8192, policy="compress") as c:
         rss = []
         for i in range(1000):
             kind = kinds[int(rng.integers(len(kinds)))]

@@ -37,7 +37,7 @@ def test_device_ring_equals_host_ring(comm, dtype, algorithm):
     # Two chunks per block: the worker thread and staged sends of a pipelined ring.
     x = gradient_like(comm.rank, 64 * comm.size + 7, dtype)
     eb = ccoll.REL(1e-3)
-    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=40) as c:
+    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=40, policy="compress") as c:
         want = c.allreduce(x, eb=eb)
         y = c.allreduce(cuda.to_device(x), eb=eb).copy_to_host()
     assert y.tobytes() == want.tobytes()
@@ -49,12 +49,14 @@ def test_device_reduce_scatter_allgather_bcast(comm):
     x = gradient_like(comm.rank, 101, np.float32)
     d = cuda.to_device(x)
     eb = ccoll.ABS(1e-4)
-    rs = ccoll.reduce_scatter(d, eb=eb, comm=comm).copy_to_host()
-    assert rs.tobytes() == ccoll.reduce_scatter(x, eb=eb, comm=comm).tobytes()
-    ag = ccoll.allgather(d, eb=eb, comm=comm).copy_to_host()
-    assert ag.tobytes() == ccoll.allgather(x, eb=eb, comm=comm).tobytes()
-    bc = ccoll.bcast(d, eb=eb, root=comm.size - 1, comm=comm).copy_to_host()
-    assert bc.tobytes() == ccoll.bcast(x, eb=eb, root=comm.size - 1, comm=comm).tobytes()
+    with ccoll.Communicator(comm, policy="compress") as cc:
+        rs = ccoll.reduce_scatter(d, eb=eb, comm=cc).copy_to_host()
+        assert rs.tobytes() == ccoll.reduce_scatter(x, eb=eb, comm=cc).tobytes()
+        ag = ccoll.allgather(d, eb=eb, comm=cc).copy_to_host()
+        assert ag.tobytes() == ccoll.allgather(x, eb=eb, comm=cc).tobytes()
+        bc = ccoll.bcast(d, eb=eb, root=comm.size - 1, comm=cc).copy_to_host()
+        assert bc.tobytes() == ccoll.bcast(x, eb=eb, root=comm.size - 1, comm=cc).tobytes()
+        assert cc.stats.compressed_calls == 6
     assert_same_on_every_rank(comm, bc)
 
 

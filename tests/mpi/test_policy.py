@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 from collkit import exact_sum, global_eb, gradient_like
 from kit import assert_same_on_every_rank, assert_within_bound
+from mpi4py import MPI
 
 import ccoll
 from ccoll.collectives.auto_policy import AutoPolicy, cache_dir, link_calibration
+from ccoll.collectives.communicator import default_communicator
 
 SLOW_LINK = {  # 100 Mbit/s, fast compressor: compressing big messages clearly pays
     "CCOLL_ALPHA": "50us", "CCOLL_BANDWIDTH": "100Mbit", "CCOLL_COMPRESS_GBPS": "5",
@@ -176,3 +178,27 @@ def test_known_raw_uses_only_calibrations_already_made(comm, shared_cache, monke
     assert pol.known_raw(big.size, big.dtype)  # same class, compressor known to be too slow
     assert pol.known_raw(1, np.float32)
     assert len(set(comm.allgather(pol.known_raw(1 << 22, np.float32)))) == 1
+
+
+def test_auto_is_the_default_policy(comm):
+    with ccoll.Communicator(comm) as cc:
+        assert cc.policy == "auto"
+    assert default_communicator(comm).policy == "auto"  # what ccoll.allreduce & co. use
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_default_call_on_a_tiny_message_is_plain_mpi(comm, shared_cache, monkeypatch, dtype):
+    # A link on which compressing large messages pays: the tiny one still goes raw.
+    _env(monkeypatch, SLOW_LINK)
+    x = gradient_like(comm.rank, 100, dtype)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op=MPI.SUM)
+    eb = ccoll.REL(1e-3)
+    stats = default_communicator(comm).stats
+    y = ccoll.allreduce(x, eb=eb, comm=comm)
+    assert y.tobytes() == want.tobytes()
+    assert stats.compressed_calls == 0
+    z = ccoll.allreduce(x, eb=eb, comm=comm, policy="compress")
+    assert stats.compressed_calls == 1
+    assert_within_bound(z, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
+    assert_same_on_every_rank(comm, z)

@@ -61,7 +61,7 @@ def train(compressed: bool) -> tuple[float, list[str], int]:
     state = None
     if compressed:
         # The CNN's 9,930 gradients form one bucket; compress it from the second step on.
-        state = ct.CCollHookState(eb=ccoll.REL(1e-3), min_numel=1024)
+        state = ct.CCollHookState(eb=ccoll.REL(1e-3), min_numel=1024, policy="compress")
         ddp.register_comm_hook(state, ct.comm_hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     batches = models.shard_batches(len(ytr), GLOBAL_BATCH, rank, size, SEED)
