@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_compressor_reference import ref_parse
+from test_compressor_reference import ref_add, ref_parse
 
 import ccoll
 from ccoll.compressor import add, compress_abs, decompress, header, max_nbytes
@@ -140,6 +140,54 @@ def test_lorenzo_blocks_add_in_the_integer_domain():
     s = add(a, b)
     assert np.array_equal(decompress(s), ramp * 4)
     assert all(c not in (32, 33) for c in codes_of(s))
+
+
+def _int_block(rng, width, m):
+    """``m`` random integers whose largest magnitude has exactly ``width`` bits."""
+    hi = min(2**width - 1, 2**31 - 2)  # |q| = 2^31 - 1 is not quantizable: raw
+    q = rng.integers(-hi, hi + 1, m)
+    q[rng.integers(m)] = hi * rng.choice([-1, 1])
+    return q.astype(np.float64)
+
+
+WIDTHS = [1, 2, 3, 7, 16, 28, 29, 30, 31]
+
+
+@pytest.mark.parametrize("m", [32, 19, 1])
+@pytest.mark.parametrize("wa", WIDTHS)
+def test_no_prediction_sums_of_every_width_equal_the_reference(wa, m):
+    # Blocks of q_a of width wa against q_b of every width, each sign mix, a partial last
+    # block: sums of up to 29 bits take the bit-plane path, wider ones the per-lane path
+    # (where 2^30-sized lanes may overflow to raw). Float64 holds every q exactly.
+    rng = np.random.default_rng(wa * 100 + m)
+    xa, xb = [], []
+    for wb in WIDTHS:
+        for _ in range(3):
+            xa.append(_int_block(rng, wa, 32))
+            xb.append(_int_block(rng, wb, 32))
+    xa.append(_int_block(rng, wa, m))
+    xb.append(_int_block(rng, min(wa + 1, 31), m))
+    a = compress_abs(_blocks(*xa), EB)
+    b = compress_abs(_blocks(*xb), EB)
+    assert not any(c & 0x80 or c >= 32 for c in codes_of(a) + codes_of(b))
+    s = add(a, b)
+    assert s.tobytes() == ref_add(a.tobytes(), b.tobytes())
+    assert s.tobytes() == add(b, a).tobytes()
+
+
+@pytest.mark.parametrize("w", [8, 12, 20, 27])
+def test_sums_that_become_smooth_choose_lorenzo(w):
+    # a = r and b = ramp - r are noisy (no prediction), their sum is a ramp: the sum's
+    # Lorenzo residual is narrower, so the sum block must switch to Lorenzo.
+    rng = np.random.default_rng(w)
+    ramp = np.arange(32, dtype=np.float64) * 3.0
+    r = _int_block(rng, w, 32)
+    a, b = compress_abs(r, EB), compress_abs(ramp - r, EB)
+    assert not any(c & 0x80 for c in codes_of(a) + codes_of(b))
+    s = add(a, b)
+    assert codes_of(s) == [0x80 | 2]  # residuals 0, 3, 3, ...
+    assert s.tobytes() == ref_add(a.tobytes(), b.tobytes())
+    assert np.array_equal(decompress(s), ramp)
 
 
 def test_nan_sums_store_one_canonical_nan():

@@ -196,7 +196,7 @@ def _round_like_impl(d, arr):  # type: ignore[no-untyped-def]
 # vectorizes with lane shuffles instead of re-reading a freshly stored array.
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _block_words(code, is32):  # type: ignore[no-untyped-def]
     """Payload words of a valid code (0 for a zero block)."""
     if code == 0:
@@ -208,7 +208,7 @@ def _block_words(code, is32):  # type: ignore[no-untyped-def]
     return 1 + (code & 0x7F)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _code_valid(code, is32):  # type: ignore[no-untyped-def]
     """Tell whether a code byte is allowed in a non-zero block (format.md, "Block kinds")."""
     w = code & 0x7F
@@ -219,7 +219,7 @@ def _code_valid(code, is32):  # type: ignore[no-untyped-def]
     return code == CODE_RAW64 and is32
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _code_of(orq, ord_):  # type: ignore[no-untyped-def]
     """Code from the OR of ``|q|`` and of ``|Lorenzo c|`` over a block (rules 3-4).
 
@@ -236,7 +236,7 @@ def _code_of(orq, ord_):  # type: ignore[no-untyped-def]
     return wq
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _quantize(xb, eb, step, q):  # type: ignore[no-untyped-def]
     """Quantize one block; ``xb`` holds its valid elements (1..32), ``q`` receives 32 lanes.
 
@@ -283,14 +283,14 @@ def _quantize(xb, eb, step, q):  # type: ignore[no-untyped-def]
     return bad, orq, ord_
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _planes(mag, w, Wb):  # type: ignore[no-untyped-def]
     """Bit-planes 0..w-1 of the 32 uint32 magnitudes ``mag`` into ``Wb[1 : 1 + w]``."""
     for j in range(w):
         Wb[1 + j] = _plane_of(mag, j)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _encode_x(xb, step, code, Wb, mag):  # type: ignore[no-untyped-def]
     """Quantize ``xb`` again and write the fixed-length block ``code`` into ``Wb``."""
     m = xb.size
@@ -320,7 +320,7 @@ def _encode_x(xb, step, code, Wb, mag):  # type: ignore[no-untyped-def]
     _planes(mag, code & 0x7F, Wb)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _encode_q(q, m, code, Wb, mag):  # type: ignore[no-untyped-def]
     """Write quantized values ``q`` (valid lanes ``< m``) as the fixed-length block ``code``."""
     lor = np.int64(1) if code & LOR else np.int64(0)
@@ -337,7 +337,7 @@ def _encode_q(q, m, code, Wb, mag):  # type: ignore[no-untyped-def]
     _planes(mag, code & 0x7F, Wb)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _magnitudes(Wb, code, mag):  # type: ignore[no-untyped-def]
     """Assemble the 32 magnitudes (uint32, below 2^31) of a fixed-length block."""
     for l in range(BLOCK):
@@ -346,7 +346,7 @@ def _magnitudes(Wb, code, mag):  # type: ignore[no-untyped-def]
         _or_plane(mag, np.int64(Wb[1 + j]), j)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _decode_q(Wb, code, mag, q):  # type: ignore[no-untyped-def]
     """Read a fixed-length block ``Wb`` into ``q[0:32]`` (int64, Lorenzo undone)."""
     _magnitudes(Wb, code, mag)
@@ -362,7 +362,7 @@ def _decode_q(Wb, code, mag, q):  # type: ignore[no-untyped-def]
             q[l] = acc
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _decode_to(Wb, code, mag, ob, step):  # type: ignore[no-untyped-def]
     """Decode a fixed-length block straight into ``ob`` (its valid lanes)."""
     _magnitudes(Wb, code, mag)
@@ -384,7 +384,7 @@ def _decode_to(Wb, code, mag, ob, step):  # type: ignore[no-untyped-def]
             ob[l] = np.float64((np.int64(mag[l]) ^ -s) + s) * step
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _raw_value(Wb, code, l, is32):  # type: ignore[no-untyped-def]
     """float64 value of lane ``l`` of a raw block (code 32 or 33)."""
     if code == CODE_RAW and is32:
@@ -827,7 +827,85 @@ def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
 # ------------------------------------------------------------------------ homomorphic add
 
 
-@njit(nogil=True, cache=True)
+# Fixed-length blocks with no prediction and widths up to this add bit-sliced: their sum
+# has at most 31 bits (|q_a + q_b| <= 2^30 - 2 < 2^31 - 1), so it never overflows to raw.
+BITSLICE_MAX_W = 29
+_ALL = 0xFFFFFFFF
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _valid_mask(m):  # type: ignore[no-untyped-def]
+    """Word with bits ``0..m-1`` set: the valid lanes of a block of ``m`` elements."""
+    return (np.int64(1) << m) - 1 if m < BLOCK else np.int64(_ALL)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bitsliced_sum(Wa, wa, Wb, wb, vm, T, M, D):  # type: ignore[no-untyped-def]
+    """Code of the sum of two no-prediction blocks, computed on their bit-planes.
+
+    Word ``j`` of a plane array holds bit ``j`` of all 32 lanes, so one 32-bit operation
+    acts on 32 lanes (the lanes' carries stay in their own bit). ``q_a + q_b`` is formed in
+    two's complement: sign-magnitude ``q = (|q| ^ s) + s`` (``s`` all-ones where negative),
+    so the sum is ``(|q_a| ^ s_a) + (|q_b| ^ s_b) + s_a + s_b``, one ripple-carry pass with
+    carry-in ``s_a`` and an increment chain for ``s_b``. The same planes give the sum's
+    sign and magnitude (``M``), the Lorenzo residual ``d[l] = t[l] - t[l-1]`` (a lane shift
+    and a subtraction) and its magnitude (``D``), hence both candidate widths of rules 3-4.
+    Padding lanes (outside ``vm``) are 0. Returns ``(code, sign word)``; the payload
+    planes are ``M`` (no prediction) or ``D`` (Lorenzo). Needs ``max(wa, wb) <= 29``.
+    """
+    sa = np.int64(Wa[0]) & vm
+    sb = np.int64(Wb[0]) & vm
+    top = max(wa, wb) + 1  # the sum fits planes 0..top in two's complement
+    c1 = sa
+    c2 = sb
+    for j in range(top + 1):
+        x = (np.int64(Wa[1 + j]) & vm if j < wa else np.int64(0)) ^ sa
+        y = (np.int64(Wb[1 + j]) & vm if j < wb else np.int64(0)) ^ sb
+        h = x ^ y
+        s = h ^ c1
+        c1 = (x & y) | (c1 & h)
+        T[j] = s ^ c2
+        c2 = s & c2
+    neg = T[top]
+    # |t| = (t ^ neg) + neg on planes 0..top-1 (|t| < 2^top).
+    c = neg
+    wq = 0
+    for j in range(top):
+        v = T[j] ^ neg
+        mj = v ^ c
+        c = v & c
+        M[j] = mj
+        if mj != 0:
+            wq = j + 1
+    if wq <= 1:
+        # |t| <= 1 everywhere: a Lorenzo residual of width 0 would need every t equal to
+        # t[0] - 0, i.e. all zero, so no prediction wins (or the block is zero).
+        return np.int64(wq), neg
+    # d = t - (t shifted up one lane), two's complement on planes 0..top+1.
+    c = np.int64(_ALL)
+    for j in range(top + 2):
+        tj = T[min(j, top)]
+        nu = ((tj << 1) & _ALL) ^ _ALL
+        h = tj ^ nu
+        D[j] = h ^ c
+        c = (tj & nu) | (c & h)
+    dneg = D[top + 1]
+    c = dneg
+    wd = 0
+    for j in range(top + 1):
+        v = D[j] ^ dneg
+        dj = v ^ c
+        c = v & c
+        dj &= vm
+        D[j] = dj
+        if dj != 0:
+            wd = j + 1
+    if wd < wq:
+        return np.int64(LOR | wd), dneg & vm
+    return np.int64(wq), neg
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-untyped-def]
     """Code of the sum of two non-zero blocks; for a fixed sum ``qa`` = q_a + q_b."""
     rawsum = CODE_RAW64 if is32 else CODE_RAW
@@ -869,7 +947,7 @@ def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-u
     return _code_of(orq, ord_)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, mag, Wo):  # type: ignore[no-untyped-def]
     """Store ``float64(a) + float64(b)`` per lane as 64 words (code 32 or 33)."""
     fa = ca != CODE_RAW and ca != CODE_RAW64
@@ -889,24 +967,60 @@ def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, mag, Wo):  # type: ignore[no
         Wo[l] = 0
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _sum_block(Wa, ca, Wb, cb, m, is32, So, qa, qb, mag, magb, T, M, D):  # type: ignore[no-untyped-def]
+    """Code of the sum of two non-zero blocks; a fixed-length sum's payload goes to ``So``.
+
+    ``So`` has room for ``len(Wa) + len(Wb)`` words, which holds any fixed-length sum of
+    two fixed-length blocks (its Lorenzo width is at most ``max(w_a, w_b + 1) + 1`` and
+    the chosen width is at most that). Raw sums are left to the write pass.
+    """
+    if ca == CODE_RAW or ca == CODE_RAW64 or cb == CODE_RAW or cb == CODE_RAW64:
+        return CODE_RAW64 if is32 else CODE_RAW
+    if ((ca | cb) & LOR) == 0 and max(ca, cb) <= BITSLICE_MAX_W:
+        code, sign = _bitsliced_sum(Wa, ca, Wb, cb, _valid_mask(m), T, M, D)
+        if code != 0:
+            So[0] = sign
+            src = D if code & LOR else M
+            for j in range(code & 0x7F):
+                So[1 + j] = src[j]
+        return code
+    code = _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb)
+    if code != 0 and code != CODE_RAW and code != CODE_RAW64:
+        _encode_q(qa, m, code, So, mag)
+    return code
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
-              codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
-    """Pass 1 of an add: the code of every output block, per-chunk sums."""
-    nblocks = codes.size
+def _add_chunks(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
+                ccodes, bitmap, chunk_nnz, chunk_words, S):  # type: ignore[no-untyped-def]
+    """Pass 1 of an add: every chunk's sum, packed at the start of its own scratch region.
+
+    Chunk ``c`` writes its code bytes to ``ccodes[b0:]`` (``b0`` its first block), its
+    bitmap words in place, and its payload to ``S`` from ``2 * (cpa[c] + cpb[c])``: no
+    output block is longer than twice its two inputs together (a fixed-length sum fits
+    in ``w_a + w_b + 2`` words, a raw sum's 64 words in twice a raw input and a non-zero
+    other), so the regions never overlap. A serial scan then places the chunks.
+    """
+    nblocks = ccodes.size
     for c in prange(chunk_nnz.size):
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
         magb = np.empty(BLOCK, np.uint32)
+        T = np.empty(BLOCK + 2, np.int64)
+        M = np.empty(BLOCK + 2, np.int64)
+        D = np.empty(BLOCK + 2, np.int64)
         ka = cka[c]
         pa = cpa[c]
         kb = ckb[c]
         pb = cpb[c]
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        sp0 = 2 * (pa + pb)
+        sp = sp0
         nz = 0
-        words = 0
+        word = np.int64(0)
         for b in range(b0, b1):
             za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
             zb = (np.int64(bmb[b >> 5]) >> (b & 31)) & 1
@@ -916,70 +1030,23 @@ def _plan_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32,
             sb = _block_words(codeb, is32)
             if za and zb:
                 m = min(BLOCK, n - b * BLOCK)
-                code = _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32,
-                                  qa, qb, mag, magb)
+                code = _sum_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32,
+                                  S[sp : sp + sa + sb], qa, qb, mag, magb, T, M, D)
+                if code == CODE_RAW or code == CODE_RAW64:
+                    _raw_sum(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, step,
+                             qa, qb, mag, S[sp : sp + 64])
+            elif za:
+                # One side is a zero block: the other block's payload, unchanged.
+                code = codea
+                S[sp : sp + sa] = Wa[pa : pa + sa]
             else:
-                code = codea | codeb  # at most one of them is non-zero
-            ka += za
-            pa += sa
-            kb += zb
-            pb += sb
-            codes[b] = code
-            if code != 0:
-                nz += 1
-                words += _block_words(code, is32)
-        chunk_nnz[c] = nz
-        chunk_words[c] = words
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
-               codes, chunk_k, chunk_pos, bitmap, cbytes, W):  # type: ignore[no-untyped-def]
-    """Pass 2 of an add: bitmap, code bytes and payload of the sum."""
-    nblocks = codes.size
-    for c in prange(chunk_k.size):
-        qa = np.empty(BLOCK, np.int64)
-        qb = np.empty(BLOCK, np.int64)
-        mag = np.empty(BLOCK, np.uint32)
-        magb = np.empty(BLOCK, np.uint32)
-        ka = cka[c]
-        pa = cpa[c]
-        kb = ckb[c]
-        pb = cpb[c]
-        k = chunk_k[c]
-        pos = chunk_pos[c]
-        b0 = c * CHUNK_BLOCKS
-        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
-        word = np.int64(0)
-        for b in range(b0, b1):
-            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
-            zb = (np.int64(bmb[b >> 5]) >> (b & 31)) & 1
-            codea = np.int64(ca[ka]) if za else np.int64(0)
-            codeb = np.int64(cb[kb]) if zb else np.int64(0)
-            sa = _block_words(codea, is32)
-            sb = _block_words(codeb, is32)
-            code = np.int64(codes[b])
+                code = codeb
+                S[sp : sp + sb] = Wb[pb : pb + sb]
             if code != 0:
                 word |= np.int64(1) << (b & 31)
-                cbytes[k] = code
-                k += 1
-                m = min(BLOCK, n - b * BLOCK)
-                size = _block_words(code, is32)
-                Wo = W[pos : pos + size]
-                if not (za and zb):
-                    # One side is a zero block: the other block's payload, unchanged.
-                    src = Wa[pa : pa + sa] if za else Wb[pb : pb + sb]
-                    for i in range(size):
-                        Wo[i] = src[i]
-                elif code != CODE_RAW and code != CODE_RAW64:
-                    # Fixed + fixed in range: recompute q_a + q_b and encode it.
-                    _add_block(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, qa, qb,
-                               mag, magb)
-                    _encode_q(qa, m, code, Wo, mag)
-                else:
-                    _raw_sum(Wa[pa : pa + sa], codea, Wb[pb : pb + sb], codeb, m, is32, step,
-                             qa, qb, mag, Wo)
-                pos += size
+                ccodes[b0 + nz] = code
+                nz += 1
+                sp += _block_words(code, is32)
             ka += za
             pa += sa
             kb += zb
@@ -987,6 +1054,21 @@ def _write_add(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
             if (b & 31) == 31 or b == b1 - 1:
                 bitmap[b >> 5] = word
                 word = 0
+        chunk_nnz[c] = nz
+        chunk_words[c] = sp - sp0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _place_chunks(ccodes, S, cpa, cpb, chunk_nnz, chunk_words, chunk_k, chunk_pos,
+                  cbytes, W):  # type: ignore[no-untyped-def]
+    """Pass 2 of an add: copy each chunk's code bytes and payload to their final place."""
+    for c in prange(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        k = chunk_k[c]
+        cbytes[k : k + chunk_nnz[c]] = ccodes[b0 : b0 + chunk_nnz[c]]
+        sp0 = 2 * (cpa[c] + cpb[c])
+        pos = chunk_pos[c]
+        W[pos : pos + chunk_words[c]] = S[sp0 : sp0 + chunk_words[c]]
 
 
 def sum_bound(a: float, b: float) -> float:
@@ -1028,14 +1110,17 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
     nblocks = ha.nblocks
     nch = _nchunks(nblocks)
     step = 2.0 * ha.eb
-    codes = np.empty(nblocks, np.uint8)
+    ccodes = np.empty(nblocks, np.uint8)
+    bitmap_t = np.empty((nblocks + 31) // 32, np.uint32)
     chunk_nnz = np.empty(nch, np.int64)
     chunk_words = np.empty(nch, np.int64)
-    args_a = (la.W, la.bitmap, la.codes, la.chunk_k, la.chunk_pos)
-    args_b = (lb.W, lb.bitmap, lb.codes, lb.chunk_k, lb.chunk_pos)
+    # Scratch for the chunks' payloads (see _add_chunks): twice both payloads.
+    scratch = np.empty(2 * (la.W.size + lb.W.size), np.uint32)
     if nch:
         with _threads_for(n):
-            _plan_add(*args_a, *args_b, n, is32, codes, chunk_nnz, chunk_words)
+            _add_chunks(la.W, la.bitmap, la.codes, la.chunk_k, la.chunk_pos,
+                        lb.W, lb.bitmap, lb.codes, lb.chunk_k, lb.chunk_pos,
+                        n, is32, step, ccodes, bitmap_t, chunk_nnz, chunk_words, scratch)
     chunk_k, nnz = _scan(chunk_nnz)
     chunk_pos, pwords = _scan(chunk_words)
     hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound, nnz=nnz,
@@ -1059,10 +1144,10 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
     res[: head.size] = head
     res[hdr.codes_offset + nnz : hdr.payload_offset] = 0
     if nch:
-        bitmap = res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
+        res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)[:] = bitmap_t
         cbytes = res[hdr.codes_offset : hdr.codes_offset + nnz]
         W = res[hdr.payload_offset :].view(np.uint32)
         with _threads_for(n):
-            _write_add(*args_a, *args_b, n, is32, step, codes, chunk_k, chunk_pos, bitmap,
-                       cbytes, W)
+            _place_chunks(ccodes, scratch, la.chunk_pos, lb.chunk_pos, chunk_nnz, chunk_words,
+                          chunk_k, chunk_pos, cbytes, W)
     return res
