@@ -1,13 +1,14 @@
 """The agreement step that starts every collective: one small ``MPI_Allreduce``.
 
 Before any data moves, every rank contributes a float64 vector
-``[lo, -hi, f1, -f1, f2, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give the
-global range of the finite values (for ``REL`` bounds), and each field ``f`` (collective,
-invalid-argument flag, count, dtype, bound kind and value, op, algorithm, policy, root,
-shape, chunk size) comes back as ``min f`` and ``-min(-f) = max f``. Where they differ the
-ranks disagree; every rank sees the same vector and so raises the same error. Only on that
-error path a second, pickled allgather collects what each rank passed, so that the message
-(identical on every rank) says which rank passed what.
+``[lo, f1, f2, ..., -hi, -f1, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give
+the global range of the finite values (for ``REL`` bounds), and each field ``f``
+(collective, invalid-argument flag, count, dtype, bound kind and value, op, algorithm,
+policy, root, shape, chunk size) comes back as ``min f`` and ``-min(-f) = max f``. Where
+they differ the ranks disagree; every rank sees the same vector and so raises the same
+error. Only on that error path a second, pickled allgather collects what each rank passed,
+so that the message (identical on every rank) says which rank passed what; the values it
+shows are formatted only then, so that a valid call pays for none of that text.
 
 All fields are small integers or doubles that float64 holds exactly (counts < 2**53).
 """
@@ -15,7 +16,9 @@ All fields are small integers or doubles that float64 holds exactly (counts < 2*
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -51,9 +54,13 @@ _FIELDS = (
     "shape",
     "chunk size",
 )
+# Fields shown with str() in error messages (the others with repr()).
+_SHOWN_AS_STR = frozenset({"dtype", "element count", "shape", "error-bound kind"})
+# The vector as native doubles: packing a list with struct costs less than a numpy array.
+_VECTOR = struct.Struct(f"={2 * (len(_FIELDS) + 1)}d")
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """What this rank passed to a collective, as numbers, plus any local argument problems."""
 
@@ -73,33 +80,42 @@ class Call:
     # (exception class name, message) of each local problem; an invalid call still takes
     # part in the agreement so that the other ranks raise too instead of waiting.
     problems: list[tuple[str, str]] = field(default_factory=list)
-    # Human-readable values for error messages, by field name.
-    shown: dict[str, str] = field(default_factory=dict)
+    # What this rank passed, by field name, as passed: formatted for error messages only
+    # when the call fails (repr() and str() of a dtype cost more than the agreement).
+    shown: dict[str, Any] = field(default_factory=dict)
 
     def problem(self, exc: type[Exception], message: str) -> None:
         """Record an invalid argument of this rank."""
         self.problems.append((exc.__name__, message))
 
     def values(self) -> list[float]:
-        """Return the fields in vector order."""
+        """Return the fields in vector order (ints and floats, all exact in float64)."""
         return [
-            float(COLLECTIVES[self.collective]),
-            1.0 if self.problems else 0.0,
-            float(self.count),
-            float(self.dtype),
-            float(self.bound_kind),
-            float(self.bound_value),
-            float(self.op),
-            float(self.algorithm),
-            float(self.policy),
-            float(self.root),
-            float(self.shape),
-            float(self.chunk),
+            COLLECTIVES[self.collective],
+            1 if self.problems else 0,
+            self.count,
+            self.dtype,
+            self.bound_kind,
+            self.bound_value,
+            self.op,
+            self.algorithm,
+            self.policy,
+            self.root,
+            self.shape,
+            self.chunk,
         ]
 
+    def show(self, name: str, value: float) -> str:
+        """Return what this rank passed for field ``name`` (``value``: its code), as text."""
+        if name == "collective":
+            return self.collective
+        if name not in self.shown:
+            return repr(float(value))
+        v = self.shown[name]
+        return str(v) if name in _SHOWN_AS_STR else repr(v)
 
-@dataclass(frozen=True)
-class Agreed:
+
+class Agreed(NamedTuple):
     """The result of a successful agreement: the global range of the finite values."""
 
     lo: float
@@ -117,31 +133,28 @@ def shape_code(shape: tuple[int, ...]) -> int:
 def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     """Run the agreement allreduce; raise the same error on every rank if the call is bad."""
     vals = call.values()
-    vec = np.empty(2 + 2 * len(vals), dtype=np.float64)
-    vec[0] = call.lo
-    vec[1] = -call.hi
-    vec[2::2] = vals
-    vec[3::2] = [-v for v in vals]
-    res = np.empty_like(vec)
+    k = len(vals) + 1
+    vec = _VECTOR.pack(call.lo, *vals, -call.hi, *[-v for v in vals])
+    res = bytearray(_VECTOR.size)
+    send, recv = [vec, MPI.DOUBLE], [res, MPI.DOUBLE]
     if deadline.at is None:
-        comm.Allreduce(vec, res, op=MPI.MIN)
+        comm.Allreduce(send, recv, op=MPI.MIN)
     else:
-        wait_all([comm.Iallreduce(vec, res, op=MPI.MIN)], deadline, "agreement on the arguments")
-    lo, hi = float(res[0]), -float(res[1])
-    mins = res[2::2]
-    maxs = -res[3::2]
-    bad = [i for i in range(len(vals)) if mins[i] != maxs[i]]
-    invalid = maxs[1] != 0.0
-    if bad or invalid:
-        _raise(comm, call, bad, invalid)
-    return Agreed(lo, hi)
+        wait_all([comm.Iallreduce(send, recv, op=MPI.MIN)], deadline, "agreement on the arguments")
+    got = _VECTOR.unpack(res)
+    mins = got[1:k]
+    maxs = tuple([-v for v in got[k + 1:]])
+    if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: reported as a mismatch
+        bad = [i for i in range(k - 1) if mins[i] != maxs[i]]
+        _raise(comm, call, bad, maxs[1] != 0.0)
+    return Agreed(got[0], -got[k])
 
 
 def _raise(comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool) -> None:
     # Every rank reaches this point with the same `bad` and `invalid`, so this allgather
     # is matched on every rank; it runs only when the call fails.
     pairs = zip(_FIELDS, call.values(), strict=True)
-    mine = {name: call.shown.get(name, repr(v)) for name, v in pairs}
+    mine = {name: call.show(name, v) for name, v in pairs}
     everyone = comm.allgather((mine, call.problems))
     name = f"ccoll.{call.collective}"
     # A rank in another collective makes every other field meaningless: report that first.

@@ -94,6 +94,7 @@ _MAX_SAMPLE_BLOCKS = 4096
 _CAL_SAMPLE_ELEMS = 1 << 24
 _CAL_RUN = 1 << 18  # elements per contiguous run of the calibration sample
 _CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
+_KNOWN_MAX = 4096  # known_raw answers kept per communicator (a job uses a few sizes)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,9 @@ class AutoDecision:
     reason: str
     prediction: Prediction | None = None
     ratio: float | None = None
+
+
+_KNOWN_RAW = AutoDecision(False, 0, "raw whatever the data, from the calibrations already made")
 
 
 # --------------------------------------------------------------------------------- cache
@@ -482,6 +486,8 @@ class AutoPolicy:
         self._comp: dict[str, CompressorCalibration] = {}
         self._thresholds: dict[tuple[str, ...], float] = {}
         self._ring: tuple[float, float] | None = None
+        # known_raw answers that the calibrations settled (they never change once made).
+        self._known: dict[tuple[Any, ...], bool] = {}
         self.last: AutoDecision | None = None
 
     # -- calibration ------------------------------------------------------------------
@@ -608,24 +614,41 @@ class AutoPolicy:
 
         Local and free (no communication, no calibration): the collectives ask it before
         computing the value range that a ``REL`` bound needs, which a raw call does not,
-        and which costs about 5% of a large raw allreduce. Same answer on every rank that
-        passes the same count and dtype (calibrations are agreed); a rank that passes
-        another count fails the agreement anyway.
+        and which costs about 5% of a large raw allreduce; a call it settles goes raw
+        without asking :meth:`decide`. Same answer on every rank that passes the same count
+        and dtype (calibrations are agreed); a rank that passes another count fails the
+        agreement anyway. Answers that the calibrations settle are remembered per
+        (count, dtype, collective, algorithm): a raw call then costs one dict lookup here
+        instead of a model prediction (~20 us).
         """
+        key = (count, dtype, collective, algorithm)
+        known = self._known.get(key)
+        if known is not None:
+            return known
         n = self.comm.Get_size()
         if n == 1 or count == 0:
             return True
         if self._link is None:
-            return False
+            return False  # not calibrated yet: the answer may change
         size = float(count * np.dtype(dtype).itemsize)
         t = self._thresholds.get((collective, algorithm))
         if t is not None and size < t:
-            return True
+            return self._remember(key, True)
         comp = self._comp.get(f"{self.backend}/{np.dtype(dtype)}/{size_class(count)}")
         if comp is None:
             return False
         best = model.predict(size, n, self.params(comp), 1e30, collective=collective, chunks=1)
-        return not _pays(best, algorithm)
+        return self._remember(key, not _pays(best, algorithm))
+
+    def note_known_raw(self) -> None:
+        """Record that the last call went raw because :meth:`known_raw` settled it."""
+        self.last = _KNOWN_RAW
+
+    def _remember(self, key: tuple[Any, ...], raw: bool) -> bool:
+        if len(self._known) >= _KNOWN_MAX:  # a job that never repeats a size: start over
+            self._known.clear()
+        self._known[key] = raw
+        return raw
 
     def decide_by_size(self, count: int, itemsize: int, *, collective: str = "allreduce",
                        algorithm: str = "homomorphic") -> AutoDecision:

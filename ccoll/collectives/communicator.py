@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +46,7 @@ from ccoll.collectives.devices import (
 )
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
-from ccoll.collectives.policy import Decision, _decide
+from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.ring import allgather_streams, reduce_scatter_streams
 from ccoll.collectives.waiting import Deadline
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
@@ -58,7 +58,7 @@ DEFAULT_EB: ErrorBound = REL(1e-3)
 DEFAULT_CHUNK = 1 << 20
 
 
-@dataclass
+@dataclass(slots=True)
 class _Prepared:
     """A call after agreement: what every rank knows identically, and this rank's data."""
 
@@ -109,8 +109,8 @@ class Communicator:
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
         call = Call("Communicator")
-        _check_option(call, "algorithm", algorithm, ALGORITHMS)
-        _check_option(call, "policy", policy, POLICIES)
+        call.algorithm = _check_option(call, "algorithm", algorithm, ALGORITHMS)
+        call.policy = _check_option(call, "policy", policy, POLICIES)
         if isinstance(chunk_elems, bool) or not isinstance(chunk_elems, (int, np.integer)) or (
             chunk_elems < 1
         ):
@@ -121,11 +121,8 @@ class Communicator:
         ):
             call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
             timeout = None
-        call.algorithm = ALGORITHMS.get(algorithm, 0) if isinstance(algorithm, str) else 0
-        call.policy = POLICIES.get(policy, 0) if isinstance(policy, str) else 0
         call.chunk = int(chunk_elems)
-        call.shown = {"algorithm": repr(algorithm), "policy": repr(policy),
-                      "chunk size": repr(chunk_elems)}
+        call.shown.update({"algorithm": algorithm, "policy": policy, "chunk size": chunk_elems})
         self.algorithm = algorithm
         self.policy = policy
         self.chunk_elems = int(chunk_elems)
@@ -265,10 +262,10 @@ class Communicator:
 
     def _auto_policy(self, ch: Channel) -> Any:
         """Return the ``policy="auto"`` state (calibration) of a channel, made on first use."""
-        from ccoll.collectives.auto_policy import AutoPolicy
-
         pol = self._auto.get(ch.name)
         if pol is None:
+            from ccoll.collectives.auto_policy import AutoPolicy
+
             pol = self._auto[ch.name] = AutoPolicy(ch.comm)
         return pol
 
@@ -323,36 +320,44 @@ class Communicator:
         policy: str | None = None,
         root: int | None = None,
     ) -> _Prepared:
+        # Every call passes through here, raw ones too: keep it cheap. Values for error
+        # messages are stored as passed and formatted only if the agreement fails.
         ch.check_usable()
         call = Call(collective, chunk=self.chunk_elems)
+        shown = call.shown
         arr, dev = _as_array(call, x)
         shape, dtype = (arr.shape, arr.dtype) if dev is None else (dev.shape, dev.dtype)
-        size = math.prod(shape)
+        size = arr.size if dev is None else math.prod(shape)
         call.count = size
         call.dtype = DTYPES.get(dtype, 0)
-        call.shown["dtype"] = str(dtype)
-        call.shown["element count"] = str(size)
+        shown["dtype"] = dtype
+        shown["element count"] = size
         if call.dtype == 0:
             call.problem(
                 DTypeError, f"dtype {dtype} is not supported (expected float32 or float64)"
             )
         if collective in ("allgather", "bcast"):
             call.shape = shape_code(shape)
-            call.shown["shape"] = str(shape)
+            shown["shape"] = shape
         bound = _bound(call, eb)
         if op is not None:
             call.op = OPS.get(op, 0) if isinstance(op, str) else 0
-            call.shown["op"] = repr(op)
+            shown["op"] = op
             if call.op == 0:
                 call.problem(InputError, f"op {op!r} is not supported (expected 'sum' or 'avg')")
-        algorithm = self.algorithm if algorithm is None else algorithm
-        policy = self.policy if policy is None else policy
-        _check_option(call, "algorithm", algorithm, ALGORITHMS)
-        _check_option(call, "policy", policy, POLICIES)
-        call.algorithm = ALGORITHMS.get(algorithm, 0) if isinstance(algorithm, str) else 0
-        call.policy = POLICIES.get(policy, 0) if isinstance(policy, str) else 0
-        call.shown["algorithm"] = repr(algorithm)
-        call.shown["policy"] = repr(policy)
+        # The Communicator's own options were checked when it was made.
+        if algorithm is None:
+            algorithm = self.algorithm
+            call.algorithm = ALGORITHMS[algorithm]
+        else:
+            call.algorithm = _check_option(call, "algorithm", algorithm, ALGORITHMS)
+        if policy is None:
+            policy = self.policy
+            call.policy = POLICIES[policy]
+        else:
+            call.policy = _check_option(call, "policy", policy, POLICIES)
+        shown["algorithm"] = algorithm
+        shown["policy"] = policy
         n_ranks = ch.comm.Get_size()
         if root is not None:
             if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
@@ -365,15 +370,19 @@ class Communicator:
                 call.root = -1
             else:
                 call.root = int(root)
-            call.shown["root"] = repr(root)
+            shown["root"] = root
         if out is not None:
             _check_out(call, out, shape, dtype, dev is not None)
-        # policy="auto" calls that will go raw anyway skip the range (a REL bound then
-        # resolves to 0 and the policy sends raw): it costs ~5% of a large raw allreduce.
-        skip_range = policy == "auto" and self._auto_policy(ch).known_raw(
-            size, dtype, collective=collective, algorithm=algorithm
-        )
-        if isinstance(bound, REL) and not call.problems and not skip_range:
+        # A policy="auto" call that the calibrations already send raw skips the value range
+        # (a raw call does not use the bound; the range costs ~5% of a large raw allreduce)
+        # and the policy; so does policy="raw". Same answer on every rank (see known_raw).
+        auto = None
+        known_raw = False
+        if policy == "auto" and bound is not None and not call.problems:
+            auto = self._auto_policy(ch)
+            known_raw = auto.known_raw(size, dtype, collective=collective, algorithm=algorithm)
+        mode = _fixed(policy, bound is None, known_raw)
+        if isinstance(bound, REL) and mode != "raw" and not call.problems:
             if root is None or ch.comm.Get_rank() == root:
                 call.lo, call.hi = _finite_range(arr, dev)
         deadline = Deadline(ch.timeout, f"ccoll.{collective}")
@@ -382,23 +391,25 @@ class Communicator:
         except CollectiveError:
             ch.fail(f"ccoll.{collective} timed out in its agreement step")
             raise
-        eb_abs = 0.0 if bound is None else bound.resolve(agreed.lo, agreed.hi)
-        auto = self._auto_policy(ch) if policy == "auto" and bound is not None else None
-        mode = _decide(
-            Decision(
-                collective=collective,
-                policy=policy,
-                algorithm=algorithm,
-                exact=bound is None,
-                count=size,
-                dtype=dtype,
-                n_ranks=n_ranks,
-                eb_abs=eb_abs,
-                data=arr if dev is None else dev.flat(),
-                auto=auto,
-                root=root,
+        eb_abs = 0.0 if mode == "raw" or bound is None else bound.resolve(agreed.lo, agreed.hi)
+        if mode is None:
+            mode = _decide(
+                Decision(
+                    collective=collective,
+                    policy=policy,
+                    algorithm=algorithm,
+                    exact=bound is None,
+                    count=size,
+                    dtype=dtype,
+                    n_ranks=n_ranks,
+                    eb_abs=eb_abs,
+                    data=arr if dev is None else dev.flat(),
+                    auto=auto,
+                    root=root,
+                )
             )
-        )
+        elif known_raw and auto is not None:
+            auto.note_known_raw()
         chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
         if dev is None:
             flat = np.ascontiguousarray(arr).reshape(-1)
@@ -406,9 +417,10 @@ class Communicator:
         else:
             flat = dev.flat()
             place = DevicePlace(ch, cuda_aware_mpi())
-        ch.stats.bytes_input += size * dtype.itemsize
+        stats = ch.stats
+        stats.bytes_input += size * dtype.itemsize
         if mode == "compress":
-            ch.stats.compressed_calls += 1
+            stats.compressed_calls += 1
         return _Prepared(
             x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
             place, dev,
@@ -422,8 +434,8 @@ class Communicator:
             in_place = out is not None and (
                 out is p.x or (p.dev is None and np.shares_memory(p.flat, yflat))
             )
-            with _mpi_buffers(ch, p, p.flat, yflat, copy_out=True) as (xs, ys):
-                exact.allreduce(ch, xs, ys, p.deadline, in_place=in_place and xs is p.flat)
+            _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
+                ch, xs, ys, p.deadline, in_place=in_place and xs is p.flat))
         elif p.flat.size:
             layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
             ops, bound = self._ring_ops(p, layout, n_ranks)
@@ -436,12 +448,13 @@ class Communicator:
     def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
         layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
-        lo, hi = layout.blocks[r]
+        blocks = layout.blocks
+        lo, hi = blocks[r]
         y = _new_output(p, (hi - lo,), None)
         if p.mode == "raw":
-            counts = [b - a for a, b in layout.blocks]
-            with _mpi_buffers(ch, p, p.flat, y, copy_out=True) as (xs, ys):
-                exact.reduce_scatter(ch, xs, counts, ys, p.deadline)
+            counts = [b - a for a, b in blocks]
+            _on_mpi_buffers(ch, p, p.flat, y, lambda xs, ys: exact.reduce_scatter(
+                ch, xs, counts, ys, p.deadline))
         elif p.flat.size:
             ops, bound = self._ring_ops(p, layout, n_ranks)
             mine = reduce_scatter_streams(ch, layout, p.dtype, ops, bound, p.deadline, p.place)
@@ -461,8 +474,8 @@ class Communicator:
         y = _new_output(p, (n_ranks, *p.shape), None)
         yflat = y.reshape(n_ranks, p.flat.size)
         if p.mode == "raw":
-            with _mpi_buffers(ch, p, p.flat, yflat, copy_out=True) as (xs, ys):
-                exact.allgather(ch, xs, ys, p.deadline)
+            _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allgather(
+                ch, xs, ys, p.deadline))
         elif p.flat.size:
             gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline, p.place)
         return _result(p, y, None)
@@ -472,16 +485,16 @@ class Communicator:
         yflat = y.reshape(y.size)
         if p.mode == "raw":
             is_root = ch.comm.Get_rank() == root
-            with _mpi_buffers(ch, p, p.flat if is_root else None, yflat, copy_out=True) as (
-                xs,
-                ys,
-            ):
+
+            def bcast(xs: Any, ys: Any) -> None:
                 if is_root:
                     if isinstance(ys, np.ndarray):
                         ys[...] = xs
                     else:  # device buffers (CUDA-aware MPI): device-to-device copy
                         ys.copy_to_device(xs)
                 exact.bcast(ch, ys, root, p.deadline)
+
+            _on_mpi_buffers(ch, p, p.flat if is_root else None, yflat, bcast)
         elif p.flat.size:
             gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline, p.place)
         return _result(p, y, None)
@@ -490,14 +503,19 @@ class Communicator:
 # -- argument checks (problems are recorded, raised on every rank after agreement) ------
 
 
-def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) -> None:
+def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) -> int:
+    """Return the code of option ``value`` (0 and a recorded problem if it is not allowed)."""
     if not isinstance(value, str) or value not in allowed:
         call.problem(InputError, f"{name} {value!r} is not supported (expected one of "
                      f"{', '.join(map(repr, allowed))})")
+        return 0
+    return allowed[value]
 
 
 def _as_array(call: Call, x: Any) -> tuple[np.ndarray, DeviceData | None]:
     """Return this rank's input as a host array, or as device data (array then empty)."""
+    if type(x) is np.ndarray and not x.dtype.hasobject:  # the common case, checked cheaply
+        return x, None
     empty = np.empty(0, dtype=np.float32)
     if is_device(x):
         try:
@@ -543,7 +561,7 @@ def _bound(call: Call, eb: Any) -> ErrorBound | None:
     call.bound_kind = BOUND_KINDS[bound.kind]
     call.bound_value = bound.value
     call.shown["error-bound kind"] = bound.kind
-    call.shown["error-bound value"] = repr(bound)
+    call.shown["error-bound value"] = bound
     return bound
 
 
@@ -603,18 +621,28 @@ def _host_add(a: np.ndarray, b: np.ndarray) -> None:
     np.add(a, b, out=a)
 
 
-@contextmanager
-def _mpi_buffers(
-    ch: Channel, p: _Prepared, src: Any, dst: Any, copy_out: bool
-) -> Iterator[tuple[Any, Any]]:
-    """Yield the buffers for a plain MPI call on ``src``/``dst``.
+def _on_mpi_buffers(
+    ch: Channel, p: _Prepared, src: Any, dst: Any, call: Callable[[Any, Any], None]
+) -> None:
+    """Run a plain MPI call, ``call(src, dst)``, on buffers MPI can use.
 
-    They are ``src``/``dst`` themselves on the host or with CUDA-aware MPI, else pinned host
-    copies (``dst`` is copied back to the device afterwards).
+    Host arrays are passed as they are (no context manager: a raw call should cost little
+    more than its MPI call); device data goes through :func:`_mpi_buffers`.
     """
     if p.dev is None:
-        yield src, dst
+        call(src, dst)
         return
+    with _mpi_buffers(ch, p, src, dst) as (xs, ys):
+        call(xs, ys)
+
+
+@contextmanager
+def _mpi_buffers(ch: Channel, p: _Prepared, src: Any, dst: Any) -> Iterator[tuple[Any, Any]]:
+    """Yield the buffers for a plain MPI call on device data ``src``/``dst``.
+
+    They are ``src``/``dst`` themselves with CUDA-aware MPI, else pinned host copies
+    (``dst`` is copied back to the device afterwards).
+    """
     from numba import cuda
 
     if p.place.cuda_aware:  # type: ignore[attr-defined]
@@ -634,7 +662,7 @@ def _mpi_buffers(
     hdst = host_of(dst)
     try:
         yield hsrc, hdst
-        if copy_out and dst.size:
+        if dst.size:
             dst.copy_to_device(hdst)
     finally:
         for t in tokens:

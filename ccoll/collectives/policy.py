@@ -6,6 +6,11 @@ raw algorithm in one call. ``policy="compress"`` always compresses, ``policy="ra
 does (plain MPI with ccoll's API), and ``eb=None`` is always exact. A cost model ("auto")
 plugs in here: it must decide from agreed inputs only (for example a calibration that the
 ranks measured and allreduced together), never from rank-local timings.
+
+:func:`_fixed` answers the calls that need no model (and the ``"auto"`` calls that
+:meth:`~ccoll.collectives.auto_policy.AutoPolicy.known_raw` settles from calibrations
+already agreed), so that those do not build a :class:`Decision`: a raw call should cost
+little more than the MPI call it makes.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Decision", "_decide"]
+__all__ = ["Decision", "_decide", "_fixed"]
 
 
 @dataclass(frozen=True)
@@ -37,12 +42,24 @@ class Decision:
     root: int | None = None
 
 
+def _fixed(policy: str, exact: bool, known_raw: bool = False) -> str | None:
+    """Return the mode of a call that needs no cost model, or ``None`` (ask :func:`_decide`).
+
+    ``known_raw``: a ``policy="auto"`` call that the calibrations already send raw whatever
+    its data (the same answer on every rank that passes the same arguments).
+    """
+    if exact or policy == "raw" or (known_raw and policy == "auto"):
+        return "raw"
+    if policy == "compress":
+        return "compress"
+    return None
+
+
 def _decide(d: Decision) -> str:
     """Return ``"compress"`` or ``"raw"`` for this call (identical on every rank)."""
-    if d.exact or d.policy == "raw":
-        return "raw"
-    if d.policy == "compress":
-        return "compress"
+    fixed = _fixed(d.policy, d.exact)
+    if fixed is not None:
+        return fixed
     if d.policy == "auto":
         from ccoll.collectives.auto_policy import decide_call
 

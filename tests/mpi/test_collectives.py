@@ -254,6 +254,7 @@ def test_different_collectives_detected(comm):
         else:
             ccoll.allreduce(x, comm=comm)
     same_error_everywhere(comm, info, MismatchError, "different collectives")
+    assert "bcast on rank 0" in str(info.value), str(info.value)
 
 
 @pytest.mark.parametrize(

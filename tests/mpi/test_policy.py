@@ -19,6 +19,7 @@ from kit import assert_same_on_every_rank, assert_within_bound
 from mpi4py import MPI
 
 import ccoll
+from ccoll.collectives import communicator
 from ccoll.collectives.auto_policy import AutoPolicy, cache_dir, link_calibration
 from ccoll.collectives.communicator import default_communicator
 
@@ -202,3 +203,24 @@ def test_default_call_on_a_tiny_message_is_plain_mpi(comm, shared_cache, monkeyp
     assert stats.compressed_calls == 1
     assert_within_bound(z, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
     assert_same_on_every_rank(comm, z)
+
+
+@pytest.mark.parametrize("policy", ["auto", "raw"])
+def test_raw_calls_do_not_scan_the_data(comm, shared_cache, monkeypatch, policy):
+    # A raw call needs no bound, so no value range: MPI alone reads the data.
+    _env(monkeypatch, FAST_LINK)
+    x = gradient_like(comm.rank, 1 << 18, np.float32)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, policy=policy) as cc:
+        cc.allreduce(x, eb)  # calibrates: this size goes raw whatever the data
+        assert cc.stats.compressed_calls == 0
+
+        def no_scan(*args):
+            raise AssertionError("a raw call computed the value range")
+
+        monkeypatch.setattr(communicator, "_finite_range", no_scan)
+        y = cc.allreduce(x, eb)
+        assert cc.stats.compressed_calls == 0
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op=MPI.SUM)
+    assert y.tobytes() == want.tobytes()
