@@ -18,7 +18,6 @@ for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the b
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Any, Protocol
 
@@ -29,7 +28,7 @@ from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
 from ccoll.collectives.devices import HOST, HostPlace
 from ccoll.collectives.layout import Layout
-from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.collectives.waiting import Deadline, poll_pause, wait_all
 from ccoll.errors import FormatError
 
 __all__ = ["RingOps", "reduce_scatter_streams", "allgather_streams", "decode_chunks"]
@@ -120,7 +119,7 @@ def reduce_scatter_streams(
                 f"{nb} bytes"
             )
         view = place.received(bufs[c], nb)
-        worker.submit((s, 1, c), partial(ops.combine, b, c, view), ("combine", s, c), inline=inline)
+        worker.submit((s, c, 1), partial(ops.combine, b, c, view), ("combine", s, c), inline=inline)
 
     def on_task(tag: tuple[str, int, int], result: Any) -> None:
         nonlocal left_to_finish
@@ -143,14 +142,11 @@ def reduce_scatter_streams(
             on_task(tag, result)
         return bool(done)
 
-    def pump_mpi(block: bool) -> bool:
+    def pump_mpi() -> bool:
         if not reqs:
             return False
         statuses = [MPI.Status() for _ in reqs]
-        if block:
-            idx = MPI.Request.Waitsome(reqs, statuses)
-        else:
-            idx = MPI.Request.Testsome(reqs, statuses)
+        idx = MPI.Request.Testsome(reqs, statuses)
         if not idx:
             return False
         # MPI fills the statuses in completion order, not request order.
@@ -165,17 +161,21 @@ def reduce_scatter_streams(
         post_recv(c)
     b0 = send_block(0)
     for c in range(nch[b0]):
-        worker.submit((-1, 0, c), partial(ops.first, b0, c), ("first", 0, c), inline=inline)
+        worker.submit((-1, c, 0), partial(ops.first, b0, c), ("first", 0, c), inline=inline)
     pump_tasks()
+    # Priority keys (step, chunk, kind): a step's chunks go in order, and chunk c's
+    # "prepare" (compressing this rank's part ahead of its partner's arrival) runs just
+    # before chunk c's combine, which in turn runs before chunk c+1's prepare, so every
+    # combine that unblocks a send is done as early as possible.
     for s in range(steps):
         b = recv_block(s)
         for c in range(nch[b]):
-            worker.submit((s, 0, c), partial(ops.prepare, b, c), ("prepare", s, c), inline=inline)
+            worker.submit((s, c, 0), partial(ops.prepare, b, c), ("prepare", s, c), inline=inline)
             if inline:
-                pump_mpi(block=False)
+                pump_mpi()
     pause = 20e-6
     while left_to_finish or reqs or worker.outstanding:
-        progressed = pump_mpi(block=False)
+        progressed = pump_mpi()
         progressed = pump_tasks() or progressed
         if progressed:
             pause = 20e-6
@@ -188,11 +188,9 @@ def reduce_scatter_streams(
             worker.wait(pause if reqs else min(0.05, deadline.remaining() or 0.05))
             pause = min(2 * pause, _POLL_MAX_S)
         elif reqs:
-            if deadline.at is None:
-                pump_mpi(block=True)
-            else:
-                time.sleep(min(pause, max(deadline.remaining() or 0.0, 0.0)))
-                pause = min(2 * pause, _POLL_MAX_S)
+            # Poll with sleeps rather than block in MPI_Waitsome, which spins on a core
+            # that this rank's worker or another rank's compressor needs.
+            pause = poll_pause(pause, deadline)
         else:
             raise AssertionError("ring reduce-scatter stalled with nothing in flight")
     if place.device and not place.cuda_aware:  # type: ignore[attr-defined]
@@ -270,7 +268,7 @@ def allgather_streams(
     own = partial(decode_chunks, packed, place.to_place(packed), layout, r, dtype, bound,
                   flat_out)
     worker.submit(0, own, "own", inline=inline)
-    wait_all([req], deadline, "allgather of the reduced blocks")
+    wait_all([req], deadline, "allgather of the reduced blocks", poll=True)
     while worker.outstanding:
         for _, _, exc in worker.drain():
             if exc is not None:

@@ -1,10 +1,12 @@
 """Waiting for MPI requests, with an optional deadline.
 
-Without a deadline the waits are plain ``MPI_Waitall``. With one (``Communicator(timeout=)``)
-they poll ``MPI_Testall`` with short sleeps and raise :class:`~ccoll.errors.CollectiveError`
-when the deadline passes, instead of waiting forever for a rank that failed or never
-entered the collective. The requests left behind cannot be completed safely, so the
-communicator that timed out is marked unusable (see docs/collectives.md, "Faults").
+Without a deadline the waits are plain ``MPI_Waitall``, unless the caller asks to poll
+(the compressed collectives do: MPICH's waits spin on a core their compute threads need).
+With one (``Communicator(timeout=)``) they poll ``MPI_Testall`` with short sleeps and raise
+:class:`~ccoll.errors.CollectiveError` when the deadline passes, instead of waiting forever
+for a rank that failed or never entered the collective. The requests left behind cannot be
+completed safely, so the communicator that timed out is marked unusable (see
+docs/collectives.md, "Faults").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from mpi4py import MPI
 
 from ccoll.errors import CollectiveError
 
-__all__ = ["Deadline", "wait_all"]
+__all__ = ["Deadline", "wait_all", "poll_pause"]
 
 # Polling starts fast (a reply usually arrives within microseconds on one node) and backs
 # off so that a rank waiting for a slow peer leaves the CPU to the peer's compressor.
@@ -51,17 +53,29 @@ class Deadline:
         )
 
 
-def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str) -> None:
-    """Complete every request, or raise ``deadline.error(stage)`` once it expires."""
+def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
+             poll: bool = False) -> None:
+    """Complete every request, or raise ``deadline.error(stage)`` once it expires.
+
+    ``poll=True`` polls with sleeps even without a deadline: MPICH's ``MPI_Waitall``
+    spins on a core, which the compressed collectives leave to their compute threads (and
+    to the other ranks' on the same node); see :func:`poll_pause`.
+    """
     reqs = list(reqs)
     if not reqs:
         return
-    if deadline.at is None:
+    if deadline.at is None and not poll:
         MPI.Request.Waitall(reqs)
         return
     pause = _POLL_MIN_S
     while not MPI.Request.Testall(reqs):
         if deadline.expired():
             raise deadline.error(stage)
-        time.sleep(pause)
-        pause = min(2 * pause, _POLL_MAX_S)
+        pause = poll_pause(pause, deadline)
+
+
+def poll_pause(pause: float, deadline: Deadline) -> float:
+    """Sleep ``pause`` seconds (never past the deadline) and return the next, longer pause."""
+    left = deadline.remaining()
+    time.sleep(pause if left is None else min(pause, max(left, 0.0)))
+    return min(2 * pause, _POLL_MAX_S)
