@@ -9,8 +9,10 @@ measured on the communicator and on the data:
   every rank's host name and network namespace, the size, and the MPI transport settings;
 - compressor throughputs (compress, homomorphic add, decompress): timed per communicator,
   backend, dtype and size class on the first message of the class that needs them (a
-  64 MiB strided sample of larger ones); the ring's fixed and per-chunk costs: tiny
-  compressed allreduces, timed once per communicator;
+  64 MiB strided sample of larger ones), then scaled by the share of them that a real
+  compressed allreduce of 4 Mi elements per rank reaches (fitted to the model); the
+  ring's fixed and per-chunk costs: tiny compressed allreduces, timed once per
+  communicator;
 - the compression ratio: per call, from compressing a strided sample of the message's
   32-element blocks (its cost is kept near 1% of the predicted raw time).
 
@@ -25,6 +27,8 @@ compressor at an infinite ratio are sent raw without any communication.
 Environment overrides (any subset): ``CCOLL_ALPHA`` (``5us``), ``CCOLL_BANDWIDTH``
 (``10Gbit``), ``CCOLL_COMPRESS_GBPS``, ``CCOLL_ADD_GBPS``, ``CCOLL_DECOMPRESS_GBPS``,
 ``CCOLL_REDUCE_GBPS``, ``CCOLL_OVERHEAD`` (``150us``), ``CCOLL_RATIO`` (skips sampling),
+``CCOLL_EFFICIENCY`` (the share of the compressor rates reached inside a collective, which
+is otherwise fitted on one real compressed allreduce per size class from 1 Mi elements up),
 ``CCOLL_CALIBRATION=refresh`` (probe again and overwrite the cache) or ``=off`` (neither
 read nor write the cache), ``CCOLL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/ccoll`` or
 ``~/.cache/ccoll``).
@@ -72,11 +76,11 @@ Ops = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 # Seconds of Python and bookkeeping in one compressed call besides its small collectives;
 # fitted on the bench (docs/model.md, "Calibration").
-# Compress only when the model predicts it at least this much faster: here the model
-# under-estimated compressed times by 10-35% (the compressor shares the cores with MPI and
-# the TCP stack), and a wrong "compress" near the break-even point costs more than a
-# missed one (docs/model.md, "The decision").
-DECISION_MARGIN = 0.3
+# Compress only when the model predicts it at least this much faster: the fitted model
+# was within about 10% of the measured compressed times on the bench, and a wrong
+# "compress" near the break-even point costs more than a missed one (docs/model.md,
+# "The decision").
+DECISION_MARGIN = 0.15
 # A lower bound of the fixed cost of a compressed call, used before the ring's own costs
 # are measured (the size test that decides tiny messages without any communication).
 PY_OVERHEAD = 150e-6
@@ -95,6 +99,11 @@ _CAL_SAMPLE_ELEMS = 1 << 24
 _CAL_RUN = 1 << 18  # elements per contiguous run of the calibration sample
 _CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
 _KNOWN_MAX = 4096  # known_raw answers kept per communicator (a job uses a few sizes)
+# The compute-efficiency fit (measure_efficiency) times an allreduce of this many elements
+# per rank, for size classes of at least _EFF_MIN elements (below, fixed costs dominate
+# and the rates matter little).
+_EFF_ELEMS = 1 << 22
+_EFF_MIN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,14 @@ class CompressorCalibration:
     chunk_overhead: float
     source: str
     call_overhead: float = 0.0
+    # Share of the rates above that the kernels reach inside a real compressed allreduce
+    # (where MPI's polling, the network stack and the other ranks take their share of the
+    # cores); the rates above already include it.
+    efficiency: float = 1.0
+    # Share of the link that MPI_Allreduce reached on a message of this size class (0: the
+    # link probe's figure); small messages can beat the line rate (a NIC's or a shaper's
+    # burst) and large ones fall short of it.
+    raw_efficiency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -434,6 +451,76 @@ def measure_ring_costs(comm: MPI.Intracomm, x: np.ndarray, eb: float) -> tuple[f
     return times[0], max(0.0, (times[1] - times[0]) / 7)
 
 
+def measure_efficiency(comm: MPI.Intracomm, x: np.ndarray, eb: float, p: Params,
+                       compress_abs: Callable[..., Any]) -> tuple[float, float]:
+    """Fit the shares of the calibrated rates that real allreduces of ``x``'s size reach.
+
+    Times a homomorphic allreduce (through the real collective) and an ``MPI_Allreduce``
+    of the first ``_EFF_ELEMS`` elements of ``x`` on every rank (medians of three, the
+    slowest rank's), then returns ``(e, r)``: ``e`` is the factor, found by bisection, by
+    which the model (``p`` with its compress, add and decompress rates times ``e``)
+    predicts exactly the compressed time, clamped to [1/16, 4]; ``r`` the share of the
+    link's bandwidth for which the model's raw time equals the measured one, clamped to
+    [1/16, 4]. Collective; every input is agreed, so every rank gets the same numbers.
+    """
+    from ccoll.collectives.communicator import DEFAULT_CHUNK, Communicator
+    from ccoll.errorbound import ABS
+
+    n = comm.Get_size()
+    data = np.ascontiguousarray(x.reshape(-1)[:_EFF_ELEMS])
+    bound = ABS(eb * n)  # the ring quantizes each rank's streams with about eb
+    with Communicator(comm, policy="compress") as cc:
+        cc.allreduce(data, bound)
+        ts = []
+        for _ in range(3):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            cc.allreduce(data, bound)
+            ts.append(time.perf_counter() - t0)
+    out = np.empty_like(data)
+    comm.Allreduce(data, out, op=MPI.SUM)
+    tr = []
+    for _ in range(3):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(data, out, op=MPI.SUM)
+        tr.append(time.perf_counter() - t0)
+    mine = np.zeros(5, np.float64)
+    mine[:3] = estimate_stream(data, eb, _MAX_SAMPLE_BLOCKS, compress_abs)
+    mine[3] = float(np.median(ts))
+    mine[4] = float(np.median(tr))
+    tot = np.empty_like(mine)
+    comm.Allreduce(mine[:3].copy(), tot[:3], op=MPI.SUM)
+    comm.Allreduce(mine[3:].copy(), tot[3:], op=MPI.MAX)
+    size = float(data.nbytes)
+    ratio = n * size / max(float(tot[0]), 1.0)
+    width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
+    measured = float(tot[3])
+    # predict_raw = 2(N-1) alpha + 2(N-1)/N * S/(r beta) + (N-1)/N * S/reduce, solved for r.
+    wire = float(tot[4]) - 2 * (n - 1) * p.alpha - (n - 1) / n * size / p.reduce
+    ideal = 2 * (n - 1) / n * size / p.beta
+    r = min(max(ideal / wire, 1.0 / 16), 4.0) if wire > 0 else 4.0
+    block = -(-data.size // n)
+    chunks = -(-block // DEFAULT_CHUNK)
+
+    def slower(e: float) -> bool:
+        q = replace(p, compress=p.compress * e, add=p.add * e, decompress=p.decompress * e)
+        return model.predict(size, n, q, ratio, width=width, chunks=chunks).homomorphic > measured
+
+    lo, hi = 1.0 / 16, 4.0
+    if not slower(lo):
+        return lo, r
+    if slower(hi):
+        return hi, r
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if slower(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi, r
+
+
 def sample_blocks(x: np.ndarray, nsample: int) -> np.ndarray:
     """``nsample`` evenly spaced whole 32-element blocks of ``x``, contiguous (a copy)."""
     flat = x.reshape(-1)
@@ -534,6 +621,13 @@ class AutoPolicy:
         self.comm.Allreduce(mine, agreed, op=MPI.MIN)
         cal = CompressorCalibration(float(agreed[0]), float(agreed[1]), float(agreed[2]),
                                     float(-agreed[3]), src, float(-agreed[4]))
+        e = _env_float("CCOLL_EFFICIENCY", float)
+        if e is None and src == "measured" and x.size >= _EFF_MIN:
+            e, r = measure_efficiency(self.comm, x, eb, self.params(cal), self.ops()[0])
+            cal = replace(cal, raw_efficiency=r)
+        if e is not None and e > 0:
+            cal = replace(cal, compress=cal.compress * e, add=cal.add * e,
+                          decompress=cal.decompress * e, efficiency=e)
         self._comp[key] = cal
         _remember_compressor(self.comm, self._key, cal)
         return cal
@@ -557,7 +651,7 @@ class AutoPolicy:
                           chunk_overhead=0.0, raw_efficiency=link.raw_efficiency)
         return Params(alpha=link.alpha, beta=link.beta, compress=comp.compress, add=comp.add,
                       decompress=comp.decompress, reduce=link.reduce, overhead=overhead,
-                      raw_efficiency=link.raw_efficiency,
+                      raw_efficiency=comp.raw_efficiency or link.raw_efficiency,
                       chunk_overhead=comp.chunk_overhead)
 
     # -- decision ---------------------------------------------------------------------

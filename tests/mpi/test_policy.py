@@ -20,7 +20,12 @@ from mpi4py import MPI
 
 import ccoll
 from ccoll.collectives import communicator
-from ccoll.collectives.auto_policy import AutoPolicy, cache_dir, link_calibration
+from ccoll.collectives.auto_policy import (
+    AutoPolicy,
+    cache_dir,
+    link_calibration,
+    measure_efficiency,
+)
 from ccoll.collectives.communicator import default_communicator
 
 SLOW_LINK = {  # 100 Mbit/s, fast compressor: compressing big messages clearly pays
@@ -99,6 +104,18 @@ def test_big_message_on_slow_link_compresses_on_every_rank(comm, shared_cache, m
     d = pol.decide(x, 1e-4)
     assert d.compress == (comm.size > 1)
     assert len(set(comm.allgather((d.compress, d.chunk_elems)))) == 1
+
+
+def test_efficiency_fit_is_agreed_and_bounded(comm, shared_cache):
+    # The fit times real allreduces, so its values vary; what must hold is that every rank
+    # gets the same numbers (they feed the decision) and that they stay in their clamps.
+    pol = AutoPolicy(comm)
+    x = gradient_like(comm.rank, 1 << 16, np.float32)
+    p = pol.params(None)
+    p = type(p)(**{**p.__dict__, "compress": 2e9, "add": 2e9, "decompress": 4e9})
+    e, r = measure_efficiency(comm, x, 1e-4, p, pol.ops()[0])
+    assert 1 / 16 <= e <= 4 and 1 / 16 <= r <= 4
+    assert len(set(comm.allgather((e, r)))) == 1
 
 
 def test_fast_link_goes_raw(comm, shared_cache, monkeypatch):
