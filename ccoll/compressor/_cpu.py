@@ -870,16 +870,23 @@ def _bitsliced_sum(Wa, wa, Wb, wb, vm, T, M, D):  # type: ignore[no-untyped-def]
     # |t| = (t ^ neg) + neg on planes 0..top-1 (|t| < 2^top).
     c = neg
     wq = 0
+    nz = np.int64(0)
     for j in range(top):
         v = T[j] ^ neg
         mj = v ^ c
         c = v & c
         M[j] = mj
+        nz |= mj
         if mj != 0:
             wq = j + 1
     if wq <= 1:
         # |t| <= 1 everywhere: a Lorenzo residual of width 0 would need every t equal to
         # t[0] - 0, i.e. all zero, so no prediction wins (or the block is zero).
+        return np.int64(wq), neg
+    # Lorenzo cannot be narrower if some lane with |t| >= 2^(wq-1) follows a zero lane (or
+    # is lane 0) or a lane of the other sign: there |d| = |t[l]| + |t[l-1]| >= 2^(wq-1).
+    # Most noisy blocks have such a lane, and this test costs a few word operations.
+    if M[wq - 1] & (((nz << 1) ^ _ALL) | (neg ^ (neg << 1))) & vm:
         return np.int64(wq), neg
     # d = t - (t shifted up one lane), two's complement on planes 0..top+1.
     c = np.int64(_ALL)
