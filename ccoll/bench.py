@@ -300,7 +300,7 @@ def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float) -> Any:
 
     n = pol.comm.Get_size()
     comp = pol.compressor(x, eb_share) if eb_share > 0 else None
-    p = pol.params(comp)
+    p = pol.params_for(x, comp) if comp is not None and collective != "bcast" else pol.params(comp)
     mine = np.array(estimate_stream(x, eb_share, 4096, pol.ops()[0]) if eb_share > 0
                     else (x.nbytes, 0.0, 0.0))
     tot = np.empty_like(mine)

@@ -136,10 +136,6 @@ class CompressorCalibration:
     # (where MPI's polling, the network stack and the other ranks take their share of the
     # cores); the rates above already include it.
     efficiency: float = 1.0
-    # Share of the link that MPI_Allreduce reached on a message of this size class (0: the
-    # link probe's figure); small messages can beat the line rate (a NIC's or a shaper's
-    # burst) and large ones fall short of it.
-    raw_efficiency: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -451,17 +447,48 @@ def measure_ring_costs(comm: MPI.Intracomm, x: np.ndarray, eb: float) -> tuple[f
     return times[0], max(0.0, (times[1] - times[0]) / 7)
 
 
-def measure_efficiency(comm: MPI.Intracomm, x: np.ndarray, eb: float, p: Params,
-                       compress_abs: Callable[..., Any]) -> tuple[float, float]:
-    """Fit the shares of the calibrated rates that real allreduces of ``x``'s size reach.
+def _slowest_median(comm: MPI.Intracomm, call: Callable[[], Any], reps: int = 3) -> float:
+    """Return the slowest rank's median time of ``call()`` after one untimed call."""
+    call()
+    ts = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t0)
+    mine = np.array([float(np.median(ts))])
+    worst = np.empty_like(mine)
+    comm.Allreduce(mine, worst, op=MPI.MAX)
+    return float(worst[0])
 
-    Times a homomorphic allreduce (through the real collective) and an ``MPI_Allreduce``
-    of the first ``_EFF_ELEMS`` elements of ``x`` on every rank (medians of three, the
-    slowest rank's), then returns ``(e, r)``: ``e`` is the factor, found by bisection, by
-    which the model (``p`` with its compress, add and decompress rates times ``e``)
-    predicts exactly the compressed time, clamped to [1/16, 4]; ``r`` the share of the
-    link's bandwidth for which the model's raw time equals the measured one, clamped to
-    [1/16, 4]. Collective; every input is agreed, so every rank gets the same numbers.
+
+def measure_raw_efficiency(comm: MPI.Intracomm, x: np.ndarray, p: Params) -> float:
+    """Share of the link's bandwidth that ``MPI_Allreduce`` reaches at ``x``'s size.
+
+    Times ``MPI_Allreduce`` of (the first ``_EFF_ELEMS`` elements of) ``x`` and solves
+    ``predict_raw = 2(N-1) alpha + 2(N-1)/N * S/(e beta) + (N-1)/N * S/reduce`` for ``e``,
+    clamped to [1/16, 16]: small messages can beat the line rate (a NIC's or a traffic
+    shaper's burst), large ones fall short of it. Collective; the same ``e`` on every rank.
+    """
+    n = comm.Get_size()
+    data = np.ascontiguousarray(x.reshape(-1)[:_EFF_ELEMS])
+    out = np.empty_like(data)
+    t = _slowest_median(comm, lambda: comm.Allreduce(data, out, op=MPI.SUM))
+    size = float(data.nbytes)
+    wire = t - 2 * (n - 1) * p.alpha - (n - 1) / n * size / p.reduce
+    ideal = 2 * (n - 1) / n * size / p.beta
+    return min(max(ideal / wire, 1.0 / 16), 16.0) if wire > 0 else 16.0
+
+
+def measure_efficiency(comm: MPI.Intracomm, x: np.ndarray, eb: float, p: Params,
+                       compress_abs: Callable[..., Any]) -> float:
+    """Fit the share of the calibrated compute rates that a real compressed allreduce reaches.
+
+    Times a homomorphic allreduce (through the real collective, median of three, the
+    slowest rank's) of the first ``_EFF_ELEMS`` elements of ``x`` on every rank and finds
+    by bisection the factor ``e`` by which the model (``p``, with its compress, add and
+    decompress rates times ``e``) predicts exactly that time, clamped to [1/16, 4].
+    Collective; every input of the bisection is agreed, so every rank gets the same ``e``.
     """
     from ccoll.collectives.communicator import DEFAULT_CHUNK, Communicator
     from ccoll.errorbound import ABS
@@ -470,36 +497,13 @@ def measure_efficiency(comm: MPI.Intracomm, x: np.ndarray, eb: float, p: Params,
     data = np.ascontiguousarray(x.reshape(-1)[:_EFF_ELEMS])
     bound = ABS(eb * n)  # the ring quantizes each rank's streams with about eb
     with Communicator(comm, policy="compress") as cc:
-        cc.allreduce(data, bound)
-        ts = []
-        for _ in range(3):
-            comm.Barrier()
-            t0 = time.perf_counter()
-            cc.allreduce(data, bound)
-            ts.append(time.perf_counter() - t0)
-    out = np.empty_like(data)
-    comm.Allreduce(data, out, op=MPI.SUM)
-    tr = []
-    for _ in range(3):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        comm.Allreduce(data, out, op=MPI.SUM)
-        tr.append(time.perf_counter() - t0)
-    mine = np.zeros(5, np.float64)
-    mine[:3] = estimate_stream(data, eb, _MAX_SAMPLE_BLOCKS, compress_abs)
-    mine[3] = float(np.median(ts))
-    mine[4] = float(np.median(tr))
+        measured = _slowest_median(comm, lambda: cc.allreduce(data, bound))
+    mine = np.array(estimate_stream(data, eb, _MAX_SAMPLE_BLOCKS, compress_abs))
     tot = np.empty_like(mine)
-    comm.Allreduce(mine[:3].copy(), tot[:3], op=MPI.SUM)
-    comm.Allreduce(mine[3:].copy(), tot[3:], op=MPI.MAX)
+    comm.Allreduce(mine, tot, op=MPI.SUM)
     size = float(data.nbytes)
     ratio = n * size / max(float(tot[0]), 1.0)
     width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
-    measured = float(tot[3])
-    # predict_raw = 2(N-1) alpha + 2(N-1)/N * S/(r beta) + (N-1)/N * S/reduce, solved for r.
-    wire = float(tot[4]) - 2 * (n - 1) * p.alpha - (n - 1) / n * size / p.reduce
-    ideal = 2 * (n - 1) / n * size / p.beta
-    r = min(max(ideal / wire, 1.0 / 16), 4.0) if wire > 0 else 4.0
     block = -(-data.size // n)
     chunks = -(-block // DEFAULT_CHUNK)
 
@@ -509,16 +513,16 @@ def measure_efficiency(comm: MPI.Intracomm, x: np.ndarray, eb: float, p: Params,
 
     lo, hi = 1.0 / 16, 4.0
     if not slower(lo):
-        return lo, r
+        return lo
     if slower(hi):
-        return hi, r
+        return hi
     for _ in range(60):
         mid = (lo + hi) / 2
         if slower(mid):
             lo = mid
         else:
             hi = mid
-    return hi, r
+    return hi
 
 
 def sample_blocks(x: np.ndarray, nsample: int) -> np.ndarray:
@@ -573,6 +577,7 @@ class AutoPolicy:
         self._comp: dict[str, CompressorCalibration] = {}
         self._thresholds: dict[tuple[str, ...], float] = {}
         self._ring: tuple[float, float] | None = None
+        self._raw_eff: dict[tuple[int, int], float] = {}
         # known_raw answers that the calibrations settled (they never change once made).
         self._known: dict[tuple[Any, ...], bool] = {}
         self.last: AutoDecision | None = None
@@ -623,8 +628,7 @@ class AutoPolicy:
                                     float(-agreed[3]), src, float(-agreed[4]))
         e = _env_float("CCOLL_EFFICIENCY", float)
         if e is None and src == "measured" and x.size >= _EFF_MIN:
-            e, r = measure_efficiency(self.comm, x, eb, self.params(cal), self.ops()[0])
-            cal = replace(cal, raw_efficiency=r)
+            e = measure_efficiency(self.comm, x, eb, self.params(cal), self.ops()[0])
         if e is not None and e > 0:
             cal = replace(cal, compress=cal.compress * e, add=cal.add * e,
                           decompress=cal.decompress * e, efficiency=e)
@@ -651,8 +655,26 @@ class AutoPolicy:
                           chunk_overhead=0.0, raw_efficiency=link.raw_efficiency)
         return Params(alpha=link.alpha, beta=link.beta, compress=comp.compress, add=comp.add,
                       decompress=comp.decompress, reduce=link.reduce, overhead=overhead,
-                      raw_efficiency=comp.raw_efficiency or link.raw_efficiency,
+                      raw_efficiency=link.raw_efficiency,
                       chunk_overhead=comp.chunk_overhead)
+
+    def raw_efficiency(self, x: np.ndarray) -> float:
+        """MPI's share of the link at ``x``'s size (collective on first use per power of 2)."""
+        if _env_float("CCOLL_BANDWIDTH", model.parse_rate) is not None:
+            return self.link().raw_efficiency  # a given link speed is taken as it is
+        key = (x.dtype.itemsize, x.size.bit_length())
+        r = self._raw_eff.get(key)
+        if r is None:
+            r = measure_raw_efficiency(self.comm, x, self.params(None))
+            self._raw_eff[key] = r
+        return r
+
+    def params_for(self, x: np.ndarray, comp: CompressorCalibration) -> Params:
+        """Return :meth:`params` with MPI's share of the link measured at ``x``'s size.
+
+        Collective on first use per power of 2 (:meth:`raw_efficiency`).
+        """
+        return replace(self.params(comp), raw_efficiency=self.raw_efficiency(x))
 
     # -- decision ---------------------------------------------------------------------
 
@@ -679,7 +701,7 @@ class AutoPolicy:
         if size < self._threshold((collective, algorithm), lambda: self.params(None)):
             return self._done(AutoDecision(False, block_elems, "too small to gain"))
         comp = self.compressor(x, eb)
-        p = self.params(comp)
+        p = self.params_for(x, comp) if collective != "bcast" else self.params(comp)
         best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
         if not _pays(best, algorithm):
             return self._done(AutoDecision(False, block_elems, "compressor slower than the link"))
@@ -866,6 +888,8 @@ def describe(policy: AutoPolicy) -> dict[str, Any]:
     if policy._link is not None:
         out["link"] = asdict(policy._link)
     out["compressor"] = {k: asdict(v) for k, v in policy._comp.items()}
+    out["raw_efficiency"] = {f"{8 * item}-bit, {1 << (bits - 1)}+ elements": e
+                             for (item, bits), e in sorted(policy._raw_eff.items())}
     if policy.last is not None:
         last = policy.last
         out["last"] = {"compress": last.compress, "chunk_elems": last.chunk_elems,
