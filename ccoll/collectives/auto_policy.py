@@ -104,6 +104,7 @@ _KNOWN_MAX = 4096  # known_raw answers kept per communicator (a job uses a few s
 # and the rates matter little).
 _EFF_ELEMS = 1 << 22
 _EFF_MIN = 1 << 20
+_RAW_IDLE_S = 5e-3  # idle time before each timed MPI_Allreduce of measure_raw_efficiency
 
 
 @dataclass(frozen=True)
@@ -447,11 +448,17 @@ def measure_ring_costs(comm: MPI.Intracomm, x: np.ndarray, eb: float) -> tuple[f
     return times[0], max(0.0, (times[1] - times[0]) / 7)
 
 
-def _slowest_median(comm: MPI.Intracomm, call: Callable[[], Any], reps: int = 3) -> float:
-    """Return the slowest rank's median time of ``call()`` after one untimed call."""
+def _slowest_median(comm: MPI.Intracomm, call: Callable[[], Any], reps: int = 3,
+                    idle: float = 0.0) -> float:
+    """Return the slowest rank's median time of ``call()`` after one untimed call.
+
+    ``idle`` seconds pass before each timed call (with the ranks then synchronized).
+    """
     call()
     ts = []
     for _ in range(reps):
+        if idle:
+            time.sleep(idle)
         comm.Barrier()
         t0 = time.perf_counter()
         call()
@@ -468,12 +475,15 @@ def measure_raw_efficiency(comm: MPI.Intracomm, x: np.ndarray, p: Params) -> flo
     Times ``MPI_Allreduce`` of (the first ``_EFF_ELEMS`` elements of) ``x`` and solves
     ``predict_raw = 2(N-1) alpha + 2(N-1)/N * S/(e beta) + (N-1)/N * S/reduce`` for ``e``,
     clamped to [1/16, 16]: small messages can beat the line rate (a NIC's or a traffic
-    shaper's burst), large ones fall short of it. Collective; the same ``e`` on every rank.
+    shaper's burst), large ones fall short of it. Each timed call follows ``_RAW_IDLE_S``
+    of idle link, as gradient allreduces follow a step's computation (back to back, a
+    burst allowance would be used up by the call before). Collective; the same ``e`` on
+    every rank.
     """
     n = comm.Get_size()
     data = np.ascontiguousarray(x.reshape(-1)[:_EFF_ELEMS])
     out = np.empty_like(data)
-    t = _slowest_median(comm, lambda: comm.Allreduce(data, out, op=MPI.SUM))
+    t = _slowest_median(comm, lambda: comm.Allreduce(data, out, op=MPI.SUM), idle=_RAW_IDLE_S)
     size = float(data.nbytes)
     wire = t - 2 * (n - 1) * p.alpha - (n - 1) / n * size / p.reduce
     ideal = 2 * (n - 1) / n * size / p.beta
