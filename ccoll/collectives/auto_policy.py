@@ -99,6 +99,7 @@ _CAL_SAMPLE_ELEMS = 1 << 24
 _CAL_RUN = 1 << 18  # elements per contiguous run of the calibration sample
 _CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
 _KNOWN_MAX = 4096  # known_raw answers kept per communicator (a job uses a few sizes)
+STICKY_CALLS = 16  # calls that repeat a model's "raw" without sampling (AutoPolicy.sticky_raw)
 # The compute-efficiency fit (measure_efficiency) times an allreduce of this many elements
 # per rank, for size classes of at least _EFF_MIN elements (below, fixed costs dominate
 # and the rates matter little).
@@ -588,6 +589,7 @@ class AutoPolicy:
         self._thresholds: dict[tuple[str, ...], float] = {}
         self._ring: tuple[float, float] | None = None
         self._raw_eff: dict[tuple[int, int], float] = {}
+        self._sticky: dict[Any, int] = {}
         # known_raw answers that the calibrations settled (they never change once made).
         self._known: dict[tuple[Any, ...], bool] = {}
         self.last: AutoDecision | None = None
@@ -766,9 +768,39 @@ class AutoPolicy:
         best = model.predict(size, n, self.params(comp), 1e30, collective=collective, chunks=1)
         return self._remember(key, not _pays(best, algorithm))
 
-    def note_known_raw(self) -> None:
-        """Record that the last call went raw because :meth:`known_raw` settled it."""
+    def note_known_raw(self, sticky_key: Any = None) -> None:
+        """Record that the last call went raw because :meth:`known_raw` settled it.
+
+        Called after the agreement, so on every rank alike: a call that went raw on a
+        sticky decision (:meth:`sticky_raw`) uses one of its repetitions up.
+        """
         self.last = _KNOWN_RAW
+        left = self._sticky.get(sticky_key)
+        if left is not None:
+            if left <= 1:
+                del self._sticky[sticky_key]
+            else:
+                self._sticky[sticky_key] = left - 1
+
+    def sticky_raw(self, sticky_key: Any) -> bool:
+        """Tell whether a recent model decision sends this call raw again (local, no change).
+
+        A call that the model, with a sampled ratio, sent raw makes the next
+        ``STICKY_CALLS`` calls with the same count, dtype, collective, algorithm and bound
+        go raw without sampling the ratio or scanning the value range (a training job
+        repeats its sizes every step, and a gradient's ratio drifts slowly); the call
+        after them decides again. The state changes only after agreements (here
+        :meth:`note_known_raw` and :meth:`note_decision`), so it is the same on every rank.
+        """
+        return self._sticky.get(sticky_key, 0) > 0
+
+    def note_decision(self, sticky_key: Any) -> None:
+        """After a model decision (every rank alike), make a "raw" sticky (:meth:`sticky_raw`)."""
+        last = self.last
+        if last is not None and not last.compress and last.prediction is not None:
+            if len(self._sticky) >= _KNOWN_MAX:
+                self._sticky.clear()
+            self._sticky[sticky_key] = STICKY_CALLS
 
     def _remember(self, key: tuple[Any, ...], raw: bool) -> bool:
         if len(self._known) >= _KNOWN_MAX:  # a job that never repeats a size: start over

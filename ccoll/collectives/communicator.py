@@ -378,9 +378,13 @@ class Communicator:
         # and the policy; so does policy="raw". Same answer on every rank (see known_raw).
         auto = None
         known_raw = False
+        sticky_key: Any = None
         if policy == "auto" and bound is not None and not call.problems:
             auto = self._auto_policy(ch)
-            known_raw = auto.known_raw(size, dtype, collective=collective, algorithm=algorithm)
+            sticky_key = (size, dtype, collective, algorithm, type(bound), bound.value)
+            known_raw = auto.known_raw(
+                size, dtype, collective=collective, algorithm=algorithm
+            ) or auto.sticky_raw(sticky_key)
         mode = _fixed(policy, bound is None, known_raw)
         if isinstance(bound, REL) and mode != "raw" and not call.problems:
             if root is None or ch.comm.Get_rank() == root:
@@ -408,8 +412,10 @@ class Communicator:
                     root=root,
                 )
             )
+            if auto is not None:
+                auto.note_decision(sticky_key)
         elif known_raw and auto is not None:
-            auto.note_known_raw()
+            auto.note_known_raw(sticky_key)
         chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
         if dev is None:
             flat = np.ascontiguousarray(arr).reshape(-1)

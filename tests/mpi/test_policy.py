@@ -120,6 +120,33 @@ def test_efficiency_fit_is_agreed_and_bounded(comm, shared_cache):
     assert len(set(comm.allgather((e, r)))) == 1
 
 
+def test_a_sampled_raw_decision_is_reused_then_renewed(comm, shared_cache, monkeypatch):
+    # Ratio 1: compressing cannot pay, but only the sampled ratio says so (the size tests
+    # pass on this slow link), so each full decision samples; STICKY_CALLS calls follow
+    # without sampling, then the next one decides again. Results stay MPI's exact sum.
+    if comm.size == 1:
+        pytest.skip("one rank never compresses")
+    from ccoll.collectives import auto_policy
+
+    _env(monkeypatch, {**SLOW_LINK, "CCOLL_RATIO": "1"})
+    decided = []
+    real = auto_policy.AutoPolicy.decide
+    monkeypatch.setattr(auto_policy.AutoPolicy, "decide",
+                        lambda self, *a, **k: decided.append(1) or real(self, *a, **k))
+    x = gradient_like(comm.rank, 1 << 16, np.float32)
+    expect = np.empty_like(x)
+    comm.Allreduce(x, expect, op=MPI.SUM)
+    with ccoll.Communicator(comm) as cc:
+        for _ in range(auto_policy.STICKY_CALLS + 2):
+            y = cc.allreduce(x, ccoll.REL(1e-3))
+            assert np.array_equal(y, expect)
+        assert cc.stats.compressed_calls == 0
+        # Another bound is another decision.
+        cc.allreduce(x, ccoll.REL(1e-2))
+    assert len(decided) == 3
+    assert_same_on_every_rank(comm, len(decided))
+
+
 def test_fast_link_goes_raw(comm, shared_cache, monkeypatch):
     _env(monkeypatch, FAST_LINK)
     pol = AutoPolicy(comm)
