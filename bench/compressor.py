@@ -448,6 +448,8 @@ def main() -> None:
                         row[f"mem_{op}"] = memory(codec, op, path, eb)
                 rows.append(row)
             result["predictor"].append({"data": data, "rel": rel, **predictor_study(x, eb)})
+        result.setdefault("add", {})[data] = add_study(x, lo, hi, args.rel, threads,
+                                                        args.repeat)
         # Timings in rounds over every figure, keeping the best of each: on a shared
         # machine a round that meets a busy core is outvoted by the others, and the
         # samples of one figure are spread over minutes instead of one burst.
@@ -497,10 +499,65 @@ def main() -> None:
           "Command: `" + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]) + "`", "",
           summary_table(result["summary"], threads), "", "Ratios and speedups (same run):", "",
           speedup_table(result["summary"], threads), "", "Predictor choice:", "",
-          predictor_table(result["predictor"]), "", tensor_digest(result["tensors"], args.rel)]
+          predictor_table(result["predictor"]), "", "Homomorphic add (two halves of each dump):",
+          "", add_table(result.get("add", {}), threads), "",
+          tensor_digest(result["tensors"], args.rel)]
     with open(os.path.join(args.out, "compressor.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     print("\n".join(md))
+
+
+def add_study(x: np.ndarray, lo: float, hi: float, rels: list[float], threads: list[int],
+              repeat: int) -> list[dict[str, Any]]:
+    """Time the homomorphic add of two halves of a dump against decode + float add.
+
+    The halves hold different training steps (a dump concatenates its steps in order), so
+    their sum is the kind a ring step computes. Throughput is in bytes of one half's
+    float32 data per second; "decompress + add" is what a decompress-add-recompress ring
+    step does instead of the add (its recompression not counted).
+    """
+    from ccoll.compressor import add, compress_abs, decompress
+
+    h = x.size // 2
+    a, b = np.ascontiguousarray(x[:h]), np.ascontiguousarray(x[h : 2 * h])
+    rows = []
+    for rel in rels:
+        eb = ccoll.REL(rel).resolve(lo, hi)
+        sa, sb = compress_abs(a, eb), compress_abs(b, eb)
+        y = np.empty_like(a)
+
+        def dec_add(sb: Any = sb, y: np.ndarray = y) -> None:
+            decompress(sb, out=y)
+            np.add(y, a, out=y)
+
+        row: dict[str, Any] = {"rel": rel, "bytes": a.nbytes,
+                               "ratio_sum": a.nbytes / add(sa, sb).nbytes}
+        for t in threads:
+            numba.set_num_threads(t)
+            wa, ca = best_time(lambda sa=sa, sb=sb: add(sa, sb), repeat)
+            wd, cd = best_time(dec_add, repeat)
+            row[f"add_{t}t"] = a.nbytes / wa / 1e9
+            row[f"decadd_{t}t"] = a.nbytes / wd / 1e9
+            if t == 1:
+                row["add_1t_cpu"] = a.nbytes / ca / 1e9
+                row["decadd_1t_cpu"] = a.nbytes / cd / 1e9
+        numba.set_num_threads(max(threads))
+        rows.append(row)
+    return rows
+
+
+def add_table(by_data: dict[str, list[dict[str, Any]]], threads: list[int]) -> str:
+    cols = ["add_1t_cpu", "decadd_1t_cpu"] + [f"{k}_{t}t" for t in threads if t > 1
+                                               for k in ("add", "decadd")]
+    head = ("| data | REL | ratio of the sum | add GB/s 1t cpu | decompress + add GB/s 1t cpu"
+            + "".join(f" | add GB/s {t}t wall | decompress + add GB/s {t}t wall"
+                      for t in threads if t > 1) + " |")
+    lines = [head, "|---|---|---|" + "---|" * len(cols)]
+    for data, rows in by_data.items():
+        for r in rows:
+            lines.append(f"| {data} | {r['rel']:g} | {r['ratio_sum']:.2f} | "
+                         + " | ".join(f"{r[c]:.2f}" for c in cols) + " |")
+    return "\n".join(lines)
 
 
 def predictor_table(rows: list[dict[str, Any]]) -> str:
