@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_compressor_reference import ref_add, ref_parse
 
 import ccoll
-from ccoll.compressor import add, compress_abs, decompress, header, max_nbytes
+from ccoll.compressor import add, add_data, compress_abs, decompress, header, max_nbytes
 from ccoll.errors import ErrorBoundError, MismatchError
 
 DTYPES = [np.float32, np.float64]
@@ -130,6 +130,39 @@ def test_block_kinds(dtype):
     with np.errstate(over="ignore", invalid="ignore"):
         expect = (xa.astype(np.float64) + xb.astype(np.float64)).astype(dtype)
     assert np.array_equal(ys, expect, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eb", [EB, 0.0])
+def test_add_data_is_add_of_the_compressed_data_for_every_block_kind(dtype, eb):
+    # Every pairing of zero, fixed, Lorenzo, wide, raw and overflowing blocks, with the
+    # data on either side of the pair; eb = 0 is the lossless case (zero or raw blocks).
+    z = np.zeros(32)
+    narrow = np.array([1.0, -1.0] * 16)
+    ramp = np.arange(32.0) * 100.0
+    wide = np.full(32, 2.0**30)
+    raw = np.array([np.inf] + [1.0] * 31)
+    ovf = np.full(32, 2.0**30 + 2.0**29)
+    kinds = [z, narrow, ramp, wide, raw, ovf, narrow[:7]]
+    pairs = [(p, q) for p in kinds for q in kinds if p.size == q.size or p is q]
+    xa = _blocks(*(p for p, _ in pairs)).astype(dtype)
+    xb = _blocks(*(q for _, q in pairs)).astype(dtype)
+    for u, v in ((xa, xb), (xb, xa)):
+        a = compress_abs(u, eb)
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert add_data(a, v).tobytes() == add(a, compress_abs(v, eb)).tobytes()
+
+
+def test_add_data_checks_its_operands():
+    a = compress_abs(np.zeros(64, np.float32), EB)
+    with pytest.raises(MismatchError, match="float64 data to a float32 stream"):
+        add_data(a, np.zeros(64))
+    with pytest.raises(MismatchError, match="cannot add 63 values to a stream of 64"):
+        add_data(a, np.zeros(63, np.float32))
+    with pytest.raises(MismatchError, match="eb=0.25 to a stream with eb=0.5"):
+        add_data(a, np.zeros(64, np.float32), 0.25)
+    assert add_data(a, np.ones(64, np.float32), EB).tobytes() == add(
+        a, compress_abs(np.ones(64, np.float32), EB)).tobytes()
 
 
 def test_lorenzo_blocks_add_in_the_integer_domain():

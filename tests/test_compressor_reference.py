@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ccoll.compressor import add, compress_abs, decompress
+from ccoll.compressor import add, add_data, compress_abs, decompress
 
 HEADER = struct.Struct("<4sBBBBIIQddQQII")
 QLIM = 2**31 - 1
@@ -383,3 +383,21 @@ def test_zero_block_shortcut_matches_the_full_rule(eb, dtype):
     x = np.concatenate([np.full(32, cands[i % cands.size]) if i % 3 == 0
                         else rng.choice(cands, 32) for i in range(24)]).astype(dtype)
     assert compress_abs(x, eb).tobytes() == ref_compress(x, eb)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arrays_and_bounds(max_n=120), st.integers(0, 2**32 - 1), st.sampled_from([1.0, 1e3, 1e9]))
+def test_add_data_equals_add_of_the_compressed_data(case, seed, scale):
+    # add_data(a, x) must be add(a, compress_abs(x, eb)) byte for byte, whatever mix of
+    # zero, fixed, Lorenzo and raw blocks either side has (the strategy's specials make
+    # raw blocks on both sides, the scales overflowing sums).
+    x, eb = case
+    assume(eb < 1e307)
+    rng = np.random.default_rng(seed)
+    x2 = (rng.standard_normal(x.shape) * scale).astype(x.dtype)
+    if x.size and rng.random() < 0.3:
+        x2[rng.integers(x.size)] = [math.nan, math.inf, -0.0][rng.integers(3)]
+    a = compress_abs(x, eb)
+    expect = add(a, compress_abs(x2, eb)).tobytes()
+    assert add_data(a, x2).tobytes() == expect
+    assert add_data(a, x).tobytes() == add(a, a).tobytes()

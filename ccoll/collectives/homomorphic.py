@@ -34,7 +34,6 @@ class HomomorphicOps:
         self.flat = flat
         self.layout = layout
         self.eb_rank = eb_rank
-        self._own: dict[tuple[int, int], Any] = {}
         self._api = api()
 
     def _compress(self, block: int, chunk: int) -> Any:
@@ -46,13 +45,13 @@ class HomomorphicOps:
         return self._compress(block, chunk)
 
     def prepare(self, block: int, chunk: int) -> None:
-        """Compress this rank's part of a block it will add into, ahead of its arrival."""
-        self._own[(block, chunk)] = self._compress(block, chunk)
+        """Nothing ahead of time: :meth:`combine` quantizes this rank's part as it adds it."""
 
     def combine(self, block: int, chunk: int, received: Any) -> Any:
-        """Add this rank's stream to the received partial sum (no decompression)."""
-        own = self._own.pop((block, chunk), None)
-        if own is None:
-            own = self._compress(block, chunk)
-        return self._api.add(received, own)
+        """Add this rank's part to the received partial sum (no decompression).
 
+        ``add_data`` gives the bytes of ``add(received, compress_abs(part))`` in one pass,
+        without encoding this rank's part to bit-planes and decoding it again.
+        """
+        lo, hi = self.layout.chunks(block)[chunk]
+        return self._api.add_data(received, self.flat[lo:hi], self.eb_rank)

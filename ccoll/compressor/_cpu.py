@@ -18,6 +18,7 @@ the same choices and produces byte-identical streams.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,7 +31,7 @@ from numba.extending import intrinsic, overload
 from ccoll.compressor import format as fmt
 from ccoll.errors import ErrorBoundError, FormatError, MismatchError
 
-__all__ = ["compress_abs", "decompress", "add", "header", "finite_range", "as_stream"]
+__all__ = ["compress_abs", "decompress", "add", "add_data", "header", "finite_range", "as_stream"]
 
 BLOCK = fmt.BLOCK
 CHUNK_BLOCKS = 256  # 8192 elements; a multiple of 32 so bitmap words are never shared
@@ -326,13 +327,20 @@ def _encode_q(q, m, code, Wb, mag):  # type: ignore[no-untyped-def]
     lor = np.int64(1) if code & LOR else np.int64(0)
     sign = np.int64(0)
     prev = np.int64(0)
-    for l in range(m):
-        c = q[l] - prev * lor
-        prev = q[l]
-        sign |= np.int64(c < 0) << l
-        mag[l] = abs(c)
-    for l in range(m, BLOCK):
-        mag[l] = 0
+    if m == BLOCK:
+        for l in range(BLOCK):  # a constant trip count, so LLVM vectorizes it
+            c = q[l] - prev * lor
+            prev = q[l]
+            sign |= np.int64(c < 0) << l
+            mag[l] = abs(c)
+    else:
+        for l in range(m):
+            c = q[l] - prev * lor
+            prev = q[l]
+            sign |= np.int64(c < 0) << l
+            mag[l] = abs(c)
+        for l in range(m, BLOCK):
+            mag[l] = 0
     Wb[0] = sign
     _planes(mag, code & 0x7F, Wb)
 
@@ -1066,16 +1074,159 @@ def _add_chunks(Wa, bma, ca, cka, cpa, Wb, bmb, cb, ckb, cpb, n, is32, step,
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _place_chunks(ccodes, S, cpa, cpb, chunk_nnz, chunk_words, chunk_k, chunk_pos,
+def _place_chunks(ccodes, S, chunk_src, chunk_nnz, chunk_words, chunk_k, chunk_pos,
                   cbytes, W):  # type: ignore[no-untyped-def]
     """Pass 2 of an add: copy each chunk's code bytes and payload to their final place."""
     for c in prange(chunk_nnz.size):
         b0 = c * CHUNK_BLOCKS
         k = chunk_k[c]
         cbytes[k : k + chunk_nnz[c]] = ccodes[b0 : b0 + chunk_nnz[c]]
-        sp0 = 2 * (cpa[c] + cpb[c])
+        sp0 = chunk_src[c]
         pos = chunk_pos[c]
         W[pos : pos + chunk_words[c]] = S[sp0 : sp0 + chunk_words[c]]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _raw_sum_data(Wa, ca, xb, cb, qb, m, is32, step, qa, mag, Wo):  # type: ignore[no-untyped-def]
+    """Like :func:`_raw_sum` with the second block given as data ``xb`` quantized to ``qb``."""
+    fa = ca != CODE_RAW and ca != CODE_RAW64
+    if fa:
+        _decode_q(Wa, ca, mag, qa)
+    for l in range(m):
+        va = np.float64(qa[l]) * step if fa else _raw_value(Wa, ca, l, is32)
+        vb = np.float64(xb[l]) if cb == CODE_RAW else np.float64(qb[l]) * step
+        s = va + vb
+        bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
+        Wo[2 * l] = bits & 0xFFFFFFFF
+        Wo[2 * l + 1] = (bits >> 32) & 0xFFFFFFFF
+    for l in range(2 * m, 2 * BLOCK):
+        Wo[l] = 0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _add_data_chunks(Wa, bma, ca, cka, cpa, x, bits, eb, step, small, mask, ccodes, bitmap,
+                     chunk_nnz, chunk_words, S, chunk_src):  # type: ignore[no-untyped-def]
+    """One pass of :func:`add_data`: each chunk's sum packed at ``S[chunk_src[c]:]``.
+
+    Each block of ``x`` gets the code :func:`compress_abs` would give it (same rules, same
+    arithmetic), then the block is added to the stream's block by the rules of
+    :func:`add` with that block as the second operand, so the bytes are those of
+    ``add(a, compress_abs(x, eb))``. No output block is longer than its stream block plus
+    64 words, which sizes each chunk's region.
+    """
+    n = x.size
+    nblocks = ccodes.size
+    is32 = x.itemsize == 4
+    rawsum = CODE_RAW64 if is32 else CODE_RAW
+    for c in prange(chunk_nnz.size):
+        qa = np.empty(BLOCK, np.int64)
+        qb = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.uint32)
+        ka = cka[c]
+        pa = cpa[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        sp0 = chunk_src[c]
+        sp = sp0
+        nz = 0
+        word = np.int64(0)
+        for b in range(b0, b1):
+            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
+            codea = np.int64(ca[ka]) if za else np.int64(0)
+            sa = _block_words(codea, is32)
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            m = e - base
+            xb = x[base:e]
+            # The data block's code, exactly as compress_abs decides it.
+            if eb == 0.0:
+                bb = bits[base:e]
+                acc = np.uint64(0)
+                for l in range(m):
+                    acc |= np.uint64(bb[l]) & mask
+                codeb = np.int64(0) if acc == 0 else np.int64(CODE_RAW)
+            else:
+                tiny = m == BLOCK
+                if tiny:
+                    for l in range(BLOCK):
+                        tiny &= abs(xb[l]) <= small
+                if tiny:
+                    codeb = np.int64(0)
+                else:
+                    bad, orq, ord_ = _quantize(xb, eb, step, qb)
+                    codeb = np.int64(CODE_RAW) if bad else np.int64(_code_of(orq, ord_))
+            Wo = S[sp : sp + sa + 2 * BLOCK]
+            if codeb == 0:
+                code = codea
+                for i in range(sa):
+                    Wo[i] = Wa[pa + i]
+            elif codea == 0:
+                code = codeb
+                if codeb == CODE_RAW:
+                    bb = bits[base:e]
+                    if is32:
+                        for l in range(m):
+                            Wo[l] = bb[l]
+                        for l in range(m, BLOCK):
+                            Wo[l] = 0
+                    else:
+                        for l in range(m):
+                            v = np.int64(bb[l])
+                            Wo[2 * l] = v & 0xFFFFFFFF
+                            Wo[2 * l + 1] = (v >> 32) & 0xFFFFFFFF
+                        for l in range(2 * m, 2 * BLOCK):
+                            Wo[l] = 0
+                else:
+                    _encode_q(qb, m, codeb, Wo, mag)
+            elif codea == CODE_RAW or codea == CODE_RAW64 or codeb == CODE_RAW:
+                code = rawsum
+                _raw_sum_data(Wa[pa : pa + sa], codea, xb, codeb, qb, m, is32, step, qa, mag,
+                              Wo)
+            else:
+                _decode_q(Wa[pa : pa + sa], codea, mag, qa)
+                big = np.int64(0)
+                orq = np.int64(0)
+                ord_ = np.int64(0)
+                prev = np.int64(0)
+                if m == BLOCK:
+                    for l in range(BLOCK):  # constant trip count: vectorized
+                        t = qa[l] + qb[l]
+                        big |= np.int64(abs(t) >= QMAX_ADD)
+                        orq |= abs(t)
+                        ord_ |= abs(t - prev)
+                        prev = t
+                        qa[l] = t
+                else:
+                    for l in range(m):
+                        t = qa[l] + qb[l]
+                        big |= np.int64(abs(t) >= QMAX_ADD)
+                        orq |= abs(t)
+                        ord_ |= abs(t - prev)
+                        prev = t
+                        qa[l] = t
+                    for l in range(m, BLOCK):
+                        qa[l] = 0
+                if big:
+                    code = rawsum
+                    # qa now holds the sum; decode the stream block again for the raw sum.
+                    _raw_sum_data(Wa[pa : pa + sa], codea, xb, codeb, qb, m, is32, step, qa,
+                                  mag, Wo)
+                else:
+                    code = np.int64(_code_of(orq, ord_))
+                    if code != 0:
+                        _encode_q(qa, m, code, Wo, mag)
+            if code != 0:
+                word |= np.int64(1) << (b & 31)
+                ccodes[b0 + nz] = code
+                nz += 1
+                sp += _block_words(code, is32)
+            ka += za
+            pa += sa
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+        chunk_nnz[c] = nz
+        chunk_words[c] = sp - sp0
 
 
 def sum_bound(a: float, b: float) -> float:
@@ -1155,6 +1306,89 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
         cbytes = res[hdr.codes_offset : hdr.codes_offset + nnz]
         W = res[hdr.payload_offset :].view(np.uint32)
         with _threads_for(n):
-            _place_chunks(ccodes, scratch, la.chunk_pos, lb.chunk_pos, chunk_nnz, chunk_words,
-                          chunk_k, chunk_pos, cbytes, W)
+            _place_chunks(ccodes, scratch, 2 * (la.chunk_pos + lb.chunk_pos), chunk_nnz,
+                          chunk_words, chunk_k, chunk_pos, cbytes, W)
+    return res
+
+
+# Scratch of add_data, kept per thread: its chunk regions are sized for the worst case and
+# written only at their start, and paging fresh memory in for that costs more than the
+# kernel (numpy asks for 2 MiB huge pages from 4 MiB up, each zeroed when first touched).
+# Buffers up to SCRATCH_KEEP words are kept; larger requests get one of their own.
+SCRATCH_KEEP = 1 << 24
+_kept = threading.local()
+
+
+def _scratch(nwords: int) -> np.ndarray:
+    """Return an uninitialized uint32 buffer of ``nwords`` words, reused by this thread."""
+    if nwords > SCRATCH_KEEP:
+        return np.empty(nwords, np.uint32)
+    buf = getattr(_kept, "buf", None)
+    if buf is None or buf.size < nwords:
+        buf = np.empty(max(nwords, 1 << 16), np.uint32)
+        _kept.buf = buf
+    return buf[:nwords]
+
+
+def add_data(a: object, x: np.ndarray, eb: float | None = None) -> np.ndarray:
+    """``add(a, compress_abs(x, eb))`` in one pass, ``eb`` being the stream's own.
+
+    Byte for byte the same stream (docs/format.md, "Homomorphic add"), without encoding
+    ``x``'s blocks to bit-planes and decoding them again: what a homomorphic ring step does
+    with its own share of a block. ``x`` is a contiguous float array of the stream's dtype
+    and element count; a given ``eb`` must equal the stream's bit for bit, as :func:`add`
+    requires of two streams.
+    """
+    la = _validate(as_stream(a))
+    ha = la.hdr
+    if eb is not None and np.float64(eb).view(np.uint64) != np.float64(ha.eb).view(np.uint64):
+        raise MismatchError(
+            f"cannot add data quantized with eb={eb!r} to a stream with eb={ha.eb!r}"
+        )
+    if not isinstance(x, np.ndarray) or x.dtype != ha.dtype:
+        raise MismatchError(
+            f"cannot add {getattr(x, 'dtype', type(x).__name__)} data to a {ha.dtype} stream"
+        )
+    if x.size != ha.n:
+        raise MismatchError(f"cannot add {x.size} values to a stream of {ha.n} elements")
+    bound = sum_bound(ha.bound, ha.eb)
+    if not math.isfinite(bound):
+        raise ErrorBoundError(f"the sum of bounds {ha.bound!r} + {ha.eb!r} overflows float64")
+    nterms = ha.nterms + 1
+    if nterms >= 1 << 32:
+        raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
+    flat = _readonly(np.ascontiguousarray(x).reshape(-1))
+    is32 = ha.dtype == np.float32
+    n = ha.n
+    nblocks = ha.nblocks
+    nch = _nchunks(nblocks)
+    eb = ha.eb
+    ccodes = np.empty(nblocks, np.uint8)
+    bitmap_t = np.empty((nblocks + 31) // 32, np.uint32)
+    chunk_nnz = np.empty(nch, np.int64)
+    chunk_words = np.empty(nch, np.int64)
+    chunk_src = la.chunk_pos + np.arange(nch, dtype=np.int64) * (CHUNK_BLOCKS * 2 * BLOCK)
+    scratch = _scratch(la.W.size + nblocks * 2 * BLOCK)
+    bits = flat.view(np.uint32) if is32 else flat.view(np.uint64)
+    mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
+    if nch:
+        with _threads_for(n):
+            _add_data_chunks(la.W, la.bitmap, la.codes, la.chunk_k, la.chunk_pos, flat, bits,
+                             eb, 2.0 * eb, _small(eb, flat.dtype), mask, ccodes, bitmap_t,
+                             chunk_nnz, chunk_words, scratch, chunk_src)
+    chunk_k, nnz = _scan(chunk_nnz)
+    chunk_pos, pwords = _scan(chunk_words)
+    hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=eb, bound=bound, nnz=nnz,
+                           payload_words=pwords, nterms=nterms)
+    res = np.empty(hdr.nbytes, np.uint8)
+    head = hdr.pack()
+    res[: head.size] = head
+    res[hdr.codes_offset + nnz : hdr.payload_offset] = 0
+    if nch:
+        res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)[:] = bitmap_t
+        cbytes = res[hdr.codes_offset : hdr.codes_offset + nnz]
+        W = res[hdr.payload_offset :].view(np.uint32)
+        with _threads_for(n):
+            _place_chunks(ccodes, scratch, chunk_src, chunk_nnz, chunk_words, chunk_k,
+                          chunk_pos, cbytes, W)
     return res

@@ -19,7 +19,7 @@ from ccoll.compressor.format import StreamHeader
 from ccoll.errorbound import REL, as_bound
 from ccoll.errors import DTypeError, ErrorBoundError, MismatchError
 
-__all__ = ["compress", "compress_abs", "decompress", "add", "header"]
+__all__ = ["compress", "compress_abs", "decompress", "add", "add_data", "header"]
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _TORCH_FLOATS: dict[str, np.dtype] = {
@@ -182,6 +182,25 @@ def add(a: Any, b: Any, out: Any = None, *, stream: Any = None) -> Any:
     if _backend.is_torch(out):
         out = out.detach().numpy()
     return _cpu.add(_host_stream(a), _host_stream(b), out)
+
+
+def add_data(a: Any, x: Any, eb: float | None = None, *, stream: Any = None) -> Any:
+    """Add the array ``x`` to the stream ``a``: ``add(a, compress_abs(x, eb))`` byte for byte.
+
+    ``eb`` is ``a``'s own quantization bound (when given, it must equal it bit for bit, or
+    :class:`ccoll.MismatchError` is raised), and ``x`` has ``a``'s dtype and element count
+    and lives on its device. The CPU backend does it in one pass, without encoding ``x``
+    and decoding it again (a homomorphic ring step adds its own share of a block this
+    way); on a GPU it is the two calls.
+    """
+    where = _backend.backend_of(a)
+    if _backend.backend_of(x) != where:
+        raise MismatchError("the stream and the data to add must live on the same device")
+    if where == "cuda":
+        mod = _backend.cuda_module()
+        grid = mod.header(a).eb if eb is None else eb
+        return mod.add(a, mod.compress_abs(x, grid, stream=stream), stream=stream)
+    return _cpu.add_data(_host_stream(a), _host_array(x), eb)
 
 
 def header(buf: Any) -> StreamHeader:
