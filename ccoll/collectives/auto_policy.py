@@ -527,13 +527,7 @@ def measure_efficiency(comm: MPI.Intracomm, x: np.ndarray, eb: float, p: Params,
         return lo
     if slower(hi):
         return hi
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if slower(mid):
-            lo = mid
-        else:
-            hi = mid
-    return hi
+    return model._bisect(lambda e: not slower(e), lo, hi, 60)
 
 
 def sample_blocks(x: np.ndarray, nsample: int) -> np.ndarray:

@@ -393,6 +393,24 @@ def _decode_to(Wb, code, mag, ob, step):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _write_raw(bb, is32, Wb):  # type: ignore[no-untyped-def]
+    """Store a raw block (code 32) of the valid lanes' bit patterns ``bb`` into ``Wb``."""
+    m = bb.size
+    if is32:
+        for l in range(m):
+            Wb[l] = bb[l]
+        for l in range(m, BLOCK):
+            Wb[l] = 0
+    else:
+        for l in range(m):
+            v = np.int64(bb[l])
+            Wb[2 * l] = v & 0xFFFFFFFF
+            Wb[2 * l + 1] = (v >> 32) & 0xFFFFFFFF
+        for l in range(2 * m, 2 * BLOCK):
+            Wb[l] = 0
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _raw_value(Wb, code, l, is32):  # type: ignore[no-untyped-def]
     """float64 value of lane ``l`` of a raw block (code 32 or 33)."""
     if code == CODE_RAW and is32:
@@ -546,20 +564,7 @@ def _write_stream(x, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W): 
                 size = _block_words(code, is32)
                 Wb = W[pos : pos + size]
                 if code == CODE_RAW:
-                    bb = bits[base:e]
-                    m = bb.size
-                    if is32:
-                        for l in range(m):
-                            Wb[l] = bb[l]
-                        for l in range(m, BLOCK):
-                            Wb[l] = 0
-                    else:
-                        for l in range(m):
-                            v = np.int64(bb[l])
-                            Wb[2 * l] = v & 0xFFFFFFFF
-                            Wb[2 * l + 1] = (v >> 32) & 0xFFFFFFFF
-                        for l in range(2 * m, 2 * BLOCK):
-                            Wb[l] = 0
+                    _write_raw(bits[base:e], is32, Wb)
                 else:
                     _encode_x(x[base:e], step, code, Wb, mag)
                 pos += size
@@ -1163,19 +1168,7 @@ def _add_data_chunks(Wa, bma, ca, cka, cpa, x, bits, eb, step, small, mask, ccod
             elif codea == 0:
                 code = codeb
                 if codeb == CODE_RAW:
-                    bb = bits[base:e]
-                    if is32:
-                        for l in range(m):
-                            Wo[l] = bb[l]
-                        for l in range(m, BLOCK):
-                            Wo[l] = 0
-                    else:
-                        for l in range(m):
-                            v = np.int64(bb[l])
-                            Wo[2 * l] = v & 0xFFFFFFFF
-                            Wo[2 * l + 1] = (v >> 32) & 0xFFFFFFFF
-                        for l in range(2 * m, 2 * BLOCK):
-                            Wo[l] = 0
+                    _write_raw(bits[base:e], is32, Wo)
                 else:
                     _encode_q(qb, m, codeb, Wo, mag)
             elif codea == CODE_RAW or codea == CODE_RAW64 or codeb == CODE_RAW:
