@@ -60,6 +60,12 @@ def test_engine_and_user_thread_use_mpi_at_once(comm):
     other = comm.Dup()
     try:
         size = comm.Get_size()
+        # mpi4py's first pickled collective on a communicator duplicates it (collectively)
+        # while holding the GIL; made from two threads at once on different communicators
+        # that deadlocks (one rank's engine thread waits in the duplicate of `comm` holding
+        # the GIL its main thread needs to join the duplicate of `other`). Make both here.
+        comm.allreduce(0)
+        other.allreduce(0)
         reqs = [progress.submit(comm.allreduce, i, comm=comm) for i in range(200)]
         mine = [other.allreduce(i * 10) for i in range(200)]
         assert [r.wait(timeout=120) for r in reqs] == [i * size for i in range(200)]
