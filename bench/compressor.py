@@ -514,9 +514,11 @@ def add_study(x: np.ndarray, lo: float, hi: float, rels: list[float], threads: l
     The halves hold different training steps (a dump concatenates its steps in order), so
     their sum is the kind a ring step computes. Throughput is in bytes of one half's
     float32 data per second; "decompress + add" is what a decompress-add-recompress ring
-    step does instead of the add (its recompression not counted).
+    step does instead of the add (its recompression not counted). The two ring steps in
+    full: "add_data" (the homomorphic ring's: ``add_data(received, own half)``) and
+    "DAR step" (decompress, float add, compress the sum).
     """
-    from ccoll.compressor import add, compress_abs, decompress
+    from ccoll.compressor import add, add_data, compress_abs, decompress
 
     h = x.size // 2
     a, b = np.ascontiguousarray(x[:h]), np.ascontiguousarray(x[h : 2 * h])
@@ -530,6 +532,11 @@ def add_study(x: np.ndarray, lo: float, hi: float, rels: list[float], threads: l
             decompress(sb, out=y)
             np.add(y, a, out=y)
 
+        def dar_step(sb: Any = sb, y: np.ndarray = y, eb: float = eb) -> None:
+            decompress(sb, out=y)
+            np.add(y, a, out=y)
+            compress_abs(y, eb)
+
         row: dict[str, Any] = {"rel": rel, "bytes": a.nbytes,
                                "ratio_sum": a.nbytes / add(sa, sb).nbytes}
         for t in threads:
@@ -541,6 +548,10 @@ def add_study(x: np.ndarray, lo: float, hi: float, rels: list[float], threads: l
             if t == 1:
                 row["add_1t_cpu"] = a.nbytes / ca / 1e9
                 row["decadd_1t_cpu"] = a.nbytes / cd / 1e9
+                _, cf = best_time(lambda sb=sb, eb=eb: add_data(sb, a, eb), repeat)
+                _, cs = best_time(dar_step, repeat)
+                row["adddata_1t_cpu"] = a.nbytes / cf / 1e9
+                row["darstep_1t_cpu"] = a.nbytes / cs / 1e9
         numba.set_num_threads(max(threads))
         rows.append(row)
     return rows
@@ -549,9 +560,11 @@ def add_study(x: np.ndarray, lo: float, hi: float, rels: list[float], threads: l
 def add_table(by_data: dict[str, list[dict[str, Any]]], threads: list[int]) -> str:
     cols = ["add_1t_cpu", "decadd_1t_cpu"] + [f"{k}_{t}t" for t in threads if t > 1
                                                for k in ("add", "decadd")]
+    cols += ["adddata_1t_cpu", "darstep_1t_cpu"]
     head = ("| data | REL | ratio of the sum | add GB/s 1t cpu | decompress + add GB/s 1t cpu"
             + "".join(f" | add GB/s {t}t wall | decompress + add GB/s {t}t wall"
-                      for t in threads if t > 1) + " |")
+                      for t in threads if t > 1)
+            + " | add_data step GB/s 1t cpu | DAR step GB/s 1t cpu |")
     lines = [head, "|---|---|---|" + "---|" * len(cols)]
     for data, rows in by_data.items():
         for r in rows:
