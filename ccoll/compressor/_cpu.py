@@ -926,19 +926,18 @@ def _bitsliced_sum(Wa, wa, Wb, wb, vm, T, M, D):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-untyped-def]
-    """Code of the sum of two non-zero blocks; for a fixed sum ``qa`` = q_a + q_b."""
-    rawsum = CODE_RAW64 if is32 else CODE_RAW
-    if ca == CODE_RAW or ca == CODE_RAW64 or cb == CODE_RAW or cb == CODE_RAW64:
-        return rawsum
+def _sum_into(qa, qb, m):  # type: ignore[no-untyped-def]
+    """``qa[l] += qb[l]`` on the ``m`` valid lanes (padding lanes set to 0).
+
+    Returns (any ``|sum| >= 2^31 - 1``, OR of ``|sum|``, OR of ``|sum[l] - sum[l-1]|``),
+    the inputs of rules 3-4 and of the overflow test of docs/format.md.
+    """
     big = np.int64(0)
     orq = np.int64(0)
     ord_ = np.int64(0)
     prev = np.int64(0)
-    if (ca | cb) & LOR:
-        _decode_q(Wa, ca, mag, qa)
-        _decode_q(Wb, cb, mag, qb)
-        for l in range(m):
+    if m == BLOCK:
+        for l in range(BLOCK):  # constant trip count: vectorized
             t = qa[l] + qb[l]
             big |= np.int64(abs(t) >= QMAX_ADD)
             orq |= abs(t)
@@ -946,20 +945,47 @@ def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-u
             prev = t
             qa[l] = t
     else:
-        # No prefix sums: one vectorizable pass over both blocks' magnitudes and signs.
-        _magnitudes(Wa, ca, mag)
-        _magnitudes(Wb, cb, magb)
-        sa = np.int64(Wa[0])
-        sb = np.int64(Wb[0])
         for l in range(m):
-            ta = (sa >> l) & 1
-            tb = (sb >> l) & 1
-            t = ((np.int64(mag[l]) ^ -ta) + ta) + ((np.int64(magb[l]) ^ -tb) + tb)
+            t = qa[l] + qb[l]
             big |= np.int64(abs(t) >= QMAX_ADD)
             orq |= abs(t)
             ord_ |= abs(t - prev)
             prev = t
             qa[l] = t
+        for l in range(m, BLOCK):
+            qa[l] = 0
+    return big, orq, ord_
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-untyped-def]
+    """Code of the sum of two non-zero blocks; for a fixed sum ``qa`` = q_a + q_b."""
+    rawsum = CODE_RAW64 if is32 else CODE_RAW
+    if ca == CODE_RAW or ca == CODE_RAW64 or cb == CODE_RAW or cb == CODE_RAW64:
+        return rawsum
+    if (ca | cb) & LOR:
+        _decode_q(Wa, ca, mag, qa)
+        _decode_q(Wb, cb, mag, qb)
+        big, orq, ord_ = _sum_into(qa, qb, m)
+        return rawsum if big else _code_of(orq, ord_)
+    # No prefix sums: one vectorizable pass over both blocks' magnitudes and signs.
+    big = np.int64(0)
+    orq = np.int64(0)
+    ord_ = np.int64(0)
+    prev = np.int64(0)
+    _magnitudes(Wa, ca, mag)
+    _magnitudes(Wb, cb, magb)
+    sa = np.int64(Wa[0])
+    sb = np.int64(Wb[0])
+    for l in range(m):
+        ta = (sa >> l) & 1
+        tb = (sb >> l) & 1
+        t = ((np.int64(mag[l]) ^ -ta) + ta) + ((np.int64(magb[l]) ^ -tb) + tb)
+        big |= np.int64(abs(t) >= QMAX_ADD)
+        orq |= abs(t)
+        ord_ |= abs(t - prev)
+        prev = t
+        qa[l] = t
     for l in range(m, BLOCK):
         qa[l] = 0
     if big:
@@ -1177,28 +1203,7 @@ def _add_data_chunks(Wa, bma, ca, cka, cpa, x, bits, eb, step, small, mask, ccod
                               Wo)
             else:
                 _decode_q(Wa[pa : pa + sa], codea, mag, qa)
-                big = np.int64(0)
-                orq = np.int64(0)
-                ord_ = np.int64(0)
-                prev = np.int64(0)
-                if m == BLOCK:
-                    for l in range(BLOCK):  # constant trip count: vectorized
-                        t = qa[l] + qb[l]
-                        big |= np.int64(abs(t) >= QMAX_ADD)
-                        orq |= abs(t)
-                        ord_ |= abs(t - prev)
-                        prev = t
-                        qa[l] = t
-                else:
-                    for l in range(m):
-                        t = qa[l] + qb[l]
-                        big |= np.int64(abs(t) >= QMAX_ADD)
-                        orq |= abs(t)
-                        ord_ |= abs(t - prev)
-                        prev = t
-                        qa[l] = t
-                    for l in range(m, BLOCK):
-                        qa[l] = 0
+                big, orq, ord_ = _sum_into(qa, qb, m)
                 if big:
                     code = rawsum
                     # qa now holds the sum; decode the stream block again for the raw sum.
