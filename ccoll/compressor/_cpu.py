@@ -994,6 +994,14 @@ def _add_block(Wa, ca, Wb, cb, m, is32, qa, qb, mag, magb):  # type: ignore[no-u
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _store_sum(Wo, l, s):  # type: ignore[no-untyped-def]
+    """Store the float64 sum ``s`` as lane ``l`` of a code-32/33 block (one fixed NaN)."""
+    bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
+    Wo[2 * l] = bits & 0xFFFFFFFF
+    Wo[2 * l + 1] = (bits >> 32) & 0xFFFFFFFF
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, mag, Wo):  # type: ignore[no-untyped-def]
     """Store ``float64(a) + float64(b)`` per lane as 64 words (code 32 or 33)."""
     fa = ca != CODE_RAW and ca != CODE_RAW64
@@ -1005,10 +1013,7 @@ def _raw_sum(Wa, ca, Wb, cb, m, is32, step, qa, qb, mag, Wo):  # type: ignore[no
     for l in range(m):
         va = np.float64(qa[l]) * step if fa else _raw_value(Wa, ca, l, is32)
         vb = np.float64(qb[l]) * step if fb else _raw_value(Wb, cb, l, is32)
-        s = va + vb
-        bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
-        Wo[2 * l] = bits & 0xFFFFFFFF
-        Wo[2 * l + 1] = (bits >> 32) & 0xFFFFFFFF
+        _store_sum(Wo, l, va + vb)
     for l in range(2 * m, 2 * BLOCK):
         Wo[l] = 0
 
@@ -1126,10 +1131,7 @@ def _raw_sum_data(Wa, ca, xb, cb, qb, m, is32, step, qa, mag, Wo):  # type: igno
     for l in range(m):
         va = np.float64(qa[l]) * step if fa else _raw_value(Wa, ca, l, is32)
         vb = np.float64(xb[l]) if cb == CODE_RAW else np.float64(qb[l]) * step
-        s = va + vb
-        bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
-        Wo[2 * l] = bits & 0xFFFFFFFF
-        Wo[2 * l + 1] = (bits >> 32) & 0xFFFFFFFF
+        _store_sum(Wo, l, va + vb)
     for l in range(2 * m, 2 * BLOCK):
         Wo[l] = 0
 
