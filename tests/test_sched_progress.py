@@ -16,8 +16,8 @@ import time
 import pytest
 
 from ccoll.errors import CCollError, CCollTimeoutError, CollectiveError
-from ccoll.gpu_sched import progress
-from ccoll.gpu_sched.progress import ProgressEngine
+from ccoll.runtime import progress
+from ccoll.runtime.progress import ProgressEngine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -201,7 +201,7 @@ def test_exit_with_pending_requests_fails_them_and_does_not_hang():
     p = _run(
         """
         import sys, threading, time
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         started = threading.Event()
         reqs = [progress.submit(lambda: (started.set(), time.sleep(0.3)))]
         started.wait(10)
@@ -221,7 +221,7 @@ def test_exit_with_a_stuck_request_gives_up_after_the_timeout():
     p = _run(
         """
         import threading
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         started = threading.Event()
         progress.submit(lambda: (started.set(), threading.Event().wait()))
         started.wait(10)
@@ -239,7 +239,7 @@ def test_exit_with_queued_mpi_work_stops_engine_before_mpi_finalize():
         import sys, time
         import numpy as np
         from mpi4py import MPI
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         c = MPI.COMM_WORLD
         def ar(n):
             x = np.arange(n, dtype=np.float64)
@@ -270,7 +270,7 @@ def test_thread_level_below_multiple_is_a_clear_error(level):
         mpi4py.rc.thread_level = {level!r}
         from mpi4py import MPI
         from ccoll.errors import CCollError
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         assert progress.submit(lambda: 5).wait(timeout=10) == 5  # no MPI: always fine
         try:
             progress.submit(lambda: None, comm=MPI.COMM_WORLD)
@@ -290,7 +290,7 @@ def test_thread_level_multiple_is_accepted():
     p = _run(
         """
         from mpi4py import MPI
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         print("OK", progress.submit(MPI.COMM_WORLD.allreduce, 3, comm=MPI.COMM_WORLD).wait(30))
         """
     )
