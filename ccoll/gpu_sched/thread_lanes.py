@@ -191,6 +191,9 @@ class ThreadLane(Lane):
         if self._numba_threads is not None and self._numba_threads < cpu_thread_count():
             import numba
 
+            from ccoll.runtime.cpu_threads import prepare
+
+            prepare()  # before numba's pool starts (OpenMP wait policy, threading layer)
             numba.set_num_threads(self._numba_threads)  # thread-local in numba
 
     def _absorb(self, ev: ThreadEvent) -> None:
