@@ -40,7 +40,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import ccoll  # noqa: E402
-from ccoll.compressor import _cpu, compress_abs, decompress  # noqa: E402
+from ccoll.compressor import compress_abs, decompress  # noqa: E402
+from ccoll.compressor import cpu as _cpu  # noqa: E402
 from ccoll.compressor import format as fmt  # noqa: E402
 
 DEFAULT_FILES = [os.path.join(ROOT, "datasets", "minilm.h5"),

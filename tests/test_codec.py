@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from kit import assert_within_bound
 
-codec_mod = pytest.importorskip("ccoll.codec")  # numcodecs is the optional `codec` extra
+codec_mod = pytest.importorskip("ccoll.numcodecs_codec")  # numcodecs is the optional `codec` extra
 CCollCodec = codec_mod.CCollCodec
 common = importlib.import_module("numcodecs.tests.common")
 registry = importlib.import_module("numcodecs.registry")
@@ -117,3 +117,39 @@ def test_bad_encode_input(data, dtype, match):
 def test_decode_rejects_foreign_bytes(data):
     with pytest.raises(FormatError):
         CCollCodec("rel:1e-3").decode(data)
+
+
+def test_pyproject_entry_point_names_the_codec_class():
+    # The registry test above reads the installed metadata; this reads pyproject.toml, so a
+    # renamed module cannot leave the entry point behind unnoticed.
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+        text = f.read()
+    m = re.search(r'\[project\.entry-points\."numcodecs\.codecs"\]\s*ccoll = "([^"]+)"', text)
+    assert m, "pyproject.toml has no numcodecs.codecs entry point named ccoll"
+    module, _, attr = m.group(1).partition(":")
+    assert getattr(importlib.import_module(module), attr) is CCollCodec
+
+
+def test_importing_the_codec_leaves_importlib_metadata_as_it_was():
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib.metadata as m; before = m.version\n"
+        "import ccoll.numcodecs_codec, numcodecs\n"
+        "assert m.version is before, m.version\n"
+        "print(m.version('zfpy') if 'zfpy' in {d.metadata['Name'] for d in m.distributions()} "
+        "else 'no zfpy')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    try:
+        installed = importlib.metadata.version("zfpy")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "no zfpy"
+    assert p.stdout.strip() == installed  # zfpy reads as installed once numcodecs is in

@@ -221,7 +221,7 @@ def test_big_endian_input():
     list(np.linspace(-5, 7, 70001)) + [np.nan, -np.inf], [F32_MAX, -F32_MAX, 1e-45],
 ], ids=lambda v: f"n{len(v)}" if isinstance(v, list) else None)
 def test_parallel_range_equals_the_reference_range(values, dtype):
-    from ccoll.compressor import _cpu
+    from ccoll.compressor import cpu as _cpu
 
     with np.errstate(over="ignore"):
         x = np.array(values, dtype)

@@ -16,8 +16,8 @@ import time
 import pytest
 
 from ccoll.errors import CCollError, CCollTimeoutError, CollectiveError
-from ccoll.gpu_sched import progress
-from ccoll.gpu_sched.progress import ProgressEngine
+from ccoll.runtime import progress
+from ccoll.runtime.progress import ProgressEngine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -201,7 +201,7 @@ def test_exit_with_pending_requests_fails_them_and_does_not_hang():
     p = _run(
         """
         import sys, threading, time
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         started = threading.Event()
         reqs = [progress.submit(lambda: (started.set(), time.sleep(0.3)))]
         started.wait(10)
@@ -221,7 +221,7 @@ def test_exit_with_a_stuck_request_gives_up_after_the_timeout():
     p = _run(
         """
         import threading
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         started = threading.Event()
         progress.submit(lambda: (started.set(), threading.Event().wait()))
         started.wait(10)
@@ -239,7 +239,7 @@ def test_exit_with_queued_mpi_work_stops_engine_before_mpi_finalize():
         import sys, time
         import numpy as np
         from mpi4py import MPI
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         c = MPI.COMM_WORLD
         def ar(n):
             x = np.arange(n, dtype=np.float64)
@@ -270,7 +270,7 @@ def test_thread_level_below_multiple_is_a_clear_error(level):
         mpi4py.rc.thread_level = {level!r}
         from mpi4py import MPI
         from ccoll.errors import CCollError
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         assert progress.submit(lambda: 5).wait(timeout=10) == 5  # no MPI: always fine
         try:
             progress.submit(lambda: None, comm=MPI.COMM_WORLD)
@@ -290,9 +290,57 @@ def test_thread_level_multiple_is_accepted():
     p = _run(
         """
         from mpi4py import MPI
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
         print("OK", progress.submit(MPI.COMM_WORLD.allreduce, 3, comm=MPI.COMM_WORLD).wait(30))
         """
     )
     assert p.returncode == 0, p.stderr
     assert "OK 3" in p.stdout
+
+
+class _Overlap:
+    """Records whether two requests on one communicator ever ran at the same time."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+
+    def run(self, gate=None, started=None):
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        if started is not None:
+            started.set()
+        if gate is not None:
+            assert gate.wait(10)
+        time.sleep(0.05)
+        with self.lock:
+            self.inside -= 1
+        return threading.current_thread().ident
+
+
+@pytest.mark.parametrize("how", ["no_wait", "expired"])
+def test_new_engine_waits_for_the_old_one_on_the_same_comm(monkeypatch, how):
+    # After shutdown(wait=False), or a shutdown whose timeout expired, the old thread still
+    # runs its request; a new engine must not start another request on that communicator
+    # beside it (two threads in one channel's collectives would mix their messages).
+    monkeypatch.setattr(progress, "check_thread_level", lambda: None)
+    comm = object()  # stands for a communicator; requests on it must not overlap
+    ov = _Overlap()
+    started, gate = threading.Event(), threading.Event()
+    first = progress.submit(ov.run, gate, started, comm=comm)
+    assert started.wait(10)
+    if how == "no_wait":
+        progress.shutdown(wait=False)
+    else:
+        progress.shutdown(wait=True, timeout=0.1)
+        with pytest.raises(CollectiveError, match="still running"):
+            first.wait(timeout=10)
+    second = progress.submit(ov.run, comm=comm)
+    with pytest.raises(CCollTimeoutError):
+        second.wait(timeout=0.3)  # held back while the old thread is inside comm
+    gate.set()
+    assert second.wait(timeout=10) != first._engine.thread.ident  # the new engine's thread
+    assert ov.most == 1, "two engine threads ran requests on one communicator at once"
+    progress.shutdown(wait=True, timeout=10)

@@ -221,7 +221,7 @@ class Communicator:
         Do not modify ``x`` (or ``out``) until the request has finished. Every rank must
         start its ``iallreduce`` calls of one Communicator in the same order.
         """
-        from ccoll.gpu_sched import progress
+        from ccoll.runtime import progress
 
         ch = self._async_channel()
         return progress.submit(

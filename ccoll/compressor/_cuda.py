@@ -571,7 +571,7 @@ def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
     device array; ``format.max_nbytes`` always suffices) the stream is written there and
     the used prefix is returned.
     """
-    from ccoll.compressor._cpu import sum_bound
+    from ccoll.compressor.cpu.add import sum_bound
 
     sa = _import(a, "a")
     sb = _import(b, "b")

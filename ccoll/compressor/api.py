@@ -3,7 +3,7 @@
 ``compress`` resolves an error bound (``ABS``/``REL``) and ``compress_abs`` takes an absolute
 one already resolved (the collectives resolve ``REL`` over the global range). ``decompress``,
 ``add`` and ``header`` read the self-describing stream of docs/format.md. Host data goes to
-the numba CPU kernels (``_cpu``), device data to the CUDA backend (``_cuda``); the choice
+the numba CPU kernels (``cpu``), device data to the CUDA backend (``_cuda``); the choice
 is made in :mod:`ccoll.compressor._backend` only.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ccoll.compressor import _backend, _cpu
+from ccoll.compressor import _backend, cpu
 from ccoll.compressor.format import StreamHeader
 from ccoll.errorbound import REL, as_bound
 from ccoll.errors import DTypeError, ErrorBoundError, MismatchError
@@ -88,7 +88,7 @@ def _device_range(x: Any, stream: Any) -> tuple[float, float]:
     from numba import cuda as nbcuda
 
     host = nbcuda.as_cuda_array(x).copy_to_host()
-    return _cpu.finite_range(host if host.flags.c_contiguous else host.copy(order="C"))
+    return cpu.finite_range(host if host.flags.c_contiguous else host.copy(order="C"))
 
 
 def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
@@ -109,10 +109,10 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
         return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream)
     arr = _host_array(x)
     if isinstance(bound, REL):
-        eb_abs = bound.resolve(*_cpu.finite_range(arr))
+        eb_abs = bound.resolve(*cpu.finite_range(arr))
     else:
         eb_abs = bound.value
-    return _cpu.compress_abs(arr, _check_eb_abs(eb_abs))
+    return cpu.compress_abs(arr, _check_eb_abs(eb_abs))
 
 
 def compress_abs(
@@ -128,13 +128,13 @@ def compress_abs(
     if _backend.backend_of(x) == "cuda":
         _device_dtype(x)
         return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks)
-    return _cpu.compress_abs(_host_array(x), eb)
+    return cpu.compress_abs(_host_array(x), eb)
 
 
 def _host_stream(buf: Any) -> np.ndarray:
     if _backend.is_torch(buf):
         buf = buf.detach().numpy()
-    return _cpu.as_stream(buf)
+    return cpu.as_stream(buf)
 
 
 def _host_out(out: Any) -> np.ndarray:
@@ -159,10 +159,10 @@ def decompress(buf: Any, out: Any = None, *, stream: Any = None) -> Any:
             raise MismatchError("out must live on the same device as the stream (CUDA)")
         return _backend.cuda_module().decompress(buf, out=out, stream=stream)
     if out is None:
-        return _cpu.decompress(_host_stream(buf))
+        return cpu.decompress(_host_stream(buf))
     if _backend.backend_of(out) != "cpu":
         raise MismatchError("out must live on the same device as the stream (host)")
-    _cpu.decompress(_host_stream(buf), _host_out(out))
+    cpu.decompress(_host_stream(buf), _host_out(out))
     return out
 
 
@@ -181,7 +181,7 @@ def add(a: Any, b: Any, out: Any = None, *, stream: Any = None) -> Any:
         return _backend.cuda_module().add(a, b, out=out, stream=stream)
     if _backend.is_torch(out):
         out = out.detach().numpy()
-    return _cpu.add(_host_stream(a), _host_stream(b), out)
+    return cpu.add(_host_stream(a), _host_stream(b), out)
 
 
 def add_data(a: Any, x: Any, eb: float | None = None, *, stream: Any = None) -> Any:
@@ -200,11 +200,11 @@ def add_data(a: Any, x: Any, eb: float | None = None, *, stream: Any = None) -> 
         mod = _backend.cuda_module()
         grid = mod.header(a).eb if eb is None else eb
         return mod.add(a, mod.compress_abs(x, grid, stream=stream), stream=stream)
-    return _cpu.add_data(_host_stream(a), _host_array(x), eb)
+    return cpu.add_data(_host_stream(a), _host_array(x), eb)
 
 
 def header(buf: Any) -> StreamHeader:
     """Parse and validate a stream's header (dtype, shape, bounds, sizes)."""
     if _backend.backend_of(buf) == "cuda":
         return _backend.cuda_module().header(buf)
-    return _cpu.header(_host_stream(buf))
+    return cpu.header(_host_stream(buf))

@@ -1,21 +1,15 @@
-"""Scheduling of ccoll's work: the asynchronous progress engine and the device lanes.
+"""Device lanes that share one device between training, compression, reduction and copies.
 
-``progress`` runs asynchronous collectives on one background thread (``submit`` ->
-``Request``). ``Scheduler`` shares a device between training, compression, reduction and
-copies through prioritized lanes (CUDA streams, or worker threads on the CPU); see
+``Scheduler`` owns prioritized lanes (CUDA streams, or worker threads on the CPU); see
 docs/scheduler.md.
+
+The progress engine that runs asynchronous collectives lives in :mod:`ccoll.runtime.progress`;
+its names are re-exported here for code written against earlier releases.
 """
 
-from ccoll.gpu_sched.progress import ProgressEngine, Request, engine, shutdown, submit
-from ccoll.gpu_sched.scheduler import (
-    LANES,
-    Event,
-    Lane,
-    Scheduler,
-    current_lane,
-    current_stream,
-    default_scheduler,
-)
+from ccoll.gpu_sched.lanes import LANES, Event, Lane, current_lane, current_stream
+from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler
+from ccoll.runtime.progress import ProgressEngine, Request, engine, shutdown, submit
 
 __all__ = [
     "LANES",

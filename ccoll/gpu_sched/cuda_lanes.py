@@ -23,14 +23,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ccoll.errors import CCollError, CCollTimeoutError
-from ccoll.gpu_sched.scheduler import LANES, Event, Lane, _current_lane
-
-if TYPE_CHECKING:
-    from ccoll.gpu_sched.scheduler import Scheduler
+from ccoll.gpu_sched.lanes import LANES, Event, Lane, _current_lane
 
 __all__ = [
     "CudaEvent",
@@ -417,11 +414,10 @@ class CudaLane(Lane):
 
 
 def make_cuda_lanes(
-    sched: Scheduler, *, source: StreamSource | None = None, api: Any = None
+    ranks: Mapping[str, int], *, source: StreamSource | None = None, api: Any = None
 ) -> dict[str, Lane]:
-    """Create one stream per lane of ``sched`` with priorities from its ranks."""
+    """Create one stream per lane with priorities spread from the lanes' ``ranks``."""
     src = source if source is not None else _stream_source()
-    ranks = sched.priority_ranks
     max_rank = max(ranks.values())
     lanes: dict[str, Lane] = {}
     for name in LANES:

@@ -32,13 +32,12 @@ the same exception without running, until ``lane.synchronize()`` (or
 
 from __future__ import annotations
 
-import abc
-import contextvars
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ccoll.errors import CCollError
+from ccoll.gpu_sched.lanes import LANES, Event, Lane, current_lane, current_stream
 
 __all__ = [
     "LANES",
@@ -51,87 +50,9 @@ __all__ = [
     "default_scheduler",
 ]
 
-LANES: tuple[str, ...] = ("compute", "compress", "reduce", "copy")
-
 # 0 = highest. Reduction and copies sit on the collective's critical path once data has
 # arrived; compression overlaps with the backward pass and should yield to it.
 DEFAULT_PRIORITY_RANKS: Mapping[str, int] = {"compute": 0, "reduce": 1, "copy": 1, "compress": 2}
-
-_current_lane: contextvars.ContextVar[Lane | None] = contextvars.ContextVar(
-    "ccoll_current_lane", default=None
-)
-
-
-def current_lane() -> Lane | None:
-    """Return the lane whose callable is running in this thread, or None."""
-    return _current_lane.get()
-
-
-def current_stream() -> Any:
-    """Return the stream of the lane whose callable is running here (None on CPU lanes)."""
-    lane = _current_lane.get()
-    return None if lane is None else lane.stream
-
-
-class Event(abc.ABC):
-    """A point in a lane's work; completes with the submitted callable's result or error."""
-
-    @abc.abstractmethod
-    def query(self) -> bool:
-        """Return True when the event has completed (successfully or not); never blocks."""
-
-    @abc.abstractmethod
-    def wait(self, timeout: float | None = None) -> Any:
-        """Block until complete; return the callable's result or raise its exception.
-
-        Raises :class:`~ccoll.errors.CCollTimeoutError` after ``timeout`` seconds.
-        """
-
-    @property
-    @abc.abstractmethod
-    def error(self) -> BaseException | None:
-        """The exception the event failed with, or None (also None while pending)."""
-
-
-class Lane(abc.ABC):
-    """An ordered queue of work on one device with a priority; see the module docstring."""
-
-    name: str
-    priority: int | None
-    stream: Any
-
-    @abc.abstractmethod
-    def submit(
-        self, fn: Callable[..., Any], *args: Any, after: Iterable[Event] = (), **kwargs: Any
-    ) -> Event:
-        """Run ``fn(*args, **kwargs)`` after earlier work on this lane and after ``after``."""
-
-    @abc.abstractmethod
-    def record(self) -> Event:
-        """Return an event that completes when all work submitted so far has completed."""
-
-    @abc.abstractmethod
-    def wait(self, event: Event) -> None:
-        """Make work submitted from now on start only after ``event`` has completed."""
-
-    @abc.abstractmethod
-    def wait_stream(self, user_stream: Any) -> Event:
-        """Make this lane wait for all work queued so far on ``user_stream``; return the event."""
-
-    @abc.abstractmethod
-    def adopt(self, user_stream: Any) -> None:
-        """Run this lane's future work on the caller's stream (see Scheduler.adopt_stream)."""
-
-    @abc.abstractmethod
-    def synchronize(self) -> None:
-        """Block until all submitted work completed; raise (and clear) the lane's error."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release the lane's thread or stream; pending work still completes first."""
-
-    def __repr__(self) -> str:
-        return f"<ccoll {type(self).__name__} {self.name!r} priority={self.priority}>"
 
 
 def _check_fraction(name: str, f: float) -> float:
@@ -202,7 +123,7 @@ class Scheduler:
             from ccoll.gpu_sched.thread_lanes import cpu_thread_count, make_thread_lanes
 
             self._units = cpu_thread_count()
-            self._lanes = make_thread_lanes(self)
+            self._lanes = make_thread_lanes(self.priority_ranks, self.sm_fractions)
             self._per_unit = 1
         else:
             from ccoll.gpu_sched.cuda_lanes import device_limits, make_cuda_lanes
@@ -211,7 +132,7 @@ class Scheduler:
             self._units = int(sm_count or sms)
             self._max_threads_per_sm = int(max_threads_per_sm or tps)
             self._max_blocks_per_sm = int(max_blocks_per_sm or bps)
-            self._lanes = make_cuda_lanes(self)
+            self._lanes = make_cuda_lanes(self.priority_ranks)
 
     # -- lanes ------------------------------------------------------------------------
 

@@ -14,14 +14,11 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from ccoll.errors import CCollError, CCollTimeoutError
-from ccoll.gpu_sched.scheduler import LANES, Event, Lane, _current_lane
-
-if TYPE_CHECKING:
-    from ccoll.gpu_sched.scheduler import Scheduler
+from ccoll.gpu_sched.lanes import LANES, Event, Lane, _current_lane
 
 __all__ = ["ThreadEvent", "ThreadLane", "cpu_thread_count", "make_thread_lanes"]
 
@@ -194,6 +191,9 @@ class ThreadLane(Lane):
         if self._numba_threads is not None and self._numba_threads < cpu_thread_count():
             import numba
 
+            from ccoll.runtime.cpu_threads import prepare
+
+            prepare()  # before numba's pool starts (OpenMP wait policy, threading layer)
             numba.set_num_threads(self._numba_threads)  # thread-local in numba
 
     def _absorb(self, ev: ThreadEvent) -> None:
@@ -233,12 +233,14 @@ class ThreadLane(Lane):
                 return
 
 
-def make_thread_lanes(sched: Scheduler) -> dict[str, Lane]:
-    """Create the CPU lanes of ``sched`` with their nice values and numba thread counts."""
+def make_thread_lanes(
+    ranks: Mapping[str, int], fractions: Mapping[str, float]
+) -> dict[str, Lane]:
+    """Create the CPU lanes with nice values from ``ranks`` and numba threads from ``fractions``."""
     units = cpu_thread_count()
     lanes: dict[str, Lane] = {}
     for name in LANES:
-        nice = NICE_PER_RANK * sched.priority_ranks[name]
-        threads = max(1, int(units * sched.sm_fractions[name]))
+        nice = NICE_PER_RANK * ranks[name]
+        threads = max(1, int(units * fractions[name]))
         lanes[name] = ThreadLane(name, nice=nice, numba_threads=threads)
     return lanes

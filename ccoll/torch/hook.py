@@ -314,7 +314,7 @@ def comm_hook(
     tensor itself, overwritten). Every rank must register the hook with equal settings:
     DDP fires buckets in index order on every rank, and the engine runs them in that order.
     """
-    from ccoll.gpu_sched.progress import submit
+    from ccoll.runtime.progress import submit
 
     if not isinstance(state, CCollHookState):
         raise InputError(f"state must be a ccoll.torch.CCollHookState, got {type(state).__name__}")

@@ -16,8 +16,9 @@ from kit import assert_clear_error, assert_within_bound
 from numba import cuda
 
 import ccoll
-from ccoll.compressor import _cpu, _cuda
+from ccoll.compressor import _cuda
 from ccoll.compressor import _cuda_kernels as K
+from ccoll.compressor import cpu as _cpu
 from ccoll.compressor import format as fmt
 from ccoll.errors import FormatError, MismatchError
 

@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 from ccoll.errors import CollectiveError
-from ccoll.gpu_sched import progress
+from ccoll.runtime import progress
 
 # Mixed sizes around common boundaries, from one element to 2**17 (1 MiB in float64).
 SIZES = [1, 2, 31, 32, 33, 1000, 1023, 4096, 65537, 131072]

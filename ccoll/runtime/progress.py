@@ -21,18 +21,21 @@ Shutdown. :func:`shutdown` (also run at interpreter exit, before mpi4py's
 ``MPI_Finalize``) stops accepting work, fails every request that has not started with
 :class:`~ccoll.errors.CollectiveError` ("... pending at shutdown ..."), and waits a bounded
 time for the request that is running. A waiter never hangs on a request the engine will
-not run.
+not run. The next :func:`submit` starts a fresh engine; while the old thread is still inside
+a request on a communicator (``shutdown(wait=False)``, or a wait that expired), the new
+thread starts no request on that same communicator until the old one has returned.
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ccoll.errors import CCollError, CCollTimeoutError, CollectiveError
@@ -183,6 +186,35 @@ class Request:
             _log.exception("done-callback %r of %s raised; ignored", cb, self.name)
 
 
+# Communicators that an engine thread is running a request on. An engine shut down without
+# waiting (or whose wait expired) leaves its thread inside its last request; the next
+# engine's thread must not enter a collective on the same communicator beside it, or the
+# two threads' messages would mix. Requests on other communicators, or on none, go ahead.
+_busy_cv = threading.Condition()
+_busy: list[Any] = []
+
+
+@contextlib.contextmanager
+def _comm_in_use(comm: Any) -> Iterator[None]:
+    """Hold ``comm`` for one request, after any other engine thread has let it go."""
+    if comm is None:
+        yield
+        return
+    with _busy_cv:
+        while any(c is comm or c == comm for c in _busy):
+            _busy_cv.wait()
+        _busy.append(comm)
+    try:
+        yield
+    finally:
+        with _busy_cv:
+            for i, c in enumerate(_busy):
+                if c is comm:
+                    del _busy[i]
+                    break
+            _busy_cv.notify_all()
+
+
 class ProgressEngine:
     """A FIFO queue of calls and the daemon thread that runs them one at a time."""
 
@@ -235,7 +267,8 @@ class ProgressEngine:
                     return
                 req = self._running = self._queue.popleft()
             try:
-                req._run()
+                with _comm_in_use(req.comm):
+                    req._run()
             finally:
                 with self._cv:
                     self._running = None

@@ -16,28 +16,43 @@ finite value comes back within the bound; NaN and ±Inf come back as they were.
 
 from __future__ import annotations
 
-import contextlib
+import importlib
 import importlib.metadata
 import re
 import sys
-from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-import ccoll
+from ccoll.compressor import compress, decompress
 from ccoll.errorbound import as_bound
 
 
-@contextlib.contextmanager
-def _zfpy_version_readable() -> Iterator[None]:
-    """Let numcodecs import next to zfpy releases with a suffix such as ``1.0.1.post0``.
+def _zfpy_version_unreadable() -> bool:
+    """Tell whether numcodecs' import would fail on zfpy's installed version string.
 
-    numcodecs >= 0.13 parses ``version("zfpy")`` with ``int()`` on every dot-separated part
-    when it is imported, and fails on the wheel's ``1.0.1.post0``, which breaks
-    ``import numcodecs`` altogether. While numcodecs is imported the first time, this
-    reports only the numeric release (``1.0.1``) for zfpy; nothing else changes.
+    numcodecs (0.13 to 0.16 at least) runs ``tuple(map(int, version("zfpy").split(".")))``
+    when it is imported, and the zfpy wheel for numpy 2 is ``1.0.1.post0``.
     """
+    try:
+        v = importlib.metadata.version("zfpy")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return not re.fullmatch(r"\d+(\.\d+)*", v)
+
+
+def import_numcodecs() -> ModuleType:
+    """Import numcodecs, also next to a zfpy release with a suffix such as ``1.0.1.post0``.
+
+    When numcodecs is already imported, or zfpy's version is plain numbers, this is a plain
+    import. Otherwise, only while numcodecs is imported the first time,
+    ``importlib.metadata.version("zfpy")`` reports the numeric release (``1.0.1``); every
+    other distribution, and zfpy afterwards, reads as installed. Called once, by this
+    module, to define :class:`CCollCodec` (docs/cli.md, "The numcodecs codec").
+    """
+    if "numcodecs" in sys.modules or not _zfpy_version_unreadable():
+        return importlib.import_module("numcodecs")
     original = importlib.metadata.version
 
     def version(distribution_name: str) -> str:
@@ -49,14 +64,12 @@ def _zfpy_version_readable() -> Iterator[None]:
 
     importlib.metadata.version = version
     try:
-        yield
+        return importlib.import_module("numcodecs")
     finally:
         importlib.metadata.version = original
 
 
-if "numcodecs" not in sys.modules:
-    with _zfpy_version_readable():
-        import numcodecs  # noqa: F401
+import_numcodecs()
 from numcodecs.abc import Codec  # noqa: E402
 from numcodecs.compat import ensure_contiguous_ndarray, ensure_ndarray, ndarray_copy  # noqa: E402
 
@@ -131,11 +144,11 @@ class CCollCodec(Codec):
 
     def encode(self, buf: Any) -> bytes:
         """Compress ``buf`` into one self-describing ccoll stream."""
-        return ccoll.compress(self._array(buf), self._bound).tobytes()
+        return compress(self._array(buf), self._bound).tobytes()
 
     def decode(self, buf: Any, out: Any = None) -> Any:
         """Decompress a stream; into ``out`` (any writable buffer of the right size) if given."""
         stream = ensure_ndarray(buf)
         stream = ensure_contiguous_ndarray(stream).view(np.uint8).reshape(-1)
-        dec = ccoll.decompress(stream)
+        dec = decompress(stream)
         return ndarray_copy(dec, out)

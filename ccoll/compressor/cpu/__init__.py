@@ -1,0 +1,30 @@
+"""CPU backend of the ccoll compressor: numba kernels for stream format v1 (docs/format.md).
+
+The modules, by job: :mod:`.intrinsics` (LLVM-level bit operations), :mod:`.blocks` (the
+per-block codec, chunking and kernel launches), :mod:`.encode` (``compress_abs``,
+``finite_range``), :mod:`.decode` (``decompress``, ``header``, ``as_stream``) and
+:mod:`.add` (``add``, ``add_data``, ``sum_bound``).
+
+The arithmetic is exactly the one of docs/format.md (float64 division, ``floor(v + 0.5)``,
+one float64 multiplication, rounding to the dtype). The kernels are compiled without
+fastmath so that no contraction or reassociation changes a bit; the CUDA backend makes
+the same choices and produces byte-identical streams. Kernels are cached on disk
+(``cache=True``); numba checks only the cached function's own file for changes, so after
+editing ``intrinsics.py`` or ``blocks.py`` delete ``ccoll/compressor/cpu/__pycache__``
+(or set ``NUMBA_CACHE_DIR``) before measuring.
+"""
+
+from ccoll.compressor.cpu.add import add, add_data, sum_bound
+from ccoll.compressor.cpu.decode import as_stream, decompress, header
+from ccoll.compressor.cpu.encode import compress_abs, finite_range
+
+__all__ = [
+    "compress_abs",
+    "decompress",
+    "add",
+    "add_data",
+    "header",
+    "finite_range",
+    "as_stream",
+    "sum_bound",
+]

@@ -1,0 +1,208 @@
+"""Decompression on the CPU: stream views, validation and the block decoder.
+
+Decompression validates the bitmap and the codes (two small parallel passes) before a
+third pass reads the payload, so malformed bytes raise :class:`ccoll.FormatError` before
+any value is written. :func:`_validate` is shared with the homomorphic add.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ccoll.compressor import format as fmt
+from ccoll.compressor.cpu.blocks import (
+    BLOCK,
+    CHUNK_BLOCKS,
+    CODE_RAW,
+    CODE_RAW64,
+    _block_words,
+    _code_valid,
+    _decode_to,
+    _nchunks,
+    _raw_value,
+    _readonly,
+    _scan,
+    _threads_for,
+)
+from ccoll.compressor.cpu.intrinsics import _popcount
+from ccoll.errors import FormatError, MismatchError
+
+__all__ = ["decompress", "header", "as_stream"]
+
+
+class _Layout:
+    """A validated stream: header, section views and per-chunk code index / payload offset."""
+
+    __slots__ = ("hdr", "bitmap", "codes", "W", "chunk_k", "chunk_pos")
+
+    def __init__(self, hdr: fmt.StreamHeader, bitmap: np.ndarray, codes: np.ndarray,
+                 W: np.ndarray, chunk_k: np.ndarray, chunk_pos: np.ndarray) -> None:
+        self.hdr = hdr
+        self.bitmap = bitmap
+        self.codes = codes
+        self.W = W
+        self.chunk_k = chunk_k
+        self.chunk_pos = chunk_pos
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _count_bitmap(bitmap, chunk_nnz):  # type: ignore[no-untyped-def]
+    """Set bits of the bitmap words of each chunk."""
+    per = CHUNK_BLOCKS // 32
+    nw = bitmap.size
+    for c in prange(chunk_nnz.size):
+        s = 0
+        for i in range(c * per, min(c * per + per, nw)):
+            s += _popcount(np.int64(bitmap[i]))
+        chunk_nnz[c] = s
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words):  # type: ignore[no-untyped-def]
+    """Payload words of each chunk; -1 for a chunk holding an invalid code byte."""
+    for c in prange(chunk_k.size):
+        k0 = chunk_k[c]
+        words = 0
+        for i in range(k0, k0 + chunk_nnz[c]):
+            code = np.int64(codes[i])
+            if not _code_valid(code, is32):
+                words = -1
+                break
+            words += _block_words(code, is32)
+        chunk_words[c] = words
+
+
+def as_stream(buf: object) -> np.ndarray:
+    """View a host stream as a 1-D uint8 numpy array (no copy where possible)."""
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != np.uint8:
+            raise FormatError(f"a ccoll stream is a uint8 array, got dtype {buf.dtype}")
+        return buf.reshape(-1)
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        mv = memoryview(buf)
+        if not mv.contiguous:
+            raise FormatError("a ccoll stream must be a contiguous buffer")
+        return np.frombuffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv, np.uint8)
+    raise FormatError(f"a ccoll stream is a uint8 array or bytes, got {type(buf).__name__}")
+
+
+def header(buf: object) -> fmt.StreamHeader:
+    """Parse and validate the header of a host stream."""
+    return fmt.parse_header(as_stream(buf))
+
+
+def _validate(buf: np.ndarray) -> _Layout:
+    """Header, bitmap and codes checked (docs/format.md, "Robustness"); payload untouched."""
+    hdr = fmt.parse_header(buf)
+    is32 = hdr.dtype == np.float32
+    nblocks = hdr.nblocks
+    raw = _readonly(buf if buf.ctypes.data % 4 == 0 else buf.copy())  # words need alignment
+    bitmap = raw[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
+    codes = raw[hdr.codes_offset : hdr.codes_offset + hdr.nnz]
+    pad = raw[hdr.codes_offset + hdr.nnz : hdr.payload_offset]
+    W = raw[hdr.payload_offset :].view(np.uint32)
+    if pad.any():
+        raise FormatError("stream code padding bytes are not zero")
+    tail = nblocks % 32
+    if tail and int(bitmap[-1]) >> tail:
+        raise FormatError(f"stream bitmap has bits set beyond its {nblocks} blocks")
+    nch = _nchunks(nblocks)
+    chunk_nnz = np.zeros(nch, np.int64)
+    if nch:
+        with _threads_for(hdr.n):
+            _count_bitmap(bitmap, chunk_nnz)
+    chunk_k, total = _scan(chunk_nnz)
+    if total != hdr.nnz:
+        raise FormatError(
+            f"stream bitmap has {total} non-zero blocks, its header says {hdr.nnz}"
+        )
+    chunk_words = np.zeros(nch, np.int64)
+    if nch:
+        with _threads_for(hdr.n):
+            _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words)
+    if (chunk_words < 0).any():
+        raise FormatError("stream holds an invalid block code byte")
+    chunk_pos, words = _scan(chunk_words)
+    if words != hdr.payload_words:
+        raise FormatError(
+            f"stream block sizes add up to {words} payload words, its header says "
+            f"{hdr.payload_words}"
+        )
+    return _Layout(hdr, bitmap, codes, W, chunk_k, chunk_pos)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _decode(W, bitmap, codes, chunk_k, chunk_pos, step, n, out, outbits):  # type: ignore[no-untyped-def]
+    """Decode every block of a validated stream into ``out`` (``outbits``: its bit view)."""
+    nblocks = (n + BLOCK - 1) // BLOCK
+    is32 = out.itemsize == 4
+    for c in prange(chunk_k.size):
+        mag = np.empty(BLOCK, np.uint32)
+        k = chunk_k[c]
+        pos = chunk_pos[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            ob = out[base:e]
+            m = ob.size
+            if (np.int64(bitmap[b >> 5]) >> (b & 31)) & 1 == 0:
+                for l in range(m):
+                    ob[l] = 0.0
+                continue
+            code = np.int64(codes[k])
+            k += 1
+            size = _block_words(code, is32)
+            Wb = W[pos : pos + size]
+            pos += size
+            if code == CODE_RAW:
+                obits = outbits[base:e]
+                if is32:
+                    for l in range(m):
+                        obits[l] = Wb[l]
+                else:
+                    for l in range(m):
+                        obits[l] = np.int64(Wb[2 * l]) | (np.int64(Wb[2 * l + 1]) << 32)
+            elif code == CODE_RAW64:
+                for l in range(m):
+                    ob[l] = _raw_value(Wb, code, l, is32)
+            else:
+                _decode_to(Wb, code, mag, ob, step)
+
+
+def _check_out(out: object, hdr: fmt.StreamHeader) -> np.ndarray:
+    """Check a caller's output buffer; return it as a flat writable view."""
+    if not isinstance(out, np.ndarray):
+        raise MismatchError(f"out must be a numpy array, got {type(out).__name__}")
+    if out.dtype != hdr.dtype:
+        raise MismatchError(f"out has dtype {out.dtype}, the stream holds {hdr.dtype}")
+    if out.shape != hdr.shape and out.size != hdr.n:
+        raise MismatchError(
+            f"out has shape {out.shape} ({out.size} elements), the stream holds shape "
+            f"{hdr.shape} ({hdr.n} elements)"
+        )
+    if not out.flags.writeable:
+        raise MismatchError("out is read-only")
+    if not out.flags.c_contiguous:
+        raise MismatchError("out must be C-contiguous")
+    return out.reshape(-1)
+
+
+def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode a host stream; ``out`` (matching dtype and shape or size) receives the values."""
+    lay = _validate(as_stream(buf))
+    hdr = lay.hdr
+    if out is None:
+        result = np.empty(hdr.shape, hdr.dtype)
+        flat = result.reshape(-1)
+    else:
+        flat = _check_out(out, hdr)
+        result = out
+    if hdr.n:
+        outbits = flat.view(np.uint32) if hdr.dtype == np.float32 else flat.view(np.int64)
+        with _threads_for(hdr.n):
+            _decode(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos, 2.0 * hdr.eb,
+                    hdr.n, flat, outbits)
+    return result

@@ -1,0 +1,224 @@
+"""Compression on the CPU: the finite range of the data and the two-pass encoder.
+
+Compression is two kernel passes: the first decides every block's code (and sums payload
+words and non-zero blocks per chunk), a serial exclusive scan over the chunk sums gives
+each chunk's code index and payload offset, and the second pass recomputes the
+quantization and writes bitmap, codes and payload into an output allocated once at its
+exact size. No per-element integer array is kept.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ccoll.compressor import format as fmt
+from ccoll.compressor.cpu.blocks import (
+    BLOCK,
+    CHUNK_BLOCKS,
+    CODE_RAW,
+    _block_words,
+    _code_of,
+    _encode_x,
+    _nchunks,
+    _quantize,
+    _readonly,
+    _scan,
+    _small,
+    _threads_for,
+    _write_raw,
+)
+
+__all__ = ["compress_abs", "finite_range"]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _range_kernel(x, chunk_lo, chunk_hi):  # type: ignore[no-untyped-def]
+    """Per-chunk min/max of the finite values (+inf/-inf for a chunk without any).
+
+    32 running minima and maxima per chunk, updated lane by lane, so the loop vectorizes
+    without fastmath (a float min reduction would not).
+    """
+    n = x.size
+    nchunks = chunk_lo.size
+    per = ((n + nchunks - 1) // nchunks + BLOCK - 1) // BLOCK * BLOCK
+    big = np.finfo(x.dtype).max
+    for c in prange(nchunks):
+        lo = np.empty(BLOCK, x.dtype)
+        hi = np.empty(BLOCK, x.dtype)
+        for l in range(BLOCK):
+            lo[l] = np.inf
+            hi[l] = -np.inf
+        i0 = min(c * per, n)
+        i1 = min(i0 + per, n)
+        nfull = (i1 - i0) // BLOCK
+        for k in range(nfull):
+            xb = x[i0 + k * BLOCK : i0 + k * BLOCK + BLOCK]
+            for l in range(BLOCK):
+                v = xb[l]
+                fin = abs(v) <= big  # false for NaN and +-inf
+                lo[l] = v if fin & (v < lo[l]) else lo[l]
+                hi[l] = v if fin & (v > hi[l]) else hi[l]
+        for i in range(i0 + nfull * BLOCK, i1):
+            v = x[i]
+            if abs(v) <= big:
+                lo[0] = min(lo[0], v)
+                hi[0] = max(hi[0], v)
+        chunk_lo[c] = lo.min()
+        chunk_hi[c] = hi.max()
+
+
+def finite_range(x: np.ndarray) -> tuple[float, float]:
+    """Min and max of the finite values of a contiguous float array (``(inf, -inf)`` if none).
+
+    One parallel pass; equal to :func:`ccoll.errorbound.finite_range`.
+    """
+    flat = _readonly(x.reshape(-1))
+    if flat.size == 0:
+        return math.inf, -math.inf
+    nchunks = max(1, min(256, flat.size // 65536))
+    lo = np.empty(nchunks, np.float64)
+    hi = np.empty(nchunks, np.float64)
+    with _threads_for(flat.size):
+        _range_kernel(flat, lo, hi)
+    vlo, vhi = float(lo.min()), float(hi.max())
+    if vlo > vhi:
+        return math.inf, -math.inf
+    return vlo, vhi
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
+    """Pass 1 of a lossy compression: every block's code, per-chunk sums.
+
+    ``small`` (of x's dtype) is at most ``eb / 2``: a full block whose elements all have
+    ``|x| <= small`` is a zero block without quantizing it (``|x / step| <= 1/4`` gives
+    ``q = 0``, and ``|0 - x| < eb`` accepts it), the same decision as the full path.
+    """
+    n = x.size
+    nblocks = codes.size
+    is32 = x.itemsize == 4
+    for c in prange(chunk_nnz.size):
+        q = np.empty(BLOCK, np.int64)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        words = 0
+        for b in range(b0, b1):
+            base = b * BLOCK
+            xb = x[base : min(base + BLOCK, n)]
+            if xb.size == BLOCK:
+                tiny = True
+                for l in range(BLOCK):
+                    tiny &= abs(xb[l]) <= small
+                if tiny:
+                    codes[b] = 0
+                    continue
+            bad, orq, ord_ = _quantize(xb, eb, step, q)
+            code = CODE_RAW if bad else _code_of(orq, ord_)
+            codes[b] = code
+            if code != 0:
+                nz += 1
+                words += _block_words(code, is32)
+        chunk_nnz[c] = nz
+        chunk_words[c] = words
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words):  # type: ignore[no-untyped-def]
+    """Pass 1 of an ``eb = 0`` compression: zero block iff every element is +-0.0."""
+    n = bits.size
+    nblocks = codes.size
+    for c in prange(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        words = 0
+        for b in range(b0, b1):
+            base = b * BLOCK
+            bb = bits[base : min(base + BLOCK, n)]
+            acc = np.uint64(0)
+            for l in range(bb.size):
+                acc |= np.uint64(bb[l]) & mask
+            code = 0 if acc == 0 else CODE_RAW
+            codes[b] = code
+            if code != 0:
+                nz += 1
+                words += _block_words(code, is32)
+        chunk_nnz[c] = nz
+        chunk_words[c] = words
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _write_stream(x, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W):  # type: ignore[no-untyped-def]
+    """Pass 2 of compression: bitmap, code bytes and payload of every chunk."""
+    n = x.size
+    nblocks = codes.size
+    is32 = x.itemsize == 4
+    for c in prange(chunk_k.size):
+        mag = np.empty(BLOCK, np.uint32)
+        k = chunk_k[c]
+        pos = chunk_pos[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        word = np.int64(0)
+        for b in range(b0, b1):
+            code = np.int64(codes[b])
+            if code != 0:
+                word |= np.int64(1) << (b & 31)
+                cbytes[k] = code
+                k += 1
+                base = b * BLOCK
+                e = min(base + BLOCK, n)
+                size = _block_words(code, is32)
+                Wb = W[pos : pos + size]
+                if code == CODE_RAW:
+                    _write_raw(bits[base:e], is32, Wb)
+                else:
+                    _encode_x(x[base:e], step, code, Wb, mag)
+                pos += size
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+
+
+def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
+    """Compress a contiguous native float32/float64 host array with an absolute bound ``eb``.
+
+    ``eb`` must be finite and ``>= 0`` (checked by the caller); ``eb = 0`` is lossless.
+    """
+    flat = _readonly(x.reshape(-1))
+    n = flat.size
+    is32 = flat.dtype == np.float32
+    nblocks = (n + BLOCK - 1) // BLOCK
+    nch = _nchunks(nblocks)
+    codes = np.empty(nblocks, np.uint8)
+    chunk_nnz = np.empty(nch, np.int64)
+    chunk_words = np.empty(nch, np.int64)
+    bits = flat.view(np.uint32) if is32 else flat.view(np.uint64)
+    step = 2.0 * eb
+    if nblocks:
+        with _threads_for(n):
+            if eb == 0.0:
+                mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
+                _plan_lossless(bits, mask, is32, codes, chunk_nnz, chunk_words)
+            else:
+                _plan_lossy(flat, eb, step, _small(eb, flat.dtype), codes, chunk_nnz, chunk_words)
+    chunk_k, nnz = _scan(chunk_nnz)
+    chunk_pos, pwords = _scan(chunk_words)
+    hdr = fmt.StreamHeader(
+        dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb, nnz=nnz, payload_words=pwords
+    )
+    out = np.empty(hdr.nbytes, np.uint8)
+    head = hdr.pack()
+    out[: head.size] = head
+    out[hdr.codes_offset + nnz : hdr.payload_offset] = 0
+    if nblocks:
+        bitmap = out[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)
+        cbytes = out[hdr.codes_offset : hdr.codes_offset + nnz]
+        W = out[hdr.payload_offset :].view(np.uint32)
+        with _threads_for(n):
+            _write_stream(flat, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W)
+    return out
