@@ -7,7 +7,7 @@ import os
 
 import h5py
 import numpy as np
-from kit import assert_within_bound
+from kit import assert_within
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINILM = os.path.join(ROOT, "datasets", "minilm.h5")
@@ -121,7 +121,7 @@ def assert_restored(original: str, restored: str, eb_of, *, check: set[str] | No
                 continue
             xv, yv = x[()], y[()]
             if x.dtype.kind == "f" and (check is None or path in check):
-                assert_within_bound(np.asarray(yv), np.asarray(xv), eb_of(path, np.asarray(xv)))
+                assert_within(np.asarray(yv), np.asarray(xv), eb_of(path, np.asarray(xv)))
                 n += 1
             elif x.dtype.kind != "f":
                 assert np.array_equal(np.asarray(xv), np.asarray(yv)), path

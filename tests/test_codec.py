@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib
 import json
+from fractions import Fraction
 
 import numpy as np
 import pytest
-from kit import assert_within_bound
+from kit import assert_within, rel_bound
 
 codec_mod = pytest.importorskip("ccoll.numcodecs_codec")  # numcodecs is the optional `codec` extra
 CCollCodec = codec_mod.CCollCodec
@@ -26,12 +27,34 @@ ARRAYS = {
 }
 
 
+def exact_eb(spec: str, x: np.ndarray) -> Fraction:
+    """The bound ``spec`` promises for ``x``, computed here from the data, exactly."""
+    kind, _, value = spec.partition(":")
+    return rel_bound(float(value), x) if kind == "rel" else Fraction(float(value))
+
+
+def decimals_within(eb: Fraction) -> int:
+    """The most decimals numpy's ``assert_array_almost_equal`` (``|d| < 1.5 * 10**-decimal``)
+    can ask for that an error below ``eb`` always meets."""
+    d = 0
+    while Fraction(3, 2) / 10 ** (d + 1) >= eb:
+        d += 1
+    return d
+
+
 @pytest.mark.parametrize("name", sorted(ARRAYS))
 def test_numcodecs_check_encode_decode(name):
     arr = ARRAYS[name]
-    codec = CCollCodec(eb="abs:1e-4", dtype=arr.dtype.name)
-    # numcodecs' helper: numpy, bytes, bytearray and array.array inputs, decode into `out`.
-    common.check_encode_decode(arr, codec, precision=3)
+    spec = "abs:1e-4"
+    codec = CCollCodec(eb=spec, dtype=arr.dtype.name)
+    # numcodecs' helper: numpy, bytes, bytearray and array.array inputs, decode into `out`,
+    # compared to as many decimals as the codec's bound guarantees (4 for 1e-4).
+    precision = decimals_within(exact_eb(spec, arr))
+    assert precision == 4
+    common.check_encode_decode(arr, codec, precision=precision)
+    dec = np.asarray(codec.decode(codec.encode(arr)))
+    dec = dec.reshape(arr.shape, order="F" if arr.flags.f_contiguous and arr.ndim > 1 else "C")
+    assert_within(dec, arr, exact_eb(spec, arr), strict=True)
 
 
 @pytest.mark.parametrize("name", sorted(ARRAYS))
@@ -41,8 +64,7 @@ def test_every_value_within_bound(name, eb):
     codec = CCollCodec(eb=eb)
     dec = np.asarray(codec.decode(codec.encode(arr)))
     dec = dec.reshape(arr.shape, order="F" if arr.flags.f_contiguous and arr.ndim > 1 else "C")
-    bound = codec._bound.resolve(float(arr.min()), float(arr.max()))
-    assert_within_bound(dec, arr, bound)
+    assert_within(dec, arr, exact_eb(eb, arr), strict=True)
 
 
 def test_c_contiguous_arrays_keep_their_shape_and_specials():
@@ -58,7 +80,7 @@ def test_decode_into_out():
     enc = CCollCodec("abs:1e-6").encode(x)
     out = np.empty_like(x)
     assert CCollCodec("abs:1e-6").decode(enc, out=out) is out
-    assert_within_bound(out, x, 1e-6)
+    assert_within(out, x, 1e-6, strict=True)
     with pytest.raises(ValueError):
         CCollCodec("abs:1e-6").decode(enc, out=np.empty(10))
 

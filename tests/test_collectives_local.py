@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -41,9 +42,10 @@ def test_rank_bound_leaves_the_documented_margin(n_ranks):
     eb = 1e-3
     r = rank_bound(eb, n_ranks)
     m = (n_ranks + 8) * 2.0**-22
-    # Quantization, conversions and additions of docs/error-bound.md stay below eb.
-    total = n_ranks * r * (1 + 2.0**-21) + 2.0**-21 * eb + 2.0**-22 * (n_ranks + 1) * eb
-    assert total < eb
+    # Quantization, conversions and additions of docs/error-bound.md stay below eb (exactly).
+    q, e, u = Fraction(r), Fraction(eb), Fraction(1, 2**22)
+    total = n_ranks * q * (1 + 2 * u) + 2 * u * e + u * (n_ranks + 1) * e
+    assert total < e
     assert r == pytest.approx(eb / n_ranks * (1 - m), rel=1e-15)
     assert rank_bound(0.0, n_ranks) == 0.0
     assert dar_bound(eb, n_ranks) * (2 * n_ranks - 1) == pytest.approx(eb)

@@ -1,7 +1,8 @@
 """Frozen v1 streams: today's compressor reproduces them byte for byte and decodes them.
 
-A change that alters these bytes changes format version 1; it needs a new version number
-(and new fixtures from tests/fixtures/make_fixtures.py), not an edit of the old ones.
+The inputs are frozen too (``NAME.in.npy``, read back, never drawn again). A change that
+alters these bytes changes format version 1; it needs a new version number (and new
+fixtures from tests/fixtures/make_fixtures.py), not an edit of the old ones.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+from kit import assert_within, rel_bound
 
 import ccoll
 
@@ -18,17 +20,21 @@ FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 import make_fixtures  # noqa: E402
 
-NAMES = sorted(make_fixtures.CASES)
+NAMES = make_fixtures.CASES
 
 
 def test_every_case_is_frozen():
     assert sorted(p.stem for p in FIXTURES.glob("*.ccoll")) == NAMES
+    assert sorted(p.name[: -len(".in.npy")] for p in FIXTURES.glob("*.in.npy")) == NAMES
+    # Small files only: the fixtures travel with every clone.
+    assert sum(p.stat().st_size for p in FIXTURES.iterdir()) < 200_000
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_compress_reproduces_the_frozen_stream(name):
     frozen = (FIXTURES / f"{name}.ccoll").read_bytes()
-    assert make_fixtures.CASES[name]().tobytes() == frozen
+    x = np.load(FIXTURES / f"{name}.in.npy")
+    assert make_fixtures.stream(name, x).tobytes() == frozen
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -40,9 +46,10 @@ def test_frozen_stream_decodes_to_the_frozen_values(name):
     assert got.tobytes() == want.tobytes()
 
 
-def test_frozen_values_are_within_the_bound_of_the_inputs():
-    from kit import assert_within_bound
-
-    x = make_fixtures._gradient()
-    buf = (FIXTURES / "f32_gradient_rel1e-3.ccoll").read_bytes()
-    assert_within_bound(ccoll.decompress(buf), x, ccoll.compressor.header(buf).eb)
+@pytest.mark.parametrize("name", sorted(set(NAMES) - make_fixtures.SUMS))
+def test_frozen_values_are_within_the_bound_of_the_inputs(name):
+    x = np.load(FIXTURES / f"{name}.in.npy")
+    y = ccoll.decompress((FIXTURES / f"{name}.ccoll").read_bytes())
+    eb = make_fixtures.BOUNDS[name]
+    e = rel_bound(eb.value, x) if isinstance(eb, ccoll.REL) else eb.value
+    assert_within(y, x, e, strict=e > 0)

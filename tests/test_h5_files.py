@@ -3,22 +3,29 @@
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 
 import h5py
 import numpy as np
 import pytest
 from h5kit import DIGITS, MINILM, assert_restored, flip_byte, make_sample, replace_stored
+from kit import assert_within, rel_bound
 
 import ccoll
-from ccoll.errorbound import as_bound, finite_range
 from ccoll.errors import ErrorBoundError, FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5.compress import compress_file
 from ccoll.h5.decompress import decompress_file
 
 
+def exact_eb(spec, x):
+    """The bound ``spec`` ("rel:1e-3", "abs:1e-4") promises for ``x``, computed exactly here."""
+    kind, _, value = spec.partition(":")
+    return rel_bound(float(value), x) if kind == "rel" else Fraction(float(value))
+
+
 def rel_eb(rel):
-    return lambda path, x: as_bound(f"rel:{rel}").resolve(*finite_range(x))
+    return lambda path, x: exact_eb(f"rel:{rel}", x)
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +58,7 @@ def test_sample_round_trip(sample, tmp_path, eb, lossless):
         "/step_0000/sub/deep.weight",
     }
     decompress_file(c, b)
-    bound = as_bound(eb)
-    n = assert_restored(sample, b, lambda path, x: bound.resolve(*finite_range(x)))
+    n = assert_restored(sample, b, lambda path, x: exact_eb(eb, x))
     assert n == len(names)
     assert leftovers(tmp_path, ["c.h5", "b.h5"]) == []
 
@@ -77,7 +83,9 @@ def test_compressed_layout_is_self_describing(sample, tmp_path):
             assert ds.attrs[A.BOUND] == "rel:0.001"
             assert ds.attrs[A.LOSSLESS] == "none"
             # REL resolves per dataset, over that dataset's own finite values
-            assert ds.attrs[A.EB_ABS] == pytest.approx(1e-3 * float(x.max() - x.min()), rel=1e-12)
+            # REL's product, rounded to float64 (at most two roundings).
+            e = rel_bound(1e-3, x)
+            assert abs(Fraction(float(ds.attrs[A.EB_ABS])) - e) <= e * Fraction(1, 2**51)
         assert f["/step_0000/fc.weight"].attrs["rows"] == "0:64"
         assert f["/step_0000/const"].attrs[A.EB_ABS] == 0.0  # constant data is stored exactly
         assert f["labels"].dtype == np.int32 and f["text"].dtype.kind == "O"
@@ -95,8 +103,7 @@ def test_float16_stays_within_the_full_bound_after_rounding(tmp_path):
         with h5py.File(b) as f:
             y = f["x"][()]
         assert y.dtype == np.float16 and np.all(np.isfinite(y))
-        ebv = as_bound(eb).resolve(*finite_range(x))
-        assert np.max(np.abs(y.astype(np.float64) - x.astype(np.float64))) <= ebv
+        assert_within(y, x, exact_eb(eb, x))
 
 
 def test_minilm_round_trip_every_value_within_bound(tmp_path):
@@ -265,7 +272,7 @@ def test_damaged_stream_skip_writes_the_rest(sample, compressed, tmp_path):
         assert f["step_0000/fc.bias"].dtype == np.float64
     with h5py.File(sample) as s, h5py.File(out) as f:
         x, y = s["step_0000/chunked"][()], f["step_0000/chunked"][()]
-        assert np.max(np.abs(x - y)) <= 1e-3 * float(x.max() - x.min())
+        assert_within(y, x, rel_bound(1e-3, x))
     assert leftovers(tmp_path, ["c.h5", "b.h5"]) == []
 
 

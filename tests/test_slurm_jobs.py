@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,13 +134,26 @@ def cluster():
 def test_up_without_root_says_why_and_starts_nothing() -> None:
     """Exit status 3 and a reason (what the cluster fixture turns into a visible skip)."""
     folder = Path(f"/tmp/ccoll-slurm-test-noroot-{os.getpid()}")
-    cmd = [str(LOCAL / "up.sh")]
-    if os.geteuid() == 0:
-        if shutil.which("runuser") is None:
-            pytest.skip("runuser is missing: cannot drop root for this check")
-        cmd = ["runuser", "-u", "nobody", "--", *cmd]
     env = {**os.environ, "CCOLL_SLURM_DIR": str(folder)}
-    proc = subprocess.run(["timeout", "60", *cmd], env=env, capture_output=True, text=True, cwd="/")
+    with tempfile.TemporaryDirectory(prefix="ccoll-slurm-scripts-", dir="/tmp") as tmp:
+        cmd = [str(LOCAL / "up.sh")]
+        if os.geteuid() == 0:
+            if shutil.which("runuser") is None:
+                pytest.skip("runuser is missing: cannot drop root for this check")
+            # `nobody` may not be able to enter the checkout (a clone under /root or under a
+            # mode-700 folder), nor pytest's private tmp folder: run copies of the scripts
+            # from a folder of /tmp that everyone can read.
+            scripts = Path(tmp) / "local-slurm"
+            shutil.copytree(LOCAL, scripts)
+            # A checkout made under umask 077 has private files: open them up too.
+            for f in scripts.iterdir():
+                f.chmod(0o755 if f.stat().st_mode & 0o100 else 0o644)
+            Path(tmp).chmod(0o755)
+            scripts.chmod(0o755)
+            cmd = ["runuser", "-u", "nobody", "--", str(scripts / "up.sh")]
+        proc = subprocess.run(
+            ["timeout", "60", *cmd], env=env, capture_output=True, text=True, cwd="/"
+        )
     assert proc.returncode == 3, proc.stderr
     assert "cannot run Slurm here" in proc.stderr
     assert not folder.exists()

@@ -9,10 +9,11 @@ word), 8192 per index thread block (its look-back runs across thread blocks abov
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
-from kit import assert_clear_error, assert_within_bound
+from kit import ExactSum, assert_clear_error, assert_within, rel_bound
 from numba import cuda
 
 import ccoll
@@ -44,8 +45,8 @@ def host(d) -> np.ndarray:
 
 
 def rel_eb(x: np.ndarray, rel: float) -> float:
-    lo, hi = _cpu.finite_range(x)
-    return ccoll.REL(rel).resolve(lo, hi)
+    """An absolute bound for compress_abs: rel times x's finite range (computed here)."""
+    return float(rel_bound(rel, x))
 
 
 def check_roundtrip(x: np.ndarray, eb: float) -> np.ndarray:
@@ -58,7 +59,7 @@ def check_roundtrip(x: np.ndarray, eb: float) -> np.ndarray:
     assert y_gpu.dtype == x.dtype and y_gpu.shape == x.shape
     assert y_gpu.tobytes() == y_cpu.tobytes()
     if eb > 0:
-        assert_within_bound(y_gpu, x, eb)
+        assert_within(y_gpu, x, eb, strict=True)
     else:
         np.testing.assert_array_equal(y_gpu, x)  # lossless (NaN == NaN, -0.0 == 0.0 here)
     return g
@@ -154,11 +155,15 @@ def test_add_equals_cpu_and_bounds_the_exact_sum(n, dtype):
     eb = rel_eb(x1, 1e-3)
     s, _ = add_pair(x1, x2, eb)
     hdr = _cuda.header(to_dev(s))
-    assert hdr.nterms == 2 and hdr.bound >= 2 * eb
+    bound = 2 * Fraction(eb)
+    assert hdr.nterms == 2 and Fraction(hdr.bound) >= bound
     y = host(_cuda.decompress(to_dev(s)))
     assert y.tobytes() == _cpu.decompress(s).tobytes()
-    exact = x1.astype(np.float64) + x2.astype(np.float64)
-    assert_within_bound(y, exact, hdr.bound, slack_ulps=1)
+    # docs/error-bound.md, "Homomorphic sum", for two streams (as in test_compressor_add).
+    m = np.abs(x1.astype(np.float64)) + np.abs(x2.astype(np.float64)) + float(bound)
+    extra = 5 * 2.0**-53 * m
+    assert_within(y, ExactSum([x1, x2]), bound * (1 + Fraction(1, 2**21)), roundings=1,
+                  extra=extra)
 
 
 def test_add_overflow_and_nan_sums_become_raw():

@@ -12,9 +12,14 @@ def _axpy(a, x, y, out):
 
 
 def test_simulator_is_active():
-    assert cuda.simulator_available() if hasattr(cuda, "simulator_available") else True
-    from numba.cuda import simulator  # noqa: F401
+    """numba.cuda is the simulator, not a driver (these tests must not pass on a real GPU
+    or on a numba without the simulator and believe they ran in it)."""
+    from numba import config
+    from numba.cuda.simulator.cudadrv.devices import FakeCUDADevice
 
+    assert config.ENABLE_CUDASIM, "NUMBA_ENABLE_CUDASIM is not set"
+    assert isinstance(cuda.get_current_device(), FakeCUDADevice), cuda.get_current_device()
+    assert cuda.to_device.__module__.startswith("numba.cuda.simulator"), cuda.to_device.__module__
     assert cuda.is_available()
 
 

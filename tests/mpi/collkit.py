@@ -1,8 +1,11 @@
-"""Helpers of the collective tests: gradient-like inputs and exact float64 references."""
+"""Helpers of the collective tests: gradient-like inputs, exact references and exact bounds."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
+from kit import ExactSum
 
 import ccoll
 
@@ -15,21 +18,32 @@ def gradient_like(rank: int, n: int, dtype: type, seed: int = 0) -> np.ndarray:
     return x.astype(dtype)
 
 
-def exact_sum(comm, x: np.ndarray) -> np.ndarray:
-    """Sum over ranks in float64 (every rank's input gathered, then summed once)."""
+def exact_sum(comm, x: np.ndarray) -> ExactSum:
+    """The exact sum over ranks of every element (every rank's input gathered; kept as
+    terms, so float64 inputs are summed without rounding: see kit.ExactSum)."""
     xs = comm.allgather(np.asarray(x, dtype=np.float64))
-    return np.sum(np.stack(xs), axis=0) if xs else x.astype(np.float64)
+    return ExactSum(np.stack(xs))
 
 
-def global_eb(comm, x: np.ndarray, eb) -> float:
-    """The absolute bound the collective must meet: REL against every rank's finite range."""
+def global_eb(comm, x: np.ndarray, eb) -> Fraction:
+    """The absolute bound the collective must meet, exactly: ABS's value, or REL's value
+    times the range of every rank's finite values (computed here, not by ccoll)."""
     if isinstance(eb, ccoll.ABS):
-        return eb.value
+        return Fraction(eb.value)
     fin = np.asarray(x, dtype=np.float64)
     fin = fin[np.isfinite(fin)]
     lo = comm.allreduce(float(fin.min()) if fin.size else np.inf, op=min_op())
     hi = comm.allreduce(float(fin.max()) if fin.size else -np.inf, op=max_op())
-    return eb.resolve(lo, hi)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        return Fraction(0)
+    return Fraction(eb.value) * (Fraction(hi) - Fraction(lo))
+
+
+def my_block(ref: ExactSum, comm) -> ExactSum:
+    """This rank's part of the flattened reference, as numpy.array_split cuts it."""
+    flat = ref.ravel()
+    idx = np.array_split(np.arange(flat.shape[0]), comm.size)[comm.rank]
+    return flat[idx]
 
 
 def min_op():

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cud
 
 import warp_shim  # noqa: E402
 from collkit import exact_sum, global_eb, gradient_like  # noqa: E402
-from kit import assert_same_on_every_rank, assert_within_bound  # noqa: E402
+from kit import assert_same_on_every_rank, assert_within  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import ccoll  # noqa: E402
@@ -41,7 +41,7 @@ def test_device_ring_equals_host_ring(comm, dtype, algorithm):
         want = c.allreduce(x, eb=eb)
         y = c.allreduce(cuda.to_device(x), eb=eb).copy_to_host()
     assert y.tobytes() == want.tobytes()
-    assert_within_bound(y, exact_sum(comm, x), global_eb(comm, x, eb), slack_ulps=1)
+    assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb), roundings=1)
     assert_same_on_every_rank(comm, y)
 
 

@@ -13,6 +13,8 @@ from ccoll.compressor import _cuda_kernels as K
 
 CASES = [(name, label, sig) for name, sigs in K.signatures().items() for label, sig in sigs]
 IDS = [f"{name}-{label}" for name, label, _ in CASES]
+# The kernels that quantize, v = fl(x / step): the only float64 division of the format.
+DIVIDES = {"compress_kernel"}
 
 
 @functools.cache
@@ -33,7 +35,12 @@ def test_kernel_compiles_with_exact_float64_arithmetic(cc, name, label, sig):
     assert ".entry" in ptx
     # A fused multiply-add rounds once where the format rounds twice.
     assert not re.search(r"\bfma\.", ptx), "FMA contraction in a kernel"
-    assert not re.search(r"\bdiv\.(approx|full)\.f64", ptx)
+    # v = x / step is one correctly rounded float64 division (docs/format.md), in the
+    # compressor only: no other rounding mode, no reciprocal standing in for it.
+    divs = re.findall(r"\bdiv(?:\.\w+)*\.f64\b", ptx)
+    assert set(divs) <= {"div.rn.f64"}, f"float64 divisions that do not round to nearest: {divs}"
+    assert bool(divs) == (name in DIVIDES), f"float64 divisions in {name}: {divs}"
+    assert not re.search(r"\brcp(?:\.\w+)*\.f64\b", ptx), "float64 reciprocal in a kernel"
     if name in ("compress_kernel", "decode_kernel", "add_kernel"):
         assert "mul.rn.f64" in ptx  # the one multiplication of docs/format.md, unfused
 
