@@ -38,8 +38,8 @@ EXIT_CODES = """\
 exit status:
   0    success
   1    the work failed: a damaged stream (decompress names the dataset; with
-       --on-error skip the other datasets are written and the damaged ones listed),
-       an HDF5 or disk error
+       --on-error skip the other datasets are written and the damaged ones listed;
+       inspect lists every damaged one), an HDF5 or disk error
   2    usage error or unusable input: bad option or bound, missing input, input not
        HDF5, output exists (without --force), a pattern that matches no dataset
   130  interrupted (Ctrl-C; 143 for SIGTERM); no partial output file is left
@@ -199,8 +199,8 @@ examples:
         "--verify",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="check each ccoll dataset's CRC-32, zstd frame and stream header, list the "
-        "damaged ones and exit 1 if any (default: --verify; --no-verify only lists)",
+        help="check (the default) each ccoll dataset's CRC-32, zstd frame and stream header, "
+        "list the damaged ones and exit 1 if any; --no-verify only lists",
     )
     _common(p)
 
