@@ -416,7 +416,7 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ccoll bench`` on the CLI's subparsers."""
-    from ccoll.collectives.model import parse_size
+    from ccoll.units import parse_size
 
     p = subparsers.add_parser(
         "bench",

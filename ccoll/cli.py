@@ -16,22 +16,35 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILURE", "EXIT_USAGE", "EXIT_INTERRUPTED"]
+from ccoll.units import format_bytes
+
+__all__ = [
+    "main",
+    "build_parser",
+    "EXIT_OK",
+    "EXIT_FAILURE",
+    "EXIT_USAGE",
+    "EXIT_INTERRUPTED",
+    "EXIT_BROKEN_PIPE",
+]
 
 EXIT_OK = 0
 EXIT_FAILURE = 1  # the work failed: a damaged stream, a dataset skipped, an I/O error
 EXIT_USAGE = 2  # bad arguments or input: missing/non-HDF5 file, output exists, bad bound
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); SIGTERM gives 143
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away (`ccoll model | head -1`)
 
 EXIT_CODES = """\
 exit status:
   0    success
   1    the work failed: a damaged stream (decompress names the dataset; with
-       --on-error skip the other datasets are written and the damaged ones listed),
-       an HDF5 or disk error
+       --on-error skip the other datasets are written and the damaged ones listed;
+       inspect lists every damaged one), an HDF5 or disk error
   2    usage error or unusable input: bad option or bound, missing input, input not
        HDF5, output exists (without --force), a pattern that matches no dataset
   130  interrupted (Ctrl-C; 143 for SIGTERM); no partial output file is left
+  141  stdout was closed by its reader (`ccoll ... | head -1`), as for a tool
+       stopped by SIGPIPE; nothing is printed about it
 """
 
 MAIN_EPILOG = (
@@ -169,7 +182,9 @@ examples:
         "inspect",
         help="per-dataset sizes, ratios and bounds of a raw or compressed file",
         description="List every dataset: path, shape, dtype, stored bytes, original bytes, "
-        "ratio and bound, then the totals. Works on raw and ccoll-compressed files.",
+        "ratio and bound, then the totals. Works on raw and ccoll-compressed files. Each "
+        "ccoll dataset is verified (CRC-32, zstd frame, stream header) unless --no-verify; "
+        "a damaged one is listed and the exit status is 1.",
         epilog="""\
 examples:
   ccoll inspect datasets/digits_cnn.h5
@@ -180,6 +195,13 @@ examples:
         formatter_class=_Formatter,
     )
     p.add_argument("input", metavar="FILE.h5", help="HDF5 file")
+    p.add_argument(
+        "--verify",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check (the default) each ccoll dataset's CRC-32, zstd frame and stream header, "
+        "list the damaged ones and exit 1 if any; --no-verify only lists",
+    )
     _common(p)
 
     p = sub.add_parser(
@@ -225,12 +247,11 @@ examples:
     _common(p)
 
     # `ccoll bench` (run under mpiexec) and `ccoll model`: their parsers and handlers live
-    # in ccoll/bench.py and ccoll/collectives/model.py.
-    from ccoll import bench
-    from ccoll.collectives import model
+    # in ccoll/bench.py and ccoll/cli_model.py.
+    from ccoll import bench, cli_model
 
     bench.add_parser(sub)
-    model.add_parser(sub)
+    cli_model.add_parser(sub)
     return parser
 
 
@@ -251,16 +272,6 @@ def _clean(v: Any) -> Any:
 
 def _print_json(doc: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(_clean(doc), indent=2) + "\n")
-
-
-def _size(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000.0
-    return str(n)  # pragma: no cover
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -296,8 +307,8 @@ def _report_compress(doc: dict[str, Any]) -> str:
             r["path"],
             _shape(r["shape"]),
             r["dtype"],
-            _size(r["original_bytes"]),
-            _size(r["stored_bytes"]),
+            format_bytes(r["original_bytes"]),
+            format_bytes(r["stored_bytes"]),
             _num(r["ratio"], ".2f"),
             _num(r["eb_abs"], ".3g"),
         ]
@@ -312,7 +323,7 @@ def _report_compress(doc: dict[str, Any]) -> str:
     return (
         f"{head}\n\n{doc['output']}: {t['compressed']} dataset(s) compressed at {doc['bound']} "
         f"(lossless {doc['lossless']}), {doc['copied_unchanged']} copied unchanged; "
-        f"{_size(t['original_bytes'])} -> {_size(t['stored_bytes'])}, "
+        f"{format_bytes(t['original_bytes'])} -> {format_bytes(t['stored_bytes'])}, "
         f"ratio {_num(t['ratio'], '.2f')} in {doc['seconds']:.2f} s"
     )
 
@@ -320,7 +331,7 @@ def _report_compress(doc: dict[str, Any]) -> str:
 def _report_decompress(doc: dict[str, Any]) -> str:
     t = doc["totals"]
     lines = [
-        f"{doc['output']}: {t['restored']} dataset(s) restored ({_size(t['bytes'])}), "
+        f"{doc['output']}: {t['restored']} dataset(s) restored ({format_bytes(t['bytes'])}), "
         f"{doc['copied_unchanged']} copied unchanged, in {doc['seconds']:.2f} s"
     ]
     if doc["failed"]:
@@ -336,8 +347,8 @@ def _report_inspect(doc: dict[str, Any]) -> str:
             _shape(r["shape"]),
             r["dtype"],
             r["codec"],
-            _size(r["stored_bytes"]),
-            _size(r["original_bytes"]),
+            format_bytes(r["stored_bytes"]),
+            format_bytes(r["original_bytes"]),
             _num(r["ratio"], ".2f"),
             r["bound"] if r["eb_abs"] is None else f"{r['bound']} (abs {_num(r['eb_abs'], '.3g')})",
         ]
@@ -358,15 +369,24 @@ def _report_inspect(doc: dict[str, Any]) -> str:
         head,
         "",
         f"{doc['file']}: {kind}; {doc['groups']} group(s), {t['datasets']} dataset(s), "
-        f"file {_size(doc['file_bytes'])}",
-        f"total: {_size(t['original_bytes'])} original, {_size(t['stored_bytes'])} stored, "
+        f"file {format_bytes(doc['file_bytes'])}",
+        f"total: {format_bytes(t['original_bytes'])} original, "
+        f"{format_bytes(t['stored_bytes'])} stored, "
         f"ratio {_num(t['ratio'], '.2f')}",
     ]
     if c["datasets"]:
         lines.append(
-            f"ccoll datasets: {c['datasets']}, {_size(c['original_bytes'])} -> "
-            f"{_size(c['stored_bytes'])}, ratio {_num(c['ratio'], '.2f')}"
+            f"ccoll datasets: {c['datasets']}, {format_bytes(c['original_bytes'])} -> "
+            f"{format_bytes(c['stored_bytes'])}, ratio {_num(c['ratio'], '.2f')}"
         )
+        if not doc["verify"]:
+            lines.append("not verified (--no-verify): damaged streams would not be noticed")
+        elif doc["damaged"]:
+            lines.append(f"{len(doc['damaged'])} damaged dataset(s):")
+            lines += [f"  {d['path']}: {d['error']}" for d in doc["damaged"]]
+        else:
+            lines.append(f"verified: all {c['datasets']} ccoll dataset(s) intact "
+                         "(CRC-32 and stream header)")
     return "\n".join(lines)
 
 
@@ -465,8 +485,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     if args.command == "inspect":
         from ccoll.h5.inspect import inspect_file
 
-        doc = inspect_file(args.input)
-        return doc, _report_inspect(doc), EXIT_OK
+        doc = inspect_file(args.input, verify=args.verify)
+        return doc, _report_inspect(doc), EXIT_FAILURE if doc["damaged"] else EXIT_OK
     if args.command == "eval":
         from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers
         from ccoll.h5.output import atomic_output, check_output
@@ -538,6 +558,36 @@ def _install_stop_handlers() -> dict[int, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``ccoll`` command with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        return _stdout_closed()
+    except SystemExit:  # argparse's --help, --version and usage errors
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_closed()
+        raise
+
+
+def _stdout_closed() -> int:
+    """Stop quietly with 128 + SIGPIPE: the reader of stdout went away.
+
+    Python ignores SIGPIPE and raises ``BrokenPipeError`` instead; a command line tool
+    should end as one killed by SIGPIPE would, without a traceback. stdout is pointed at
+    /dev/null so that the interpreter's final flush does not fail again (the recipe of the
+    Python documentation's note on SIGPIPE, in the ``signal`` module).
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a fd
+        pass
+    return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on a usage error, 0 for --help
     as_json = getattr(args, "json", False)
@@ -552,6 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ccoll: {what}; no output was written", file=sys.stderr)
         code, doc = 128 + int(sig), {"error": what}
     except Exception as exc:
+        if isinstance(exc, BrokenPipeError):  # a command's own output (bench's rows) hit it
+            raise
         code = _exit_code(exc)
         msg = str(exc) or type(exc).__name__
         if code == EXIT_FAILURE and not _expected(exc):
@@ -563,11 +615,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_json({**doc, "exit_code": code})
         elif not getattr(args, "quiet", False):
             print(text)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
         if args.command == "decompress" and doc["failed"]:
             paths = ", ".join(f["path"] for f in doc["failed"])
             print(
                 f"ccoll decompress: error: {len(doc['failed'])} damaged dataset(s) left out of "
                 f"{doc['output']}: {paths}",
+                file=sys.stderr,
+            )
+        if args.command == "inspect" and doc["damaged"]:
+            paths = ", ".join(d["path"] for d in doc["damaged"])
+            print(
+                f"ccoll inspect: error: {len(doc['damaged'])} damaged dataset(s) in "
+                f"{doc['file']}: {paths}",
                 file=sys.stderr,
             )
         return code
@@ -580,6 +640,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         clear_stop()
     if as_json:
         _print_json({"command": args.command, **doc, "exit_code": code})
+        sys.stdout.flush()
     return code
 
 

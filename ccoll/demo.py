@@ -33,6 +33,7 @@ from mpi4py import MPI
 
 import ccoll
 from ccoll.errors import InputError
+from ccoll.units import format_iec
 
 __all__ = ["main", "default_dataset"]
 
@@ -79,14 +80,6 @@ def _best_time(comm: MPI.Intracomm, fn: Any, repeat: int) -> tuple[float, Any]:
         dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
         best = min(best, dt)
     return best, out
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def main(argv: Sequence[str] | None = None, comm: MPI.Intracomm | None = None) -> int:
@@ -166,7 +159,7 @@ def _print_table(rows: list[tuple], size: int, steps: list[str], args: argparse.
         all_same &= same
         short = name if len(name) <= 48 else "..." + name[-45:]
         print(
-            f"{short:<48} {n:>9} {_fmt_bytes(mb):>10} {_fmt_bytes(cb):>10} "
+            f"{short:<48} {n:>9} {format_iec(mb):>10} {format_iec(cb):>10} "
             f"{mb / cb if cb else float('inf'):>6.1f}x {'yes' if comp else 'raw':>5} "
             f"{rel:>7.3f} {tm * 1e3:>8.2f} "
             f"{tc * 1e3:>8.2f} {'yes' if same else 'NO':>5}"
@@ -179,8 +172,8 @@ def _print_table(rows: list[tuple], size: int, steps: list[str], args: argparse.
         n_comp += comp
     print("-" * len(head))
     print(
-        f"{'total (' + str(len(rows)) + ' tensors)':<48} {tot[0]:>9} {_fmt_bytes(tot[1]):>10} "
-        f"{_fmt_bytes(tot[2]):>10} {tot[1] / tot[2] if tot[2] else float('inf'):>6.1f}x "
+        f"{'total (' + str(len(rows)) + ' tensors)':<48} {tot[0]:>9} {format_iec(tot[1]):>10} "
+        f"{format_iec(tot[2]):>10} {tot[1] / tot[2] if tot[2] else float('inf'):>6.1f}x "
         f"{f'{n_comp}/{len(rows)}':>5} {worst:>7.3f} {tot[3] * 1e3:>8.2f} {tot[4] * 1e3:>8.2f} "
         f"{'yes' if all_same else 'NO':>5}"
     )

@@ -6,6 +6,8 @@ fits the problem, so callers can catch either.
 
 from __future__ import annotations
 
+import argparse
+
 __all__ = [
     "CCollError",
     "FormatError",
@@ -14,6 +16,7 @@ __all__ = [
     "CollectiveError",
     "CCollTimeoutError",
     "InputError",
+    "UnitError",
     "DTypeError",
 ]
 
@@ -44,6 +47,14 @@ class CCollTimeoutError(CCollError, TimeoutError):
 
 class InputError(CCollError, ValueError):
     """An input file or argument cannot be used (not HDF5, a pattern matching nothing, ...)."""
+
+
+class UnitError(InputError, argparse.ArgumentTypeError):
+    """A size, rate or time that cannot be read (``ccoll.units``).
+
+    Also an ``argparse.ArgumentTypeError``, so a command-line option parsed by ``ccoll.units``
+    shows this message (argparse replaces a plain ``ValueError``'s by "invalid value").
+    """
 
 
 class DTypeError(CCollError, TypeError):

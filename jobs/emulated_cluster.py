@@ -26,6 +26,7 @@ failing rank then aborts the whole job instead of leaving the others waiting).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import secrets
@@ -36,30 +37,34 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
 PREFIX = "ccoll-"
 SUBNET = "10.231.0"  # private, only ever configured inside namespaces made here
 RANK_DEV = "veth0"
-_RATE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(bit|bps)?\s*$", re.IGNORECASE)
-_MULT = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 
 class Interrupted(Exception):
     """A termination signal arrived; unwinds to the cleanup."""
 
 
+def _load_units() -> ModuleType:
+    """ccoll/units.py alone: importing the ccoll package would start MPI in this launcher."""
+    spec = importlib.util.spec_from_file_location("_ccoll_units", REPO / "ccoll" / "units.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_units = _load_units()
+
+
 def parse_rate(text: str) -> float:
-    """Bits per second of a tc-style rate: ``1gbit``, ``500mbit``, ``10Gbit``; ``bps`` = bytes/s."""
-    m = _RATE_RE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"rate must look like 1gbit or 500mbit, got {text!r}")
-    value = float(m.group(1)) * _MULT[m.group(2).lower()]
-    if (m.group(3) or "bit").lower() == "bps":
-        value *= 8
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"rate must be > 0, got {text!r}")
-    return value
+    """Bits per second of a rate in ccoll's units (docs/cli.md): ``1Gbit``, ``500mbit``,
+    ``10Gb/s``, ``1.25GB/s``; ``b`` is a bit, ``B`` a byte."""
+    return 8 * _units.parse_rate(text, what="rate")
 
 
 def _run(cmd: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -325,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ranks", type=int, default=2, help="ranks = namespaces (default 2)")
     p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"),
-                   help="link rate per direction per rank, tc syntax (default 1gbit)")
+                   help="link rate per direction per rank, e.g. 1gbit, 10Gbit, 1.25GB/s "
+                   "(default 1gbit)")
     p.add_argument("--burst", type=int, default=None,
                    help="tbf burst in bytes (default 1 ms of traffic, at least 100 KB)")
     p.add_argument("--queue-latency", type=float, default=50.0,

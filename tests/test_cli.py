@@ -7,7 +7,7 @@ import os
 
 import h5py
 import pytest
-from h5kit import DIGITS, flip_byte, make_sample
+from h5kit import DIGITS, flip_byte, make_sample, replace_stored
 
 from ccoll import cli
 
@@ -241,3 +241,134 @@ def test_a_stop_whose_exception_was_lost_still_stops(capsys, sample, tmp_path, m
     assert code == 143 and "stopped by SIGTERM; no output was written" in err
     assert os.listdir(tmp_path) == []
     assert out.stop_signal() is None  # the stop does not outlive the command
+
+
+# -- inspect --verify -------------------------------------------------------------------
+
+
+@pytest.fixture
+def damaged(sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    flip_byte(c, "/step_0000/fc.bias", 80)
+    return c
+
+
+def test_inspect_verifies_by_default_and_names_the_damaged_dataset(capsys, damaged):
+    code, out, err = run(capsys, "inspect", damaged)
+    assert code == cli.EXIT_FAILURE
+    assert "1 damaged dataset(s):\n  /step_0000/fc.bias: stored bytes fail their CRC-32" in out
+    assert f"ccoll inspect: error: 1 damaged dataset(s) in {damaged}: /step_0000/fc.bias" in err
+    code, out, _ = run(capsys, "inspect", damaged, "--json")
+    doc = json.loads(out)
+    assert code == cli.EXIT_FAILURE and doc["exit_code"] == 1 and doc["verify"] is True
+    assert [d["path"] for d in doc["damaged"]] == ["/step_0000/fc.bias"]
+    verified = {r["path"]: r["verified"] for r in doc["datasets"] if r["codec"] == "ccoll"}
+    assert verified.pop("/step_0000/fc.bias") is False and all(verified.values())
+
+
+def test_inspect_no_verify_only_lists_and_says_so(capsys, damaged):
+    code, out, err = run(capsys, "inspect", damaged, "--no-verify")
+    assert code == cli.EXIT_OK and err == ""
+    assert "not verified (--no-verify)" in out
+
+
+def test_inspect_verify_catches_a_stream_without_crc(capsys, sample, tmp_path):
+    # Without its CRC attribute, a damaged stream is still caught by its header.
+    c = str(tmp_path / "c.h5")
+    assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    with h5py.File(c, "r+") as f:
+        del f["/step_0000/fc.bias"].attrs["ccoll_crc32"]
+    replace_stored(c, "/step_0000/fc.bias", lambda b: b[:-4])
+    code, out, err = run(capsys, "inspect", c)
+    assert code == cli.EXIT_FAILURE and "does not match its header" in out
+    assert "/step_0000/fc.bias" in err
+
+
+def test_inspect_of_an_intact_file_says_verified(capsys, sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    code, out, err = run(capsys, "inspect", c)
+    assert code == cli.EXIT_OK and err == ""
+    assert "verified: all 10 ccoll dataset(s) intact" in out
+
+
+# -- messages keep their useful part ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["model", "--bandwidth", "fast"], "must look like 10Gbit or 1.25GB/s"),
+    (["model", "--bandwidth", "10G"], "has no unit: bits or bytes"),
+    (["model", "--size", "64Mb"], "a size is in bytes, not bits"),
+    (["model", "--latency", "5 parsecs"], "time must look like 5us"),
+    (["bench", "allreduce", "-e", "64Q"], "size must look like 4, 64K, 64M"),
+])
+def test_option_type_errors_keep_their_hint(capsys, argv, match):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert match in err and "invalid" not in err, err
+
+
+def test_model_bandwidth_in_gigabytes(capsys):
+    code, out, _ = run(capsys, "model", "--bandwidth", "10GB/s", "--json")
+    assert code == 0 and json.loads(out)["params"]["beta"] == 1e10
+    code, out, _ = run(capsys, "model", "--bandwidth", "10GB/s")
+    assert "link 80 Gbit/s" in out
+
+
+def test_model_one_rank_is_not_a_traceback(capsys):
+    code, out, err = run(capsys, "model", "--ranks", "1")
+    assert code == cli.EXIT_OK and err == ""
+    assert "one rank: an allreduce is a local copy" in out and "choice: raw" in out
+
+
+def test_unwritable_output_folder_is_named_not_its_temporary_file(
+    capsys, sample, tmp_path, monkeypatch
+):
+    import tempfile
+
+    def refuse(*, dir, prefix, suffix):  # what the OS says in a folder without write access
+        raise PermissionError(13, "Permission denied", os.path.join(dir, prefix + "x1y2" + suffix))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    out_h5 = str(tmp_path / "o.h5")
+    code, _, err = run(capsys, "compress", sample, out_h5, "--eb", "rel:1e-3")
+    assert code == cli.EXIT_USAGE
+    assert f"output folder {str(tmp_path)!r}: Permission denied" in err
+    assert ".tmp" not in err and "x1y2" not in err
+
+
+def test_unwritable_output_folder_is_refused_before_the_work(capsys, sample, tmp_path, monkeypatch):
+    import ccoll.h5.output as out_mod
+
+    real = os.access
+    monkeypatch.setattr(
+        out_mod.os, "access",
+        lambda p, mode: False if os.fspath(p) == str(tmp_path) else real(p, mode),
+    )
+    code, _, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")
+    assert code == cli.EXIT_USAGE and f"output folder {str(tmp_path)!r} is not writable" in err
+
+
+# -- a closed stdout (`ccoll model | head -1`) ------------------------------------------
+
+
+class _ClosedPipe:
+    def write(self, s):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self):
+        raise OSError("no descriptor")
+
+
+@pytest.mark.parametrize("argv", [["model"], ["model", "--json"], ["inspect", DIGITS]])
+def test_closed_stdout_exits_141_quietly(capsys, monkeypatch, argv):
+    monkeypatch.setattr("sys.stdout", _ClosedPipe())
+    code = cli.main(argv)
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BROKEN_PIPE == 141 and err == ""

@@ -97,3 +97,16 @@ def test_signal_mid_run_leaves_no_partial_file(big, tmp_path, sig, code):
     assert proc.returncode == code, err
     assert "no output was written" in err
     assert sorted(os.listdir(tmp_path)) == ["big.h5"]
+
+
+@pytest.mark.parametrize("argv", [["model"], ["inspect", DIGITS], ["--help"]])
+def test_reader_closing_the_pipe_exits_quietly(argv):
+    # --help is argparse's: it ignores a failed write and exits 0 (docs/cli.md).
+    # `ccoll model | head -1`: the reader is gone before ccoll writes (it is closed here
+    # before the interpreter has even started), so every write meets EPIPE.
+    with subprocess.Popen([*PY_M, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
+        p.stdout.close()
+        err = p.stderr.read().decode()
+        code = p.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipeError" not in err and err == "", err
+    assert code == (0 if argv == ["--help"] else 141)

@@ -99,6 +99,38 @@ def test_foreign_input_is_a_format_error(buf):
         decompress(buf)
 
 
+_RANDOM = np.random.default_rng(5).integers(0, 256, 300, dtype=np.uint8)
+_RANDOM[6] = 200  # a field that, read before the magic, gave "ndim=200"
+
+
+@pytest.mark.parametrize("buf, starts", [
+    (b"PK\x03\x04\x14\x00w\x00" + b"\0" * 300, "PK\\x03\\x04"),
+    (b"\x89HDF\r\n\x1a\n" + b"\0" * 300, "\\x89HDF"),
+    (_RANDOM.tobytes(), None),
+    (b"PK", "PK"),
+    (b"\x89", "\\x89"),
+    (b"", "empty"),
+], ids=["zip", "hdf5", "random", "short-zip", "one-byte", "empty"])
+def test_foreign_bytes_are_refused_by_their_magic_first(buf, starts):
+    with pytest.raises(FormatError) as info:
+        decompress(buf)
+    msg = str(info.value)
+    assert msg.startswith("not a ccoll stream") and "expected the magic b'CCOL'" in msg, msg
+    assert "ndim" not in msg and "truncated" not in msg and "short" not in msg
+    if starts is not None:
+        assert starts in msg
+
+
+def test_version_is_checked_before_the_other_fields():
+    buf = b"CCOL\x07\x01w\x00" + b"\xff" * 300  # ndim 119, reserved fields not zero
+    assert_clear_error(FormatError, r"^unsupported ccoll stream version 7 .*reads version 1",
+                       decompress, buf)
+
+
+def test_a_truncated_ccoll_header_is_called_short_not_foreign():
+    assert_clear_error(FormatError, "too short", decompress, b"CCOL\x01\x01")
+
+
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_every_truncation_and_extension_is_rejected(name):
     buf = STREAMS[name]

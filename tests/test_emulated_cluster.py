@@ -6,6 +6,7 @@ reason (pytest -ra lists it), never passed silently.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -72,15 +73,20 @@ def _ns_with(prefix: str) -> list[str]:
 
 @pytest.mark.parametrize(
     ("text", "bps"),
-    [("1gbit", 1e9), ("10Gbit", 1e10), ("500mbit", 5e8), ("2.5gbit", 2.5e9), ("100mbps", 8e8)],
+    [("1gbit", 1e9), ("10Gbit", 1e10), ("500mbit", 5e8), ("2.5gbit", 2.5e9), ("100Mbps", 1e8),
+     ("100MB/s", 8e8), ("1.25GB/s", 1e10)],
 )
 def test_parse_rate(text: str, bps: float) -> None:
     assert ec.parse_rate(text) == pytest.approx(bps)
 
 
-@pytest.mark.parametrize("text", ["fast", "-1gbit", "0gbit", "1 gigabit"])
-def test_parse_rate_rejects(text: str) -> None:
-    with pytest.raises(Exception, match="rate must"):
+@pytest.mark.parametrize(("text", "match"), [
+    ("fast", "must look like"), ("-1gbit", "must be > 0"), ("0gbit", "must be > 0"),
+    ("1 gigabit", "unknown unit"), ("10g", "no unit"),
+    ("100mbps", "ambiguous"),  # tc reads it as megabytes/s, most tools as megabits/s
+])
+def test_parse_rate_rejects(text: str, match: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=match):
         ec.parse_rate(text)
 
 

@@ -1,17 +1,22 @@
-"""Cost model arithmetic (ccoll.collectives.model) and the auto policy's pure decision."""
+"""Cost model arithmetic (ccoll.collectives.model), the auto policy's pure decision and the
+`ccoll model` command (ccoll.cli_model). Unit parsing is in tests/test_units.py."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import sys
+import types
 from dataclasses import replace
 
 import pytest
 
+from ccoll import cli_model
 from ccoll.collectives import model
 from ccoll.collectives.auto_policy import choose
 from ccoll.collectives.model import Params
+from ccoll.errors import InputError
 
 MiB = 1 << 20
 # Round numbers so that the expected times can be written by hand.
@@ -143,32 +148,6 @@ def test_no_break_even_when_the_compressor_is_too_slow() -> None:
     assert model.break_even_size(2, p, 16.0) is None
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [("4", 4), ("64K", 65536), ("64M", 64 * MiB), ("1G", 1 << 30), ("256MiB", 256 * MiB)],
-)
-def test_parse_size(text: str, value: int) -> None:
-    assert model.parse_size(text) == value
-
-
-@pytest.mark.parametrize(
-    ("text", "value"), [("10Gbit", 1.25e9), ("1gbit", 1.25e8), ("500Mbit", 6.25e7)]
-)
-def test_parse_rate_bytes_per_second(text: str, value: float) -> None:
-    assert model.parse_rate(text) == pytest.approx(value)
-
-
-@pytest.mark.parametrize(("text", "value"), [("5us", 5e-6), ("0.2ms", 2e-4), ("1e-6", 1e-6)])
-def test_parse_time(text: str, value: float) -> None:
-    assert model.parse_time(text) == pytest.approx(value)
-
-
-@pytest.mark.parametrize("bad", ["fast", "-3", "1.5"])
-def test_parse_size_rejects(bad: str) -> None:
-    with pytest.raises(ValueError, match="size must"):
-        model.parse_size(bad)
-
-
 @pytest.mark.parametrize("name", ["alpha", "beta", "compress"])
 def test_params_reject_nonsense(name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -209,7 +188,7 @@ def test_one_rank_never_compresses() -> None:
 
 def _model_cmd(*argv: str) -> tuple[dict, str, int]:
     ap = argparse.ArgumentParser()
-    model.add_parser(ap.add_subparsers(dest="command"))
+    cli_model.add_parser(ap.add_subparsers(dest="command"))
     args = ap.parse_args(["model", *argv])
     return args.handler(args)
 
@@ -239,3 +218,33 @@ def test_raw_efficiency_scales_only_the_raw_bandwidth_term() -> None:
         2 * (n - 1) / n * s / P.beta)
     pr, ph = model.predict(s, n, P, 10.0, chunks=1), model.predict(s, n, half, 10.0, chunks=1)
     assert ph.homomorphic == pr.homomorphic  # the compressed ring's own messages are unaffected
+
+
+def test_model_command_reads_gigabytes_as_bytes() -> None:
+    doc, text, _ = _model_cmd("--bandwidth", "10GB/s")
+    assert doc["params"]["beta"] == 1e10 and "link 80 Gbit/s" in text
+    doc, text, _ = _model_cmd("--bandwidth", "10Gbit")
+    assert doc["params"]["beta"] == 1.25e9 and "link 10 Gbit/s" in text
+
+
+def test_model_command_one_rank_is_a_copy() -> None:
+    doc, text, code = _model_cmd("--ranks", "1")
+    assert code == 0
+    assert doc["choice"] == "raw" and doc["raw_s"] == doc["homomorphic_s"] == doc["dar_s"] == 0
+    assert doc["speedup"] is None and doc["break_even_size"] is None
+    assert doc["break_even_bandwidth_bps"] is None
+    assert "one rank: an allreduce is a local copy" in text and "choice: raw" in text
+    json.dumps(doc, allow_nan=False)
+
+
+def test_model_command_cached_starts_from_the_cache(monkeypatch) -> None:
+    cached = replace(model.DEFAULTS, alpha=7e-6, beta=3e9)
+    fake = types.ModuleType("ccoll.collectives.policy.cache")
+    fake.newest_cached_params = lambda: cached  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ccoll.collectives.policy.cache", fake)
+    doc, _, _ = _model_cmd("--cached", "--latency", "9us")
+    assert doc["params"]["beta"] == 3e9 and doc["params"]["alpha"] == pytest.approx(9e-6)
+    fake.newest_cached_params = lambda: None  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match="no calibration in the cache"):
+        _model_cmd("--cached")
+

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ccoll import units
 from ccoll.collectives import model
 from ccoll.collectives.model import Params, Prediction
 
@@ -312,8 +313,8 @@ def link_calibration(comm: MPI.Intracomm) -> tuple[LinkCalibration, str | None]:
 
     Environment overrides first, else the cache, else a probe.
     """
-    env_a = _env_float("CCOLL_ALPHA", model.parse_time)
-    env_b = _env_float("CCOLL_BANDWIDTH", model.parse_rate)
+    env_a = _env_float("CCOLL_ALPHA", units.parse_time)
+    env_b = _env_float("CCOLL_BANDWIDTH", units.parse_rate)
     env_r = _env_float("CCOLL_REDUCE_GBPS", float)
     mode = os.environ.get("CCOLL_CALIBRATION", "").lower()
     if env_a is not None and env_b is not None:
@@ -648,7 +649,7 @@ class AutoPolicy:
         n = self.comm.Get_size()
         # A compressed call's fixed cost, plus the small allreduce of this policy's ratio.
         mine = link.alpha * max(1, (n - 1).bit_length())
-        over = _env_float("CCOLL_OVERHEAD", model.parse_time)
+        over = _env_float("CCOLL_OVERHEAD", units.parse_time)
         if over is not None:
             overhead = over + mine
         elif comp is None or comp.call_overhead <= 0:
@@ -666,7 +667,7 @@ class AutoPolicy:
 
     def raw_efficiency(self, x: np.ndarray) -> float:
         """MPI's share of the link at ``x``'s size (collective on first use per power of 2)."""
-        if _env_float("CCOLL_BANDWIDTH", model.parse_rate) is not None:
+        if _env_float("CCOLL_BANDWIDTH", units.parse_rate) is not None:
             return self.link().raw_efficiency  # a given link speed is taken as it is
         key = (x.dtype.itemsize, x.size.bit_length())
         r = self._raw_eff.get(key)

@@ -134,12 +134,29 @@ class StreamHeader:
         return np.frombuffer(fixed + shape, dtype=np.uint8).copy()
 
 
+def _check_magic_and_version(buf: np.ndarray) -> None:
+    """Refuse foreign bytes before reading any field: magic first, then version.
+
+    Fields of a foreign file mean nothing; reporting one ("ndim=119") would hide that the
+    bytes are not a ccoll stream at all.
+    """
+    head = buf[: len(MAGIC)].tobytes()
+    if head != MAGIC[: len(head)] or buf.size == 0:
+        what = f"starts with {head!r}" if head else "is empty"
+        raise FormatError(f"not a ccoll stream: it {what}, expected the magic {MAGIC!r}")
+    if buf.size > 4 and int(buf[4]) != VERSION:
+        raise FormatError(
+            f"unsupported ccoll stream version {int(buf[4])} (this build reads version {VERSION})"
+        )
+
+
 def header_prefix_nbytes(buf: np.ndarray) -> int:
     """How many leading bytes ``parse_header`` needs (64 plus the shape), read from ``buf``.
 
     ``buf`` must hold at least the 64-byte fixed header; a device backend copies those
-    first, then the shape.
+    first, then the shape. The magic and the version are checked before anything else.
     """
+    _check_magic_and_version(buf)
     if buf.size < HEADER_NBYTES:
         raise FormatError(
             f"stream too short: {buf.size} bytes, a header alone is {HEADER_NBYTES} bytes"

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 import ccoll
-from ccoll.compressor.format import VERSION, max_nbytes
+from ccoll.compressor.format import VERSION, max_nbytes, parse_header
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
@@ -26,7 +26,7 @@ from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import tracks_order, walk
 
-__all__ = ["decompress_file", "restore_dataset", "ON_ERROR_CHOICES"]
+__all__ = ["decompress_file", "restore_dataset", "verify_dataset", "ON_ERROR_CHOICES"]
 
 ON_ERROR_CHOICES = ("stop", "skip")
 
@@ -38,8 +38,11 @@ def _attr_str(ds: h5py.Dataset, name: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def restore_dataset(ds: h5py.Dataset) -> np.ndarray:
-    """Decode one ccoll dataset to the original array; :class:`FormatError` if damaged."""
+def _read_stream(ds: h5py.Dataset) -> tuple[np.ndarray, np.dtype, tuple[int, ...], np.dtype]:
+    """Check a ccoll dataset's attributes and CRC-32; return (stream, dtype, shape, stream dtype).
+
+    Raises :class:`FormatError` naming the first problem.
+    """
     if ds.dtype != np.uint8 or ds.ndim != 1:
         raise FormatError(f"a ccoll dataset is 1-D uint8, this one is {ds.dtype} {ds.shape}")
     version = int(ds.attrs.get(A.FORMAT_VERSION, -1))
@@ -67,14 +70,37 @@ def restore_dataset(ds: h5py.Dataset) -> np.ndarray:
     stream_dtype = np.dtype(np.float32) if dtype.itemsize == 2 else dtype.newbyteorder("=")
     if lossless == "zstd":
         stored = zstdframe.unwrap(stored, max_nbytes(int(np.prod(shape)), stream_dtype, len(shape)))
-    y = ccoll.decompress(stored)
+    return stored, dtype, shape, stream_dtype
+
+
+def _check_kind(got_dtype: np.dtype, got_n: int, got_shape: tuple[int, ...],
+                stream_dtype: np.dtype, shape: tuple[int, ...]) -> None:
     # The element count must agree; the shape attribute is authoritative (a 0-d dataset may
     # travel as a 1-element stream).
-    if y.dtype != stream_dtype or y.size != math.prod(shape):
+    if got_dtype != stream_dtype or got_n != math.prod(shape):
         raise FormatError(
-            f"stream holds {y.dtype} {tuple(y.shape)}, attributes say {stream_dtype} {shape}"
+            f"stream holds {got_dtype} {got_shape}, attributes say {stream_dtype} {shape}"
         )
+
+
+def restore_dataset(ds: h5py.Dataset) -> np.ndarray:
+    """Decode one ccoll dataset to the original array; :class:`FormatError` if damaged."""
+    stored, dtype, shape, stream_dtype = _read_stream(ds)
+    y = ccoll.decompress(stored)
+    _check_kind(y.dtype, y.size, tuple(y.shape), stream_dtype, shape)
     return y.reshape(shape).astype(dtype, copy=False)
+
+
+def verify_dataset(ds: h5py.Dataset) -> None:
+    """Check one ccoll dataset without decoding it; :class:`FormatError` if damaged.
+
+    The checks are those of :func:`restore_dataset` short of decoding the values: the
+    attributes, the CRC-32 of the stored bytes, the zstd frame, and the stream's header
+    (magic, version, fields, exact length) against the attributes.
+    """
+    stored, _, shape, stream_dtype = _read_stream(ds)
+    hdr = parse_header(stored)
+    _check_kind(hdr.dtype, hdr.n, hdr.shape, stream_dtype, shape)
 
 
 def _needs_zstd(f: h5py.File) -> bool:

@@ -74,6 +74,8 @@ def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> Non
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise InputError(f"output folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"output folder {folder!r} is not writable")
     if os.path.isdir(path):
         raise InputError(f"output {path!r} is a folder, expected a file name")
     if os.path.exists(path):
@@ -92,7 +94,16 @@ def atomic_output(path: str) -> Iterator[str]:
     is deleted and the exception propagates; an existing ``path`` is left untouched.
     """
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(
+            dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
+        )
+    except OSError as exc:
+        # The OS names the temporary file, which the user never asked for: name the folder.
+        raise InputError(
+            f"cannot write {os.path.basename(path)!r} in the output folder {folder!r}: "
+            f"{exc.strerror or exc}"
+        ) from None
     os.close(fd)
     try:
         yield tmp

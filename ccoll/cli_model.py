@@ -1,0 +1,162 @@
+"""``ccoll model``: the cost model's predictions and break-even points on the command line.
+
+The arithmetic is :mod:`ccoll.collectives.model` (docs/model.md); this module only reads
+the options and writes the report. :mod:`ccoll.cli` registers it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+from typing import Any
+
+from ccoll.collectives.model import (
+    DEFAULT_WIDTH,
+    DEFAULTS,
+    Params,
+    break_even_bandwidth,
+    break_even_size,
+    predict,
+)
+from ccoll.errors import InputError
+from ccoll.units import format_iec, format_time, parse_rate, parse_size, parse_time
+
+__all__ = ["add_parser", "params_from_args", "run_model"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Register ``ccoll model`` on the CLI's subparsers."""
+    ap = subparsers.add_parser(
+        "model",
+        help="predict raw vs compressed allreduce times and the break-even points",
+        description=(
+            "Predict the time of a raw ring allreduce, ccoll's homomorphic ring and the "
+            "decompress-add-recompress ring from link and compressor constants, and print "
+            "where compression starts paying (docs/model.md). Constants not given come from "
+            "the calibration cache (~/.cache/ccoll) when --cached is set, else from defaults."
+        ),
+        epilog="units: b = bit, B = byte. Bandwidth: 10Gbit, 10Gb/s, 10Gbps or 1.25GB/s, "
+        "1GiB/s; size: 64M = 64MiB (binary), 64MB = 64e6 bytes; time: 5us, 0.2ms, 1e-6.",
+    )
+    ap.add_argument("--ranks", type=int, default=2,
+                    help="ranks N (default 2; 1 rank sends nothing: an allreduce is a copy)")
+    ap.add_argument("--bandwidth", type=parse_rate, default=None,
+                    help="link bandwidth per direction, e.g. 10Gbit or 1.25GB/s (default 1Gbit)")
+    ap.add_argument("--latency", type=parse_time, default=None,
+                    help="latency of one ring step, e.g. 5us (default 50us)")
+    ap.add_argument("--size", type=parse_size, default=parse_size("64M"),
+                    help="message size, e.g. 64M = 64 MiB (default)")
+    ap.add_argument("--ratio", type=float, default=16.0,
+                    help="compression ratio of one rank's data (default 16)")
+    ap.add_argument("--ratio-sum", type=float, default=None,
+                    help="ratio of the reduced stream (default: estimated from --ratio)")
+    ap.add_argument("--width", type=float, default=DEFAULT_WIDTH,
+                    help=f"mean code width in bits of non-zero blocks (default {DEFAULT_WIDTH:g})")
+    ap.add_argument("--chunks", type=int, default=None,
+                    help="pipeline chunks per ring block (default: the best)")
+    for name, what in (("compress", "compression"), ("add", "homomorphic add"),
+                       ("decompress", "decompression"), ("reduce", "plain float sum")):
+        ap.add_argument(f"--{name}-gbps", type=float, default=None,
+                        help=f"{what} throughput in GB/s (1e9 bytes of float data per second)")
+    ap.add_argument("--overhead", type=parse_time, default=None,
+                    help="fixed cost of one compressed call (default 100us)")
+    ap.add_argument("--cached", action="store_true",
+                    help="start from the newest calibration in ~/.cache/ccoll")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("-q", "--quiet", action="store_true", help="print nothing (exit code only)")
+    ap.set_defaults(handler=run_model)
+    return ap
+
+
+def params_from_args(args: argparse.Namespace, base: Params = DEFAULTS) -> Params:
+    """Model parameters: ``base`` overridden by whatever the command line gives."""
+    kw: dict[str, float] = {}
+    if args.bandwidth is not None:
+        kw["beta"] = args.bandwidth
+    if args.latency is not None:
+        kw["alpha"] = args.latency
+    for name in ("compress", "add", "decompress", "reduce"):
+        v = getattr(args, f"{name}_gbps")
+        if v is not None:
+            kw[name] = v * 1e9
+    if args.overhead is not None:
+        kw["overhead"] = args.overhead
+    return replace(base, **kw)
+
+
+def _cached_params() -> Params:
+    # Imported here: the calibration cache is only read with --cached.
+    from ccoll.collectives.policy.cache import newest_cached_params
+
+    cached = newest_cached_params()
+    if cached is None:
+        raise InputError("no calibration in the cache yet (run a ccoll collective first)")
+    return cached
+
+
+def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    """Body of ``ccoll model``: returns ``(document, text, exit code)`` for the CLI to print."""
+    if args.ranks < 1:
+        raise InputError(f"--ranks must be >= 1, got {args.ranks}")
+    if args.ratio <= 0 or (args.ratio_sum is not None and args.ratio_sum <= 0):
+        raise InputError("--ratio and --ratio-sum must be > 0")
+    if args.chunks is not None and args.chunks < 1:
+        raise InputError(f"--chunks must be >= 1, got {args.chunks}")
+    base = _cached_params() if args.cached else DEFAULTS
+    try:
+        p = params_from_args(args, base)
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    n, s = args.ranks, args.size
+    w = args.width
+    pr = predict(s, n, p, args.ratio, ratio_sum=args.ratio_sum, chunks=args.chunks, width=w)
+    head = (
+        f"# {n} rank{'s' if n != 1 else ''}, {format_iec(s)} per rank, link "
+        f"{p.beta * 8 / 1e9:g} Gbit/s, ring-step latency {format_time(p.alpha)}, fixed cost "
+        f"{format_time(p.overhead)} per call"
+    )
+    doc: dict[str, Any] = {
+        "params": asdict(p),
+        "size": s, "ranks": n, "ratio": pr.ratio, "ratio_sum": pr.ratio_sum, "chunks": pr.chunks,
+        "raw_s": pr.raw, "homomorphic_s": pr.homomorphic, "dar_s": pr.dar,
+    }
+    if n == 1:
+        # One rank: the sum is the rank's own data, nothing crosses a link, so there is no
+        # time to save and no break-even point.
+        doc.update(speedup=None, choice="raw", break_even_size=None,
+                   break_even_bandwidth_bps=None)
+        text = "\n".join([
+            head,
+            "one rank: an allreduce is a local copy; nothing is sent, so compression "
+            "cannot pay",
+            "choice: raw",
+        ])
+        return doc, text, 0
+    be_size = break_even_size(n, p, args.ratio, ratio_sum=args.ratio_sum, width=w)
+    be_bw = break_even_bandwidth(s, n, p, args.ratio, ratio_sum=args.ratio_sum, width=w)
+    doc.update(
+        speedup=pr.speedup, choice=pr.choice, break_even_size=be_size,
+        break_even_bandwidth_bps=None if be_bw is None else be_bw * 8,
+    )
+    lines = [
+        head,
+        f"# compressor GB/s: compress {p.compress / 1e9:g}, add {p.add / 1e9:g}, "
+        f"decompress {p.decompress / 1e9:g}; plain sum {p.reduce / 1e9:g}; "
+        f"ratio {pr.ratio:g} (reduced stream {pr.ratio_sum:.3g})",
+        f"raw ring allreduce      {format_time(pr.raw):>12}",
+        f"homomorphic ring        {format_time(pr.homomorphic):>12}   ({pr.chunks} chunk(s) per "
+        f"block, speedup {pr.speedup:.2f}x)",
+        f"decompress-add-recompr. {format_time(pr.dar):>12}   (speedup {pr.raw / pr.dar:.2f}x)",
+        f"choice: {pr.choice}",
+    ]
+    if be_size is None:
+        lines.append("break-even size: none (compression never pays at this bandwidth)")
+    else:
+        lines.append(f"break-even size: compression pays from {format_iec(be_size)} "
+                     f"({be_size:.0f} bytes)")
+    if be_bw is None:
+        lines.append(f"break-even bandwidth: none (compressing {format_iec(s)} never pays)")
+    else:
+        lines.append(f"break-even bandwidth: compression pays below {be_bw * 8 / 1e9:.3g} "
+                     f"Gbit/s for {format_iec(s)}")
+    return doc, "\n".join(lines), 0
