@@ -8,6 +8,7 @@ over the global range of every rank's data). See docs/error-bound.md.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Union
 
 import numpy as np
@@ -80,7 +81,14 @@ class REL(ErrorBound):
         if not math.isfinite(eb):
             # The range itself overflowed float64; fall back to the largest finite bound.
             eb = self.value * (hi / 2 - lo / 2) * 2
-        return eb if math.isfinite(eb) else float(np.finfo(np.float64).max)
+        eb = eb if math.isfinite(eb) else float(np.finfo(np.float64).max)
+        # The subtraction and the product each round to nearest, so eb may lie an ulp or two
+        # above the real value * (hi - lo) that the contract promises; step down until it does
+        # not (docs/error-bound.md, "Resolving REL").
+        exact = Fraction(self.value) * (Fraction(hi) - Fraction(lo))
+        while eb > 0 and Fraction(eb) > exact:
+            eb = math.nextafter(eb, 0.0)
+        return eb
 
 
 BoundLike = Union[ErrorBound, float, str]

@@ -95,3 +95,15 @@ def test_rel_bound_is_exact_and_ignores_non_finite_values():
     assert rel_bound(1e-3, x) == want
     assert rel_bound(1e-3, np.array([np.nan])) == 0
     assert rel_bound(0.5, np.array([1.0]), np.array([3.0])) == 1
+
+
+@pytest.mark.parametrize(
+    ("rel", "lo", "hi"),
+    [(0.1, 0.0, 3.0), (1e-3, -0.7, 0.3), (1e-3, -1e-30, 5.0), (0.3, 1.0, 1.1), (1e-2, -3.0, 7.0)],
+)
+def test_rel_resolves_to_no_more_than_the_real_product(rel, lo, hi):
+    eb = ccoll.REL(rel).resolve(lo, hi)
+    exact = Fraction(rel) * (Fraction(hi) - Fraction(lo))
+    # The largest float64 not above the real product: at most it, and its successor above it.
+    assert Fraction(eb) <= exact
+    assert Fraction(math.nextafter(eb, math.inf)) > exact
