@@ -233,3 +233,37 @@ def test_duplicating_the_communicator_honours_the_timeout(tmp_path, stage):
             assert "duplicating the communicator" in line, line
             assert 1.9 <= float(line.split("after ")[1].split(" s")[0]) < 15, line
     assert elapsed < 80
+
+
+def test_agreement_error_report_honours_the_timeout(tmp_path):
+    # Ranks 0-2 disagree with rank 3 and go on to exchange their error reports; rank 3
+    # stops right after the agreement (as if it died there): the others must give up
+    # after the timeout instead of waiting in the exchange forever.
+    proc, elapsed = run_job(tmp_path, """
+        from ccoll.collectives import agreement
+        from ccoll.errors import MismatchError
+
+        w = comm.Dup()  # the abandoned exchange stays off COMM_WORLD (Barrier below)
+        if comm.rank == 3:
+            agreement._raise = lambda *args: None
+        t0 = time.monotonic()
+        try:
+            c = ccoll.Communicator(w, chunk_elems=1000 + (comm.rank == 3), timeout=2.0)
+            print(f"rank {comm.rank} made it", flush=True)
+        except CollectiveError as exc:
+            print(f"rank {comm.rank} CollectiveError after "
+                  f"{time.monotonic() - t0:.1f} s: {exc}", flush=True)
+        except MismatchError as exc:
+            print(f"rank {comm.rank} MismatchError: {exc}", flush=True)
+        comm.Barrier()
+        if comm.rank == 0:
+            comm.Abort(7)
+        time.sleep(60)
+    """, limit=90)
+    out = proc.stdout
+    assert out.count("CollectiveError after") == 3, out + proc.stderr
+    for line in out.splitlines():
+        if "CollectiveError after" in line:
+            assert "error report" in line, line
+            assert 1.9 <= float(line.split("after ")[1].split(" s")[0]) < 15, line
+    assert elapsed < 80
