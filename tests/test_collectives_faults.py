@@ -107,3 +107,163 @@ def test_timeout_turns_a_stalled_peer_into_collective_error(tmp_path):
             assert 2.9 <= waited < 15, line
     assert proc.returncode != 0
     assert elapsed < 120
+
+
+def test_failure_in_the_decision_stage_fails_the_channel_everywhere(tmp_path):
+    # The decision (policy="auto", whose calibrations are collectives) runs after the
+    # agreement: a rank that raises there leaves its peers waiting, so it must mark its
+    # channel failed like a failure while data moves.
+    proc, elapsed = run_job(tmp_path, """
+        from types import SimpleNamespace
+        from ccoll.collectives import communicator
+
+        def decide(d):
+            if comm.rank == 0:
+                raise RuntimeError("injected failure in the decision on rank 0")
+            d.auto.last = SimpleNamespace(chunk_elems=0, compress=True, prediction=None)
+            return "compress"
+
+        communicator._decide = decide
+        c = ccoll.Communicator(comm, chunk_elems=4096, timeout=4.0, policy="auto")
+        t0 = time.monotonic()
+        try:
+            c.allreduce(x, eb=ccoll.REL(1e-3))
+            print(f"rank {comm.rank} finished", flush=True)
+        except CollectiveError:  # a RuntimeError too: first
+            print(f"rank {comm.rank} CollectiveError after {time.monotonic() - t0:.1f} s",
+                  flush=True)
+        except RuntimeError as exc:
+            print(f"rank {comm.rank} RuntimeError: {exc}", flush=True)
+        t0 = time.monotonic()
+        try:
+            c.allreduce(x, eb=ccoll.REL(1e-3))
+        except CollectiveError as exc:
+            print(f"rank {comm.rank} refuses after {time.monotonic() - t0:.2f} s: {exc}",
+                  flush=True)
+        comm.Barrier()
+        if comm.rank == 0:
+            comm.Abort(7)  # what an application does after a failed collective
+        time.sleep(60)
+    """)
+    out = proc.stdout
+    assert out.count("RuntimeError: injected failure in the decision on rank 0") == 1, (
+        out + proc.stderr)
+    assert out.count("CollectiveError after") == 3, out + proc.stderr
+    for line in out.splitlines():
+        if "CollectiveError after" in line:
+            waited = float(line.split("after ")[1].split(" s")[0])
+            assert 3.9 <= waited < 15, line
+    refusals = [ln for ln in out.splitlines() if "refuses after" in ln]
+    assert len(refusals) == 4, out
+    for line in refusals:
+        assert "cannot be used after an earlier collective failed" in line, line
+        assert float(line.split("after ")[1].split(" s")[0]) < 1.0, line
+    assert proc.returncode != 0
+    assert elapsed < 120
+
+
+def test_two_threads_create_defaults_for_two_communicators_in_opposite_orders(tmp_path):
+    # Creating a default Communicator is collective over its communicator; the ranks
+    # start the two creations in opposite orders, so a process-wide lock held across the
+    # creation would deadlock them.
+    proc, elapsed = run_job(tmp_path, """
+        import threading
+        from ccoll.collectives.communicator import default_communicator
+
+        c1, c2 = comm.Dup(), comm.Dup()
+        first, second = (c1, c2) if comm.rank % 2 == 0 else (c2, c1)
+        made = {}
+
+        def make(c, name):
+            made[name] = default_communicator(c)
+
+        t1 = threading.Thread(target=make, args=(first, "first"), daemon=True)
+        t1.start()
+        time.sleep(1.0)  # the first creation is waiting for the other ranks by now
+        t2 = threading.Thread(target=make, args=(second, "second"), daemon=True)
+        t2.start()
+        t1.join(30)
+        t2.join(30)
+        if t1.is_alive() or t2.is_alive():
+            print(f"rank {comm.rank} deadlocked", flush=True)
+            os._exit(3)
+        assert default_communicator(first) is made["first"]
+        y = ccoll.allreduce(x[:10], eb=None, comm=c1)
+        z = ccoll.allreduce(x[:10], eb=None, comm=c2)
+        assert y.tobytes() == z.tobytes()
+        c1.Free()
+        c2.Free()
+        print(f"rank {comm.rank} finished", flush=True)
+    """, limit=120)
+    assert proc.stdout.count("finished") == 4, proc.stdout + proc.stderr
+    assert proc.returncode == 0
+    assert elapsed < 100
+
+
+@pytest.mark.parametrize("stage", ["Communicator", "iallreduce"])
+def test_duplicating_the_communicator_honours_the_timeout(tmp_path, stage):
+    # Rank 3 never joins the collective MPI_Comm_dup (of the Communicator, or of its
+    # iallreduce channel): the others must give up after their timeout.
+    proc, elapsed = run_job(tmp_path, f"""
+        stage = {stage!r}
+        w = comm.Dup()  # the stalled collective stays off COMM_WORLD (Barrier below)
+        c = None
+        if stage == "iallreduce":
+            c = ccoll.Communicator(w, timeout=2.0, policy="raw")
+        t0 = time.monotonic()
+        if comm.rank != 3:
+            try:
+                if stage == "Communicator":
+                    ccoll.Communicator(w, timeout=2.0)
+                else:
+                    c.iallreduce(x, eb=None).wait(timeout=30)
+                print(f"rank {{comm.rank}} finished", flush=True)
+            except CollectiveError as exc:
+                print(f"rank {{comm.rank}} CollectiveError after "
+                      f"{{time.monotonic() - t0:.1f}} s: {{exc}}", flush=True)
+        comm.Barrier()
+        if comm.rank == 0:
+            comm.Abort(7)
+        time.sleep(60)
+    """, limit=90)
+    out = proc.stdout
+    assert out.count("CollectiveError after") == 3, out + proc.stderr
+    for line in out.splitlines():
+        if "CollectiveError after" in line:
+            assert "duplicating the communicator" in line, line
+            assert 1.9 <= float(line.split("after ")[1].split(" s")[0]) < 15, line
+    assert elapsed < 80
+
+
+def test_agreement_error_report_honours_the_timeout(tmp_path):
+    # Ranks 0-2 disagree with rank 3 and go on to exchange their error reports; rank 3
+    # stops right after the agreement (as if it died there): the others must give up
+    # after the timeout instead of waiting in the exchange forever.
+    proc, elapsed = run_job(tmp_path, """
+        from ccoll.collectives import agreement
+        from ccoll.errors import MismatchError
+
+        w = comm.Dup()  # the abandoned exchange stays off COMM_WORLD (Barrier below)
+        if comm.rank == 3:
+            agreement._raise = lambda *args: None
+        t0 = time.monotonic()
+        try:
+            c = ccoll.Communicator(w, chunk_elems=1000 + (comm.rank == 3), timeout=2.0)
+            print(f"rank {comm.rank} made it", flush=True)
+        except CollectiveError as exc:
+            print(f"rank {comm.rank} CollectiveError after "
+                  f"{time.monotonic() - t0:.1f} s: {exc}", flush=True)
+        except MismatchError as exc:
+            print(f"rank {comm.rank} MismatchError: {exc}", flush=True)
+        comm.Barrier()
+        if comm.rank == 0:
+            comm.Abort(7)
+        time.sleep(60)
+    """, limit=90)
+    out = proc.stdout
+    assert out.count("CollectiveError after") == 3, out + proc.stderr
+    for line in out.splitlines():
+        if "CollectiveError after" in line:
+            assert "error report" in line, line
+            assert 1.9 <= float(line.split("after ")[1].split(" s")[0]) < 15, line
+    assert elapsed < 80

@@ -91,3 +91,37 @@ def test_worker_inline():
 def test_decide(policy, exact, want):
     d = Decision("allreduce", policy, "homomorphic", exact, 100, np.dtype(np.float32), 4, 1e-3)
     assert _decide(d) == want
+
+
+def test_layout_builds_its_lists_once():
+    lay = Layout(100_003, 5, 1000)
+    assert lay.blocks is lay.blocks
+    assert all(lay.chunks(b) is lay.chunks(b) for b in range(5))
+    # The tiling is still array_split's and the chunk size as asked.
+    assert list(lay.blocks) == block_bounds(100_003, 5)
+    assert lay.chunk_elems == 1000 and lay.max_chunks == 21
+
+
+@pytest.mark.parametrize("n, size", [(1 << 40, 4), (10**12 + 7, 3), (1 << 20, 1)])
+def test_chunk_indices_stay_valid_mpi_tags(n, size):
+    # The chunk index is the ring's MPI tag; MPI guarantees tags up to 32767 only.
+    from ccoll.collectives.layout import MAX_CHUNKS
+
+    lay = Layout(n, size, 1)
+    assert MAX_CHUNKS - 1 <= 32767
+    assert lay.max_chunks <= MAX_CHUNKS
+    lo, hi = lay.blocks[0]
+    ch = lay.chunks(0)
+    assert len(ch) == lay.max_chunks and ch[0][0] == lo and ch[-1][1] == hi
+    assert all(c1[1] == c2[0] for c1, c2 in zip(ch, ch[1:], strict=False))
+
+
+def test_chunk_size_grows_to_a_small_tag_limit(monkeypatch):
+    from ccoll.collectives import layout
+
+    monkeypatch.setattr(layout, "MAX_CHUNKS", 4)
+    lay = Layout(1003, 2, 7)
+    assert lay.max_chunks <= 4 and lay.chunk_elems == 126  # ceil(502 / 4)
+    for b, (lo, hi) in enumerate(lay.blocks):
+        ch = lay.chunks(b)
+        assert ch[0][0] == lo and ch[-1][1] == hi and len(ch) <= 4

@@ -4,18 +4,28 @@ Before any data moves, every rank contributes a float64 vector
 ``[lo, f1, f2, ..., -hi, -f1, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give
 the global range of the finite values (for ``REL`` bounds), and each field ``f``
 (collective, invalid-argument flag, count, dtype, bound kind and value, op, algorithm,
-policy, root, shape, chunk size) comes back as ``min f`` and ``-min(-f) = max f``. Where
-they differ the ranks disagree; every rank sees the same vector and so raises the same
-error. Only on that error path a second, pickled allgather collects what each rank passed,
-so that the message (identical on every rank) says which rank passed what; the values it
-shows are formatted only then, so that a valid call pays for none of that text.
+policy, root, shape, chunk size, and the settings that decide which collectives a rank
+makes: a fingerprint of the ``CCOLL_*`` calibration overrides, host or device data, the
+DDP hook's error feedback and iteration settings) comes back as ``min f`` and
+``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same vector
+and so raises the same error. Only on that error path a second exchange (the lengths with
+``MPI_Allgather``, then the bytes with ``MPI_Allgatherv``, under the same deadline) collects
+what each rank passed, so that the message (identical on every rank) says which rank
+passed what; the values it shows are formatted only then, so that a valid call pays for
+none of that text. Only buffer-based MPI calls are made: mpi4py's pickle-based collectives
+duplicate the communicator on first use while holding the GIL, which can deadlock against
+another thread's collective.
 
-All fields are small integers or doubles that float64 holds exactly (counts < 2**53).
+All fields are small integers or doubles that float64 holds exactly (counts < 2**53,
+fingerprints < 2**52).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -26,14 +36,28 @@ from mpi4py import MPI
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
-__all__ = ["Call", "Agreed", "agree", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES"]
+__all__ = [
+    "Call", "Agreed", "agree", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES",
+    "ENV_SETTINGS", "PLACES", "env_code", "shape_code",
+]
 
-COLLECTIVES = {"allreduce": 1, "reduce_scatter": 2, "allgather": 3, "bcast": 4, "Communicator": 5}
+COLLECTIVES = {
+    "allreduce": 1, "reduce_scatter": 2, "allgather": 3, "bcast": 4, "Communicator": 5,
+    "CCollHookState": 6,
+}
 DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 OPS = {"sum": 1, "avg": 2}
 ALGORITHMS = {"homomorphic": 1, "dar": 2}
 POLICIES = {"compress": 1, "raw": 2, "auto": 3}
 BOUND_KINDS = {"exact": 0, "abs": 1, "rel": 2}
+PLACES = {"host": 0, "device": 1}
+# Environment overrides of policy="auto" that skip calibration collectives (or change
+# which ones run): a rank that sets one alone would leave the others waiting in them.
+ENV_SETTINGS = (
+    "CCOLL_ALPHA", "CCOLL_BANDWIDTH", "CCOLL_COMPRESS_GBPS", "CCOLL_ADD_GBPS",
+    "CCOLL_DECOMPRESS_GBPS", "CCOLL_REDUCE_GBPS", "CCOLL_OVERHEAD", "CCOLL_RATIO",
+    "CCOLL_EFFICIENCY", "CCOLL_CALIBRATION", "CCOLL_CACHE_DIR",
+)
 
 _ERRORS: dict[str, type[Exception]] = {
     e.__name__: e for e in (DTypeError, ErrorBoundError, InputError)
@@ -53,9 +77,16 @@ _FIELDS = (
     "root",
     "shape",
     "chunk size",
+    "CCOLL_* settings",
+    "data location",
+    "error_feedback",
+    "start_iter",
+    "min_numel",
 )
 # Fields shown with str() in error messages (the others with repr()).
-_SHOWN_AS_STR = frozenset({"dtype", "element count", "shape", "error-bound kind"})
+_SHOWN_AS_STR = frozenset({
+    "dtype", "element count", "shape", "error-bound kind", "CCOLL_* settings", "data location",
+})
 # The vector as native doubles: packing a list with struct costs less than a numpy array.
 _VECTOR = struct.Struct(f"={2 * (len(_FIELDS) + 1)}d")
 
@@ -75,6 +106,12 @@ class Call:
     root: int = 0
     shape: int = 0
     chunk: int = 0
+    env: int = 0  # env_code() for policy="auto" calls, else 0
+    place: int = 0  # PLACES
+    # CCollHookState only: settings that decide which collectives each bucket makes.
+    feedback: int = 0
+    start_iter: int = 0
+    min_numel: int = 0
     lo: float = math.inf
     hi: float = -math.inf
     # (exception class name, message) of each local problem; an invalid call still takes
@@ -103,6 +140,11 @@ class Call:
             self.root,
             self.shape,
             self.chunk,
+            self.env,
+            self.place,
+            self.feedback,
+            self.start_iter,
+            self.min_numel,
         ]
 
     def show(self, name: str, value: float) -> str:
@@ -130,6 +172,28 @@ def shape_code(shape: tuple[int, ...]) -> int:
     return h >> 12
 
 
+_env_cache: tuple[tuple[str | None, ...], int, str] = ((), 0, "")
+
+
+def env_code() -> tuple[int, str]:
+    """Return a 52-bit fingerprint of the ``CCOLL_*`` overrides, and their text.
+
+    The fingerprint is exact in float64; the text (``name=value`` pairs, sorted, or
+    ``"none set"``) is what error messages show.
+    """
+    global _env_cache
+    vals = tuple([os.environ.get(k) for k in ENV_SETTINGS])
+    cached = _env_cache
+    if cached[0] == vals:
+        return cached[1], cached[2]
+    pairs = sorted(zip(ENV_SETTINGS, vals, strict=True))
+    text = " ".join(f"{k}={v}" for k, v in pairs if v is not None)
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    code = int.from_bytes(digest, "little") >> 12
+    _env_cache = (vals, code, text or "none set")
+    return code, _env_cache[2]
+
+
 def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     """Run the agreement allreduce; raise the same error on every rank if the call is bad."""
     vals = call.values()
@@ -146,16 +210,41 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     maxs = tuple([-v for v in got[k + 1:]])
     if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: reported as a mismatch
         bad = [i for i in range(k - 1) if mins[i] != maxs[i]]
-        _raise(comm, call, bad, maxs[1] != 0.0)
+        _raise(comm, call, bad, maxs[1] != 0.0, deadline)
     return Agreed(got[0], -got[k])
 
 
-def _raise(comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool) -> None:
-    # Every rank reaches this point with the same `bad` and `invalid`, so this allgather
+def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> list[bytes]:
+    """Every rank's ``data``, in rank order, through buffer-based MPI calls only."""
+    n_ranks = comm.Get_size()
+    mine = np.array([len(data)], dtype=np.int64)
+    counts = np.empty(n_ranks, dtype=np.int64)
+    if deadline.at is None:
+        comm.Allgather(mine, counts)
+    else:
+        wait_all([comm.Iallgather(mine, counts)], deadline, "exchange of the error report sizes")
+    displs = np.zeros(n_ranks, dtype=np.int64)
+    np.cumsum(counts[:-1], out=displs[1:])
+    recv = np.empty(int(counts.sum()), dtype=np.uint8)
+    send = np.frombuffer(data, dtype=np.uint8)
+    if deadline.at is None:
+        comm.Allgatherv([send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
+    else:
+        req = comm.Iallgatherv([send, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
+        wait_all([req], deadline, "exchange of the error reports")
+    raw = recv.tobytes()
+    return [raw[int(a):int(a) + int(c)] for a, c in zip(displs, counts, strict=True)]
+
+
+def _raise(
+    comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool, deadline: Deadline
+) -> None:
+    # Every rank reaches this point with the same `bad` and `invalid`, so this exchange
     # is matched on every rank; it runs only when the call fails.
     pairs = zip(_FIELDS, call.values(), strict=True)
     mine = {name: call.show(name, v) for name, v in pairs}
-    everyone = comm.allgather((mine, call.problems))
+    report = json.dumps([mine, call.problems]).encode()
+    everyone = [json.loads(b) for b in _allgather_bytes(comm, report, deadline)]
     name = f"ccoll.{call.collective}"
     # A rank in another collective makes every other field meaningless: report that first.
     if 0 in bad:

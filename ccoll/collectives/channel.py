@@ -3,10 +3,16 @@
 A :class:`~ccoll.collectives.communicator.Communicator` has two channels, one for blocking
 calls (the caller's thread) and one for ``iallreduce`` (the progress engine's thread), so
 the two never share a buffer, a worker or MPI messages.
+
+A channel owns its duplicate communicator, its worker thread and its receive buffers
+(sized for worst-case streams): :meth:`Channel.close` releases them, and so does garbage
+collection of a channel that was never closed (a ``weakref.finalize``, which frees the
+communicator without any collective call: ``MPI_Comm_free`` is local in MPICH).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +53,12 @@ class Channel:
         self.failed: str | None = None
         self._pool: list[np.ndarray] = []
         self._pinned: list[np.ndarray] = []
+        self._finalizer = weakref.finalize(self, _release, comm, self.worker)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (or the communicator was freed)."""
+        return not self._finalizer.alive or self.comm == MPI.COMM_NULL
 
     def check_usable(self) -> None:
         """Raise :class:`CollectiveError` if an earlier call on this channel failed midway."""
@@ -56,8 +68,8 @@ class Channel:
                 f"this rank ({self.failed}); its messages may still be in flight. Create a new "
                 "ccoll.Communicator (and make sure every rank does)"
             )
-        if self.comm == MPI.COMM_NULL:
-            raise CollectiveError("this ccoll Communicator has been freed")
+        if self.closed:
+            raise CollectiveError("this ccoll Communicator has been closed (freed)")
 
     def fail(self, reason: str) -> None:
         """Mark the channel unusable: receives may still land in its buffers."""
@@ -100,9 +112,14 @@ class Channel:
                 return
 
     def close(self) -> None:
-        """Stop the worker and free the private communicator."""
-        self.worker.close()
+        """Stop the worker, drop the buffers and free the private communicator (once)."""
         self._pool = []
         self._pinned = []
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.comm.Free()
+        self._finalizer()
+
+
+def _release(comm: MPI.Intracomm, worker: Worker) -> None:
+    # Holds no reference to the Channel (weakref.finalize would then never run).
+    worker.close()
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()

@@ -4,8 +4,9 @@ Each public collective runs the same stages: check the arguments locally (proble
 raised yet), agree on them with every rank in one small allreduce (which also yields the
 global value range for ``REL`` bounds and raises the same error on every rank when the
 call is invalid or the ranks disagree), resolve the bound, let the policy choose
-compressed or raw, then move data. A failure after data started moving leaves messages in
-flight, so the Communicator refuses further calls (see docs/collectives.md, "Faults").
+compressed or raw, then move data. A failure after the agreement (in the decision, whose
+calibrations are collectives too, or while data moves) may leave messages in flight or
+peers waiting, so the Communicator refuses further calls (see docs/collectives.md, "Faults").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,9 +29,11 @@ from ccoll.collectives.agreement import (
     BOUND_KINDS,
     DTYPES,
     OPS,
+    PLACES,
     POLICIES,
     Call,
     agree,
+    env_code,
     shape_code,
 )
 from ccoll.collectives.channel import Channel, Stats
@@ -48,7 +52,7 @@ from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.ring import allgather_streams, reduce_scatter_streams
-from ccoll.collectives.waiting import Deadline
+from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
 
@@ -74,6 +78,7 @@ class _Prepared:
     chunk_elems: int = 0  # chosen by policy="auto"; 0: the Communicator's chunk_elems
     place: HostPlace = HOST
     dev: DeviceData | None = None
+    in_place: bool = False  # out is x's very buffer (MPI_IN_PLACE on the raw path)
 
 
 class Communicator:
@@ -92,7 +97,9 @@ class Communicator:
 
     The Communicator holds two private duplicates of ``comm`` (one for blocking calls, one
     for ``iallreduce``), reusable receive buffers and a compute thread for each, and
-    traffic counters (:attr:`stats`). Free it with :meth:`free` (or a ``with`` block).
+    traffic counters (:attr:`stats`). Release them with :meth:`close` (or a ``with``
+    block); a Communicator that is dropped unclosed releases them when it is garbage
+    collected (``MPI_Comm_free`` is local in MPICH, so that makes no collective call).
     """
 
     def __init__(
@@ -128,9 +135,10 @@ class Communicator:
         self.chunk_elems = int(chunk_elems)
         self.timeout = None if timeout is None else float(timeout)
         self._comm = comm
-        sync = comm.Dup()
+        deadline = Deadline(self.timeout, "creating a ccoll Communicator")
+        sync = dup_comm(comm, deadline)
         try:
-            agree(sync, call, Deadline(self.timeout, "creating a ccoll Communicator"))
+            agree(sync, call, deadline)
         except BaseException:
             sync.Free()
             raise
@@ -138,6 +146,10 @@ class Communicator:
         self._async: Channel | None = None
         self._async_lock = threading.Lock()
         self._auto: dict[str, Any] = {}
+        # Both channels are released when the Communicator is dropped unclosed; the list
+        # (not self) is what the finalizer holds, so it does not keep self alive.
+        self._channels: list[Channel] = [self._sync]
+        self._finalizer = weakref.finalize(self, _close_channels, self._channels)
 
     # -- properties ----------------------------------------------------------------------
 
@@ -176,17 +188,19 @@ class Communicator:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.free()
+        self.close()
 
-    def free(self) -> None:
-        """Free the private communicators and stop the compute threads (collective).
+    def close(self) -> None:
+        """Free the private communicators, stop the compute threads, drop the buffers.
 
-        Wait for every ``iallreduce`` request first: a freed Communicator fails them.
+        Wait for every ``iallreduce`` request first: a closed Communicator fails them.
+        Calling it again does nothing. ``MPI_Comm_free`` is formally collective but local
+        in MPICH (it only drops a reference), so ranks may close at different times.
         """
-        self._sync.close()
-        if self._async is not None:
-            self._async.close()
-            self._async = None
+        self._finalizer()
+        self._async = None
+
+    free = close  # the older name
 
     # -- collectives ---------------------------------------------------------------------
 
@@ -274,7 +288,11 @@ class Communicator:
         # must be ordered like the caller's other collectives on comm).
         with self._async_lock:
             if self._async is None:
-                self._async = Channel(self._comm.Dup(), "async", self.timeout)
+                if self._sync.closed:  # no new duplicate for a closed Communicator
+                    raise CollectiveError("this ccoll Communicator has been closed (freed)")
+                dup = dup_comm(self._comm, Deadline(self.timeout, "ccoll.iallreduce"))
+                self._async = Channel(dup, "async", self.timeout)
+                self._channels.append(self._async)
             return self._async
 
     def _allreduce(
@@ -330,6 +348,8 @@ class Communicator:
         size = arr.size if dev is None else math.prod(shape)
         call.count = size
         call.dtype = DTYPES.get(dtype, 0)
+        call.place = PLACES["host" if dev is None else "device"]
+        shown["data location"] = "host" if dev is None else "device"
         shown["dtype"] = dtype
         shown["element count"] = size
         if call.dtype == 0:
@@ -358,6 +378,9 @@ class Communicator:
             call.policy = _check_option(call, "policy", policy, POLICIES)
         shown["algorithm"] = algorithm
         shown["policy"] = policy
+        if policy == "auto" and bound is not None:
+            # The call may calibrate, and the CCOLL_* overrides decide with which collectives.
+            call.env, shown["CCOLL_* settings"] = env_code()
         n_ranks = ch.comm.Get_size()
         if root is not None:
             if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
@@ -372,7 +395,7 @@ class Communicator:
                 call.root = int(root)
             shown["root"] = root
         if out is not None:
-            _check_out(call, out, shape, dtype, dev is not None)
+            _check_out(call, out, shape, dtype, arr if dev is None else dev)
         # A policy="auto" call that the calibrations already send raw skips the value range
         # (a raw call does not use the bound; the range costs ~5% of a large raw allreduce)
         # and the policy; so does policy="raw". Same answer on every rank (see known_raw).
@@ -395,53 +418,62 @@ class Communicator:
         except CollectiveError:
             ch.fail(f"ccoll.{collective} timed out in its agreement step")
             raise
-        eb_abs = 0.0 if mode == "raw" or bound is None else bound.resolve(agreed.lo, agreed.hi)
-        if mode is None:
-            mode = _decide(
-                Decision(
-                    collective=collective,
-                    policy=policy,
-                    algorithm=algorithm,
-                    exact=bound is None,
-                    count=size,
-                    dtype=dtype,
-                    n_ranks=n_ranks,
-                    eb_abs=eb_abs,
-                    data=arr if dev is None else dev.flat(),
-                    auto=auto,
-                    root=root,
+        # From here on the other ranks go ahead (the decision's calibrations are
+        # collectives): any failure leaves them waiting, so it fails the channel.
+        try:
+            eb_abs = 0.0 if mode == "raw" or bound is None else bound.resolve(agreed.lo, agreed.hi)
+            if mode is None:
+                mode = _decide(
+                    Decision(
+                        collective=collective,
+                        policy=policy,
+                        algorithm=algorithm,
+                        exact=bound is None,
+                        count=size,
+                        dtype=dtype,
+                        n_ranks=n_ranks,
+                        eb_abs=eb_abs,
+                        data=arr if dev is None else dev.flat(),
+                        auto=auto,
+                        root=root,
+                    )
                 )
+                if auto is not None:
+                    auto.note_decision(sticky_key)
+            elif known_raw and auto is not None:
+                auto.note_known_raw(sticky_key)
+            chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
+            if dev is None:
+                flat = np.ascontiguousarray(arr).reshape(-1)
+                place: HostPlace = HOST
+            else:
+                flat = dev.flat()
+                place = DevicePlace(ch, cuda_aware_mpi())
+            stats = ch.stats
+            stats.bytes_input += size * dtype.itemsize
+            if mode == "compress":
+                stats.compressed_calls += 1
+            # _check_out allowed only two cases: no overlap, or out is x's very buffer.
+            in_place = out is not None and (
+                out is x
+                or (np.may_share_memory(flat, out) if dev is None
+                    else _device_span(dev) == _device_span(DeviceData(out)))
             )
-            if auto is not None:
-                auto.note_decision(sticky_key)
-        elif known_raw and auto is not None:
-            auto.note_known_raw(sticky_key)
-        chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
-        if dev is None:
-            flat = np.ascontiguousarray(arr).reshape(-1)
-            place: HostPlace = HOST
-        else:
-            flat = dev.flat()
-            place = DevicePlace(ch, cuda_aware_mpi())
-        stats = ch.stats
-        stats.bytes_input += size * dtype.itemsize
-        if mode == "compress":
-            stats.compressed_calls += 1
-        return _Prepared(
-            x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
-            place, dev,
-        )
+            return _Prepared(
+                x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
+                place, dev, in_place,
+            )
+        except BaseException as exc:
+            ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
+            raise
 
     def _run_allreduce(self, ch: Channel, p: _Prepared, out: Any) -> Any:
         y = _new_output(p, p.shape, out)
         yflat = y.reshape(y.size)
         n_ranks = ch.comm.Get_size()
         if p.mode == "raw":
-            in_place = out is not None and (
-                out is p.x or (p.dev is None and np.shares_memory(p.flat, yflat))
-            )
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
-                ch, xs, ys, p.deadline, in_place=in_place and xs is p.flat))
+                ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
         elif p.flat.size:
             layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
             ops, bound = self._ring_ops(p, layout, n_ranks)
@@ -572,9 +604,9 @@ def _bound(call: Call, eb: Any) -> ErrorBound | None:
 
 
 def _check_out(
-    call: Call, out: Any, shape: tuple[int, ...], dtype: np.dtype, device: bool
+    call: Call, out: Any, shape: tuple[int, ...], dtype: np.dtype, x: np.ndarray | DeviceData
 ) -> None:
-    if device:
+    if isinstance(x, DeviceData):
         if not is_device(out):
             call.problem(InputError, "out must be a device array like x")
             return
@@ -584,12 +616,14 @@ def _check_out(
             call.problem(InputError, f"out cannot be read as a device array ({exc})")
             return
         oshape, odtype, ok = o.shape, o.dtype, o.contiguous
+        overlap = out is not x.obj and _device_overlap(x, o)
     elif not isinstance(out, np.ndarray):
         call.problem(InputError, f"out must be a numpy array like x, got {type(out).__name__}")
         return
     else:
         oshape, odtype = out.shape, out.dtype
         ok = out.flags.c_contiguous and out.flags.writeable
+        overlap = out is not x and _host_overlap(x, out)
     if oshape != shape or odtype != dtype:
         call.problem(
             InputError,
@@ -597,6 +631,41 @@ def _check_out(
         )
     elif not ok:
         call.problem(InputError, "out must be C-contiguous and writeable")
+    elif overlap:
+        # MPI_IN_PLACE (or reading x while out is written) would reduce shifted data.
+        call.problem(
+            InputError,
+            "out overlaps x without being the same buffer: pass out=x (in place) or an "
+            "array that shares no memory with x",
+        )
+
+
+def _host_overlap(x: np.ndarray, out: np.ndarray) -> bool:
+    """Whether ``out`` shares memory with ``x`` but is not exactly x's buffer."""
+    if not np.may_share_memory(x, out):
+        return False
+    same = (
+        x.flags.c_contiguous
+        and x.__array_interface__["data"][0] == out.__array_interface__["data"][0]
+        and x.nbytes == out.nbytes
+    )
+    return not same and bool(np.shares_memory(x, out))
+
+
+def _device_span(d: DeviceData) -> tuple[int, int]:
+    """``(address, bytes)`` of C-contiguous device data."""
+    iface = getattr(d.arr, "__cuda_array_interface__", None)
+    if iface is None:  # numba's CUDA simulator: a wrapped host array
+        iface = d.arr._ary.__array_interface__
+    return int(iface["data"][0]), d.size * d.dtype.itemsize
+
+
+def _device_overlap(x: DeviceData, out: DeviceData) -> bool:
+    """Whether device array ``out`` overlaps ``x``'s bytes without being the same buffer."""
+    (a0, na), (b0, nb) = _device_span(x), _device_span(out)
+    if (a0, na) == (b0, nb):
+        return False
+    return a0 < b0 + nb and b0 < a0 + na and na > 0 and nb > 0
 
 
 # -- outputs and staging ------------------------------------------------------------------
@@ -675,10 +744,39 @@ def _mpi_buffers(ch: Channel, p: _Prepared, src: Any, dst: Any) -> Iterator[tupl
             ch.unpin(t)
 
 
+# -- private duplicates and their release ------------------------------------------------
+
+
+def dup_comm(comm: MPI.Intracomm, deadline: Deadline) -> MPI.Intracomm:
+    """Return a duplicate of ``comm`` (collective), within ``deadline``.
+
+    ``MPI_Comm_idup`` under a polled deadline, so that a rank that never joins raises
+    :class:`CollectiveError` on the others instead of blocking them forever; the
+    half-made duplicate is then left alone (freeing it would need the missing rank).
+    """
+    if deadline.at is None:
+        return comm.Dup()
+    dup, req = comm.Idup()
+    wait_all([req], deadline, "duplicating the communicator")
+    return dup
+
+
+def _close_channels(channels: list[Channel]) -> None:
+    # Runs from close() or, for a Communicator dropped unclosed, at garbage collection:
+    # it must not block on other ranks, and MPI_Comm_free is local in MPICH.
+    for ch in channels:
+        ch.close()
+    channels.clear()
+
+
 # -- default Communicator per mpi4py communicator ---------------------------------------
 
 _keyval_lock = threading.Lock()
 _keyval: int | None = None
+# One lock per communicator being given its default: the collective creation runs under
+# it, never under _keyval_lock, so threads creating defaults for different communicators
+# do not wait for each other (in whatever order the ranks run them).
+_creating: dict[int, threading.Lock] = {}
 
 
 def _on_comm_free(comm: MPI.Comm, keyval: int, attr: Any) -> None:
@@ -708,8 +806,18 @@ def default_communicator(comm: Any) -> Communicator:
     with _keyval_lock:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_on_comm_free)
-        found = comm.Get_attr(_keyval)
+        keyval = _keyval
+        found = comm.Get_attr(keyval)
+        if isinstance(found, Communicator):
+            return found
+        handle = MPI._handleof(comm)
+        lock = _creating.setdefault(handle, threading.Lock())
+    with lock:  # two threads of one rank asking for the same default make one
+        found = comm.Get_attr(keyval)
         if not isinstance(found, Communicator):
             found = Communicator(comm)
-            comm.Set_attr(_keyval, found)
-        return found
+            comm.Set_attr(keyval, found)
+    with _keyval_lock:
+        if _creating.get(handle) is lock:
+            del _creating[handle]
+    return found

@@ -29,6 +29,7 @@ and skips the step on every rank.
 
 import math
 import time
+import weakref
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,13 @@ class CCollHookState:
         timeout: seconds a bucket's collective may wait for its peers before it fails with
             :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
 
+    Creating the state is collective over ``comm`` and checks that every rank passed the
+    same ``eb``, ``error_feedback``, ``start_iter``, ``min_numel`` and ``policy`` (they
+    decide which collectives each bucket makes): a difference raises
+    :class:`ccoll.MismatchError` on every rank. Release the duplicated communicators and
+    threads with :meth:`close` (or a ``with`` block, or by dropping the state: a finalizer
+    frees them without a collective call, as ``MPI_Comm_free`` is local in MPICH).
+
     Error feedback (per ``bucket.index()``, as PowerSGD keeps its residuals): with ``x`` the
     bucket (float32) and ``r`` the stored residual of that bucket, the hook reduces
     ``x_ef = x + r`` and stores ``r_new = x_ef - Q(x_ef)``, where ``Q(x_ef)`` is exactly this
@@ -113,6 +121,8 @@ class CCollHookState:
         "exact",
         "busy_s",
         "policy",
+        "_finalizer",
+        "__weakref__",
     )
 
     def __init__(
@@ -129,6 +139,9 @@ class CCollHookState:
         from mpi4py import MPI
 
         from ccoll.collectives import Communicator
+        from ccoll.collectives.agreement import BOUND_KINDS, POLICIES, Call, agree
+        from ccoll.collectives.communicator import dup_comm
+        from ccoll.collectives.waiting import Deadline
 
         bound = REL(1e-3) if eb is None else as_bound(eb)
         if not isinstance(bound, (ABS, REL)):
@@ -147,13 +160,33 @@ class CCollHookState:
         self.error_feedback = bool(error_feedback)
         self.start_iter = start
         self.min_numel = min_n
-        self.comm = base.Dup()
-        # Error feedback needs to know each rank's own quantized input, which only the
-        # homomorphic ring defines (decompress-add-recompress mixes the ranks' errors).
-        self.policy = policy
-        self.communicator = Communicator(
-            self.comm, algorithm="homomorphic", policy=policy, timeout=timeout
+        # A rank with other settings would make other collectives per bucket (error
+        # feedback adds one for the range of REL bounds): agree on them before any bucket.
+        call = Call("CCollHookState", bound_kind=BOUND_KINDS[bound.kind],
+                    bound_value=bound.value, policy=POLICIES[policy],
+                    feedback=int(self.error_feedback), start_iter=start, min_numel=min_n)
+        call.shown.update({
+            "error-bound kind": bound.kind, "error-bound value": bound, "policy": policy,
+            "error_feedback": self.error_feedback, "start_iter": start, "min_numel": min_n,
+        })
+        valid_timeout = isinstance(timeout, (int, float)) and math.isfinite(timeout) and (
+            timeout > 0
         )
+        deadline = Deadline(float(timeout) if valid_timeout else None,  # type: ignore[arg-type]
+                            "creating a ccoll.torch.CCollHookState")
+        self.comm = dup_comm(base, deadline)
+        try:
+            agree(self.comm, call, deadline)
+            # Error feedback needs to know each rank's own quantized input, which only the
+            # homomorphic ring defines (decompress-add-recompress mixes the ranks' errors).
+            self.policy = policy
+            self.communicator = Communicator(
+                self.comm, algorithm="homomorphic", policy=policy, timeout=timeout
+            )
+        except BaseException:
+            self.comm.Free()
+            raise
+        self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
         self.compressed = 0
@@ -167,13 +200,20 @@ class CCollHookState:
             f"ranks={self.comm.Get_size()}, iter={self.iter})"
         )
 
-    def close(self) -> None:
-        """Free the communicators (collective; after the last backward pass that uses them)."""
-        from mpi4py import MPI
+    def __enter__(self) -> "CCollHookState":
+        return self
 
-        if self.comm != MPI.COMM_NULL and not MPI.Is_finalized():
-            self.communicator.free()
-            self.comm.Free()
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the communicators and stop the threads; calling it again does nothing.
+
+        Call it after the last backward pass that uses the state.
+        """
+        self._finalizer()
+
+    free = close
 
     def sum_bound(self, x: np.ndarray) -> float:
         """Absolute bound of the ranks' *sum* that bounds their average by ``eb``.
@@ -185,10 +225,29 @@ class CCollHookState:
         n = self.comm.Get_size()
         if isinstance(self.eb, ABS):
             return self.eb.value * n
+        from ccoll.collectives.waiting import Deadline, wait_all
+
         lo, hi = finite_range(x)
         ext = np.array([lo, -hi], dtype=np.float64)
-        self.comm.Allreduce(MPI.IN_PLACE, ext, op=MPI.MIN)
+        deadline = Deadline(self.communicator.timeout, "the value range of a gradient bucket")
+        try:
+            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, ext, op=MPI.MIN)], deadline,
+                     "MPI_Iallreduce")
+        except BaseException as exc:
+            # The bucket's peers are left waiting: later buckets must not run.
+            self.communicator._sync.fail(f"the hook's range allreduce raised {type(exc).__name__}")
+            raise
         return self.eb.resolve(float(ext[0]), float(-ext[1])) * n
+
+
+def _close_state(comm: Any, communicator: Any) -> None:
+    # close(), or garbage collection of a state never closed: no collective call here
+    # (MPI_Comm_free is local in MPICH).
+    from mpi4py import MPI
+
+    communicator.close()
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
 
 
 def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np.ndarray:

@@ -23,9 +23,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cud
 import warp_shim  # noqa: E402
 from collkit import exact_sum, global_eb, gradient_like  # noqa: E402
 from kit import assert_same_on_every_rank, assert_within  # noqa: E402
+from mpi4py import MPI  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import ccoll  # noqa: E402
+from ccoll.errors import InputError, MismatchError  # noqa: E402
 
 warp_shim.install()
 
@@ -64,3 +66,26 @@ def test_device_exact_equals_mpi(comm):
     x = gradient_like(comm.rank, 57, np.float64)
     y = ccoll.allreduce(cuda.to_device(x), eb=None, comm=comm).copy_to_host()
     assert y.tobytes() == ccoll.allreduce(x, eb=None, comm=comm).tobytes()
+
+
+def _same_error_everywhere(comm, info, exc_type, match):
+    assert type(info.value) is exc_type, f"{type(info.value).__name__}: {info.value}"
+    assert match in str(info.value), str(info.value)
+    assert len(set(comm.allgather(str(info.value)))) == 1
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2, reason="needs two ranks to disagree")
+def test_host_data_on_one_rank_and_device_data_on_another_fail_everywhere(comm):
+    x = gradient_like(comm.rank, 500, np.float32)
+    arg = cuda.to_device(x) if comm.rank == 0 else x
+    with pytest.raises(MismatchError) as info:
+        ccoll.allreduce(arg, eb=ccoll.ABS(1e-3), comm=comm, policy="compress")
+    _same_error_everywhere(comm, info, MismatchError, "data location (device on rank 0; host on")
+
+
+def test_out_partly_overlapping_device_x_is_refused_everywhere(comm):
+    d = cuda.to_device(np.arange(11, dtype=np.float32))
+    with pytest.raises(InputError) as info:
+        ccoll.allreduce(d[:-1], eb=None, comm=comm, out=d[1:])
+    _same_error_everywhere(comm, info, InputError, "out overlaps x")
+    assert np.array_equal(d.copy_to_host(), np.arange(11, dtype=np.float32))

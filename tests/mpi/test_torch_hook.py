@@ -309,9 +309,12 @@ def test_overflow_reaches_every_rank_and_gradscaler_skips(comm, state_factory,
 
 def test_error_from_the_collective_reaches_backward_on_every_rank(comm, state_factory) -> None:
     # Ranks that disagree on the bound get a clear error from loss.backward(), never a hang.
+    # (Different bounds passed to CCollHookState fail its creation; here one rank's state
+    # is changed afterwards, so that the collective itself finds the difference.)
     if comm.Get_size() == 1:
         pytest.skip("needs two ranks to disagree")
-    state = state_factory(eb=ccoll.ABS(1e-3 * (1 + comm.Get_rank())), start_iter=0, min_numel=0)
+    state = state_factory(eb=ccoll.ABS(1e-3), start_iter=0, min_numel=0)
+    state.eb = ccoll.ABS(1e-3 * (1 + comm.Get_rank()))
     ddp = DDP(Net())
     ddp.register_comm_hook(state, ct.comm_hook)
     # DDP turns the hook's failure into a RuntimeError that names ccoll's exception.

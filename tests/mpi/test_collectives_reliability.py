@@ -1,0 +1,219 @@
+"""What keeps ranks from hanging or computing wrong answers (run with 1..5 ranks).
+
+Settings that decide which collectives a rank makes are agreed (a difference on one rank
+raises ``MismatchError`` on every rank), the agreement's error path makes buffer-based MPI
+calls only, ``out`` that partly overlaps ``x`` is refused, and Communicators release their
+duplicates and threads on ``close()``, on ``with`` and when dropped.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from collkit import gradient_like
+from mpi4py import MPI
+
+import ccoll
+from ccoll.collectives import agreement, layout
+from ccoll.collectives.agreement import Call, agree
+from ccoll.collectives.waiting import Deadline
+from ccoll.errors import CollectiveError, InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+needs_two = pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+
+
+def same_error_everywhere(comm, exc_info, exc_type, match):
+    err = exc_info.value
+    assert type(err) is exc_type, f"{type(err).__name__}: {err}"
+    assert match in str(err), str(err)
+    msgs = comm.allgather(str(err))
+    assert len(set(msgs)) == 1, msgs
+
+
+# -- the agreement's error path --------------------------------------------------------
+
+
+class _NoPickle(MPI.Intracomm):
+    """The same communicator, with mpi4py's pickle-based collectives forbidden."""
+
+    def _pickled(self, *args, **kwargs):
+        raise AssertionError("a pickle-based collective was called")
+
+    allgather = allreduce = bcast = gather = alltoall = _pickled
+
+
+@needs_two
+def test_agreement_error_path_makes_no_pickled_call(comm):
+    call = Call("allreduce", count=10 + (comm.rank == 1), dtype=1, policy=2, algorithm=1, op=1)
+    call.shown["element count"] = call.count
+    with pytest.raises(MismatchError) as info:
+        agree(_NoPickle(comm), call, Deadline(60.0, "test"))
+    same_error_everywhere(comm, info, MismatchError, "element count (10 on rank")
+    # Without a deadline (blocking MPI calls) as well.
+    with pytest.raises(MismatchError) as info:
+        agree(_NoPickle(comm), call, Deadline(None, "test"))
+    same_error_everywhere(comm, info, MismatchError, "element count")
+
+
+def test_agreement_error_path_reports_problems_without_pickle(comm):
+    call = Call("allreduce", count=4, dtype=1, policy=2, algorithm=1, op=1)
+    if comm.rank == comm.size - 1:
+        call.problem(InputError, "op 'max' is not supported")
+    with pytest.raises(InputError) as info:
+        agree(_NoPickle(comm), call, Deadline(60.0, "test"))
+    same_error_everywhere(comm, info, InputError, f"rank {comm.size - 1}: op 'max'")
+
+
+# -- settings that decide the collectives a rank makes ---------------------------------
+
+
+@needs_two
+@pytest.mark.parametrize(
+    "name, value",
+    [("CCOLL_ALPHA", "5us"), ("CCOLL_RATIO", "3"), ("CCOLL_CALIBRATION", "off")],
+)
+def test_calibration_env_override_on_one_rank_fails_each_auto_call(comm, monkeypatch, name,
+                                                                   value):
+    with ccoll.Communicator(comm, policy="auto", timeout=60) as c:
+        if comm.rank == comm.size - 1:
+            monkeypatch.setenv(name, value)
+        x = gradient_like(comm.rank, 50_000, np.float32)
+        with pytest.raises(MismatchError) as info:
+            c.allreduce(x, eb=ccoll.REL(1e-3))
+        same_error_everywhere(comm, info, MismatchError, f"{name}={value} on rank {comm.size - 1}")
+        # Nothing was left in flight: a call that does not calibrate still works.
+        y = c.allreduce(x, eb=None)
+        assert y.shape == x.shape
+
+
+@needs_two
+def test_hook_error_feedback_on_one_rank_fails_everywhere(comm):
+    torch = pytest.importorskip("torch")  # noqa: F841
+    import ccoll.torch as ct
+
+    with pytest.raises(MismatchError) as info:
+        ct.CCollHookState(error_feedback=comm.rank == 1, comm=comm)
+    same_error_everywhere(comm, info, MismatchError, "error_feedback (False on rank")
+
+
+@needs_two
+@pytest.mark.parametrize("kw", [{"start_iter": 3}, {"min_numel": 10}, {"eb": "abs:1e-3"}])
+def test_hook_settings_on_one_rank_fail_everywhere(comm, kw):
+    pytest.importorskip("torch")
+    import ccoll.torch as ct
+
+    with pytest.raises(MismatchError) as info:
+        ct.CCollHookState(comm=comm, **(kw if comm.rank == comm.size - 1 else {}))
+    name = {"start_iter": "start_iter", "min_numel": "min_numel", "eb": "error-bound kind"}
+    same_error_everywhere(comm, info, MismatchError, name[next(iter(kw))])
+
+
+# -- out that overlaps x ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["raw", "compress"])
+@pytest.mark.parametrize("eb", [None, ccoll.ABS(1e-3)], ids=["exact", "abs"])
+def test_out_partly_overlapping_x_is_refused_everywhere(comm, policy, eb):
+    a = np.arange(11, dtype=np.float64) + comm.rank
+    before = a.copy()
+    with pytest.raises(InputError) as info:
+        ccoll.allreduce(a[:-1], eb=eb, comm=comm, out=a[1:], policy=policy)
+    same_error_everywhere(comm, info, InputError, "out overlaps x")
+    assert np.array_equal(a, before)  # nothing written
+
+
+def test_out_on_the_same_buffer_as_x_is_in_place_and_exact(comm):
+    a = np.arange(10, dtype=np.float64) + comm.rank
+    want = np.arange(10, dtype=np.float64) * comm.size + sum(range(comm.size))
+    x = a[:]
+    out = a.reshape(2, 5).reshape(10)  # another view object on the very same buffer
+    y = ccoll.allreduce(x, eb=None, comm=comm, out=out)
+    assert y is out
+    assert np.array_equal(a, want), (a, want)
+
+
+# -- resources -------------------------------------------------------------------------------
+
+
+def _used(c: ccoll.Communicator) -> list[MPI.Intracomm]:
+    """Run a pipelined compressed call on both channels; return the channels' duplicates."""
+    x = gradient_like(c.rank, 4000 * c.size, np.float32)
+    c.allreduce(x, eb=ccoll.ABS(1e-3))
+    c.iallreduce(x, eb=ccoll.ABS(1e-3)).wait(timeout=60)
+    return [c._sync.comm, c._async.comm]
+
+
+def test_close_frees_duplicates_and_is_idempotent(comm):
+    c = ccoll.Communicator(comm, policy="compress", chunk_elems=512)
+    dups = _used(c)
+    assert all(d != MPI.COMM_NULL for d in dups)
+    c.close()
+    assert all(d == MPI.COMM_NULL for d in dups)
+    c.close()  # again: nothing
+    c.free()  # the older name
+    with pytest.raises(CollectiveError, match="closed"):
+        c.allreduce(np.zeros(3, np.float32), eb=None)
+
+
+def test_dropped_communicator_is_released_by_gc(comm):
+    c = ccoll.Communicator(comm, policy="compress", chunk_elems=512)
+    dups = _used(c)
+    workers = [c._sync.worker, c._async.worker]
+    assert any(w._thread is not None for w in workers)
+    del c
+    gc.collect()
+    assert all(d == MPI.COMM_NULL for d in dups)
+    assert all(w._thread is None for w in workers)
+    comm.Barrier()
+
+
+def test_with_block_closes(comm):
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=512) as c:
+        dups = _used(c)
+    assert all(d == MPI.COMM_NULL for d in dups)
+
+
+def test_hook_state_close_with_and_gc(comm):
+    pytest.importorskip("torch")
+    import ccoll.torch as ct
+
+    with ct.CCollHookState(comm=comm) as s:
+        dups = [s.comm, s.communicator._sync.comm]
+    assert all(d == MPI.COMM_NULL for d in dups)
+    s.close()  # again: nothing
+    s = ct.CCollHookState(comm=comm)
+    dups = [s.comm, s.communicator._sync.comm]
+    del s
+    gc.collect()
+    assert all(d == MPI.COMM_NULL for d in dups)
+    comm.Barrier()
+
+
+def test_ring_with_more_chunks_than_tags_stays_within_tag_limit(comm, monkeypatch):
+    # A small tag limit stands for a message whose chunk indices would pass MPI_TAG_UB.
+    monkeypatch.setattr(layout, "MAX_CHUNKS", 3)
+    n = 1000 * comm.size
+    x = gradient_like(comm.rank, n, np.float32)
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=16) as c:
+        lay = layout.Layout(n, comm.size, 16)
+        assert lay.max_chunks <= 3 and lay.chunk_elems > 16
+        y = c.allreduce(x, eb=ccoll.ABS(1e-3))
+    monkeypatch.setattr(layout, "MAX_CHUNKS", 1 << 15)
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=lay.chunk_elems) as c:
+        want = c.allreduce(x, eb=ccoll.ABS(1e-3))
+    assert y.tobytes() == want.tobytes()
+    assert layout.MAX_CHUNKS - 1 <= comm.Get_attr(MPI.TAG_UB)
+
+
+def test_env_fingerprint_is_exact_in_float64(monkeypatch):
+    for name in agreement.ENV_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    none, text = agreement.env_code()
+    assert text == "none set"
+    monkeypatch.setenv("CCOLL_RATIO", "3")
+    code, text = agreement.env_code()
+    assert text == "CCOLL_RATIO=3" and code != none
+    assert 0 <= code < 2**52 and float(code) == code
