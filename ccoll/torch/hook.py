@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ccoll.errorbound import ABS, REL, ErrorBound, as_bound, finite_range
-from ccoll.errors import InputError
+from ccoll.errors import ErrorBoundError, InputError
 
 __all__ = ["CCollHookState", "comm_hook"]
 
@@ -46,9 +46,11 @@ _SUPPORTED = (torch.float32, torch.float64, *_LOW_PRECISION)
 _POLICIES = ("compress", "auto", "raw")
 
 
-def _check_int(name: str, value: object, lo: int) -> int:
+def _checked_int(call: Any, name: str, value: object, lo: int) -> int:
+    """Return ``value`` as an int, or ``lo`` with a problem recorded on ``call``."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo:
-        raise InputError(f"{name} must be an int >= {lo}, got {value!r}")
+        call.problem(InputError, f"{name} must be an int >= {lo}, got {value!r}")
+        return lo
     return int(value)
 
 
@@ -143,28 +145,42 @@ class CCollHookState:
         from ccoll.collectives.communicator import dup_comm
         from ccoll.collectives.waiting import Deadline
 
-        bound = REL(1e-3) if eb is None else as_bound(eb)
-        if not isinstance(bound, (ABS, REL)):
-            raise InputError(f"eb must be ccoll.ABS or ccoll.REL, got {eb!r}")
-        if not isinstance(error_feedback, (bool, np.bool_)):
-            raise InputError(f"error_feedback must be True or False, got {error_feedback!r}")
-        start = _check_int("start_iter", start_iter, 0)
-        min_n = _check_int("min_numel", min_numel, 0)
-        if policy not in _POLICIES:
-            raise InputError(f"policy must be one of {', '.join(map(repr, _POLICIES))}, "
-                             f"got {policy!r}")
         base = MPI.COMM_WORLD if comm is None else comm
         if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
             raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
-        self.eb: ErrorBound = bound
+        # A bad argument on one rank is recorded, not raised: the agreement below raises it
+        # on every rank, so the others never wait in a collective this rank skipped.
+        call = Call("CCollHookState")
+        bound: ErrorBound = REL(1e-3)
+        try:
+            bound = REL(1e-3) if eb is None else as_bound(eb)
+        except (ErrorBoundError, InputError) as exc:
+            call.problem(type(exc), str(exc))
+        if not isinstance(bound, (ABS, REL)):
+            call.problem(InputError, f"eb must be ccoll.ABS or ccoll.REL, got {eb!r}")
+            bound = REL(1e-3)
+        if not isinstance(error_feedback, (bool, np.bool_)):
+            call.problem(InputError,
+                         f"error_feedback must be True or False, got {error_feedback!r}")
+            error_feedback = False
+        start = _checked_int(call, "start_iter", start_iter, 0)
+        min_n = _checked_int(call, "min_numel", min_numel, 0)
+        if policy not in _POLICIES:
+            call.problem(InputError, f"policy must be one of {', '.join(map(repr, _POLICIES))}, "
+                         f"got {policy!r}")
+            policy = "auto"
+        self.eb = bound
         self.error_feedback = bool(error_feedback)
         self.start_iter = start
         self.min_numel = min_n
         # A rank with other settings would make other collectives per bucket (error
         # feedback adds one for the range of REL bounds): agree on them before any bucket.
-        call = Call("CCollHookState", bound_kind=BOUND_KINDS[bound.kind],
-                    bound_value=bound.value, policy=POLICIES[policy],
-                    feedback=int(self.error_feedback), start_iter=start, min_numel=min_n)
+        call.bound_kind = BOUND_KINDS[bound.kind]
+        call.bound_value = bound.value
+        call.policy = POLICIES[policy]
+        call.feedback = int(self.error_feedback)
+        call.start_iter = start
+        call.min_numel = min_n
         call.shown.update({
             "error-bound kind": bound.kind, "error-bound value": bound, "policy": policy,
             "error_feedback": self.error_feedback, "start_iter": start, "min_numel": min_n,

@@ -111,6 +111,28 @@ def test_hook_settings_on_one_rank_fail_everywhere(comm, kw):
     same_error_everywhere(comm, info, MismatchError, name[next(iter(kw))])
 
 
+@needs_two
+@pytest.mark.parametrize(
+    ("kw", "exc", "match"),
+    [({"start_iter": -1}, "InputError", "start_iter must be an int >= 0"),
+     ({"eb": "bogus"}, "ErrorBoundError", "bound string must look like"),
+     ({"policy": "fast"}, "InputError", "policy must be one of"),
+     ({"error_feedback": "yes"}, "InputError", "error_feedback must be True or False")],
+)
+def test_hook_bad_argument_on_one_rank_fails_everywhere(comm, kw, exc, match):
+    # The rank with the bad argument must not raise before the agreement, or the others
+    # would wait for it there.
+    pytest.importorskip("torch")
+    import ccoll.errors
+    import ccoll.torch as ct
+
+    exc_type = getattr(ccoll.errors, exc)
+    with pytest.raises(exc_type) as info:
+        ct.CCollHookState(comm=comm, timeout=30,
+                          **(kw if comm.rank == comm.size - 1 else {}))
+    same_error_everywhere(comm, info, exc_type, match)
+
+
 # -- out that overlaps x ------------------------------------------------------------------
 
 
