@@ -11,7 +11,7 @@ PYTEST_MPI = $(VPY) -m mpi4py -m pytest tests/mpi -q -p no:cacheprovider \
 	--timeout=$(MPI_TEST_TIMEOUT) --timeout-method=thread
 
 .PHONY: all venv demo test test-unit test-mpi test-cuda test-slow bench bench-cluster lint \
-	datasets clean \
+	soak datasets clean \
 	slurm-up slurm-down
 
 all: test
@@ -68,6 +68,14 @@ bench-cluster: $(STAMP)
 	    ccoll bench allreduce -b 4 -e 256M -f 2 --csv $(BENCH_OUT)/allreduce_$$2_$$1.csv \
 	    --json $(BENCH_OUT)/allreduce_$$2_$$1.json --plot $(BENCH_OUT)/allreduce_$$2_$$1.png; \
 	done
+
+# Soak (not part of `make test`): SOAK_RUNS fresh 4-rank jobs, each starting with iallreduce
+# and allreduce at once on first use (bench/soak_first_use.py); every run must finish,
+# within the bound and identical on every rank.
+SOAK_RUNS ?= 200
+soak: $(STAMP)
+	@mkdir -p $(BENCH_OUT)
+	$(VPY) bench/soak_first_use.py --runs $(SOAK_RUNS) --ranks 4 --json $(BENCH_OUT)/soak.json
 
 # One-node Slurm on this machine (root, Debian) for trying jobs/*.sbatch; see jobs/README.md.
 slurm-up:
