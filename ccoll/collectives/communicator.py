@@ -47,7 +47,7 @@ from ccoll.collectives.devices import (
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy import Decision, _decide, _fixed
-from ccoll.collectives.ring import allgather_streams, reduce_scatter_streams
+from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce
 from ccoll.collectives.waiting import Deadline
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
@@ -264,9 +264,9 @@ class Communicator:
         """Return the ``policy="auto"`` state (calibration) of a channel, made on first use."""
         pol = self._auto.get(ch.name)
         if pol is None:
-            from ccoll.collectives.auto_policy import AutoPolicy
+            from ccoll.collectives.policy import AutoPolicy
 
-            pol = self._auto[ch.name] = AutoPolicy(ch.comm)
+            pol = self._auto[ch.name] = AutoPolicy(ch, chunk_elems=self.chunk_elems)
         return pol
 
     def _async_channel(self) -> Channel:
@@ -443,10 +443,9 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
                 ch, xs, ys, p.deadline, in_place=in_place and xs is p.flat))
         elif p.flat.size:
-            layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
-            ops, bound = self._ring_ops(p, layout, n_ranks)
-            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, bound, p.deadline, p.place)
-            allgather_streams(ch, layout, p.dtype, mine, bound, yflat, p.deadline, p.place)
+            ring_allreduce(ch, p.flat, yflat, p.dtype, p.eb_abs, algorithm=p.algorithm,
+                           chunk_elems=p.chunk_elems or self.chunk_elems, deadline=p.deadline,
+                           place=p.place)
         if p.avg:
             _divide(p, yflat, n_ranks)
         return _result(p, y, out)
