@@ -10,8 +10,8 @@ from dataclasses import replace
 import pytest
 
 from ccoll.collectives import model
-from ccoll.collectives.auto_policy import choose
 from ccoll.collectives.model import Params
+from ccoll.collectives.policy.auto import choose
 
 MiB = 1 << 20
 # Round numbers so that the expected times can be written by hand.
