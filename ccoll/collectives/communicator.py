@@ -266,7 +266,7 @@ class Communicator:
         if pol is None:
             from ccoll.collectives.policy import AutoPolicy
 
-            pol = self._auto[ch.name] = AutoPolicy(ch, chunk_elems=self.chunk_elems)
+            pol = self._auto[ch.name] = AutoPolicy(ch)
         return pol
 
     def _async_channel(self) -> Channel:

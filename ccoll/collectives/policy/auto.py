@@ -101,7 +101,7 @@ DECISION_MARGIN = 0.15
 # A lower bound of the fixed cost of a compressed call, used before the ring's own costs
 # are measured (the size test that decides tiny messages without any communication).
 PY_OVERHEAD = 150e-6
-# The Communicator's default chunk size (an AutoPolicy made without one times the ring so).
+# Chunk of the ring that the efficiency fit times: the Communicator's default.
 DEFAULT_CHUNK = 1 << 20
 _SAMPLE_BUDGET = 0.01  # share of the predicted raw time that ratio sampling may take
 _MIN_SAMPLE_BLOCKS = 32
@@ -176,8 +176,8 @@ class AutoPolicy:
     them (a timeout too) marks the channel failed (:meth:`Channel.fail`): peers may still
     be inside the calibration, so the channel's later calls must raise, not hang.
 
-    ``chunk_elems``: the pipeline chunk of the Communicator's compressed calls, with which
-    the efficiency fit times the ring.
+    ``chunk_elems``: the pipeline chunk with which the efficiency fit times the ring (the
+    Communicator's default; a call that ``"auto"`` compresses uses the model's chunks).
     """
 
     def __init__(self, ch: Channel, *, backend: str = "cpu", ops: Ops | None = None,
