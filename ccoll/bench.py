@@ -185,9 +185,10 @@ def bench(
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta."""
     from mpi4py import MPI
 
-    from ccoll.collectives.auto_policy import AutoPolicy, describe
+    from ccoll.collectives.channel import Channel
     from ccoll.collectives.communicator import Communicator
     from ccoll.collectives.homomorphic import rank_bound
+    from ccoll.collectives.policy import AutoPolicy, describe
     from ccoll.errorbound import as_bound, finite_range
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -203,15 +204,17 @@ def bench(
             ccs[a] = Communicator(comm, algorithm="dar", policy="compress")
         elif a == "auto":
             ccs[a] = Communicator(comm, algorithm="homomorphic", policy="auto")
-    model_policy = AutoPolicy(comm) if predict else None
+    # The model's calibration runs on a channel of its own (it keeps its own counters).
+    model_ch = Channel(comm.Dup(), "bench-model", None) if predict else None
+    model_policy = AutoPolicy(model_ch) if model_ch is not None else None
     rows: list[Row] = []
     try:
         for size in size_list:
             count = size // 4
             x = np.resize(base, count)
             lo, hi = finite_range(x)
-            glo = comm.allreduce(lo, op=MPI.MIN)
-            ghi = comm.allreduce(hi, op=MPI.MAX)
+            glo = _allreduce_float(comm, lo, MPI.MIN)
+            ghi = _allreduce_float(comm, hi, MPI.MAX)
             eb_abs = bound.resolve(glo, ghi)
             run = _runners(collective, comm, ccs, x, bound, algos)
             big = size > large
@@ -241,7 +244,7 @@ def bench(
                 ref = _reference(collective, comm, x)
                 for a in algos:
                     e = float(np.max(np.abs(outs[a].astype(np.float64).reshape(ref.shape) - ref)))
-                    e = comm.allreduce(e, op=MPI.MAX)
+                    e = _allreduce_float(comm, e, MPI.MAX)
                     errs[a] = e / eb_abs if eb_abs > 0 else (0.0 if e == 0 else math.inf)
             pred = None
             if model_policy is not None and n > 1:
@@ -254,7 +257,7 @@ def bench(
                 avg = float(t.mean())
                 if a == "mpi":
                     mpi_avg = avg
-                tot_sent = comm.allreduce(sent[a], op=MPI.SUM) / n / nit
+                tot_sent = _allreduce_float(comm, sent[a], MPI.SUM) / n / nit
                 rb = _raw_bytes(collective, n, size)
                 ratio = (rb / tot_sent if tot_sent > 0 else None) if a in ccs else None
                 algbw = size / avg / 1e9 if avg > 0 else 0.0
@@ -287,6 +290,8 @@ def bench(
     finally:
         for cc in ccs.values():
             cc.free()
+        if model_ch is not None:
+            model_ch.close()
         comm.Free()
     return rows, meta
 
@@ -296,7 +301,7 @@ def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float) -> Any:
     from mpi4py import MPI
 
     from ccoll.collectives import model
-    from ccoll.collectives.auto_policy import estimate_stream
+    from ccoll.collectives.policy.fits import estimate_stream
 
     n = pol.comm.Get_size()
     comp = pol.compressor(x, eb_share) if eb_share > 0 else None
@@ -313,6 +318,14 @@ def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float) -> Any:
     block = -(-x.size // n)
     k = max(1, -(-block // DEFAULT_CHUNK))
     return model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k)
+
+
+def _allreduce_float(comm: Any, v: float, op: Any) -> float:
+    """``op`` of one float over the ranks (buffer-based: no pickled mpi4py collective)."""
+    mine = np.array([float(v)])
+    out = np.empty_like(mine)
+    comm.Allreduce(mine, out, op=op)
+    return float(out[0])
 
 
 def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: int,

@@ -14,8 +14,8 @@ import pytest
 
 from ccoll import cli_model
 from ccoll.collectives import model
-from ccoll.collectives.auto_policy import choose
 from ccoll.collectives.model import Params
+from ccoll.collectives.policy.auto import choose
 from ccoll.errors import InputError
 
 MiB = 1 << 20

@@ -37,21 +37,18 @@ from ccoll.collectives.agreement import (
     shape_code,
 )
 from ccoll.collectives.channel import Channel, Stats
-from ccoll.collectives.dar import DarOps, dar_bound
 from ccoll.collectives.devices import (
     HOST,
     DeviceData,
     DevicePlace,
     HostPlace,
     cuda_aware_mpi,
-    device_add,
     device_divide,
     is_device,
 )
-from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy import Decision, _decide, _fixed
-from ccoll.collectives.ring import allgather_streams, reduce_scatter_streams
+from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
@@ -278,9 +275,9 @@ class Communicator:
         """Return the ``policy="auto"`` state (calibration) of a channel, made on first use."""
         pol = self._auto.get(ch.name)
         if pol is None:
-            from ccoll.collectives.auto_policy import AutoPolicy
+            from ccoll.collectives.policy import AutoPolicy
 
-            pol = self._auto[ch.name] = AutoPolicy(ch.comm)
+            pol = self._auto[ch.name] = AutoPolicy(ch)
         return pol
 
     def _async_channel(self) -> Channel:
@@ -475,10 +472,9 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
                 ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
         elif p.flat.size:
-            layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
-            ops, bound = self._ring_ops(p, layout, n_ranks)
-            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, bound, p.deadline, p.place)
-            allgather_streams(ch, layout, p.dtype, mine, bound, yflat, p.deadline, p.place)
+            ring_allreduce(ch, p.flat, yflat, p.dtype, p.eb_abs, algorithm=p.algorithm,
+                           chunk_elems=p.chunk_elems or self.chunk_elems, deadline=p.deadline,
+                           place=p.place)
         if p.avg:
             _divide(p, yflat, n_ranks)
         return _result(p, y, out)
@@ -494,18 +490,12 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, y, lambda xs, ys: exact.reduce_scatter(
                 ch, xs, counts, ys, p.deadline))
         elif p.flat.size:
-            ops, bound = self._ring_ops(p, layout, n_ranks)
-            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, bound, p.deadline, p.place)
-            gather.decode_block(layout, r, p.dtype, mine, bound, y)
+            ops = ring_ops(p.flat, layout, p.algorithm, p.eb_abs, p.place)
+            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, p.eb_abs, p.deadline, p.place)
+            gather.decode_block(layout, r, p.dtype, mine, p.eb_abs, y)
         if p.avg:
             _divide(p, y, n_ranks)
         return _result(p, y, None)
-
-    def _ring_ops(self, p: _Prepared, layout: Layout, n_ranks: int) -> tuple[Any, float]:
-        if p.algorithm == "dar":
-            add = device_add if p.dev is not None else _host_add
-            return DarOps(p.flat, layout, dar_bound(p.eb_abs, n_ranks), add), p.eb_abs
-        return HomomorphicOps(p.flat, layout, rank_bound(p.eb_abs, n_ranks)), p.eb_abs
 
     def _run_allgather(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks = ch.comm.Get_size()
@@ -690,10 +680,6 @@ def _divide(p: _Prepared, y: Any, n: int) -> None:
         np.divide(y, y.dtype.type(n), out=y)
     else:
         device_divide(y, n)
-
-
-def _host_add(a: np.ndarray, b: np.ndarray) -> None:
-    np.add(a, b, out=a)
 
 
 def _on_mpi_buffers(

@@ -1,7 +1,7 @@
 """Cost model of ring allreduce, raw and compressed (docs/model.md derives every formula).
 
 Pure arithmetic on calibrated constants; no MPI, no compressor.
-:mod:`ccoll.collectives.auto_policy` measures the constants and uses :func:`predict` to pick
+:mod:`ccoll.collectives.policy` measures the constants and uses :func:`predict` to pick
 raw or compressed per call (``policy="auto"``); the
 ``ccoll model`` command prints the predictions and the break-even points.
 

@@ -26,12 +26,21 @@ from mpi4py import MPI
 
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
-from ccoll.collectives.devices import HOST, HostPlace
+from ccoll.collectives.dar import DarOps, dar_bound
+from ccoll.collectives.devices import HOST, HostPlace, device_add
+from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, poll_pause, wait_all
 from ccoll.errors import FormatError
 
-__all__ = ["RingOps", "reduce_scatter_streams", "allgather_streams", "decode_chunks"]
+__all__ = [
+    "RingOps",
+    "ring_ops",
+    "ring_allreduce",
+    "reduce_scatter_streams",
+    "allgather_streams",
+    "decode_chunks",
+]
 
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
 # between MPI_Testsome and a short wait for the worker; the wait grows up to this cap.
@@ -49,6 +58,43 @@ class RingOps(Protocol):
 
     def combine(self, block: int, chunk: int, received: Any) -> Any:
         """Stream of the received partial result combined with this rank's own data."""
+
+
+def ring_ops(flat: Any, layout: Layout, algorithm: str, eb_abs: float,
+             place: HostPlace = HOST) -> RingOps:
+    """Return the ring operations of ``algorithm`` on ``flat`` for a sum within ``eb_abs``."""
+    if algorithm == "dar":
+        add = device_add if place.device else _host_add
+        return DarOps(flat, layout, dar_bound(eb_abs, layout.size), add)
+    return HomomorphicOps(flat, layout, rank_bound(eb_abs, layout.size))
+
+
+def _host_add(a: np.ndarray, b: np.ndarray) -> None:
+    np.add(a, b, out=a)
+
+
+def ring_allreduce(
+    ch: Channel,
+    flat: Any,
+    flat_out: Any,
+    dtype: np.dtype,
+    eb_abs: float,
+    *,
+    algorithm: str,
+    chunk_elems: int,
+    deadline: Deadline,
+    place: HostPlace = HOST,
+) -> None:
+    """Compressed ring allreduce of ``flat`` into ``flat_out``, within ``eb_abs`` of the sum.
+
+    Collective over ``ch``: reduce-scatter of the compressed chunks, then the allgather that
+    forwards the reduced streams; every rank decodes the same bytes. The Communicator's
+    compressed allreduce and the calibration of ``policy="auto"`` both run this.
+    """
+    layout = Layout(flat.size, ch.comm.Get_size(), chunk_elems)
+    ops = ring_ops(flat, layout, algorithm, eb_abs, place)
+    mine = reduce_scatter_streams(ch, layout, dtype, ops, eb_abs, deadline, place)
+    allgather_streams(ch, layout, dtype, mine, eb_abs, flat_out, deadline, place)
 
 
 def reduce_scatter_streams(

@@ -1,7 +1,7 @@
 """DDP communication hook that averages gradient buckets with ``ccoll.allreduce``.
 
 ``comm_hook(state, bucket)`` queues the bucket on ccoll's progress engine (one background
-thread that owns the asynchronous MPI calls, ``ccoll.gpu_sched.progress``) and returns a
+thread that owns the asynchronous MPI calls, ``ccoll.runtime.progress``) and returns a
 ``torch.futures.Future`` at once, so the allreduce of this bucket overlaps the backward pass
 of the buckets after it. The engine thread completes the future with the averaged bucket.
 

@@ -10,10 +10,12 @@ for code that reads them.
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import socket
 from typing import Any
 
+import numpy as np
 import torch.distributed as dist
 
 from ccoll.errors import CollectiveError
@@ -64,7 +66,7 @@ def init_process_group_from_mpi(
             info = (host, int(store.port), "")
         except Exception as exc:  # reported to every rank below
             info = (host, 0, f"{type(exc).__name__}: {exc}")
-    host, port, err = world.bcast(info, root=0)
+    host, port, err = _bcast_info(world, info)
     if err:
         raise CollectiveError(f"rank 0 could not open the rendezvous store on {host}: {err}")
     if rank != 0:
@@ -77,3 +79,18 @@ def init_process_group_from_mpi(
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
     _STORE = store
     return rank, size
+
+
+def _bcast_info(world: Any, info: tuple[str, int, str]) -> tuple[str, int, str]:
+    """Broadcast rank 0's ``(host, port, error)``: its length, then its JSON bytes.
+
+    Buffer-based on purpose: mpi4py's pickled ``bcast`` duplicates the communicator on its
+    first use, with the GIL held, which deadlocks against another thread's first one.
+    """
+    data = json.dumps(list(info)).encode() if world.Get_rank() == 0 else b""
+    n = np.array([len(data)], dtype=np.int64)
+    world.Bcast(n, root=0)
+    buf = np.frombuffer(data, dtype=np.uint8).copy() if data else np.empty(int(n[0]), np.uint8)
+    world.Bcast(buf, root=0)
+    host, port, err = json.loads(buf.tobytes().decode())
+    return str(host), int(port), str(err)

@@ -20,14 +20,13 @@ from mpi4py import MPI
 
 import ccoll
 from ccoll.collectives import communicator
-from ccoll.collectives.auto_policy import (
-    AutoPolicy,
-    cache_dir,
-    link_calibration,
-    measure_efficiency,
-    measure_raw_efficiency,
-)
+from ccoll.collectives.channel import Channel
 from ccoll.collectives.communicator import default_communicator
+from ccoll.collectives.policy import auto
+from ccoll.collectives.policy.auto import AutoPolicy, link_calibration
+from ccoll.collectives.policy.cache import cache_dir
+from ccoll.collectives.policy.fits import measure_efficiency
+from ccoll.collectives.policy.probes import measure_raw_efficiency
 
 SLOW_LINK = {  # 100 Mbit/s, fast compressor: compressing big messages clearly pays
     "CCOLL_ALPHA": "50us", "CCOLL_BANDWIDTH": "100Mbit", "CCOLL_COMPRESS_GBPS": "5",
@@ -53,13 +52,21 @@ def shared_cache(comm, monkeypatch):
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def ch(comm):
+    """A channel of its own (a private duplicate of comm), as a Communicator's calls use."""
+    c = Channel(comm.Dup(), "test", None)
+    yield c
+    c.close()
+
+
 def _env(monkeypatch, values):
     for k, v in values.items():
         monkeypatch.setenv(k, v)
 
 
-def test_probe_agrees_and_is_cached(comm, shared_cache):
-    cal, key = link_calibration(comm)
+def test_probe_agrees_and_is_cached(comm, ch, shared_cache):
+    cal, key = link_calibration(ch)
     assert cal.source == ("single rank" if comm.size == 1 else "probe")
     assert comm.allgather((cal.alpha, cal.beta, cal.reduce, key)) == [
         (cal.alpha, cal.beta, cal.reduce, key)
@@ -67,55 +74,55 @@ def test_probe_agrees_and_is_cached(comm, shared_cache):
     if comm.size > 1:
         assert 0 < cal.alpha < 0.1 and cal.beta > 1e6
         assert 0 < cal.raw_efficiency <= 1
-    again, key2 = link_calibration(comm)
+    again, key2 = link_calibration(ch)
     assert (again.source, again.alpha, again.beta, key2) == ("cache", cal.alpha, cal.beta, key)
     if comm.rank == 0:
         doc = json.loads((cache_dir() / "links.json").read_text())
         assert doc[key]["size"] == comm.size
 
 
-def test_calibration_off_neither_reads_nor_writes(comm, shared_cache, monkeypatch):
+def test_calibration_off_neither_reads_nor_writes(comm, ch, shared_cache, monkeypatch):
     monkeypatch.setenv("CCOLL_CALIBRATION", "off")
-    cal, _ = link_calibration(comm)
+    cal, _ = link_calibration(ch)
     assert cal.source in ("probe", "single rank")
     comm.Barrier()
     assert not os.path.exists(os.path.join(shared_cache, "links.json"))
 
 
-def test_environment_overrides_the_probe(comm, shared_cache, monkeypatch):
+def test_environment_overrides_the_probe(comm, ch, shared_cache, monkeypatch):
     _env(monkeypatch, SLOW_LINK)
-    cal, _ = link_calibration(comm)
+    cal, _ = link_calibration(ch)
     assert cal.source == "env"
     assert (cal.alpha, cal.beta) == pytest.approx((50e-6, 100e6 / 8))
 
 
-def test_tiny_message_goes_raw_without_calibrating_the_compressor(comm, shared_cache,
+def test_tiny_message_goes_raw_without_calibrating_the_compressor(comm, ch, shared_cache,
                                                                   monkeypatch):
     _env(monkeypatch, SLOW_LINK)
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     d = pol.decide(np.ones(1, np.float32), 1e-3)
     assert not d.compress
     assert pol._comp == {}, "a 4-byte message must not time the compressor"
 
 
-def test_big_message_on_slow_link_compresses_on_every_rank(comm, shared_cache, monkeypatch):
+def test_big_message_on_slow_link_compresses_on_every_rank(comm, ch, shared_cache, monkeypatch):
     _env(monkeypatch, SLOW_LINK)
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     x = gradient_like(comm.rank, 1 << 20, np.float32)
     d = pol.decide(x, 1e-4)
     assert d.compress == (comm.size > 1)
     assert len(set(comm.allgather((d.compress, d.chunk_elems)))) == 1
 
 
-def test_efficiency_fit_is_agreed_and_bounded(comm, shared_cache):
+def test_efficiency_fit_is_agreed_and_bounded(comm, ch, shared_cache):
     # The fit times real allreduces, so its values vary; what must hold is that every rank
     # gets the same numbers (they feed the decision) and that they stay in their clamps.
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     x = gradient_like(comm.rank, 1 << 16, np.float32)
     p = pol.params(None)
     p = type(p)(**{**p.__dict__, "compress": 2e9, "add": 2e9, "decompress": 4e9})
-    e = measure_efficiency(comm, x, 1e-4, p, pol.ops()[0])
-    r = measure_raw_efficiency(comm, x, p)
+    e = measure_efficiency(ch, x, 1e-4, p, pol.ops()[0], 1 << 20)
+    r = measure_raw_efficiency(ch, x, p)
     assert 1 / 16 <= e <= 4 and 1 / 16 <= r <= 16
     assert len(set(comm.allgather((e, r)))) == 1
 
@@ -126,18 +133,16 @@ def test_a_sampled_raw_decision_is_reused_then_renewed(comm, shared_cache, monke
     # without sampling, then the next one decides again. Results stay MPI's exact sum.
     if comm.size == 1:
         pytest.skip("one rank never compresses")
-    from ccoll.collectives import auto_policy
-
     _env(monkeypatch, {**SLOW_LINK, "CCOLL_RATIO": "1"})
     decided = []
-    real = auto_policy.AutoPolicy.decide
-    monkeypatch.setattr(auto_policy.AutoPolicy, "decide",
+    real = auto.AutoPolicy.decide
+    monkeypatch.setattr(auto.AutoPolicy, "decide",
                         lambda self, *a, **k: decided.append(1) or real(self, *a, **k))
     x = gradient_like(comm.rank, 1 << 16, np.float32)
     expect = np.empty_like(x)
     comm.Allreduce(x, expect, op=MPI.SUM)
     with ccoll.Communicator(comm) as cc:
-        for _ in range(auto_policy.STICKY_CALLS + 2):
+        for _ in range(auto.STICKY_CALLS + 2):
             y = cc.allreduce(x, ccoll.REL(1e-3))
             assert np.array_equal(y, expect)
         assert cc.stats.compressed_calls == 0
@@ -147,15 +152,15 @@ def test_a_sampled_raw_decision_is_reused_then_renewed(comm, shared_cache, monke
     assert_same_on_every_rank(comm, len(decided))
 
 
-def test_fast_link_goes_raw(comm, shared_cache, monkeypatch):
+def test_fast_link_goes_raw(comm, ch, shared_cache, monkeypatch):
     _env(monkeypatch, FAST_LINK)
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     d = pol.decide(gradient_like(comm.rank, 1 << 20, np.float32), 1e-4)
     assert not d.compress
 
 
 @pytest.mark.parametrize("count", [1, 1000, 30_000, 100_000, 400_000])
-def test_decision_agrees_when_the_ranks_data_differ(comm, shared_cache, monkeypatch, count):
+def test_decision_agrees_when_the_ranks_data_differ(comm, ch, shared_cache, monkeypatch, count):
     # Near break-even, with data whose ratio differs wildly by rank (zeros, gradients,
     # noise): a rank-local estimate would split the ranks, the agreed one never does.
     _env(monkeypatch, {**SLOW_LINK, "CCOLL_BANDWIDTH": "2Gbit"})
@@ -167,7 +172,7 @@ def test_decision_agrees_when_the_ranks_data_differ(comm, shared_cache, monkeypa
         x = gradient_like(comm.rank, count, np.float32)
     else:
         x = rng.standard_normal(count).astype(np.float32)
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     d = pol.decide(x, 1e-3)
     assert len(set(comm.allgather((d.compress, d.chunk_elems, d.ratio)))) == 1
 
@@ -204,9 +209,9 @@ def test_auto_allgather_and_reduce_scatter(comm, shared_cache, monkeypatch):
     assert_within(r, my_block(exact_sum(comm, x), comm), global_eb(comm, x, eb), roundings=1)
 
 
-def test_device_data_is_decided_by_size(comm, shared_cache, monkeypatch):
+def test_device_data_is_decided_by_size(comm, ch, shared_cache, monkeypatch):
     _env(monkeypatch, SLOW_LINK)
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     small = pol.decide_by_size(1, 4)
     big = pol.decide_by_size(16 << 20, 4)
     assert not small.compress
@@ -214,9 +219,9 @@ def test_device_data_is_decided_by_size(comm, shared_cache, monkeypatch):
     assert len(set(comm.allgather((small.compress, big.compress)))) == 1
 
 
-def test_known_raw_uses_only_calibrations_already_made(comm, shared_cache, monkeypatch):
+def test_known_raw_uses_only_calibrations_already_made(comm, ch, shared_cache, monkeypatch):
     _env(monkeypatch, FAST_LINK)
-    pol = AutoPolicy(comm)
+    pol = AutoPolicy(ch)
     big = gradient_like(comm.rank, 1 << 20, np.float32)
     if comm.size > 1:
         assert not pol.known_raw(big.size, big.dtype)  # nothing calibrated yet: compute range

@@ -8,9 +8,12 @@ plugs in here: it must decide from agreed inputs only (for example a calibration
 ranks measured and allreduced together), never from rank-local timings.
 
 :func:`_fixed` answers the calls that need no model (and the ``"auto"`` calls that
-:meth:`~ccoll.collectives.auto_policy.AutoPolicy.known_raw` settles from calibrations
+:meth:`~ccoll.collectives.policy.auto.AutoPolicy.known_raw` settles from calibrations
 already agreed), so that those do not build a :class:`Decision`: a raw call should cost
 little more than the MPI call it makes.
+
+This module imports no other part of the policy: an ``"auto"`` call carries its
+:class:`~ccoll.collectives.policy.auto.AutoPolicy` in :attr:`Decision.auto`, which decides.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class Decision:
     n_ranks: int
     eb_abs: float
     # policy="auto" only: this rank's data, the channel's AutoPolicy and the bcast root
-    # (ccoll.collectives.auto_policy; its decide() is collective and sees agreed numbers).
+    # (ccoll.collectives.policy.auto; its decide_call() is collective and sees agreed numbers).
     data: Any = None
     auto: Any = None
     root: int | None = None
@@ -61,7 +64,5 @@ def _decide(d: Decision) -> str:
     if fixed is not None:
         return fixed
     if d.policy == "auto":
-        from ccoll.collectives.auto_policy import decide_call
-
-        return "compress" if decide_call(d).compress else "raw"
+        return "compress" if d.auto.decide_call(d).compress else "raw"
     raise AssertionError(f"policy {d.policy!r} passed validation but has no rule")

@@ -1,0 +1,169 @@
+"""The calibration cache: ``links.json`` in :func:`cache_dir`, one entry per set of links.
+
+An entry holds a communicator's link constants (and, once measured, its compressor's),
+under a key made of every rank's host name and network namespace, the size, and the MPI
+transport settings (:func:`link_key`). Rank 0 alone reads and writes the file; what it
+read reaches the other ranks as a fixed vector of doubles (:func:`read_link`), so every
+rank uses the same numbers. Entries older than a week are probed again; ``ccoll model
+--cached`` starts from the newest entry (:func:`newest_cached_params`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives import model
+from ccoll.collectives.channel import Channel
+from ccoll.collectives.model import Params
+from ccoll.collectives.policy.probes import LinkCalibration, allgather, bcast
+
+__all__ = [
+    "CACHE_MAX_AGE_S",
+    "cache_dir",
+    "link_key",
+    "read_link",
+    "write_link",
+    "remember_compressor",
+    "newest_cached_params",
+]
+
+CACHE_MAX_AGE_S = 7 * 24 * 3600.0
+_TRANSPORT_ENV = (
+    "MPIR_CVAR_NOLOCAL", "MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE",
+    "CCOLL_CLUSTER_RATE_BPS", "UCX_NET_DEVICES", "UCX_TLS",
+)
+_MAX_ENTRIES = 64
+
+
+def cache_dir() -> Path:
+    """Folder of the calibration cache (``CCOLL_CACHE_DIR`` overrides it)."""
+    env = os.environ.get("CCOLL_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ccoll"
+
+
+def _cache_file() -> Path:
+    return cache_dir() / "links.json"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        with open(_cache_file()) as f:
+            doc = json.load(f)
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(key: str, entry: dict[str, Any]) -> None:
+    """Atomically add one entry (rank 0 only); keeps the 64 newest entries."""
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = _read_cache()
+        doc[key] = entry
+        if len(doc) > _MAX_ENTRIES:
+            keep = sorted(doc, key=lambda k: doc[k].get("time", 0.0))[-_MAX_ENTRIES:]
+            doc = {k: doc[k] for k in keep}
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".links-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a probe per run
+
+
+def newest_cached_params() -> Params | None:
+    """Model parameters from the newest cache entry (for ``ccoll model --cached``)."""
+    doc = _read_cache()
+    if not doc:
+        return None
+    e = max(doc.values(), key=lambda v: v.get("time", 0.0))
+    kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency") if k in e}
+    comp = e.get("compressor") or {}
+    kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress", "chunk_overhead")
+               if k in comp})
+    if float(comp.get("call_overhead", 0.0)) > 0:
+        kw["overhead"] = float(comp["call_overhead"])
+    return replace(model.DEFAULTS, **kw)
+
+
+def _netns_id() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        return "-"
+
+
+def link_key(ch: Channel) -> str:
+    """Cache key of a channel's links (collective: every rank contributes its host).
+
+    Host names alone do not tell two emulated clusters on one machine apart, so the key
+    also holds each rank's network-namespace inode (a new one for every emulated cluster).
+    Each rank contributes the SHA-256 of its ``host/namespace``: a fixed-size buffer.
+    """
+    comm = ch.comm
+    mine = hashlib.sha256(f"{socket.gethostname()}/{_netns_id()}".encode()).digest()
+    hosts = allgather(ch, np.frombuffer(mine, dtype=np.uint8), "cache key")
+    env = [f"{k}={os.environ.get(k, '')}" for k in _TRANSPORT_ENV]
+    raw = json.dumps([comm.Get_size(), hosts.tobytes().hex(), env,
+                      MPI.Get_library_version()[:60]])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+_LINK_FIELDS = ("alpha", "beta", "reduce", "raw_efficiency")
+
+
+def read_link(ch: Channel, key: str, use_cache: bool) -> LinkCalibration | None:
+    """Return the cached link constants of ``key`` on every rank, or ``None`` (collective).
+
+    Rank 0 reads the file (when ``use_cache``) and broadcasts what it found as a vector
+    ``[found, alpha, beta, reduce, raw_efficiency]``.
+    """
+    vec = np.zeros(1 + len(_LINK_FIELDS))
+    if ch.comm.Get_rank() == 0 and use_cache:
+        e = _read_cache().get(key)
+        try:
+            if e and time.time() - float(e.get("time", 0)) < CACHE_MAX_AGE_S:
+                vec[1:] = [float(e["alpha"]), float(e["beta"]), float(e["reduce"]),
+                           float(e.get("raw_efficiency", 1.0))]
+                vec[0] = 1.0
+        except (KeyError, TypeError, ValueError):
+            vec[:] = 0.0  # a damaged entry: probe again
+    bcast(ch, vec, 0, "calibration cache")
+    if vec[0] != 1.0:
+        return None
+    return LinkCalibration(float(vec[1]), float(vec[2]), float(vec[3]), "cache", float(vec[4]))
+
+
+def write_link(ch: Channel, key: str, cal: LinkCalibration) -> None:
+    """Store a probe's link constants under ``key`` (rank 0 writes; local)."""
+    if ch.comm.Get_rank() != 0:
+        return
+    _write_cache(key, {"alpha": cal.alpha, "beta": cal.beta, "reduce": cal.reduce,
+                       "raw_efficiency": cal.raw_efficiency, "time": time.time(),
+                       "size": ch.comm.Get_size()})
+
+
+def remember_compressor(ch: Channel, key: str | None, compressor: dict[str, Any]) -> None:
+    """Add the compressor's numbers to the channel's cache entry (for ``ccoll model``)."""
+    if key is None or ch.comm.Get_rank() != 0:
+        return
+    if os.environ.get("CCOLL_CALIBRATION", "").lower() == "off":
+        return
+    entry = _read_cache().get(key)
+    if entry is not None:
+        _write_cache(key, {**entry, "compressor": compressor})

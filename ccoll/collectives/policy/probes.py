@@ -1,0 +1,288 @@
+"""Calibration measurements on a channel: the link, the ring's fixed costs, MPI's own share.
+
+- :func:`probe_link`: ring latency ``alpha`` and bandwidth ``beta`` (``Isend``/``Irecv``
+  steps), a plain sum's throughput and the share of ``beta`` MPI_Allreduce reaches;
+- :func:`measure_ring_costs`: the fixed and per-chunk costs of a compressed allreduce,
+  timed on tiny ring allreduces (:func:`ccoll.collectives.ring.ring_allreduce`);
+- :func:`measure_raw_efficiency`: MPI_Allreduce's share of the link at one message size.
+
+Every measurement runs on the :class:`~ccoll.collectives.channel.Channel` whose calls it
+calibrates, and every collective here (and in :mod:`~ccoll.collectives.policy.cache` and
+:mod:`~ccoll.collectives.policy.fits`, which use the helpers below) is
+
+- buffer-based: mpi4py's pickled, lowercase collectives duplicate the communicator on
+  first use, collectively and with the GIL held, which deadlocks two threads (the progress
+  engine's ``iallreduce`` and the caller's ``allreduce``) that calibrate at once;
+- nonblocking and waited for under the channel's timeout (``Communicator(timeout=)``),
+  each collective on its own, so that a rank that never joins the calibration makes the
+  others raise :class:`~ccoll.errors.CollectiveError` instead of hanging.
+
+Every function returns the same numbers on every rank (maxima of times, minima of rates).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives import exact
+from ccoll.collectives.channel import Channel
+from ccoll.collectives.model import Params
+from ccoll.collectives.ring import ring_allreduce
+from ccoll.collectives.waiting import Deadline, wait_all
+
+__all__ = [
+    "LinkCalibration",
+    "probe_link",
+    "measure_ring_costs",
+    "measure_raw_efficiency",
+    "compressed_call",
+    "slowest_median",
+    "uncounted",
+    "finish",
+    "allreduce",
+    "allgather",
+    "bcast",
+    "barrier",
+]
+
+WHAT = 'the calibration of policy="auto"'
+# Doubles of the agreement vector that every real call allreduces before its ring
+# (ccoll.collectives.agreement): timed with the ring so that the fixed cost of a call
+# includes it.
+_AGREEMENT_DOUBLES = 26
+_RAW_IDLE_S = 5e-3  # idle time before each timed MPI_Allreduce of measure_raw_efficiency
+# MPI_Allreduce and the efficiency fit time this many elements per rank.
+EFF_ELEMS = 1 << 22
+
+
+@dataclass(frozen=True)
+class LinkCalibration:
+    """Ring-step latency and bandwidth of one communicator, plus a plain sum's throughput."""
+
+    alpha: float
+    beta: float
+    reduce: float
+    source: str  # "probe", "cache", "env", or "single rank"
+    raw_efficiency: float = 1.0  # share of beta that MPI_Allreduce itself reaches
+
+
+# ------------------------------------------------------------------ calibration collectives
+
+
+def finish(ch: Channel, reqs: Sequence[MPI.Request], stage: str, *, timed: bool = False) -> None:
+    """Complete ``reqs`` within the channel's timeout, or raise :class:`CollectiveError`.
+
+    ``timed``: the wait is part of a measurement; with a timeout it polls without sleeping,
+    so that the time measured is not the length of a poll pause.
+    """
+    deadline = Deadline(ch.timeout, WHAT)
+    if timed and deadline.at is not None:
+        reqs = list(reqs)
+        while not MPI.Request.Testall(reqs):
+            if deadline.expired():
+                raise deadline.error(stage)
+        return
+    wait_all(reqs, deadline, stage)
+
+
+def allreduce(ch: Channel, mine: np.ndarray, op: MPI.Op, stage: str) -> np.ndarray:
+    """Return ``MPI_Allreduce(op)`` of the numeric array ``mine`` (collective)."""
+    mine = np.ascontiguousarray(mine)
+    out = np.empty_like(mine)
+    finish(ch, [ch.comm.Iallreduce(mine, out, op=op)], stage)
+    return out
+
+
+def allgather(ch: Channel, mine: np.ndarray, stage: str) -> np.ndarray:
+    """Return every rank's ``mine`` (same shape on every rank), stacked in rank order."""
+    mine = np.ascontiguousarray(mine)
+    out = np.empty((ch.comm.Get_size(), *mine.shape), dtype=mine.dtype)
+    finish(ch, [ch.comm.Iallgather(mine, out)], stage)
+    return out
+
+
+def bcast(ch: Channel, buf: np.ndarray, root: int, stage: str) -> None:
+    """Broadcast ``root``'s ``buf`` in place (same shape and dtype on every rank)."""
+    finish(ch, [ch.comm.Ibcast(buf, root=root)], stage)
+
+
+def barrier(ch: Channel, stage: str) -> None:
+    """Synchronize the ranks before a timing."""
+    finish(ch, [ch.comm.Ibarrier()], stage, timed=True)
+
+
+@contextmanager
+def uncounted(ch: Channel) -> Iterator[None]:
+    """Leave the channel's traffic counters as they were: calibration is not the user's."""
+    sent = ch.stats.bytes_sent
+    try:
+        yield
+    finally:
+        ch.stats.bytes_sent = sent
+
+
+def slowest_median(ch: Channel, call: Callable[[], Any], stage: str, reps: int = 3,
+                   idle: float = 0.0) -> float:
+    """Return the slowest rank's median time of ``call()`` after one untimed call.
+
+    ``idle`` seconds pass before each timed call (with the ranks then synchronized).
+    """
+    call()
+    ts = []
+    for _ in range(reps):
+        if idle:
+            time.sleep(idle)
+        barrier(ch, stage)
+        t0 = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - t0)
+    return float(allreduce(ch, np.array([float(np.median(ts))]), MPI.MAX, stage)[0])
+
+
+# ------------------------------------------------------------------------------ the link
+
+
+def _ring_time(ch: Channel, nbytes: int, reps: int) -> float:
+    """Best over ``reps`` of the slowest rank's time for one ring step of ``nbytes``."""
+    comm = ch.comm
+    n, r = comm.Get_size(), comm.Get_rank()
+    a = np.ones(max(1, nbytes), np.uint8)
+    b = np.empty_like(a)
+    right, left = (r + 1) % n, (r - 1) % n
+    best = np.inf
+    for _ in range(reps):
+        barrier(ch, "link probe")
+        t0 = time.perf_counter()
+        reqs = [comm.Irecv([b[:nbytes], MPI.BYTE], left, 77),
+                comm.Isend([a[:nbytes], MPI.BYTE], right, 77)]
+        finish(ch, reqs, "link probe", timed=True)
+        best = min(best, time.perf_counter() - t0)
+    return float(allreduce(ch, np.array([best]), MPI.MAX, "link probe")[0])
+
+
+def _sum_throughput() -> float:
+    # 16 MiB: larger than caches, like the messages where the sum's cost matters.
+    a = np.ones(4 << 20, np.float32)
+    b = np.ones(4 << 20, np.float32)
+    best = np.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / max(best, 1e-9)
+
+
+def probe_link(ch: Channel) -> LinkCalibration:
+    """Measure ``alpha`` and ``beta`` with ring steps (collective, ~0.1-0.3 s).
+
+    ``alpha`` is the best time of a 1-byte step; ``beta`` comes from the growth of the time
+    between 1 byte and a message large enough to take about 30 ms (at most 32 MiB), so that
+    a token-bucket shaper's burst does not inflate it. Every rank returns the same numbers.
+    """
+    comm = ch.comm
+    if comm.Get_size() == 1:
+        return LinkCalibration(0.0, 1e12, _sum_throughput(), "single rank")
+    with uncounted(ch):
+        _ring_time(ch, 1, 3)  # connections are made lazily; keep that out of the timing
+        alpha = _ring_time(ch, 1, 20)
+        m = 256 << 10
+        t = _ring_time(ch, m, 2)
+        while t < 0.03 and m < (32 << 20):  # same t on every rank: the loop agrees
+            m *= 4
+            t = _ring_time(ch, m, 2)
+        beta = m / max(t - alpha, 1e-9)
+        red = float(allreduce(ch, np.array([_sum_throughput()]), MPI.MIN, "link probe")[0])
+        # MPI's own allreduce of a message whose ring blocks are m bytes: how much of the
+        # link it reaches sets the baseline the compressed algorithms compete with.
+        n = comm.Get_size()
+        a = np.ones(m * n // 4, np.float32)
+        y = np.empty_like(a)
+        deadline = Deadline(ch.timeout, WHAT)
+        best = np.inf
+        for _ in range(2):
+            barrier(ch, "link probe")
+            t0 = time.perf_counter()
+            exact.allreduce(ch, a, y, deadline)
+            best = min(best, time.perf_counter() - t0)
+        t_ar = float(allreduce(ch, np.array([best]), MPI.MAX, "link probe")[0])
+    wire = t_ar - 2 * (n - 1) * alpha - (n - 1) / n * a.nbytes / red
+    eff = 2 * (n - 1) / n * a.nbytes / beta / max(wire, 1e-9)
+    return LinkCalibration(alpha, beta, red, "probe", min(max(eff, 0.05), 1.0))
+
+
+# ------------------------------------------------------------------------- the ring's costs
+
+
+def compressed_call(ch: Channel, data: np.ndarray, out: np.ndarray, eb_abs: float,
+                    chunk_elems: int) -> None:
+    """Do what a compressed allreduce call does on the wire: the agreement, then the ring.
+
+    Collective. ``eb_abs`` is the bound of the sum (each rank's streams use about
+    ``eb_abs / N``).
+    """
+    vec = np.zeros(_AGREEMENT_DOUBLES)
+    finish(ch, [ch.comm.Iallreduce(vec, np.empty_like(vec), op=MPI.MIN)], "ring costs")
+    ring_allreduce(ch, data, out, data.dtype, eb_abs, algorithm="homomorphic",
+                   chunk_elems=chunk_elems, deadline=Deadline(ch.timeout, WHAT))
+
+
+def measure_ring_costs(ch: Channel, data: np.ndarray, eb: float) -> tuple[float, float]:
+    """Time a compressed allreduce's fixed cost and each further chunk's cost (collective).
+
+    Times tiny homomorphic allreduces of ``data`` (256 elements per rank and block; the
+    caller picks them from its message) on the channel, the median of seven: one chunk per
+    block, then 8. ``eb`` is the bound of each rank's streams.
+    Returns this rank's ``(call, per_chunk)`` seconds; the caller takes the maximum.
+    """
+    n = ch.comm.Get_size()
+    blk = 256
+    data = np.ascontiguousarray(np.resize(data, blk * n))
+    out = np.empty_like(data)
+    times = []
+    with uncounted(ch):
+        for chunk in (blk, blk // 8):
+            compressed_call(ch, data, out, eb * n, chunk)
+            ts = []
+            for _ in range(7):
+                barrier(ch, "ring costs")
+                t0 = time.perf_counter()
+                compressed_call(ch, data, out, eb * n, chunk)
+                ts.append(time.perf_counter() - t0)
+            # The median, not the best: these costs recur on every call, and thread
+            # hand-offs and polling vary from call to call.
+            times.append(float(np.median(ts)))
+    return times[0], max(0.0, (times[1] - times[0]) / 7)
+
+
+# --------------------------------------------------------------------- MPI's own efficiency
+
+
+def measure_raw_efficiency(ch: Channel, x: np.ndarray, p: Params) -> float:
+    """Share of the link's bandwidth that ``MPI_Allreduce`` reaches at ``x``'s size.
+
+    Times the raw path's ``MPI_Allreduce`` (:func:`ccoll.collectives.exact.allreduce`) of
+    (the first ``EFF_ELEMS`` elements of) ``x`` and solves
+    ``predict_raw = 2(N-1) alpha + 2(N-1)/N * S/(e beta) + (N-1)/N * S/reduce`` for ``e``,
+    clamped to [1/16, 16]: small messages can beat the line rate (a NIC's or a traffic
+    shaper's burst), large ones fall short of it. Each timed call follows ``_RAW_IDLE_S``
+    of idle link, as gradient allreduces follow a step's computation (back to back, a
+    burst allowance would be used up by the call before). Collective; the same ``e`` on
+    every rank.
+    """
+    n = ch.comm.Get_size()
+    data = np.ascontiguousarray(x.reshape(-1)[:EFF_ELEMS])
+    out = np.empty_like(data)
+    with uncounted(ch):
+        t = slowest_median(ch, lambda: exact.allreduce(ch, data, out, Deadline(ch.timeout, WHAT)),
+                           "MPI efficiency", idle=_RAW_IDLE_S)
+    size = float(data.nbytes)
+    wire = t - 2 * (n - 1) * p.alpha - (n - 1) / n * size / p.reduce
+    ideal = 2 * (n - 1) / n * size / p.beta
+    return min(max(ideal / wire, 1.0 / 16), 16.0) if wire > 0 else 16.0
