@@ -24,6 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ccoll.collectives import exact, gather
+from ccoll.collectives import trace as _trace
 from ccoll.collectives.agreement import (
     ALGORITHMS,
     BOUND_KINDS,
@@ -315,11 +316,16 @@ class Communicator:
         except BaseException as exc:
             ch.fail(f"ccoll.{name} raised {type(exc).__name__}")
             raise
+        t1 = time.perf_counter()
         ch.stats.calls += 1
         ch.stats.last = {
-            "seconds": time.perf_counter() - t0,
+            "seconds": t1 - t0,
             "bytes_sent": float(ch.stats.bytes_sent - sent0),
         }
+        rec = _trace.ACTIVE
+        if rec is not None:  # the clock is perf_counter, the tracer's own
+            rec.span(name, t0, t1, {"mode": args[1].mode, "bytes_sent": ch.stats.last[
+                "bytes_sent"]} if len(args) > 1 and isinstance(args[1], _Prepared) else None)
         return y
 
     def _prepare(
@@ -337,6 +343,8 @@ class Communicator:
     ) -> _Prepared:
         # Every call passes through here, raw ones too: keep it cheap. Values for error
         # messages are stored as passed and formatted only if the agreement fails.
+        rec = _trace.ACTIVE
+        t_check = rec.clock() if rec is not None else 0.0
         ch.check_usable()
         call = Call(collective, chunk=self.chunk_elems)
         shown = call.shown
@@ -410,16 +418,22 @@ class Communicator:
             if root is None or ch.comm.Get_rank() == root:
                 call.lo, call.hi = _finite_range(arr, dev)
         deadline = Deadline(ch.timeout, f"ccoll.{collective}")
+        if rec is not None:
+            t_agree = rec.clock()
+            rec.span("check", t_check, t_agree)
         try:
             agreed = agree(ch.comm, call, deadline)
         except CollectiveError:
             ch.fail(f"ccoll.{collective} timed out in its agreement step")
             raise
+        if rec is not None:
+            rec.span("agree", t_agree, rec.clock())
         # From here on the other ranks go ahead (the decision's calibrations are
         # collectives): any failure leaves them waiting, so it fails the channel.
         try:
             eb_abs = 0.0 if mode == "raw" or bound is None else bound.resolve(agreed.lo, agreed.hi)
             if mode is None:
+                t_decide = rec.clock() if rec is not None else 0.0
                 mode = _decide(
                     Decision(
                         collective=collective,
@@ -437,6 +451,8 @@ class Communicator:
                 )
                 if auto is not None:
                     auto.note_decision(sticky_key)
+                if rec is not None:
+                    rec.span("decide", t_decide, rec.clock(), {"mode": mode})
             elif known_raw and auto is not None:
                 auto.note_known_raw(sticky_key)
             chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0

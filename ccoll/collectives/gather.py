@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, stream_nbytes
 from ccoll.collectives.devices import HOST, HostPlace
@@ -36,8 +37,12 @@ def allgather(
     comm = ch.comm
     n_ranks, r = comm.Get_size(), comm.Get_rank()
     a = api()
+    rec = _trace.ACTIVE
+    t0 = rec.clock() if rec is not None else 0.0
     stream = a.compress_abs(flat, eb)
     nb = stream_nbytes(stream)
+    if rec is not None:
+        rec.span("compress", t0, rec.clock(), {"bytes": nb})
     mine = np.ascontiguousarray(place.to_host(stream, nb))
     counts = np.empty(n_ranks, dtype=np.int64)
     mine_n = np.array([nb], dtype=np.int64)
@@ -57,7 +62,10 @@ def allgather(
         got = check_stream(recv[lo:hi], flat.size, flat.dtype, eb)
         if got != hi - lo:
             raise_size(q, got, hi - lo)
+        t0 = rec.clock() if rec is not None else 0.0
         a.decompress(everything[lo:hi], out=out[q])
+        if rec is not None:
+            rec.span("decode", t0, rec.clock(), {"block": q, "bytes": got})
 
 
 def bcast(

@@ -18,12 +18,14 @@ for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
+from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
 from ccoll.collectives.dar import DarOps, dar_bound
@@ -111,10 +113,32 @@ def reduce_scatter_streams(
     ``place`` says where the streams live and how their bytes reach MPI
     (:mod:`ccoll.collectives.devices`).
     """
+    rec = _trace.ACTIVE
+    if rec is not None:
+        t_rs = rec.clock()
+        final = _reduce_scatter(ch, layout, dtype, ops, bound, deadline, place, rec)
+        rec.span("reduce-scatter", t_rs, rec.clock())
+        return final
+    return _reduce_scatter(ch, layout, dtype, ops, bound, deadline, place, None)
+
+
+def _reduce_scatter(
+    ch: Channel,
+    layout: Layout,
+    dtype: np.dtype,
+    ops: RingOps,
+    bound: float,
+    deadline: Deadline,
+    place: HostPlace,
+    rec: _trace.Recorder | None,
+) -> list[Any]:
     comm = ch.comm
     n_ranks, r = comm.Get_size(), comm.Get_rank()
     nch = [len(layout.chunks(b)) for b in range(n_ranks)]
     if n_ranks == 1:
+        if rec is not None:
+            return [rec.task(partial(ops.first, 0, c), "compress", {"block": 0, "chunk": c})()
+                    for c in range(nch[0])]
         return [ops.first(0, c) for c in range(nch[0])]
     inline = layout.max_chunks <= 1
     worker = ch.worker
@@ -135,26 +159,31 @@ def reduce_scatter_streams(
     final: list[Any] = [None] * nch[r]
     left_to_finish = nch[r]
     reqs: list[MPI.Request] = []
-    meta: list[tuple[str, int, int, Any]] = []
+    # (kind, step, chunk, what to keep alive, when it was posted: traced calls only)
+    meta: list[tuple[str, int, int, Any, float]] = []
 
     def post_recv(c: int) -> None:
         if posted[c] < len(arrivals[c]):
             s = arrivals[c][posted[c]]
             posted[c] += 1
             reqs.append(comm.Irecv([bufs[c], MPI.BYTE], source=left, tag=c))
-            meta.append(("recv", s, c, None))
+            meta.append(("recv", s, c, None, rec.clock() if rec is not None else 0.0))
 
     def send(s: int, c: int, stream: Any) -> None:
         nb = stream_nbytes(stream)
         buf, token = place.for_send(stream, nb)
         reqs.append(comm.Isend([buf, MPI.BYTE], dest=right, tag=c))
-        meta.append(("send", s, c, (stream, token)))  # keeps the buffers alive until sent
+        # keeps the buffers alive until sent
+        meta.append(("send", s, c, (stream, token), rec.clock() if rec is not None else 0.0))
         ch.stats.bytes_sent += nb
 
     def on_mpi(i: int, status: MPI.Status) -> None:
-        kind, s, c, keep = meta[i]
+        kind, s, c, keep, t_post = meta[i]
         if kind != "recv":
             place.sent(keep[1])
+            if rec is not None:
+                rec.span("send", t_post, rec.clock(), {"step": s, "chunk": c,
+                         "block": send_block(s), "bytes": stream_nbytes(keep[0])})
             return
         b = recv_block(s)
         lo, hi = layout.chunks(b)[c]
@@ -164,8 +193,14 @@ def reduce_scatter_streams(
                 f"ring step {s}: received {status.Get_count(MPI.BYTE)} bytes for a stream of "
                 f"{nb} bytes"
             )
+        if rec is not None:
+            rec.span("recv", t_post, rec.clock(), {"step": s, "chunk": c, "block": b,
+                     "bytes": nb})
         view = place.received(bufs[c], nb)
-        worker.submit((s, c, 1), partial(ops.combine, b, c, view), ("combine", s, c), inline=inline)
+        fn: Callable[[], Any] = partial(ops.combine, b, c, view)
+        if rec is not None:
+            fn = rec.task(fn, "combine", {"step": s, "chunk": c, "block": b, "bytes": nb})
+        worker.submit((s, c, 1), fn, ("combine", s, c), inline=inline)
 
     def on_task(tag: tuple[str, int, int], result: Any) -> None:
         nonlocal left_to_finish
@@ -207,7 +242,10 @@ def reduce_scatter_streams(
         post_recv(c)
     b0 = send_block(0)
     for c in range(nch[b0]):
-        worker.submit((-1, c, 0), partial(ops.first, b0, c), ("first", 0, c), inline=inline)
+        fn: Callable[[], Any] = partial(ops.first, b0, c)
+        if rec is not None:
+            fn = rec.task(fn, "compress", {"step": 0, "chunk": c, "block": b0})
+        worker.submit((-1, c, 0), fn, ("first", 0, c), inline=inline)
     pump_tasks()
     # Priority keys (step, chunk, kind): a step's chunks go in order, and chunk c's
     # "prepare" (compressing this rank's part ahead of its partner's arrival) runs just
@@ -216,7 +254,10 @@ def reduce_scatter_streams(
     for s in range(steps):
         b = recv_block(s)
         for c in range(nch[b]):
-            worker.submit((s, c, 0), partial(ops.prepare, b, c), ("prepare", s, c), inline=inline)
+            fn = partial(ops.prepare, b, c)
+            if rec is not None:
+                fn = rec.task(fn, "prepare", {"step": s, "chunk": c, "block": b})
+            worker.submit((s, c, 0), fn, ("prepare", s, c), inline=inline)
             if inline:
                 pump_mpi()
     pause = 20e-6
@@ -228,15 +269,20 @@ def reduce_scatter_streams(
             continue
         if deadline.expired():
             raise deadline.error("ring reduce-scatter")
+        t_wait = rec.clock() if rec is not None else 0.0
         if worker.outstanding:
             # A compute task is running: wait for it, but come back to MPI often enough
             # that the transfers in flight keep moving.
             worker.wait(pause if reqs else min(0.05, deadline.remaining() or 0.05))
+            if rec is not None:
+                rec.span("wait worker", t_wait, rec.clock(), {"pause_us": pause * 1e6})
             pause = min(2 * pause, _POLL_MAX_S)
         elif reqs:
             # Poll with sleeps rather than block in MPI_Waitsome, which spins on a core
             # that this rank's worker or another rank's compressor needs.
             pause = poll_pause(pause, deadline)
+            if rec is not None:
+                rec.span("sleep", t_wait, rec.clock())
         else:
             raise AssertionError("ring reduce-scatter stalled with nothing in flight")
     if place.device and not place.cuda_aware:  # type: ignore[attr-defined]
@@ -260,10 +306,14 @@ def decode_chunks(
     same bytes where the decoder runs (``host`` itself, or a device copy).
     """
     dec = api().decompress
+    rec = _trace.ACTIVE
     pos = 0
-    for lo, hi in layout.chunks(block):
+    for c, (lo, hi) in enumerate(layout.chunks(block)):
+        t0 = rec.clock() if rec is not None else 0.0
         nb = check_stream(host[pos:], hi - lo, dtype, bound)
         dec(buf[pos : pos + nb], out=flat_out[lo:hi])
+        if rec is not None:
+            rec.span("decode", t0, rec.clock(), {"block": block, "chunk": c, "bytes": nb})
         pos += nb
     if pos != host.size:
         raise FormatError(
@@ -286,6 +336,8 @@ def allgather_streams(
     The bytes travel through host memory whatever ``place`` is: they are compressed, so the
     copies are small, and one ``MPI_Allgatherv`` on host buffers works with any MPI.
     """
+    rec = _trace.ACTIVE
+    t_ag = rec.clock() if rec is not None else 0.0
     comm = ch.comm
     n_ranks, r = comm.Get_size(), comm.Get_rank()
     lens = [stream_nbytes(s) for s in mine]
@@ -296,14 +348,20 @@ def allgather_streams(
         pos += nb
     mine_n = np.array([packed.size], dtype=np.int64)
     counts = np.empty(n_ranks, dtype=np.int64)
+    if rec is not None:
+        t_sizes = rec.clock()
+        rec.span("pack", t_ag, t_sizes, {"bytes": int(packed.size)})
     if deadline.at is None:
         comm.Allgather(mine_n, counts)
     else:
         wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+    if rec is not None:
+        rec.span("allgather sizes", t_sizes, rec.clock())
     displs = np.zeros(n_ranks, dtype=np.int64)
     np.cumsum(counts[:-1], out=displs[1:])
     total = int(counts.sum())
     recv = np.empty(total, dtype=np.uint8)
+    t_agv = rec.clock() if rec is not None else 0.0
     req = comm.Iallgatherv([packed, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
     ch.stats.bytes_sent += total - int(counts[(r + 1) % n_ranks])
 
@@ -315,6 +373,8 @@ def allgather_streams(
                   flat_out)
     worker.submit(0, own, "own", inline=inline)
     wait_all([req], deadline, "allgather of the reduced blocks", poll=True)
+    if rec is not None:
+        rec.span("allgatherv", t_agv, rec.clock(), {"bytes": total})
     while worker.outstanding:
         for _, _, exc in worker.drain():
             if exc is not None:
@@ -322,9 +382,14 @@ def allgather_streams(
         if worker.outstanding:
             if deadline.expired():
                 raise deadline.error("decoding")
+            t_wait = rec.clock() if rec is not None else 0.0
             worker.wait(0.05)
+            if rec is not None:
+                rec.span("wait worker", t_wait, rec.clock())
     everything = place.to_place(recv)
     for q in range(n_ranks):
         if q != r:
             a, b = int(displs[q]), int(displs[q]) + int(counts[q])
             decode_chunks(recv[a:b], everything[a:b], layout, q, dtype, bound, flat_out)
+    if rec is not None:
+        rec.span("allgather", t_ag, rec.clock())

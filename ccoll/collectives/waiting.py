@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from mpi4py import MPI
 
+from ccoll.collectives import trace as _trace
 from ccoll.errors import CollectiveError
 
 __all__ = ["Deadline", "wait_all", "poll_pause"]
@@ -64,14 +65,18 @@ def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
     reqs = list(reqs)
     if not reqs:
         return
+    rec = _trace.ACTIVE
+    t0 = rec.clock() if rec is not None else 0.0
     if deadline.at is None and not poll:
         MPI.Request.Waitall(reqs)
-        return
-    pause = _POLL_MIN_S
-    while not MPI.Request.Testall(reqs):
-        if deadline.expired():
-            raise deadline.error(stage)
-        pause = poll_pause(pause, deadline)
+    else:
+        pause = _POLL_MIN_S
+        while not MPI.Request.Testall(reqs):
+            if deadline.expired():
+                raise deadline.error(stage)
+            pause = poll_pause(pause, deadline)
+    if rec is not None:
+        rec.span("wait", t0, rec.clock(), {"stage": stage})
 
 
 def poll_pause(pause: float, deadline: Deadline) -> float:

@@ -1,0 +1,68 @@
+"""A traced compressed allreduce: every rank's spans reach rank 0, every chunk is there.
+
+Run under mpiexec at 1-5 ranks. The call is ``policy="compress"`` with small chunks, so
+each block has several chunks and the ring's worker thread runs (not the inline path).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from collkit import gradient_like
+
+import ccoll
+from ccoll.collectives import trace
+from ccoll.collectives.layout import Layout
+
+N_ELEMS = 5003
+CHUNK = 700
+
+
+def _spans(exp: dict, name: str) -> list[dict]:
+    return [e[5] for e in exp["events"] if e[0] == name]
+
+
+def test_traced_allreduce_has_every_chunk_on_every_rank(comm) -> None:
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = gradient_like(r, N_ELEMS, np.float32, seed=14)
+    cc = ccoll.Communicator(comm, policy="compress", chunk_elems=CHUNK)
+    try:
+        plain = cc.allreduce(x, ccoll.REL(1e-3))
+        with trace.tracing(trace.start(comm)) as rec:
+            traced = cc.allreduce(x, ccoll.REL(1e-3))
+        assert trace.ACTIVE is None
+        got = trace.gather(comm, rec)
+        again = cc.allreduce(x, ccoll.REL(1e-3))
+    finally:
+        cc.close()
+    # Tracing changes nothing in the result, and leaves nothing behind.
+    assert traced.tobytes() == plain.tobytes() == again.tobytes()
+    if r != 0:
+        assert got is None
+        return
+    assert got is not None and len(got) == n
+    lay = Layout(N_ELEMS, n, CHUNK)
+    for q, exp in enumerate(got):
+        for e in exp["events"]:
+            assert e[2] >= 0 and e[3] >= 0, (q, e)
+        names = {e[0] for e in exp["events"]}
+        assert {"check", "agree", "allreduce", "reduce-scatter", "allgather"} <= names, q
+        assert "ccoll-sync-worker" in exp["threads"].values()
+        first = (q - 1) % n
+        # Step 0 compresses every chunk of the block this rank sends first.
+        comp = {(a["block"], a["chunk"]) for a in _spans(exp, "compress")}
+        assert comp == {(first, c) for c in range(len(lay.chunks(first)))}, q
+        want_rs = {(s, (q - s - 2) % n, c) for s in range(n - 1)
+                   for c in range(len(lay.chunks((q - s - 2) % n)))}
+        for kind in ("combine", "recv", "prepare"):
+            seen = {(a["step"], a["block"], a["chunk"]) for a in _spans(exp, kind)}
+            assert seen == want_rs, (q, kind)
+        # Sends: step 0 carries the compressed chunks, steps 1.. the combined ones.
+        want_send = {(s, (q - s - 1) % n, c) for s in range(n - 1)
+                     for c in range(len(lay.chunks((q - s - 1) % n)))}
+        assert {(a["step"], a["block"], a["chunk"]) for a in _spans(exp, "send")} == want_send
+        assert all(a["bytes"] > 0 for k in ("send", "recv") for a in _spans(exp, k))
+        # Every chunk of every block is decoded once on every rank.
+        dec = sorted((a["block"], a["chunk"]) for a in _spans(exp, "decode"))
+        assert dec == [(b, c) for b in range(n) for c in range(len(lay.chunks(b)))], q
+    doc = trace.chrome([("allreduce", got)])
+    assert {e["pid"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(n))
