@@ -16,6 +16,11 @@ over what the algorithm sent; ``err/eb`` is the largest error against the exact 
 (float64) over the resolved bound; ``speedup`` is MPI's average time over the algorithm's.
 ``model`` is the cost model's prediction (docs/model.md) from this run's calibration.
 
+``--trace FILE`` adds, after each size's timed loop (so the timed numbers never include
+it), one traced call of every ccoll algorithm, and writes their timelines as
+Chrome/Perfetto trace-event JSON (open it in https://ui.perfetto.dev); ``--trace-png``
+draws them. Times count from a barrier that starts each traced call.
+
 Data: the tensors of one step of a gradient dump (``datasets/minilm.h5``), concatenated,
 rank ``r`` taking step ``r mod steps``, tiled to the size.
 """
@@ -181,10 +186,16 @@ def bench(
     predict: bool = True,
     comm: Any = None,
     log: Callable[[str], None] | None = None,
+    trace: bool = False,
 ) -> tuple[list[Row], dict[str, Any]]:
-    """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta."""
+    """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
+
+    With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
+    (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
+    """
     from mpi4py import MPI
 
+    from ccoll.collectives import trace as _trace
     from ccoll.collectives.channel import Channel
     from ccoll.collectives.communicator import Communicator
     from ccoll.collectives.homomorphic import rank_bound
@@ -208,6 +219,7 @@ def bench(
     model_ch = Channel(comm.Dup(), "bench-model", None) if predict else None
     model_policy = AutoPolicy(model_ch) if model_ch is not None else None
     rows: list[Row] = []
+    traced: list[tuple[str, list[dict[str, Any]]]] = []
     try:
         for size in size_list:
             count = size // 4
@@ -246,6 +258,15 @@ def bench(
                     e = float(np.max(np.abs(outs[a].astype(np.float64).reshape(ref.shape) - ref)))
                     e = _allreduce_float(comm, e, MPI.MAX)
                     errs[a] = e / eb_abs if eb_abs > 0 else (0.0 if e == 0 else math.inf)
+            if trace:
+                for a in algos:
+                    if a in ccs:
+                        # After the timed loop: tracing never touches the timed numbers.
+                        with _trace.tracing(_trace.start(comm)) as rec:
+                            run[a]()
+                        got = _trace.gather(comm, rec)
+                        if got is not None:
+                            traced.append((f"{collective} {a} {size} B", got))
             pred = None
             if model_policy is not None and n > 1:
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
@@ -287,6 +308,9 @@ def bench(
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
+        if trace and r == 0:
+            meta["trace"] = _trace.chrome(traced, {k: meta[k] for k in (
+                "collective", "ranks", "eb", "host", "loadavg", "date_utc", "argv")})
     finally:
         for cc in ccs.values():
             cc.free()
@@ -464,6 +488,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", metavar="FILE",
                    help="also write rows and run metadata as JSON")
     p.add_argument("--plot", metavar="FILE", help="also write a PNG of time and speedup")
+    p.add_argument("--trace", metavar="FILE",
+                   help="after each size's timed loop, trace one more call of every ccoll "
+                        "algorithm and write the timelines as Chrome/Perfetto JSON")
+    p.add_argument("--trace-png", metavar="FILE",
+                   help="draw the traced calls' timelines (PNG; implies tracing)")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing (files only)")
     p.set_defaults(handler=run_bench)
     return p
@@ -490,6 +519,9 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         raise InputError("need 1 <= -b <= -e and -f >= 1")
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data}: no such file")
+    if (args.trace or args.trace_png) and algos == ["mpi"]:
+        raise InputError("--trace/--trace-png trace ccoll's calls: add a ccoll algorithm to "
+                         "--algorithms (homomorphic, dar or auto)")
     as_bound(args.eb)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
@@ -504,9 +536,21 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,
         algos=algos, data=args.data, check=not args.no_check, predict=not args.no_model,
         log=(lambda s: print(s, flush=True)) if live else None,
+        trace=bool(args.trace or args.trace_png),
     )
+    timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
     if rank0:
+        if timeline is not None and args.trace:
+            Path(args.trace).write_text(json.dumps(timeline))
+        if timeline is not None and args.trace_png:
+            from ccoll.collectives.trace import plot as plot_trace
+
+            rate = meta.get("link_rate_bps")
+            link = f"link {float(rate) / 1e9:g} Gbit/s" if rate else "shared memory"
+            plot_trace(timeline, args.trace_png,
+                       f"ccoll {args.collective}, {meta['ranks']} ranks, eb {meta['eb']}, "
+                       f"{link}, load {meta['loadavg'][0]:.1f}, {meta['date_utc']}")
         if args.csv:
             Path(args.csv).write_text(to_csv(rows))
         if args.json_out:
