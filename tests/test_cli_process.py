@@ -101,7 +101,9 @@ def test_signal_mid_run_leaves_no_partial_file(big, tmp_path, sig, code):
 
 @pytest.mark.parametrize("argv", [["model"], ["inspect", DIGITS], ["--help"]])
 def test_reader_closing_the_pipe_exits_quietly(argv):
-    # --help is argparse's: it ignores a failed write and exits 0 (docs/cli.md).
+    # --help: argparse ignores a failed write of its own, so a help text larger than the
+    # output buffer ends with 0 and a shorter one with 141 at the final flush (the length
+    # follows COLUMNS); quiet either way (docs/cli.md).
     # `ccoll model | head -1`: the reader is gone before ccoll writes (it is closed here
     # before the interpreter has even started), so every write meets EPIPE.
     with subprocess.Popen([*PY_M, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
@@ -109,4 +111,4 @@ def test_reader_closing_the_pipe_exits_quietly(argv):
         err = p.stderr.read().decode()
         code = p.wait(timeout=120)
     assert "Traceback" not in err and "BrokenPipeError" not in err and err == "", err
-    assert code == (0 if argv == ["--help"] else 141)
+    assert code in ((0, 141) if argv == ["--help"] else (141,))
