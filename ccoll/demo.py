@@ -341,9 +341,11 @@ def print_table(rows: list[Row], size: int, steps: list[str], args: argparse.Nam
 
 def build_parser() -> argparse.ArgumentParser:
     """Options of ``python -m ccoll.demo``."""
+    from ccoll.helpformat import DefaultsFormatter
+
     ap = argparse.ArgumentParser(
         prog="python -m ccoll.demo", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     ap.add_argument("--network", choices=("auto", "emulated", "shm"), default="auto",
                     help="where the ranks run: auto = an emulated cluster where root and "
@@ -361,8 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", choices=("auto", "compress", "raw"), default="auto",
                     help="ccoll's policy: auto = compress where the cost model predicts a "
                     "gain, compress = always (default: auto)")
-    ap.add_argument("--repeat", type=int, default=3,
-                    help="timed runs per tensor, the best kept (default: 3)")
+    ap.add_argument("--repeat", type=int, default=5,
+                    help="timed runs per tensor, the best kept (default: 5)")
     ap.add_argument("--max-tensors", type=int, default=None,
                     help="only the first N tensors of the dump (default: all)")
     ap.add_argument("--bucket-mib", type=float, default=16,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["main", "warm"]
+__all__ = ["main", "warm", "build_parser"]
 
 DTYPES = ("float32", "float64")
 
@@ -40,14 +40,22 @@ def warm(dtype: str) -> float:
     return time.perf_counter() - t0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Warm the kernels of the given dtypes."""
+def build_parser() -> argparse.ArgumentParser:
+    """Options of ``python -m ccoll.warmup``."""
+    from ccoll.helpformat import DefaultsFormatter
+
     ap = argparse.ArgumentParser(
         prog="python -m ccoll.warmup", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     ap.add_argument("dtypes", nargs="*", default=list(DTYPES), metavar="DTYPE",
                     help=f"dtypes whose kernels to compile, of {', '.join(DTYPES)}")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Warm the kernels of the given dtypes."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     for dt in args.dtypes:
         if dt not in DTYPES:
