@@ -283,11 +283,14 @@ def print_table(rows: list[Row], size: int, steps: list[str], args: argparse.Nam
         return f"comp {r.mpi_bytes / r.cc_bytes:.0f}:1" if r.compressed and r.cc_bytes else "raw"
 
     tensors, bucket = rows[:-1], rows[-1]
+    step_elems = sum(r.n for r in tensors)
+    joined = round(bucket.n / step_elems) if step_elems else 1
+    why = (f"; one step of this dump holds {format_iec(step_elems * 4)}, so the bucket joins "
+           f"{joined} steps: real values at DDP's message size" if joined > 1 else "")
     print(
-        f"rows: each tensor of rank r's step alone; the sum of those calls; one bucket of "
-        f"{format_iec(bucket.n * 4)} per rank, as DDP allreduces gradients (in buckets of up "
-        "to 25 MiB; this dump holds 4 MiB of MiniLM's 87 MiB per step, so the bucket joins "
-        "the dump's steps: real values, DDP's message size)"
+        f"rows: each tensor of rank r's step alone; the total of those calls; one bucket of "
+        f"{format_iec(bucket.n * 4)} per rank, as DDP allreduces a step's gradients (in "
+        f"buckets of up to 25 MiB{why})"
     )
     print(head)
     print("-" * len(head))
