@@ -453,13 +453,14 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``ccoll bench`` on the CLI's subparsers."""
+    from ccoll.helpformat import DefaultsFormatter
     from ccoll.units import parse_size
 
     p = subparsers.add_parser(
         "bench",
         help="OSU-style sweep of ccoll's collectives against plain MPI (run under mpiexec)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     p.add_argument("collective", choices=sorted(_BUSBW), help="collective to time")
     p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("4"),

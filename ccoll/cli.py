@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from ccoll.helpformat import DefaultsFormatter
 from ccoll.units import format_bytes
 
 __all__ = [
@@ -62,7 +63,7 @@ Run `ccoll COMMAND --help` for the options of each command.
 )
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
+class _Formatter(DefaultsFormatter):
     pass
 
 
@@ -238,7 +239,7 @@ examples:
     )
     p.add_argument("--force", action="store_true", help="replace the --plot file if it exists")
     p.add_argument(
-        "--repeat", type=int, default=3, help="timed runs per measurement, best kept (3)"
+        "--repeat", type=int, default=3, help="timed runs per measurement, best kept"
     )
     p.add_argument(
         "--summary", action="store_true", help="print only the totals, not one row per dataset"

@@ -19,6 +19,7 @@ from ccoll.collectives.model import (
     predict,
 )
 from ccoll.errors import InputError
+from ccoll.helpformat import DefaultsFormatter
 from ccoll.units import format_iec, format_time, parse_rate, parse_size, parse_time
 
 __all__ = ["add_parser", "params_from_args", "run_model"]
@@ -35,6 +36,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "where compression starts paying (docs/model.md). Constants not given come from "
             "the calibration cache (~/.cache/ccoll) when --cached is set, else from defaults."
         ),
+        formatter_class=DefaultsFormatter,
         epilog="units: b = bit, B = byte. Bandwidth: 10Gbit, 10Gb/s, 10Gbps or 1.25GB/s, "
         "1GiB/s; size: 64M = 64MiB (binary), 64MB = 64e6 bytes; time: 5us, 0.2ms, 1e-6.",
     )

@@ -339,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtu", type=int, default=1500, help="link MTU (default 1500)")
     p.add_argument("--settle", type=float, default=2.0,
                    help="seconds to wait after creating links before MPI starts (default 2)")
-    p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s")
+    p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s (default: no limit)")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads per rank (NUMBA_NUM_THREADS, OMP_NUM_THREADS); "
                    "default: the cores divided among the ranks, at least 1")
@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind each rank to its share of the cores (taskset), like a node")
     p.add_argument("--keep", action="store_true", help="leave the namespaces in place (debugging)")
     p.add_argument("--mpiexec", default=None, help="mpiexec to use (default .venv/bin/mpiexec)")
-    p.add_argument("--python", default=sys.executable, help="python for `ccoll ...` commands")
+    p.add_argument("--python", default=sys.executable, help="python for `ccoll ...` commands (default: the one running this script)")
     p.add_argument("--cleanup-stale", action="store_true",
                    help="remove namespaces of dead earlier runs, then exit if no command")
     p.add_argument("-v", "--verbose", action="store_true", help="print every ip/tc command")

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from ccoll.compressor import format as fmt
+from ccoll.compressor.cpu import notice
 from ccoll.compressor.cpu.intrinsics import (
     _bitlen,
     _f32_from_bits,
@@ -279,6 +280,7 @@ def _raw_value(Wb, code, l, is32):  # type: ignore[no-untyped-def]
 @contextmanager
 def _threads_for(n: int) -> Iterator[None]:
     """Launch the numba kernels inside safely, on one thread when ``n`` elements are few."""
+    notice.watch()  # a compilation (numba cache miss) says so on stderr
     with parallel_launch():
         if n >= SERIAL_BELOW:
             yield
