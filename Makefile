@@ -19,7 +19,7 @@ all: test
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e ".[test,torch,lint]"
+	$(VPY) -m pip install -q -e ".[mpich,cuda,test,torch,lint]"
 	$(VPY) -m ccoll.warmup  # compile the CPU kernels into numba's cache once, now
 	@touch $(STAMP)
 
