@@ -126,7 +126,9 @@ def test_auto_raw_report_says_known_raw(comm, link):
         first = cc.last_call
         cc.allreduce(x, ccoll.ABS(1e-3))
         second = cc.last_call
-    assert not first.compressed and first.reason == "compressor slower than the link"
+    # The model's size tests settle it (which one depends on the number of ranks).
+    assert not first.compressed
+    assert first.reason in ("too small to gain", "compressor slower than the link")
     assert not second.compressed and second.reason == "known raw from calibration"
     assert second.eb_abs is None
     same_decision_everywhere(comm, first)
