@@ -669,6 +669,9 @@ def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) ->
     return allowed[value]
 
 
+_NATIVE = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+
+
 def _valid_root(root: Any, n_ranks: int) -> bool:
     return bool(not isinstance(root, bool) and isinstance(root, (int, np.integer))
                 and 0 <= root < n_ranks)
@@ -689,8 +692,10 @@ def _dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
 
 def _as_array(call: Call, x: Any, collective: str) -> _Input:
     """Return this rank's input: a host array, or device data (the array then empty)."""
-    if type(x) is np.ndarray and x.dtype.kind == "f" and x.dtype.itemsize >= 4:
-        return _Input(x, None, None, False, x.dtype.name)  # the common case, checked cheaply
+    if type(x) is np.ndarray:  # the common case, checked cheaply (dtype.name costs ~2 us)
+        name = _NATIVE.get(x.dtype)
+        if name is not None:
+            return _Input(x, None, None, False, name)
     empty = np.empty(0, dtype=np.float32)
     if x is None:
         fix = (" (None is allowed on the non-root ranks of bcast only)"
