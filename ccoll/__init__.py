@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         allreduce,
         bcast,
         iallreduce,
+        last_call,
         reduce_scatter,
     )
 
@@ -48,6 +49,7 @@ __all__ = [
     "allgather",
     "bcast",
     "Communicator",
+    "last_call",
     "CCollError",
     "CollectiveError",
     "DTypeError",
@@ -58,7 +60,8 @@ __all__ = [
 
 # ccoll.collectives' names: it imports them (and mpi4py.MPI) on first access (PEP 562).
 _COLLECTIVES = frozenset(
-    ("Communicator", "allgather", "allreduce", "bcast", "iallreduce", "reduce_scatter")
+    ("Communicator", "allgather", "allreduce", "bcast", "iallreduce", "last_call",
+     "reduce_scatter")
 )
 
 

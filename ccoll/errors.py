@@ -58,4 +58,7 @@ class UnitError(InputError, argparse.ArgumentTypeError):
 
 
 class DTypeError(CCollError, TypeError):
-    """Data of a dtype ccoll cannot compress (only float32 and float64 are supported)."""
+    """Data of a dtype ccoll cannot take; the message names the fix.
+
+    ccoll takes float32 and float64 anywhere, float16 and bfloat16 on the host.
+    """

@@ -17,10 +17,21 @@ from typing import TYPE_CHECKING, Any
 from ccoll.errors import CollectiveError
 
 if TYPE_CHECKING:
-    from ccoll.collectives.api import allgather, allreduce, bcast, iallreduce, reduce_scatter
+    from ccoll.collectives.api import (
+        allgather,
+        allreduce,
+        bcast,
+        iallreduce,
+        last_call,
+        reduce_scatter,
+    )
     from ccoll.collectives.communicator import Communicator
+    from ccoll.collectives.report import CallReport
 
-__all__ = ["allreduce", "iallreduce", "reduce_scatter", "allgather", "bcast", "Communicator"]
+__all__ = [
+    "allreduce", "iallreduce", "reduce_scatter", "allgather", "bcast", "Communicator",
+    "CallReport", "last_call",
+]
 
 _HOMES = {
     "allreduce": "ccoll.collectives.api",
@@ -29,6 +40,8 @@ _HOMES = {
     "allgather": "ccoll.collectives.api",
     "bcast": "ccoll.collectives.api",
     "Communicator": "ccoll.collectives.communicator",
+    "last_call": "ccoll.collectives.api",
+    "CallReport": "ccoll.collectives.report",  # plain data: needs no MPI
 }
 
 NO_MPI = (
@@ -50,7 +63,8 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'ccoll.collectives' has no attribute {name!r}")
-    require_mpi()
+    if home != "ccoll.collectives.report":
+        require_mpi()
     value = getattr(importlib.import_module(home), name)
     globals()[name] = value  # later lookups skip this function
     return value

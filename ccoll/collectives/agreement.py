@@ -8,8 +8,12 @@ policy, root, shape, chunk size, and the settings that decide which collectives 
 makes: a fingerprint of the ``CCOLL_*`` calibration overrides, host or device data, the
 DDP hook's error feedback and iteration settings) comes back as ``min f`` and
 ``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same vector
-and so raises the same error. Only on that error path a second exchange (the lengths with
-``MPI_Allgather``, then the bytes with ``MPI_Allgatherv``, under the same deadline) collects
+and so raises the same error. A non-root rank of ``bcast`` that passes ``None`` puts
+``+inf`` in both halves for count, dtype and shape (it takes the root's, which the others
+are still checked against); the last field, "x is None", is not compared: its maximum
+tells every rank that the root must send its shape and dtype. Only on the error path a
+second exchange (the lengths with ``MPI_Allgather``, then the bytes with
+``MPI_Allgatherv``, under the same deadline) collects
 what each rank passed, so that the message (identical on every rank) says which rank
 passed what; the values it shows are formatted only then, so that a valid call pays for
 none of that text. Only buffer-based MPI calls are made: mpi4py's pickle-based collectives
@@ -45,7 +49,9 @@ COLLECTIVES = {
     "allreduce": 1, "reduce_scatter": 2, "allgather": 3, "bcast": 4, "Communicator": 5,
     "CCollHookState": 6,
 }
-DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+# By dtype name ("bfloat16": torch's, or ml_dtypes'); float16/bfloat16 data is reduced in
+# float32, but the ranks must still pass the same dtype (they get it back).
+DTYPES = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4}
 OPS = {"sum": 1, "avg": 2}
 ALGORITHMS = {"homomorphic": 1, "dar": 2}
 POLICIES = {"compress": 1, "raw": 2, "auto": 3}
@@ -82,7 +88,10 @@ _FIELDS = (
     "error_feedback",
     "start_iter",
     "min_numel",
+    "x is None",
 )
+_WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape"))
+_ANY = _FIELDS.index("x is None")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
     "dtype", "element count", "shape", "error-bound kind", "CCOLL_* settings", "data location",
@@ -114,6 +123,8 @@ class Call:
     min_numel: int = 0
     lo: float = math.inf
     hi: float = -math.inf
+    # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
+    wild: bool = False
     # (exception class name, message) of each local problem; an invalid call still takes
     # part in the agreement so that the other ranks raise too instead of waiting.
     problems: list[tuple[str, str]] = field(default_factory=list)
@@ -145,6 +156,7 @@ class Call:
             self.feedback,
             self.start_iter,
             self.min_numel,
+            1 if self.wild else 0,
         ]
 
     def show(self, name: str, value: float) -> str:
@@ -162,6 +174,7 @@ class Agreed(NamedTuple):
 
     lo: float
     hi: float
+    none: bool = False  # some rank passed None to bcast
 
 
 def shape_code(shape: tuple[int, ...]) -> int:
@@ -198,7 +211,11 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     """Run the agreement allreduce; raise the same error on every rank if the call is bad."""
     vals = call.values()
     k = len(vals) + 1
-    vec = _VECTOR.pack(call.lo, *vals, -call.hi, *[-v for v in vals])
+    neg = [-v for v in vals]
+    if call.wild:  # +inf in both halves: neither the min nor the max of the others moves
+        for i in _WILD:
+            vals[i] = neg[i] = math.inf
+    vec = _VECTOR.pack(call.lo, *vals, -call.hi, *neg)
     res = bytearray(_VECTOR.size)
     send, recv = [vec, MPI.DOUBLE], [res, MPI.DOUBLE]
     if deadline.at is None:
@@ -206,12 +223,12 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     else:
         wait_all([comm.Iallreduce(send, recv, op=MPI.MIN)], deadline, "agreement on the arguments")
     got = _VECTOR.unpack(res)
-    mins = got[1:k]
-    maxs = tuple([-v for v in got[k + 1:]])
+    mins = got[1:_ANY + 1]
+    maxs = tuple([-v for v in got[k + 1:k + 1 + _ANY]])
     if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: reported as a mismatch
-        bad = [i for i in range(k - 1) if mins[i] != maxs[i]]
+        bad = [i for i in range(_ANY) if mins[i] != maxs[i]]
         _raise(comm, call, bad, maxs[1] != 0.0, deadline)
-    return Agreed(got[0], -got[k])
+    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0)
 
 
 def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> list[bytes]:

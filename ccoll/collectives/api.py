@@ -4,7 +4,12 @@ Each function runs on the default :class:`~ccoll.collectives.communicator.Commun
 of ``comm`` (made on first use, collectively; ``policy="auto"``: compressed only where the
 cost model predicts it pays) or on a Communicator passed as ``comm``.
 ``eb`` is an error bound (``ccoll.ABS``, ``ccoll.REL``, a float meaning absolute, or a
-string ``"rel:1e-3"``) or ``None`` for the exact result of plain MPI.
+string ``"rel:1e-3"``) or ``None`` for the exact result of plain MPI. :func:`last_call`
+says what the last call on ``comm`` did (compressed or raw, and why).
+
+Inputs: numpy arrays and torch tensors of float32 or float64, on the host or a device
+(the result has the input's kind), and host float16/bfloat16 data (reduced in float32,
+rounded once to the input's dtype; docs/error-bound.md).
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ccoll.collectives.communicator import DEFAULT_EB, default_communicator
+from ccoll.collectives.communicator import DEFAULT_EB, default_communicator, existing_default
+from ccoll.collectives.report import CallReport
 
-__all__ = ["allreduce", "iallreduce", "reduce_scatter", "allgather", "bcast"]
+__all__ = ["allreduce", "iallreduce", "reduce_scatter", "allgather", "bcast", "last_call"]
 
 
 def allreduce(
@@ -90,5 +96,23 @@ def allgather(x: Any, eb: Any = DEFAULT_EB, comm: Any = None) -> np.ndarray:
 
 
 def bcast(x: Any, eb: Any = DEFAULT_EB, root: int = 0, comm: Any = None) -> np.ndarray:
-    """Return the root's ``x`` on every rank within ``eb`` (the root gets the decoded copy)."""
+    """Return the root's ``x`` on every rank within ``eb`` (the root gets the decoded copy).
+
+    Non-root ranks pass ``None`` (they get the root's shape and dtype) or an array of the
+    root's shape and dtype (its values are ignored; a different shape raises
+    :class:`ccoll.MismatchError` on every rank).
+    """
     return default_communicator(comm).bcast(x, eb, root)
+
+
+def last_call(comm: Any = None, *, nonblocking: bool = False) -> CallReport | None:
+    """Return what the last blocking call (``nonblocking=True``: ``iallreduce``) did.
+
+    ``comm`` is what the collectives took (an mpi4py communicator, ``None`` for
+    ``MPI.COMM_WORLD``, or a :class:`Communicator`). Local; ``None`` before the first call.
+    See :class:`~ccoll.collectives.report.CallReport`.
+    """
+    cc = existing_default(comm)
+    if cc is None:
+        return None
+    return cc.last_async_call if nonblocking else cc.last_call

@@ -11,6 +11,7 @@ peers waiting, so the Communicator refuses further calls (see docs/collectives.m
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -18,7 +19,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -49,12 +50,20 @@ from ccoll.collectives.devices import (
 )
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy import Decision, _decide, _fixed
+from ccoll.collectives.report import (
+    LOGGER,
+    CallReport,
+    configure_logging,
+    log_level_problem,
+)
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.compressor._backend import is_torch
+from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
 
-__all__ = ["Communicator", "DEFAULT_EB", "default_communicator"]
+__all__ = ["Communicator", "DEFAULT_EB", "default_communicator", "existing_default"]
 
 DEFAULT_EB: ErrorBound = REL(1e-3)
 DEFAULT_CHUNK = 1 << 20
@@ -77,6 +86,23 @@ class _Prepared:
     place: HostPlace = HOST
     dev: DeviceData | None = None
     in_place: bool = False  # out is x's very buffer (MPI_IN_PLACE on the raw path)
+    narrow: Narrow | None = None  # float16/bfloat16 input: reduced in float32, rounded once
+    as_torch: bool = False  # a CPU torch tensor came in: a tensor goes out
+    out: Any = None  # the caller's out
+    out_arr: Any = None  # the caller's out as the buffer the stage writes (numpy for host)
+    # What the report says (Communicator.last_call): see _prepare.
+    info: tuple[Any, ...] = ()
+    t_start: float = 0.0
+
+
+class _Input(NamedTuple):
+    """The input of this rank, as the stages use it."""
+
+    arr: np.ndarray  # host data (float32 for float16/bfloat16); empty for device data
+    dev: DeviceData | None
+    narrow: Narrow | None
+    as_torch: bool
+    dtype_name: str  # the caller's dtype, by name ("float16", "bfloat16", ...)
 
 
 class Communicator:
@@ -127,6 +153,9 @@ class Communicator:
             call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
             timeout = None
         call.chunk = int(chunk_elems)
+        log_problem = log_level_problem()
+        if log_problem is not None:
+            call.problem(InputError, log_problem)
         call.shown.update({"algorithm": algorithm, "policy": policy, "chunk size": chunk_elems})
         self.algorithm = algorithm
         self.policy = policy
@@ -140,10 +169,13 @@ class Communicator:
         except BaseException:
             sync.Free()
             raise
+        configure_logging(MPI.COMM_WORLD.Get_rank())
         self._sync = Channel(sync, "sync", self.timeout)
         self._async: Channel | None = None
         self._async_lock = threading.Lock()
         self._auto: dict[str, Any] = {}
+        # Per channel name: (decision fields, bytes sent, seconds) of its last call.
+        self._last: dict[str, tuple[tuple[Any, ...], int, float]] = {}
         # Both channels are released when the Communicator is dropped unclosed; the list
         # (not self) is what the finalizer holds, so it does not keep self alive.
         self._channels: list[Channel] = [self._sync]
@@ -175,6 +207,22 @@ class Communicator:
     def async_stats(self) -> Stats:
         """Traffic counters of ``iallreduce``."""
         return self._async.stats if self._async is not None else Stats()
+
+    @property
+    def last_call(self) -> CallReport | None:
+        """What the last blocking call did and why (``None`` before the first one).
+
+        A :class:`~ccoll.collectives.report.CallReport`: compressed or raw, the reason
+        (the policy, ``eb=None``, or ``policy="auto"``'s predicted times and ratio), the
+        bytes this rank sent, the absolute bound and the elapsed seconds. A call that
+        raised leaves the previous report.
+        """
+        return self._report("sync")
+
+    @property
+    def last_async_call(self) -> CallReport | None:
+        """:attr:`last_call` of ``iallreduce`` (set when its request completes)."""
+        return self._report("async")
 
     def __repr__(self) -> str:
         return (
@@ -253,22 +301,23 @@ class Communicator:
         ch = self._sync
         p = self._prepare(ch, "reduce_scatter", x, eb, op=op, out=None,
                           algorithm=algorithm, policy=policy)
-        return self._guard(ch, "reduce_scatter", self._run_reduce_scatter, ch, p)
+        return self._guard(ch, p, self._run_reduce_scatter)
 
     def allgather(self, x: Any, eb: Any = DEFAULT_EB) -> np.ndarray:
         """Every rank's ``x`` stacked in rank order: shape ``(size, *x.shape)``, within ``eb``."""
         ch = self._sync
         p = self._prepare(ch, "allgather", x, eb)
-        return self._guard(ch, "allgather", self._run_allgather, ch, p)
+        return self._guard(ch, p, self._run_allgather)
 
     def bcast(self, x: Any, eb: Any = DEFAULT_EB, root: int = 0) -> np.ndarray:
         """Return the root's ``x`` on every rank (the root too gets the decoded copy).
 
-        Non-root ranks pass an array of the same shape and dtype; its values are ignored.
+        Non-root ranks pass ``None`` (they get the root's shape and dtype) or an array of
+        the root's shape and dtype, whose values are ignored.
         """
         ch = self._sync
         p = self._prepare(ch, "bcast", x, eb, root=root)
-        return self._guard(ch, "bcast", self._run_bcast, ch, p, root)
+        return self._guard(ch, p, self._run_bcast, root)
 
     # -- stages --------------------------------------------------------------------------
 
@@ -305,28 +354,43 @@ class Communicator:
     ) -> np.ndarray:
         p = self._prepare(ch, "allreduce", x, eb, op=op, out=out,
                           algorithm=algorithm, policy=policy)
-        return self._guard(ch, "allreduce", self._run_allreduce, ch, p, out)
+        return self._guard(ch, p, self._run_allreduce)
 
-    def _guard(self, ch: Channel, name: str, fn: Any, *args: Any) -> np.ndarray:
-        """Run the data-moving stage; on failure mark the channel unusable and re-raise."""
+    def _guard(self, ch: Channel, p: _Prepared, fn: Any, *args: Any) -> Any:
+        """Run the data-moving stage; on failure mark the channel unusable and re-raise.
+
+        On success, leave the call's report (:attr:`last_call`) and log it.
+        """
+        name = p.info[0]
         t0 = time.perf_counter()
         sent0 = ch.stats.bytes_sent
         try:
-            y = fn(*args)
+            y = fn(ch, p, *args)
         except BaseException as exc:
             ch.fail(f"ccoll.{name} raised {type(exc).__name__}")
             raise
         t1 = time.perf_counter()
+        sent = ch.stats.bytes_sent - sent0
         ch.stats.calls += 1
-        ch.stats.last = {
-            "seconds": t1 - t0,
-            "bytes_sent": float(ch.stats.bytes_sent - sent0),
-        }
+        ch.stats.last = {"seconds": t1 - t0, "bytes_sent": float(sent)}
+        # The report is built when asked for (or logged): a raw call stays cheap.
+        self._last[ch.name] = (p.info, sent, t1 - p.t_start)
+        if LOGGER.isEnabledFor(logging.INFO):
+            LOGGER.info("%s", self._report(ch.name))
         rec = _trace.ACTIVE
         if rec is not None:  # the clock is perf_counter, the tracer's own
-            rec.span(name, t0, t1, {"mode": args[1].mode, "bytes_sent": ch.stats.last[
-                "bytes_sent"]} if len(args) > 1 and isinstance(args[1], _Prepared) else None)
+            rec.span(name, t0, t1, {"mode": p.mode, "bytes_sent": float(sent)})
         return y
+
+    def _report(self, channel: str) -> CallReport | None:
+        got = self._last.get(channel)
+        if got is None:
+            return None
+        info, sent, seconds = got
+        (collective, compressed, reason, policy, algorithm, dtype, count, eb_abs, nbytes,
+         t_raw, t_comp, ratio) = info
+        return CallReport(collective, compressed, reason, policy, algorithm, dtype, count,
+                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio)
 
     def _prepare(
         self,
@@ -343,33 +407,44 @@ class Communicator:
     ) -> _Prepared:
         # Every call passes through here, raw ones too: keep it cheap. Values for error
         # messages are stored as passed and formatted only if the agreement fails.
+        t_start = time.perf_counter()
         rec = _trace.ACTIVE
         t_check = rec.clock() if rec is not None else 0.0
         ch.check_usable()
         call = Call(collective, chunk=self.chunk_elems)
         shown = call.shown
-        arr, dev = _as_array(call, x)
+        n_ranks = ch.comm.Get_size()
+        is_root = root is not None and ch.comm.Get_rank() == root
+        # bcast(None) on a non-root rank: shape and dtype come from the root after the
+        # agreement (which still checks the ranks that passed an array).
+        wild = x is None and collective == "bcast" and not is_root and _valid_root(root, n_ranks)
+        if wild:
+            call.wild = True
+            inp = _Input(np.empty(0, np.float32), None, None, False, "None")
+            shown["dtype"] = shown["element count"] = shown["shape"] = "None (the root's)"
+        else:
+            inp = _as_array(call, x, collective)
+        arr, dev = inp.arr, inp.dev
         shape, dtype = (arr.shape, arr.dtype) if dev is None else (dev.shape, dev.dtype)
         size = arr.size if dev is None else math.prod(shape)
-        call.count = size
-        call.dtype = DTYPES.get(dtype, 0)
         call.place = PLACES["host" if dev is None else "device"]
         shown["data location"] = "host" if dev is None else "device"
-        shown["dtype"] = dtype
-        shown["element count"] = size
-        if call.dtype == 0:
-            call.problem(
-                DTypeError, f"dtype {dtype} is not supported (expected float32 or float64)"
-            )
-        if collective in ("allgather", "bcast"):
-            call.shape = shape_code(shape)
-            shown["shape"] = shape
+        if not wild:
+            call.count = size
+            call.dtype = DTYPES.get(inp.dtype_name, 0) if dtype.isnative else 0
+            shown["dtype"] = inp.dtype_name
+            shown["element count"] = size
+            if call.dtype == 0 and not call.problems:
+                call.problem(DTypeError, _dtype_message(inp.dtype_name, dtype, dev is not None))
+            if collective in ("allgather", "bcast"):
+                call.shape = shape_code(shape)
+                shown["shape"] = shape
         bound = _bound(call, eb)
         if op is not None:
             call.op = OPS.get(op, 0) if isinstance(op, str) else 0
             shown["op"] = op
             if call.op == 0:
-                call.problem(InputError, f"op {op!r} is not supported (expected 'sum' or 'avg')")
+                call.problem(InputError, f"op {op!r} is not supported: pass op='sum' or 'avg'")
         # The Communicator's own options were checked when it was made.
         if algorithm is None:
             algorithm = self.algorithm
@@ -386,36 +461,29 @@ class Communicator:
         if policy == "auto" and bound is not None:
             # The call may calibrate, and the CCOLL_* overrides decide with which collectives.
             call.env, shown["CCOLL_* settings"] = env_code()
-        n_ranks = ch.comm.Get_size()
         if root is not None:
-            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or not (
-                0 <= root < n_ranks
-            ):
+            if not _valid_root(root, n_ranks):
                 call.problem(
                     InputError,
-                    f"root {root!r} is not a rank of a communicator of size {n_ranks}",
+                    f"root {root!r} is not a rank of a communicator of size {n_ranks}: pass "
+                    f"an int from 0 to {n_ranks - 1}, the same on every rank",
                 )
                 call.root = -1
             else:
                 call.root = int(root)
             shown["root"] = root
+        out_arr = None
         if out is not None:
-            _check_out(call, out, shape, dtype, arr if dev is None else dev)
-        # A policy="auto" call that the calibrations already send raw skips the value range
-        # (a raw call does not use the bound; the range costs ~5% of a large raw allreduce)
-        # and the policy; so does policy="raw". Same answer on every rank (see known_raw).
+            out_arr = _check_out(call, out, shape, dtype, arr if dev is None else dev, inp)
+        mode: str | None = None
         auto = None
-        known_raw = False
         sticky_key: Any = None
-        if policy == "auto" and bound is not None and not call.problems:
-            auto = self._auto_policy(ch)
-            sticky_key = (size, dtype, collective, algorithm, type(bound), bound.value)
-            known_raw = auto.known_raw(
-                size, dtype, collective=collective, algorithm=algorithm
-            ) or auto.sticky_raw(sticky_key)
-        mode = _fixed(policy, bound is None, known_raw)
-        if isinstance(bound, REL) and mode != "raw" and not call.problems:
-            if root is None or ch.comm.Get_rank() == root:
+        why = ""
+        if not wild:
+            mode, auto, sticky_key, why = self._before_agreement(
+                ch, call, collective, size, dtype, algorithm, policy, bound)
+        if isinstance(bound, REL) and mode != "raw" and not call.problems and not wild:
+            if root is None or is_root:
                 call.lo, call.hi = _finite_range(arr, dev)
         deadline = Deadline(ch.timeout, f"ccoll.{collective}")
         if rec is not None:
@@ -431,7 +499,16 @@ class Communicator:
         # From here on the other ranks go ahead (the decision's calibrations are
         # collectives): any failure leaves them waiting, so it fails the channel.
         try:
+            if agreed.none:
+                inp = _bcast_header(ch, root, inp, deadline)
+                if wild:
+                    arr = inp.arr
+                    shape, dtype, size = arr.shape, arr.dtype, arr.size
+                    # The calibrations are the same on every rank: so is this answer.
+                    mode, auto, sticky_key, why = self._before_agreement(
+                        ch, call, collective, size, dtype, algorithm, policy, bound)
             eb_abs = 0.0 if mode == "raw" or bound is None else bound.resolve(agreed.lo, agreed.hi)
+            t_raw = t_comp = ratio = None
             if mode is None:
                 t_decide = rec.clock() if rec is not None else 0.0
                 mode = _decide(
@@ -451,9 +528,16 @@ class Communicator:
                 )
                 if auto is not None:
                     auto.note_decision(sticky_key)
+                    d = auto.last
+                    why = d.reason
+                    if d.prediction is not None:
+                        pr = d.prediction
+                        t_raw = pr.raw
+                        t_comp = pr.homomorphic if algorithm == "homomorphic" else pr.dar
+                        ratio = d.ratio
                 if rec is not None:
                     rec.span("decide", t_decide, rec.clock(), {"mode": mode})
-            elif known_raw and auto is not None:
+            elif why.startswith(("known raw", "sticky raw")) and auto is not None:
                 auto.note_known_raw(sticky_key)
             chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
             if dev is None:
@@ -463,25 +547,54 @@ class Communicator:
                 flat = dev.flat()
                 place = DevicePlace(ch, cuda_aware_mpi())
             stats = ch.stats
-            stats.bytes_input += size * dtype.itemsize
+            nbytes = size * dtype.itemsize
+            stats.bytes_input += nbytes
             if mode == "compress":
                 stats.compressed_calls += 1
-            # _check_out allowed only two cases: no overlap, or out is x's very buffer.
-            in_place = out is not None and (
+            # _check_out allowed only two cases: no overlap, or out is x's very buffer
+            # (never for float16/bfloat16: their float32 copy is what moves).
+            in_place = out_arr is not None and inp.narrow is None and (
                 out is x
-                or (np.may_share_memory(flat, out) if dev is None
+                or (np.may_share_memory(flat, out_arr) if dev is None
                     else _device_span(dev) == _device_span(DeviceData(out)))
             )
+            compressed = mode == "compress"
+            info = (collective, compressed, why, policy, algorithm, inp.dtype_name, size,
+                    eb_abs if compressed else None, nbytes, t_raw, t_comp, ratio)
             return _Prepared(
                 x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
-                place, dev, in_place,
+                place, dev, in_place, inp.narrow, inp.as_torch, out, out_arr, info, t_start,
             )
         except BaseException as exc:
             ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
             raise
 
-    def _run_allreduce(self, ch: Channel, p: _Prepared, out: Any) -> Any:
-        y = _new_output(p, p.shape, out)
+    def _before_agreement(
+        self, ch: Channel, call: Call, collective: str, size: int, dtype: np.dtype,
+        algorithm: str, policy: str, bound: ErrorBound | None,
+    ) -> tuple[str | None, Any, Any, str]:
+        """Return the mode that needs no model (or None), the AutoPolicy, sticky key, reason.
+
+        A policy="auto" call that the calibrations already send raw skips the value range
+        (a raw call does not use the bound; the range costs ~5% of a large raw allreduce)
+        and the policy; so does policy="raw". Same answer on every rank (see known_raw).
+        """
+        if bound is None:
+            return "raw", None, None, "eb=None: exact"
+        if policy != "auto" or call.problems:
+            mode = _fixed(policy, False, False)
+            return mode, None, None, f"policy={policy!r}" if mode is not None else ""
+        auto = self._auto_policy(ch)
+        sticky_key = (size, dtype, collective, algorithm, type(bound), bound.value)
+        if auto.known_raw(size, dtype, collective=collective, algorithm=algorithm):
+            return "raw", auto, sticky_key, "known raw from calibration"
+        if auto.sticky_raw(sticky_key):
+            return ("raw", auto, sticky_key,
+                    "sticky raw: the model sent this call raw on a recent call")
+        return None, auto, sticky_key, ""
+
+    def _run_allreduce(self, ch: Channel, p: _Prepared) -> Any:
+        y = _new_output(p, p.shape, p.out_arr)
         yflat = y.reshape(y.size)
         n_ranks = ch.comm.Get_size()
         if p.mode == "raw":
@@ -493,7 +606,7 @@ class Communicator:
                            place=p.place)
         if p.avg:
             _divide(p, yflat, n_ranks)
-        return _result(p, y, out)
+        return _result(p, y, p.out)
 
     def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
@@ -556,29 +669,104 @@ def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) ->
     return allowed[value]
 
 
-def _as_array(call: Call, x: Any) -> tuple[np.ndarray, DeviceData | None]:
-    """Return this rank's input as a host array, or as device data (array then empty)."""
-    if type(x) is np.ndarray and not x.dtype.hasobject:  # the common case, checked cheaply
-        return x, None
+_NATIVE = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+
+
+def _valid_root(root: Any, n_ranks: int) -> bool:
+    return bool(not isinstance(root, bool) and isinstance(root, (int, np.integer))
+                and 0 <= root < n_ranks)
+
+
+def _dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
+    """Return the message for an input dtype the collectives do not take, with the fix."""
+    if device:
+        return (f"x is a device array of dtype {name}; ccoll's collectives take float32 or "
+                "float64 device arrays (float16 and bfloat16 on the host only): pass "
+                "x.float() (torch) or x.astype(cupy.float32)")
+    if dtype.kind == "f" and name in DTYPES:  # a float of non-native byte order
+        return (f"x has dtype {dtype.str} (not the machine's byte order); pass "
+                f"x.astype(np.{name})")
+    return (f"x has dtype {name}; ccoll reduces float16, bfloat16, float32 or float64 "
+            "arrays: pass x.astype(np.float32) (a torch tensor: x.float())")
+
+
+def _as_array(call: Call, x: Any, collective: str) -> _Input:
+    """Return this rank's input: a host array, or device data (the array then empty)."""
+    if type(x) is np.ndarray:  # the common case, checked cheaply (dtype.name costs ~2 us)
+        name = _NATIVE.get(x.dtype)
+        if name is not None:
+            return _Input(x, None, None, False, name)
     empty = np.empty(0, dtype=np.float32)
+    if x is None:
+        fix = (" (None is allowed on the non-root ranks of bcast only)"
+               if collective == "bcast" else "")
+        call.problem(InputError, f"x is None; pass a numpy array or a torch tensor{fix}")
+        return _Input(empty, None, None, False, "None")
+    torch_in = is_torch(x)
+    if torch_in and bool(getattr(x, "requires_grad", False)):
+        call.problem(InputError, "x is a torch tensor that requires grad; ccoll reduces data, "
+                     "not autograd graphs: pass x.detach()")
+        return _Input(empty, None, None, False, str(x.dtype).removeprefix("torch."))
     if is_device(x):
         try:
             dev = DeviceData(x)
         except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
-            call.problem(InputError, f"x cannot be read as a device array ({exc})")
-            return empty, None
+            call.problem(InputError, f"x cannot be read as a device array ({exc}); pass a "
+                         "CUDA tensor, a CuPy array or a numba device array")
+            return _Input(empty, None, None, False, "unknown")
         if not dev.contiguous:
-            call.problem(InputError, "a device array x must be C-contiguous")
-        return empty, dev
+            call.problem(InputError, "a device array x must be C-contiguous: pass "
+                         "x.contiguous() (torch) or cupy.ascontiguousarray(x)")
+        return _Input(empty, dev, None, False, dev.dtype.name)
+    low = widen(x)
+    if low is not None:
+        return _Input(low[0], None, low[1], torch_in, low[1].name)
     try:
-        arr = np.asarray(x)
+        arr = x.numpy() if torch_in else np.asarray(x)
     except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
-        call.problem(InputError, f"x cannot be read as an array ({type(exc).__name__}: {exc})")
-        return empty, None
+        call.problem(InputError, f"x cannot be read as an array ({type(exc).__name__}: {exc}); "
+                     "pass a numpy array or a CPU torch tensor")
+        return _Input(empty, None, None, False, "unknown")
     if arr.dtype == object:
-        call.problem(InputError, f"x of type {type(x).__name__} is not a numeric array")
-        return empty, None
-    return arr, None
+        call.problem(InputError, f"x of type {type(x).__name__} is not a numeric array; pass "
+                     "a numpy array of float32 or float64")
+        return _Input(empty, None, None, False, "object")
+    return _Input(arr, None, None, torch_in, arr.dtype.name)
+
+
+def _bcast_header(ch: Channel, root: Any, inp: _Input, deadline: Deadline) -> _Input:
+    """Send the root's dtype, array kind and shape to every rank (bcast with a None rank).
+
+    Returns this rank's input, with an empty array of the root's shape on a rank that
+    passed None (the values are the root's after the broadcast). Buffer-based.
+    """
+    head = np.zeros(3 + 64, np.int64)
+    comm = ch.comm
+    if comm.Get_rank() == root:
+        shape = inp.arr.shape if inp.dev is None else inp.dev.shape
+        head[0] = DTYPES[inp.dtype_name]
+        head[1] = int(inp.as_torch)
+        head[2] = len(shape)
+        head[3:3 + len(shape)] = shape
+    if deadline.at is None:
+        comm.Bcast(head, root=root)
+    else:
+        wait_all([comm.Ibcast(head, root=root)], deadline, "the bcast header")
+    if inp.dtype_name != "None":
+        return inp
+    name = {v: k for k, v in DTYPES.items()}[int(head[0])]
+    as_torch = bool(head[1])
+    shape = tuple(int(d) for d in head[3:3 + int(head[2])])
+    narrow = None
+    if name in ("float16", "bfloat16"):
+        if as_torch:
+            import torch
+
+            narrow = Narrow(name, getattr(torch, name), True)
+        else:
+            narrow = Narrow(name, np.dtype(name), False)  # float16, or ml_dtypes' bfloat16
+    compute = np.float64 if name == "float64" else np.float32
+    return _Input(np.empty(shape, compute), None, narrow, as_torch, name)
 
 
 def _finite_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
@@ -610,33 +798,55 @@ def _bound(call: Call, eb: Any) -> ErrorBound | None:
 
 
 def _check_out(
-    call: Call, out: Any, shape: tuple[int, ...], dtype: np.dtype, x: np.ndarray | DeviceData
-) -> None:
+    call: Call, out: Any, shape: tuple[int, ...], dtype: np.dtype, x: np.ndarray | DeviceData,
+    inp: _Input,
+) -> Any:
+    """Check ``out``; return the buffer the stage writes.
+
+    ``None`` for float16/bfloat16, whose float32 result is rounded into ``out`` at the end.
+    """
+    target: Any = out
+    oname = inp.dtype_name
     if isinstance(x, DeviceData):
         if not is_device(out):
-            call.problem(InputError, "out must be a device array like x")
-            return
+            call.problem(InputError, "out must be a device array like x: pass out=None or "
+                         "a device array of x's shape and dtype")
+            return None
         try:
             o = DeviceData(out)
         except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
             call.problem(InputError, f"out cannot be read as a device array ({exc})")
-            return
-        oshape, odtype, ok = o.shape, o.dtype, o.contiguous
+            return None
+        oshape, odtype, ok = o.shape, o.dtype.name, o.contiguous
         overlap = out is not x.obj and _device_overlap(x, o)
+    elif is_torch(out) and out.device.type == "cpu":
+        if out.requires_grad:
+            call.problem(InputError, "out is a torch tensor that requires grad: pass "
+                         "out.detach() or out=None")
+            return None
+        oshape, odtype = tuple(out.shape), str(out.dtype).removeprefix("torch.")
+        ok = out.is_contiguous()
+        if inp.narrow is None and odtype in ("float32", "float64"):
+            target = out.detach().numpy()
+        overlap = inp.narrow is None and out is not x and isinstance(target, np.ndarray) and (
+            _host_overlap(x, target))
     elif not isinstance(out, np.ndarray):
-        call.problem(InputError, f"out must be a numpy array like x, got {type(out).__name__}")
-        return
+        call.problem(InputError, f"out must be a numpy array or CPU tensor like x, got "
+                     f"{type(out).__name__}: pass out=None or an array of x's shape and dtype")
+        return None
     else:
-        oshape, odtype = out.shape, out.dtype
+        oshape, odtype = out.shape, out.dtype.name if out.dtype.isnative else out.dtype.str
         ok = out.flags.c_contiguous and out.flags.writeable
-        overlap = out is not x and _host_overlap(x, out)
-    if oshape != shape or odtype != dtype:
+        overlap = inp.narrow is None and out is not x and _host_overlap(x, out)
+    if oshape != shape or odtype != oname:
         call.problem(
             InputError,
-            f"out has shape {oshape} and dtype {odtype}; expected {shape} and {dtype}",
+            f"out has shape {oshape} and dtype {odtype}; expected {shape} and {oname}: pass "
+            "out=None or an array like x",
         )
     elif not ok:
-        call.problem(InputError, "out must be C-contiguous and writeable")
+        call.problem(InputError, "out must be C-contiguous and writeable: pass out=None or "
+                     "a fresh array like x")
     elif overlap:
         # MPI_IN_PLACE (or reading x while out is written) would reduce shifted data.
         call.problem(
@@ -644,6 +854,7 @@ def _check_out(
             "out overlaps x without being the same buffer: pass out=x (in place) or an "
             "array that shares no memory with x",
         )
+    return None if inp.narrow is not None else target
 
 
 def _host_overlap(x: np.ndarray, out: np.ndarray) -> bool:
@@ -678,17 +889,35 @@ def _device_overlap(x: DeviceData, out: DeviceData) -> bool:
 
 
 def _new_output(p: _Prepared, shape: tuple[int, ...], out: Any) -> Any:
-    """Return the array to write the result to: ``out`` (numba for device data) or new."""
+    """Return the array to write the result to: ``out`` (numba for device data) or new.
+
+    float16/bfloat16 input: always a new float32 array (rounded into ``out`` at the end).
+    """
     if p.dev is None:
         return np.empty(shape, dtype=p.dtype) if out is None else out
     return p.dev.empty(shape) if out is None else DeviceData(out).arr
 
 
 def _result(p: _Prepared, y: Any, out: Any) -> Any:
-    """Return what the caller gets: ``out`` itself, or ``y`` in the kind of the input."""
+    """Return what the caller gets: ``out`` itself, or ``y`` in the kind of the input.
+
+    float16/bfloat16: ``y`` (float32) rounded once to the caller's dtype; a CPU tensor in
+    gives a CPU tensor out.
+    """
+    if p.narrow is not None:
+        if out is not None:
+            p.narrow.into(out, y)
+            return out
+        return p.narrow.result(y)
     if out is not None:
         return out
-    return y if p.dev is None else p.dev.export(y)
+    if p.dev is not None:
+        return p.dev.export(y)
+    if p.as_torch:
+        import torch
+
+        return torch.from_numpy(y)
+    return y
 
 
 def _divide(p: _Prepared, y: Any, n: int) -> None:
@@ -823,3 +1052,23 @@ def default_communicator(comm: Any) -> Communicator:
         if _creating.get(handle) is lock:
             del _creating[handle]
     return found
+
+
+def existing_default(comm: Any) -> Communicator | None:
+    """Return the default Communicator of ``comm`` if one was made, else ``None`` (local).
+
+    ``comm`` as for :func:`default_communicator`; unlike it, this never creates one.
+    """
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise InputError(
+            f"comm must be an mpi4py intracommunicator or a ccoll.Communicator, got {comm!r}"
+        )
+    with _keyval_lock:
+        if _keyval is None:
+            return None
+        found = comm.Get_attr(_keyval)
+    return found if isinstance(found, Communicator) else None

@@ -2,7 +2,9 @@
 
 ``compress`` resolves an error bound (``ABS``/``REL``) and ``compress_abs`` takes an absolute
 one already resolved (the collectives resolve ``REL`` over the global range). ``decompress``,
-``add`` and ``header`` read the self-describing stream of docs/format.md. Host data goes to
+``add`` and ``header`` read the self-describing stream of docs/format.md. float16 and
+bfloat16 host data is compressed as its exact float32 copy (:mod:`ccoll.compressor.precision`;
+the stream is a float32 stream). Host data goes to
 the numba CPU kernels (``cpu``), device data to the CUDA backend (``_cuda``); the choice
 is made in :mod:`ccoll.compressor._backend` only.
 """
@@ -16,6 +18,7 @@ import numpy as np
 
 from ccoll.compressor import _backend, cpu
 from ccoll.compressor.format import StreamHeader
+from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import REL, as_bound
 from ccoll.errors import DTypeError, ErrorBoundError, MismatchError
 
@@ -28,18 +31,33 @@ _TORCH_FLOATS: dict[str, np.dtype] = {
 }
 
 
-def _dtype_error(what: object) -> DTypeError:
-    return DTypeError(f"ccoll compresses float32 or float64 data, got {what}")
+def _dtype_error(what: object, name: str = "x") -> DTypeError:
+    return DTypeError(
+        f"{name} has dtype {what}; ccoll compresses float16, bfloat16, float32 or float64 "
+        f"data: pass {name}.astype(np.float32) (a torch tensor: {name}.float())"
+    )
 
 
 def _host_array(x: Any) -> np.ndarray:
-    """Convert host data to a C-contiguous native-endian float32/float64 numpy array."""
+    """Convert host data to a C-contiguous native-endian float32/float64 numpy array.
+
+    float16 and bfloat16 (numpy, torch, ``ml_dtypes``) become their exact float32 copy.
+    """
+    low = widen(x)
+    if low is not None:
+        return low[0]
     if _backend.is_torch(x):
         if str(x.dtype) not in _TORCH_FLOATS:
             raise _dtype_error(x.dtype)
         x = x.detach().resolve_neg().resolve_conj().numpy()
     elif not isinstance(x, np.ndarray):
-        x = np.asarray(x)
+        try:
+            x = np.asarray(x)
+        except Exception as exc:  # noqa: BLE001 - reported with what was expected
+            raise DTypeError(
+                f"x of type {type(x).__name__} cannot be read as an array ({exc}); ccoll "
+                "compresses numpy arrays, torch tensors and device arrays of floats"
+            ) from None
     dt = x.dtype
     if dt.kind != "f" or dt.itemsize not in (4, 8):
         raise _dtype_error(dt)
@@ -53,7 +71,7 @@ def _device_dtype(x: Any) -> np.dtype:
     """Check and return the dtype of a device array (torch, CuPy, numba, CAI objects)."""
     if _backend.is_torch(x):
         if str(x.dtype) not in _TORCH_FLOATS:
-            raise _dtype_error(x.dtype)
+            raise _device_dtype_error(x.dtype)
         return _TORCH_FLOATS[str(x.dtype)]
     dt = getattr(x, "dtype", None)
     if dt is None:
@@ -61,10 +79,18 @@ def _device_dtype(x: Any) -> np.dtype:
     try:
         npdt = np.dtype(dt)
     except TypeError:
-        raise _dtype_error(dt) from None
+        raise _device_dtype_error(dt) from None
     if npdt not in _FLOATS:
-        raise _dtype_error(npdt)
+        raise _device_dtype_error(npdt)
     return npdt
+
+
+def _device_dtype_error(what: object) -> DTypeError:
+    return DTypeError(
+        f"x is a device array of dtype {what}; ccoll compresses float32 or float64 device "
+        "data (float16 and bfloat16 on the host only): pass x.float() (torch) or "
+        "x.astype(cupy.float32)"
+    )
 
 
 def _check_eb_abs(eb_abs: object) -> float:
@@ -92,12 +118,15 @@ def _device_range(x: Any, stream: Any) -> tuple[float, float]:
 
 
 def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
-    """Compress ``x`` (float32/float64, any shape) within the error bound ``eb``.
+    """Compress ``x`` (float16/bfloat16/float32/float64, any shape) within the bound ``eb``.
 
     ``eb`` is ``ccoll.ABS(v)``, ``ccoll.REL(v)`` (``v * (max - min)`` of the finite values;
     constant data gives a lossless stream) or anything :func:`ccoll.errorbound.as_bound`
     accepts. Returns a uint8 stream on the device of ``x`` (numpy for host data); every
     finite element decompresses within the bound, NaN and ±Inf come back as they were.
+    float16 and bfloat16 host data is compressed as its exact float32 copy: the stream is
+    a float32 stream, :func:`decompress` returns float32 within ``eb`` of ``x``, and
+    ``decompress(buf, out=<float16/bfloat16 array>)`` rounds it once more (see there).
     """
     bound = as_bound(eb)
     if _backend.backend_of(x) == "cuda":
@@ -140,10 +169,39 @@ def _host_stream(buf: Any) -> np.ndarray:
 def _host_out(out: Any) -> np.ndarray:
     if _backend.is_torch(out):
         if str(out.dtype) not in _TORCH_FLOATS:
-            raise MismatchError(f"out has dtype {out.dtype}, expected float32 or float64")
+            raise MismatchError(
+                f"out has dtype {out.dtype}; expected the stream's dtype (float32 or float64), "
+                "or float16/bfloat16 for a float32 stream: pass an out of one of those"
+            )
         return out.detach().numpy()
     if not isinstance(out, np.ndarray):
-        raise MismatchError(f"out must be a numpy array or a CPU tensor, got {type(out).__name__}")
+        raise MismatchError(
+            f"out must be a numpy array or a CPU tensor, got {type(out).__name__}: pass "
+            "np.empty(shape, dtype) or leave out=None"
+        )
+    return out
+
+
+def _decompress_narrow(stream: np.ndarray, out: Any, narrow: Narrow) -> Any:
+    """Decode a float32 stream and round it once into float16/bfloat16 ``out``."""
+    h = cpu.header(stream)
+    if h.dtype != np.dtype(np.float32):
+        raise MismatchError(
+            f"out has dtype {narrow.name} but the stream holds {h.dtype}; decoding into "
+            f"{narrow.name} takes a float32 stream: pass an out of dtype {h.dtype}"
+        )
+    numel = int(math.prod(out.shape))
+    if numel != h.n:
+        raise MismatchError(
+            f"out has {numel} elements, the stream {h.n}: pass an out of shape {h.shape}"
+        )
+    if _backend.is_torch(out):
+        ok = out.is_contiguous()
+    else:
+        ok = bool(out.flags.c_contiguous and out.flags.writeable)
+    if not ok:
+        raise MismatchError("out must be C-contiguous and writeable: pass a fresh array")
+    narrow.into(out, cpu.decompress(stream))
     return out
 
 
@@ -151,8 +209,12 @@ def decompress(buf: Any, out: Any = None, *, stream: Any = None) -> Any:
     """Decode a stream; dtype and shape come from the stream.
 
     ``out`` (same dtype, same shape or element count, writable, C-contiguous, on the
-    stream's device) receives the values and is returned. Malformed, truncated or foreign
-    bytes raise :class:`ccoll.FormatError`.
+    stream's device) receives the values and is returned. A host float32 stream also
+    decodes into a float16 or bfloat16 ``out`` (numpy, torch, ``ml_dtypes``): the float32
+    values are rounded once to nearest, so for data ``x`` of that dtype compressed with
+    absolute bound ``eb`` every finite element has ``|out - x| <= min(2 eb, eb + s/2)``,
+    ``s`` the spacing of the dtype at ``out`` (docs/error-bound.md, "float16 and
+    bfloat16"). Malformed, truncated or foreign bytes raise :class:`ccoll.FormatError`.
     """
     if _backend.backend_of(buf) == "cuda":
         if out is not None and _backend.backend_of(out) != "cuda":
@@ -162,6 +224,9 @@ def decompress(buf: Any, out: Any = None, *, stream: Any = None) -> Any:
         return cpu.decompress(_host_stream(buf))
     if _backend.backend_of(out) != "cpu":
         raise MismatchError("out must live on the same device as the stream (host)")
+    narrow = Narrow.of(out)
+    if narrow is not None:
+        return _decompress_narrow(_host_stream(buf), out, narrow)
     cpu.decompress(_host_stream(buf), _host_out(out))
     return out
 

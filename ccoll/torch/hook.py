@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ccoll.compressor.precision import widen
 from ccoll.errorbound import ABS, REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import ErrorBoundError, InputError
 
@@ -370,10 +371,18 @@ def _average_timed(
         return tensor
     # float16 / bfloat16 host buckets (numpy has no bfloat16), and CUDA buckets with error
     # feedback (the residual bookkeeping lives on the host): a float32 (float64) host copy
-    # is reduced and copied back, rounding once to the bucket's precision.
-    host = tensor.to(device="cpu", dtype=tensor.dtype if full else torch.float32)
-    _reduce(state, host.numpy(), index, compress)
-    tensor.copy_(host)
+    # is reduced and copied back, rounding once to the bucket's precision (the widening and
+    # rounding of ccoll.compressor.precision, as ccoll's own collectives do it).
+    if full:
+        host = tensor.to(device="cpu")
+        _reduce(state, host.numpy(), index, compress)
+        tensor.copy_(host)
+    else:
+        low = widen(tensor)
+        assert low is not None  # a float16 or bfloat16 bucket (checked in comm_hook)
+        wide, narrow = low
+        _reduce(state, wide, index, compress)
+        narrow.into(tensor, wide)
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
     return tensor

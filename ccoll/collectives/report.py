@@ -1,0 +1,121 @@
+"""What a collective call did, and why: :class:`CallReport`, and its log line.
+
+Every blocking call of a :class:`~ccoll.collectives.communicator.Communicator` leaves a
+report in ``Communicator.last_call`` (``iallreduce``: ``last_async_call``): compressed or
+raw, the reason (the fixed policy, ``eb=None``, or ``policy="auto"``'s predicted times and
+ratio), the bytes this rank sent, the absolute bound and the elapsed time. The decision
+fields are the same on every rank (they come from agreed numbers); ``bytes_sent`` and
+``seconds`` are this rank's.
+
+With ``CCOLL_LOG=info`` (read when a Communicator is created; also ``debug``, ``warning``
+or ``off``) the ``"ccoll"`` logger logs one INFO line per call, the report's ``str()``, to
+stderr. Without it nothing is configured: a program that sets the ``"ccoll"`` logger to
+INFO itself gets the same lines through its own handlers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+__all__ = ["CallReport", "LOGGER", "log_level_problem", "configure_logging"]
+
+LOGGER = logging.getLogger("ccoll")
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_OFF = ("", "off", "0", "none")
+_configured_lock = threading.Lock()
+_handler: logging.Handler | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallReport:
+    """What one collective call did (``Communicator.last_call``).
+
+    - ``collective``: ``"allreduce"``, ``"reduce_scatter"``, ``"allgather"`` or ``"bcast"``;
+    - ``compressed``: whether the data went compressed (else plain MPI: raw);
+    - ``reason``: why, in words: ``'policy="compress"'``, ``'policy="raw"'``,
+      ``"eb=None: exact"``, or ``policy="auto"``'s reason ("predicted 2.10x faster
+      compressed", "predicted slower compressed", "too small to gain", "known raw from
+      calibration", "sticky raw: the model sent this call raw recently", ...);
+    - ``predicted_raw_s``, ``predicted_compressed_s``, ``ratio``: the cost model's
+      predicted seconds and the estimated compression ratio, where ``policy="auto"``
+      consulted the model for this call (else ``None``);
+    - ``eb_abs``: the absolute bound the result is within (``None``: exact, or a raw call);
+    - ``dtype``, ``count``: the caller's dtype name and element count; ``bytes_input`` the
+      input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves);
+    - ``bytes_sent``: bytes this rank put on the wire (counted as ``Communicator.stats``);
+    - ``seconds``: wall time of the call on this rank, from its checks to its result.
+    """
+
+    collective: str
+    compressed: bool
+    reason: str
+    policy: str
+    algorithm: str
+    dtype: str
+    count: int
+    eb_abs: float | None
+    bytes_input: int
+    bytes_sent: int
+    seconds: float
+    predicted_raw_s: float | None = None
+    predicted_compressed_s: float | None = None
+    ratio: float | None = None
+
+    @property
+    def mode(self) -> str:
+        """``"compressed"`` or ``"raw"``."""
+        return "compressed" if self.compressed else "raw"
+
+    def decision(self) -> tuple[object, ...]:
+        """Return the fields that every rank shares (all but bytes and time)."""
+        return (self.collective, self.compressed, self.reason, self.policy, self.algorithm,
+                self.dtype, self.count, self.eb_abs, self.predicted_raw_s,
+                self.predicted_compressed_s, self.ratio)
+
+    def __str__(self) -> str:
+        why = self.reason
+        if self.predicted_raw_s is not None and self.predicted_compressed_s is not None:
+            why += (f"; predicted raw {_ms(self.predicted_raw_s)}, compressed "
+                    f"{_ms(self.predicted_compressed_s)}")
+            if self.ratio is not None:
+                why += f", ratio {self.ratio:.3g}"
+        bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
+        return (f"{self.collective} {self.dtype}[{self.count}] {self.mode} ({why}); {bound}; "
+                f"sent {self.bytes_sent} B of {self.bytes_input} B input in "
+                f"{_ms(self.seconds)}")
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms"
+
+
+def log_level_problem() -> str | None:
+    """Return why ``CCOLL_LOG`` cannot be used (with the fix), or ``None`` when it can."""
+    v = os.environ.get("CCOLL_LOG", "").strip().lower()
+    if v in _OFF or v in _LEVELS:
+        return None
+    return (f"CCOLL_LOG={os.environ['CCOLL_LOG']!r} is not a log level: set it to info, "
+            "debug, warning or off (or unset it)")
+
+
+def configure_logging(rank: int) -> None:
+    """Apply ``CCOLL_LOG`` (checked by :func:`log_level_problem`): level and one handler.
+
+    Does nothing when the variable is unset or ``off``. The stderr handler, added once per
+    process, prefixes each line with ``ccoll[rank]``.
+    """
+    global _handler
+    v = os.environ.get("CCOLL_LOG", "").strip().lower()
+    level = _LEVELS.get(v)
+    if level is None:
+        return
+    with _configured_lock:
+        LOGGER.setLevel(level)
+        if _handler is None:
+            _handler = logging.StreamHandler()
+            _handler.setFormatter(logging.Formatter(f"ccoll[{rank}]: %(message)s"))
+            LOGGER.addHandler(_handler)
