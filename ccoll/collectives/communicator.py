@@ -1018,6 +1018,17 @@ def _on_comm_free(comm: MPI.Comm, keyval: int, attr: Any) -> None:
         attr.free()
 
 
+def _mpi_comm(comm: Any) -> MPI.Intracomm:
+    """``comm`` checked as an mpi4py intracommunicator (``None``: ``MPI.COMM_WORLD``)."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise InputError(
+            f"comm must be an mpi4py intracommunicator or a ccoll.Communicator, got {comm!r}"
+        )
+    return comm
+
+
 def default_communicator(comm: Any) -> Communicator:
     """Return the Communicator that the module-level functions use for ``comm``.
 
@@ -1028,12 +1039,7 @@ def default_communicator(comm: Any) -> Communicator:
     global _keyval
     if isinstance(comm, Communicator):
         return comm
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise InputError(
-            f"comm must be an mpi4py intracommunicator or a ccoll.Communicator, got {comm!r}"
-        )
+    comm = _mpi_comm(comm)
     with _keyval_lock:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_on_comm_free)
@@ -1061,12 +1067,7 @@ def existing_default(comm: Any) -> Communicator | None:
     """
     if isinstance(comm, Communicator):
         return comm
-    if comm is None:
-        comm = MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise InputError(
-            f"comm must be an mpi4py intracommunicator or a ccoll.Communicator, got {comm!r}"
-        )
+    comm = _mpi_comm(comm)
     with _keyval_lock:
         if _keyval is None:
             return None
