@@ -30,6 +30,18 @@ from ccoll.errors import CollectiveError
 
 comm = MPI.COMM_WORLD
 x = np.linspace(-1, 1, 200_000, dtype=np.float32) * (comm.rank + 1)
+
+# Each rank's lines also go to a file of its own: mpiexec forwards stdout asynchronously,
+# and the MPI_Abort that ends most of these jobs can drop lines not forwarded yet.
+_builtin_print = print
+_log = open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                         f"rank{comm.rank}.out"), "a", buffering=1)
+
+
+def print(*args, **kw):
+    kw.pop("file", None)
+    _builtin_print(*args, **kw)
+    _builtin_print(*args, file=_log, flush=True)
 """
 
 
@@ -44,7 +56,13 @@ def run_job(
         [str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpi4py", str(script)],
         capture_output=True, text=True, timeout=limit, env=env,
     )
-    return proc, time.monotonic() - t0
+    elapsed = time.monotonic() - t0
+    # What the ranks printed, from their own files (complete even where MPI_Abort cut
+    # mpiexec's forwarding short), rank by rank.
+    logs = sorted(tmp_path.glob("rank*.out"))
+    if logs:
+        proc.stdout = "".join(p.read_text() for p in logs)
+    return proc, elapsed
 
 
 def test_exception_mid_collective_ends_the_job(tmp_path):
