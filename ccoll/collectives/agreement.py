@@ -47,7 +47,7 @@ __all__ = [
 
 COLLECTIVES = {
     "allreduce": 1, "reduce_scatter": 2, "allgather": 3, "bcast": 4, "Communicator": 5,
-    "CCollHookState": 6,
+    "CCollHookState": 6, "FSDPReduceScatter": 7,
 }
 # By dtype name ("bfloat16": torch's, or ml_dtypes'); float16/bfloat16 data is reduced in
 # float32, but the ranks must still pass the same dtype (they get it back).

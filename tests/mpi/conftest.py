@@ -15,6 +15,11 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 
+# Before any test module imports torch: torch loads the OpenMP runtime that numba's
+# parallel kernels share, and OpenMP reads its wait policy only then. Spinning idle
+# threads of ranks that share cores made an FSDP step 7x slower here.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture
 def comm() -> MPI.Intracomm:

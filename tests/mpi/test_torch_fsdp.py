@@ -1,0 +1,260 @@
+"""ccoll.torch.FSDPReduceScatter under FSDP2 (gloo on CPU): bound, exemptions, parity, async.
+
+Run: mpiexec -n K python -m mpi4py -m pytest tests/mpi/test_torch_fsdp.py (K = 2 or 4 for the
+training test; the others run at any K >= 2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import sys
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+import torch.distributed as dist  # noqa: E402
+from kit import ExactSum, assert_clear_error, assert_within, rel_bound  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+
+import ccoll  # noqa: E402
+import ccoll.torch as ct  # noqa: E402
+from ccoll.errors import InputError, MismatchError  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+import models  # noqa: E402
+
+SIZE = MPI.COMM_WORLD.Get_size()
+pytestmark = pytest.mark.skipif(SIZE < 2, reason="a reduce-scatter needs 2 ranks or more")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    torch.set_num_threads(1)
+    ct.init_process_group_from_mpi()
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def made():
+    objs: list[ct.FSDPReduceScatter] = []
+    yield objs
+    for o in objs:
+        o.close()
+
+
+def sharded_cnn(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    m = models.DigitsCNN()
+    for sub in (m.conv1, m.conv2, m.fc):
+        fully_shard(sub)
+    fully_shard(m)
+    return m
+
+
+def spy(rs: ct.FSDPReduceScatter) -> list[tuple[torch.Tensor, torch.Tensor, object]]:
+    """Record (input, output, plan) of every reduction ``rs`` makes."""
+    calls: list[tuple[torch.Tensor, torch.Tensor, object]] = []
+    run = rs._run
+
+    def recorded(out, inp, avg, scale, plan):  # type: ignore[no-untyped-def]
+        x = inp.clone()
+        run(out, inp, avg, scale, plan)
+        calls.append((x, out.clone(), plan))
+
+    rs._run = recorded  # type: ignore[method-assign]
+    return calls
+
+
+def rank_batch(step: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * MPI.COMM_WORLD.Get_rank() + step)
+    return torch.randn(16, 1, 8, 8, generator=g)
+
+
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-4), ccoll.REL(1e-2)], ids=repr)
+def test_bound_on_every_element_and_exempt_exact(comm, made, eb) -> None:
+    model = sharded_cnn()
+    rs = ct.FSDPReduceScatter(eb, policy="compress", exempt=("*bias", "conv1.*"), min_numel=0)
+    made.append(rs)
+    assert rs.attach(model) == 3  # conv1, conv2, fc (the root holds no parameters)
+    calls = spy(rs)
+    model(rank_batch()).square().mean().backward()
+    assert len(calls) == 3
+    n, r = comm.size, comm.rank
+    seen_compressed = seen_exact = 0
+    for inp, out, plan in calls:
+        rows = comm.allgather(inp.double().numpy().reshape(n, -1))
+        exact = ExactSum([x[r] for x in rows], Fraction(1, n))  # FSDP asks for AVG
+        y = out.numpy()
+        if plan.exact_only:  # conv1: weight and bias are exempt
+            comp = np.zeros(y.size, dtype=bool)
+        else:
+            comp = np.zeros(y.size, dtype=bool)
+            comp[plan.comp_idx.numpy()] = True
+        if comp.any():
+            eb_abs = (eb.value if isinstance(eb, ccoll.ABS)
+                      else rel_bound(eb.value, *[x[:, comp] for x in rows]))
+            # the bound, plus the float32 roundings of the average (sum, then quotient)
+            assert_within(y[comp], exact[comp], eb_abs, roundings=2)
+            err = np.abs(y[comp] - np.mean([x[r][comp] for x in rows], axis=0)).max()
+            assert err > 1e-7, "the compressed columns should carry a visible error"
+            seen_compressed += 1
+        if (~comp).any():  # exempt and padding: plain MPI, float32 roundings only
+            # any summation order: (n - 1) roundings of partial sums <= sum |x|, then / n
+            mags = np.sum([np.abs(x[r][~comp]) for x in rows], axis=0)
+            assert_within(y[~comp], exact[~comp], 0.0, roundings=1,
+                          extra=1.01 * (n - 1) * 2.0**-24 * mags / n)
+            seen_exact += 1
+    assert seen_compressed == 2 and seen_exact == 3
+    # fc and conv2 each: one compressed and one exact collective; conv1: one exact.
+    assert (rs.compressed, rs.exact, rs.unknown_layout) == (2, 3, 0)
+    # What FSDP wrote into the sharded gradients is the reduce-scatter's output, bit for bit
+    # (backward reaches fc first); each parameter's shard sits at its padded offset.
+    for module, (_, out, _) in zip((model.fc, model.conv2, model.conv1), calls, strict=True):
+        off = 0
+        for p in module.parameters():
+            local = p.grad.to_local().reshape(-1)
+            assert torch.equal(local, out[off : off + local.numel()])
+            off += -(-p.shape[0] // n) * (p.numel() // p.shape[0])
+        assert off == out.numel()
+
+
+def test_small_reduce_scatter_and_no_attach(comm, made) -> None:
+    # Given to set_custom_reduce_scatter directly: the whole buffer is one collective.
+    model = sharded_cnn()
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-3), policy="compress", min_numel=2000)
+    made.append(rs)
+    for sub in (model.conv1, model.conv2, model.fc):
+        sub.set_custom_reduce_scatter(rs)
+    calls = spy(rs)
+    model(rank_batch()).square().mean().backward()
+    # conv1 (160 elements, padded) is below min_numel: exact; conv2 and fc compressed.
+    plans = [(p.exact_only, inp.numel()) for inp, _, p in calls]
+    assert [e for e, _ in plans] == [False, False, True], plans
+    assert (rs.compressed, rs.exact) == (2, 1)
+
+
+def test_training_parity_and_identical_full_model(comm, made) -> None:
+    if comm.size not in (2, 4):
+        pytest.skip("the training comparison runs at 2 and 4 ranks")
+    seed, steps = 3, 60
+    xtr, ytr, xte, yte = models.digits_split(seed)
+    accs, digests = {}, {}
+    for mode in ("fsdp", "ccoll"):
+        model = sharded_cnn(seed)
+        rs = None
+        if mode == "ccoll":
+            rs = ct.FSDPReduceScatter(ccoll.REL(1e-3), policy="compress", min_numel=0)
+            made.append(rs)
+            rs.attach(model)
+            calls = spy(rs)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        batches = models.shard_batches(len(ytr), 64, comm.rank, comm.size, seed)
+        for step in range(steps):
+            idx = torch.from_numpy(next(batches))
+            loss = torch.nn.functional.cross_entropy(model(xtr[idx]), ytr[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if rs is not None and step % 20 == 0:  # the bound on every element, some steps
+                n, r = comm.size, comm.rank
+                for inp, out, _ in calls:
+                    rows = comm.allgather(inp.double().numpy().reshape(n, -1))
+                    exact = ExactSum([x[r] for x in rows], Fraction(1, n))
+                    assert_within(out.numpy(), exact, rel_bound(1e-3, *rows), roundings=2)
+            if rs is not None:
+                calls.clear()
+            opt.step()
+        accs[mode] = models.accuracy(model, xte, yte)
+        h = hashlib.sha256()
+        for name, p in model.named_parameters():
+            h.update(name.encode())
+            h.update(p.full_tensor().detach().numpy().tobytes())  # gathers the shards
+        digests[mode] = h.hexdigest()
+        if rs is not None:
+            assert rs.compressed == 3 * steps and rs.exact == 0
+    for mode, d in digests.items():
+        assert len(set(comm.allgather(d))) == 1, f"{mode}: full models differ across ranks"
+    assert abs(accs["ccoll"] - accs["fsdp"]) <= 0.01, accs
+    assert accs["fsdp"] > 0.8, accs  # it learned
+
+
+def test_async_op_returns_work_with_the_sync_result(comm, made) -> None:
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-3), policy="compress", min_numel=0)
+    made.append(rs)
+    g = torch.Generator().manual_seed(comm.rank)
+    inp = torch.randn(comm.size * 3000, generator=g)
+    sync_out = torch.empty(3000)
+    assert rs(sync_out, inp.clone(), dist.group.WORLD, dist.ReduceOp.AVG) is None
+    out = torch.empty(3000)
+    work = rs(out, inp.clone(), dist.group.WORLD, dist.ReduceOp.AVG, async_op=True)
+    assert isinstance(work, dist.Work)
+    work.wait()
+    assert torch.equal(out, sync_out)
+    # SUM: the bound is on the sum (FSDP's post-division factor is 1 for float32)
+    s = torch.empty(3000)
+    rs(s, inp.clone(), dist.group.WORLD, dist.ReduceOp.SUM)
+    rows = comm.allgather(inp.double().numpy().reshape(comm.size, -1))
+    assert_within(s.numpy(), ExactSum([x[comm.rank] for x in rows]), 1e-3, roundings=2)
+    assert rs.compressed == 3
+
+
+def test_low_precision_rounds_once(comm, made) -> None:
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-3), policy="compress", min_numel=0)
+    made.append(rs)
+    g = torch.Generator().manual_seed(comm.rank)
+    inp = torch.randn(comm.size * 2048, generator=g).to(torch.bfloat16)
+    out = torch.empty(2048, dtype=torch.bfloat16)
+    rs(out, inp, dist.group.WORLD, dist.ReduceOp.AVG)
+    rows = comm.allgather(inp.float().double().numpy().reshape(comm.size, -1))
+    exact = ExactSum([x[comm.rank] for x in rows], Fraction(1, comm.size))
+    o = out.float()
+    ulp = (torch.nextafter(out.abs(), torch.full_like(out, float("inf"))).float() - o.abs())
+    # the bound, the float32 average's roundings, one rounding to bfloat16
+    assert_within(o.numpy(), exact, 1e-3, roundings=3, spacing=ulp.double().numpy())
+
+
+def test_bad_calls_raise_clear_errors(comm, made) -> None:
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-3), min_numel=0)
+    made.append(rs)
+    inp, out = torch.zeros(comm.size * 8), torch.zeros(8)
+    assert_clear_error(InputError, "reduce op", rs, out, inp, dist.group.WORLD,
+                       dist.ReduceOp.MAX)
+    assert_clear_error(InputError, "float32, float64, float16 or bfloat16", rs,
+                       torch.zeros(8, dtype=torch.int32),
+                       torch.zeros(comm.size * 8, dtype=torch.int32), dist.group.WORLD,
+                       dist.ReduceOp.AVG)
+    assert_clear_error(InputError, "times as many", rs, torch.zeros(7), inp,
+                       dist.group.WORLD, dist.ReduceOp.AVG)
+    assert_clear_error(InputError, "exempt", ct.FSDPReduceScatter, exempt=[1, 2])
+    # settings that differ between ranks: an error on every rank, no hang
+    mine = ccoll.ABS(1e-3 if comm.rank == 0 else 2e-3)
+    assert_clear_error(MismatchError, "error-bound value", ct.FSDPReduceScatter, mine)
+
+
+def test_state_dict_and_pickle(comm, made) -> None:
+    rs = ct.FSDPReduceScatter(ccoll.REL(1e-2), policy="compress", exempt=("*bias",),
+                              min_numel=10)
+    made.append(rs)
+    inp = torch.ones(comm.size * 100) * (comm.rank + 1)
+    rs(torch.empty(100), inp, dist.group.WORLD, dist.ReduceOp.AVG)
+    sd = rs.state_dict()
+    assert sd["compressed"] + sd["exact"] == 1
+    back = pickle.loads(pickle.dumps(rs))  # collective: makes a new communicator
+    made.append(back)
+    assert back.state_dict() == sd
+    assert MPI.Comm.Compare(back.comm, MPI.COMM_WORLD) == MPI.CONGRUENT
+    other = ct.FSDPReduceScatter.from_state_dict(sd)
+    made.append(other)
+    assert other.state_dict() == sd
+    wrong = ct.FSDPReduceScatter(ccoll.REL(1e-3), policy="compress", exempt=("*bias",),
+                                 min_numel=10)
+    made.append(wrong)
+    assert_clear_error(InputError, "eb_value", wrong.load_state_dict, sd)
+    assert_clear_error(InputError, "version", wrong.load_state_dict, {"version": 99})
