@@ -32,12 +32,12 @@ import torch.distributed as dist
 
 from ccoll.errorbound import ABS, REL, ErrorBound, as_bound
 from ccoll.errors import ErrorBoundError, InputError
+from ccoll.torch._state import STATE_VERSION, bound_of, check_settings, check_version
 
 __all__ = ["FSDPReduceScatter"]
 
 _POLICIES = ("compress", "auto", "raw")
 _SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_STATE_VERSION = 1
 
 
 def _exempt_patterns(exempt: Any) -> tuple[str, ...] | None:
@@ -195,7 +195,7 @@ class FSDPReduceScatter:
         uninterrupted one does.
         """
         return {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "eb_kind": self.eb.kind,
             "eb_value": float(self.eb.value),
             "policy": self.policy,
@@ -214,10 +214,10 @@ class FSDPReduceScatter:
         Raises :class:`ccoll.InputError` naming the settings that differ (construct the
         object with the checkpoint's settings: ``FSDPReduceScatter.from_state_dict``).
         """
-        _check_version(state, "FSDPReduceScatter")
+        check_version(state, "FSDPReduceScatter")
         mine = self.state_dict()
         keys = ("eb_kind", "eb_value", "policy", "min_numel", "exempt")
-        _check_settings({k: mine[k] for k in keys}, state, "FSDPReduceScatter")
+        check_settings({k: mine[k] for k in keys}, state, "FSDPReduceScatter")
         for k in ("compressed", "exact", "elements_compressed", "elements_exact",
                   "unknown_layout"):
             setattr(self, k, int(state[k]))
@@ -226,8 +226,8 @@ class FSDPReduceScatter:
     def from_state_dict(cls, state: dict[str, Any], *, comm: Any = None,
                         timeout: float | None = None) -> FSDPReduceScatter:
         """Construct an object with the settings of ``state`` and load it (collective)."""
-        _check_version(state, "FSDPReduceScatter")
-        obj = cls(_bound(state), policy=state["policy"], comm=comm,
+        check_version(state, "FSDPReduceScatter")
+        obj = cls(bound_of(state), policy=state["policy"], comm=comm,
                   exempt=tuple(state["exempt"]), min_numel=state["min_numel"], timeout=timeout)
         obj.load_state_dict(state)
         return obj
@@ -239,8 +239,8 @@ class FSDPReduceScatter:
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         state = data["state"]
-        _check_version(state, "FSDPReduceScatter")
-        self.__init__(_bound(state), policy=state["policy"],  # type: ignore[misc]
+        check_version(state, "FSDPReduceScatter")
+        self.__init__(bound_of(state), policy=state["policy"],  # type: ignore[misc]
                       exempt=tuple(state["exempt"]), min_numel=state["min_numel"],
                       timeout=data["timeout"])
         self.load_state_dict(state)
@@ -534,31 +534,6 @@ def _post_factor(group: Any, dtype: torch.dtype, device: torch.device,
     # With replicas (HSDP), FSDP sums the replicas' outputs before it divides: each
     # replica's error is added once more, so each sum may carry only post / replicas.
     return max(1.0, float(post or 1.0) / replicas)
-
-
-def _bound(state: dict[str, Any]) -> ErrorBound:
-    kind, value = state["eb_kind"], float(state["eb_value"])
-    if kind == "abs":
-        return ABS(value)
-    if kind == "rel":
-        return REL(value)
-    raise InputError(f"checkpoint state has error-bound kind {kind!r}; expected 'abs' or 'rel'")
-
-
-def _check_version(state: Any, what: str) -> None:
-    if not isinstance(state, dict) or state.get("version") != _STATE_VERSION:
-        got = state.get("version") if isinstance(state, dict) else type(state).__name__
-        raise InputError(f"not a {what} state dict of version {_STATE_VERSION} (got {got!r}): "
-                         f"pass what {what}.state_dict() returned")
-
-
-def _check_settings(mine: dict[str, Any], state: dict[str, Any], what: str) -> None:
-    diff = [f"{k}: this {what} has {mine[k]!r}, the state dict {state.get(k)!r}"
-            for k in mine if state.get(k) != mine[k]]
-    if diff:
-        raise InputError(f"the state dict was saved with other settings ({'; '.join(diff)}); "
-                         f"construct the {what} with the checkpoint's settings "
-                         f"({what}.from_state_dict(state))")
 
 
 def _close(comm: Any, communicator: Any) -> None:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from ccoll.compressor.precision import widen
 from ccoll.errorbound import ABS, REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import ErrorBoundError, InputError
+from ccoll.torch._state import STATE_VERSION, bound_of, check_settings, check_version
 
 __all__ = ["CCollHookState", "comm_hook"]
 
@@ -125,6 +126,9 @@ class CCollHookState:
         "busy_s",
         "policy",
         "_finalizer",
+        "_bucket_params",
+        "_pending",
+        "residuals_reset",
         "__weakref__",
     )
 
@@ -209,6 +213,11 @@ class CCollHookState:
         self.compressed = 0
         self.exact = 0
         self.busy_s = 0.0
+        # Error feedback: the parameters of each bucket (their residuals' layout), and
+        # residuals of a loaded checkpoint waiting for their bucket (see load_state_dict).
+        self._bucket_params: dict[int, tuple[Any, ...]] = {}
+        self._pending: dict[Any, np.ndarray] = {}
+        self.residuals_reset = 0
 
     def __repr__(self) -> str:
         return (
@@ -231,6 +240,130 @@ class CCollHookState:
         self._finalizer()
 
     free = close
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def state_dict(self, model: Any = None) -> dict[str, Any]:
+        """Return what a resumed run needs to continue exactly: settings, iteration, residuals.
+
+        Plain values and CPU tensors (copies of the error-feedback residuals), so
+        ``torch.save`` and ``torch.load(..., weights_only=True)`` take it. Call it between
+        steps (after ``backward`` returned: the hook's futures are complete then).
+
+        Residuals belong to parameters, but DDP's buckets are laid out differently in the
+        first step of a new process (before DDP rebuilds them) than later. With ``model``
+        (the DDP model, or the module it wraps) the residuals are also stored per parameter
+        name (``"residuals_by_param"``), which :meth:`load_state_dict` with the same model
+        maps onto any bucket layout. Without it, each bucket's residual is stored with its
+        parameters' shapes, which find their place again where those shapes are distinct
+        within the bucket; other pieces restart from zero (counted in ``residuals_reset``).
+        """
+        residuals = {int(i): torch.from_numpy(r.copy()) for i, r in self.residuals.items()}
+        layout = {
+            int(i): [list(p.shape) for p in self._bucket_params.get(i, ())]
+            for i in self.residuals
+        }
+        out: dict[str, Any] = {
+            "version": STATE_VERSION,
+            "eb_kind": self.eb.kind,
+            "eb_value": float(self.eb.value),
+            "error_feedback": self.error_feedback,
+            "start_iter": self.start_iter,
+            "min_numel": self.min_numel,
+            "policy": self.policy,
+            "iter": self.iter,
+            "residuals": residuals,
+            "residual_shapes": layout,
+            "compressed": self.compressed,
+            "exact": self.exact,
+            "busy_s": self.busy_s,
+        }
+        if model is not None:
+            names = _param_names(model)
+            by_param: dict[str, torch.Tensor] = {}
+            for i, r in self.residuals.items():
+                for p, lo, hi in _pieces(self._bucket_params.get(i, ())):
+                    name = names.get(id(p))
+                    if name is None or hi > r.size:
+                        raise InputError("model does not hold the parameters of the hook's "
+                                         "buckets: pass the DDP model the hook is registered on")
+                    by_param[name] = torch.from_numpy(r[lo:hi].copy())
+            out["residuals_by_param"] = by_param
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], model: Any = None) -> None:
+        """Restore iteration, residuals and counters saved by :meth:`state_dict`.
+
+        The settings must equal this state's (:class:`ccoll.InputError` names those that
+        differ; :meth:`from_state_dict` constructs a state with the checkpoint's settings).
+        Pass the same ``model`` as to :meth:`state_dict` to restore residuals by parameter
+        name. The residuals take their place in the buckets at the next backward pass.
+        Local: no collective call.
+        """
+        check_version(state, "CCollHookState")
+        mine = {
+            "eb_kind": self.eb.kind, "eb_value": float(self.eb.value),
+            "error_feedback": self.error_feedback, "start_iter": self.start_iter,
+            "min_numel": self.min_numel, "policy": self.policy,
+        }
+        check_settings(mine, state, "CCollHookState")
+        pending: dict[Any, np.ndarray] = {}
+        by_param = state.get("residuals_by_param")
+        if model is not None and by_param is not None:
+            named = dict(_named_params(model))
+            missing = sorted(set(by_param) - set(named))
+            if missing:
+                raise InputError(f"the state dict has residuals of parameters {missing[:5]} "
+                                 "that model does not have: pass the model it was saved with")
+            for name, r in by_param.items():
+                pending[id(named[name])] = _host(r).reshape(-1)
+        else:
+            shapes = state.get("residual_shapes", {})
+            for i, r in state["residuals"].items():
+                flat = _host(r).reshape(-1)
+                layout = [tuple(sh) for sh in shapes.get(i, ())]
+                if len(set(layout)) != len(layout):  # pieces of equal shape: ambiguous
+                    continue
+                lo = 0
+                for sh in layout:
+                    hi = lo + math.prod(sh)
+                    pending[(int(i), sh)] = flat[lo:hi]
+                    lo = hi
+        self.residuals = {}
+        self._pending = pending
+        self.iter = int(state["iter"])
+        self.compressed = int(state["compressed"])
+        self.exact = int(state["exact"])
+        self.busy_s = float(state["busy_s"])
+
+    @classmethod
+    def from_state_dict(
+        cls, state: dict[str, Any], model: Any = None, *, comm: Any = None,
+        timeout: float | None = None,
+    ) -> "CCollHookState":
+        """Construct a state with the settings of ``state`` and load it (collective over comm)."""
+        check_version(state, "CCollHookState")
+        obj = cls(bound_of(state), error_feedback=state["error_feedback"],
+                  start_iter=state["start_iter"], min_numel=state["min_numel"],
+                  policy=state["policy"], comm=comm, timeout=timeout)
+        obj.load_state_dict(state, model)
+        return obj
+
+    def __getstate__(self) -> dict[str, Any]:
+        # No communicator in the pickle: unpickling makes a new one over MPI.COMM_WORLD,
+        # collectively (every rank unpickles its copy at the same point, as torch.load of
+        # every rank's checkpoint does).
+        return {"state": self.state_dict(), "timeout": self.communicator.timeout}
+
+    def __setstate__(self, data: dict[str, Any]) -> None:
+        state = data["state"]
+        check_version(state, "CCollHookState")
+        self.__init__(  # type: ignore[misc]
+            bound_of(state), error_feedback=state["error_feedback"],
+            start_iter=state["start_iter"], min_numel=state["min_numel"],
+            policy=state["policy"], timeout=data["timeout"],
+        )
+        self.load_state_dict(state)
 
     def sum_bound(self, x: np.ndarray) -> float:
         """Absolute bound of the ranks' *sum* that bounds their average by ``eb``.
@@ -265,6 +398,85 @@ def _close_state(comm: Any, communicator: Any) -> None:
     communicator.close()
     if comm != MPI.COMM_NULL and not MPI.Is_finalized():
         comm.Free()
+
+
+def _named_params(model: Any) -> list[tuple[str, Any]]:
+    """Return the named parameters of ``model`` (a DDP model: of the module it wraps)."""
+    inner = getattr(model, "module", model) if isinstance(
+        model, torch.nn.parallel.DistributedDataParallel) else model
+    if not isinstance(inner, torch.nn.Module):
+        raise InputError(f"model must be a torch.nn.Module (or the DDP model), got {model!r}")
+    return list(inner.named_parameters())
+
+
+def _param_names(model: Any) -> dict[int, str]:
+    return {id(p): n for n, p in _named_params(model)}
+
+
+def _pieces(params: Any) -> list[tuple[Any, int, int]]:
+    """Return (parameter, start, end) of each parameter's gradient in its bucket.
+
+    DDP packs them one after another, in ``bucket.parameters()`` order.
+    """
+    out, lo = [], 0
+    for p in params:
+        out.append((p, lo, lo + p.numel()))
+        lo += p.numel()
+    return out
+
+
+def _host(r: Any) -> np.ndarray:
+    return np.array(r.numpy() if isinstance(r, torch.Tensor) else r, copy=True)
+
+
+def _place_residuals(state: CCollHookState, bucket: dist.GradBucket) -> None:
+    """Keep each residual with its parameters when DDP lays its buckets out anew.
+
+    DDP rebuilds its buckets after the first iteration (other order, other grouping), and
+    a new process starts from the first layout again. When a bucket's parameters differ
+    from those its residual was made with, every residual is cut into per-parameter pieces
+    and each bucket takes its parameters' pieces back (caller's thread: the engine has
+    finished the previous backward pass, whose futures DDP waited for).
+    """
+    index = bucket.index()
+    params = tuple(bucket.parameters())
+    old = state._bucket_params.get(index)
+    if old is not None and index in state.residuals and (
+        len(old) != len(params) or any(a is not b for a, b in zip(old, params, strict=True))
+    ):
+        for i, r in state.residuals.items():
+            for p, lo, hi in _pieces(state._bucket_params.get(i, ())):
+                if hi <= r.size:
+                    state._pending[id(p)] = r[lo:hi]
+        state.residuals.clear()
+    state._bucket_params[index] = params
+    if state._pending:
+        _adopt_pending(state, index, params)
+        if bucket.is_last():  # pieces no bucket took (their parameters left DDP)
+            state._pending.clear()
+
+
+def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -> None:
+    """Place pending residual pieces (a checkpoint's, or a re-laid bucket's) of ``params``."""
+    found: list[tuple[int, int, np.ndarray]] = []
+    total = 0
+    reset = False
+    for p, lo, hi in _pieces(params):
+        piece = state._pending.pop(id(p), None)
+        if piece is None:
+            piece = state._pending.pop((index, tuple(p.shape)), None)
+        if piece is not None and piece.size == hi - lo:
+            found.append((lo, hi, piece))
+        else:
+            reset = True
+        total = hi
+    if found:
+        r = np.zeros(total, dtype=found[0][2].dtype)
+        for lo, hi, piece in found:
+            r[lo:hi] = piece
+        state.residuals[index] = r
+    if reset and found:
+        state.residuals_reset += 1
 
 
 def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np.ndarray:
@@ -424,6 +636,8 @@ def comm_hook(
         else:
             fut.set_result(req.wait())
 
+    if state.error_feedback:
+        _place_residuals(state, bucket)
     req = submit(_average, state, tensor, bucket.index(), compress, ready, comm=state.comm)
     if bucket.is_last():
         state.iter += 1

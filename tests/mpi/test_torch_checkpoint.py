@@ -1,0 +1,172 @@
+"""CCollHookState checkpoints: state_dict, pickling, and residuals that follow their parameters.
+
+Run: mpiexec -n K python -m mpi4py -m pytest tests/mpi/test_torch_checkpoint.py
+(tests/test_torch_resume.py restarts a run in fresh processes.)
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+from kit import assert_clear_error  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import ccoll  # noqa: E402
+import ccoll.torch as ct  # noqa: E402
+from ccoll.errors import InputError  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def process_group():
+    torch.set_num_threads(1)
+    ct.init_process_group_from_mpi()
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def made():
+    objs: list[ct.CCollHookState] = []
+    yield objs
+    for o in objs:
+        o.close()
+
+
+class Net(torch.nn.Module):
+    """One DDP bucket whose parameter order DDP reverses after the first iteration."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(64, 160)
+        self.b = torch.nn.Linear(160, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def rank_input() -> torch.Tensor:
+    g = torch.Generator().manual_seed(31 * MPI.COMM_WORLD.Get_rank() + 5)
+    return torch.randn(32, 64, generator=g)
+
+
+def ef_state(made: list, **kw) -> ct.CCollHookState:  # type: ignore[type-arg]
+    kw.setdefault("eb", ccoll.REL(1e-1))
+    s = ct.CCollHookState(error_feedback=True, policy="compress", min_numel=0, **kw)
+    made.append(s)
+    return s
+
+
+def test_residuals_follow_their_parameters_when_ddp_rebuilds_buckets(comm, made) -> None:
+    """Error feedback telescopes: sum_t y_t = t * avg(g) - avg(r_T), up to float rounding.
+
+    The gradients are the same every step (no optimizer step), while DDP lays the bucket
+    out in another order from the second iteration on; a residual added at the old offsets
+    would break the identity by about the bound.
+    """
+    torch.manual_seed(0)
+    model = Net()
+    x = rank_input()
+    model(x).square().mean().backward()
+    mine = {n: p.grad.double().numpy().copy() for n, p in model.named_parameters()}
+    avg = {n: np.mean([g[n] for g in comm.allgather(mine)], axis=0) for n in mine}
+    model.zero_grad()
+    state = ef_state(made, start_iter=0)
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    steps = 4
+    total = {n: np.zeros_like(g) for n, g in avg.items()}
+    orders = []
+    for _ in range(steps):
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+        orders.append([tuple(p.shape) for p in state._bucket_params[0]])
+        for n, p in model.named_parameters():
+            total[n] += p.grad.double().numpy()
+    assert orders[0] != orders[1], "DDP kept its first bucket layout: nothing to test"
+    res = state.state_dict(ddp)["residuals_by_param"]
+    every = comm.allgather({n: r.double().numpy() for n, r in res.items()})
+    for n in avg:
+        last = np.mean([e[n] for e in every], axis=0)
+        err = np.abs(total[n] - steps * avg[n] + last.reshape(avg[n].shape)).max()
+        scale = max(np.abs(avg[n]).max(), np.abs(last).max())
+        assert err <= 64 * steps * np.spacing(np.float32(scale)), (n, err)
+
+
+def train(ddp: torch.nn.Module, opt: torch.optim.Optimizer, steps: range) -> None:
+    for step in steps:
+        g = torch.Generator().manual_seed(1000 * MPI.COMM_WORLD.Get_rank() + step)
+        loss = ddp(torch.randn(16, 64, generator=g)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def test_state_dict_resumes_exactly_in_process(comm, made) -> None:
+    """N steps, save, a new model/DDP/state loaded from the save, M steps: as N + M steps."""
+    n, m = 3, 3
+
+    def fresh() -> tuple[Net, DDP, torch.optim.Optimizer, ct.CCollHookState]:
+        torch.manual_seed(0)
+        net = Net()
+        ddp = DDP(net)
+        state = ef_state(made)
+        ddp.register_comm_hook(state, ct.comm_hook)
+        return net, ddp, torch.optim.Adam(net.parameters(), lr=1e-2), state
+
+    net, ddp, opt, _ = fresh()
+    train(ddp, opt, range(n + m))
+    full = [p.detach().clone() for p in net.parameters()]
+
+    net, ddp, opt, state = fresh()
+    train(ddp, opt, range(n))
+    buf = io.BytesIO()
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict(),
+                "ccoll": state.state_dict()}, buf)
+    assert state.iter == n and state.residuals
+    buf.seek(0)
+    ckpt = torch.load(buf, weights_only=True)  # plain values and tensors only
+
+    net, ddp, opt, state = fresh()
+    net.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    state.load_state_dict(ckpt["ccoll"])
+    assert state.iter == n
+    train(ddp, opt, range(n, n + m))
+    for p, q in zip(net.parameters(), full, strict=True):
+        assert torch.equal(p, q)
+    assert state.residuals_reset == 0
+
+
+def test_pickle_and_settings(comm, made) -> None:
+    torch.manual_seed(0)
+    net = Net()
+    ddp = DDP(net)
+    state = ef_state(made, eb=ccoll.ABS(1e-3), start_iter=0)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    train(ddp, torch.optim.SGD(net.parameters(), lr=0.1), range(2))
+    back = pickle.loads(pickle.dumps(state))  # collective: a new communicator
+    made.append(back)
+    assert MPI.Comm.Compare(back.comm, MPI.COMM_WORLD) == MPI.CONGRUENT
+    assert back.comm != state.comm
+    assert (back.eb, back.iter, back.compressed) == (state.eb, state.iter, state.compressed)
+    # The residuals wait, by parameter shape, for the next backward pass to place them.
+    assert back.residuals == {} and len(back._pending) == 4
+    sd = state.state_dict()
+    wrong = ct.CCollHookState(eb=ccoll.ABS(1e-3), error_feedback=False, min_numel=0,
+                              policy="compress")
+    made.append(wrong)
+    assert_clear_error(InputError, "error_feedback: this CCollHookState has False",
+                       wrong.load_state_dict, sd)
+    assert_clear_error(InputError, "version", wrong.load_state_dict, {"version": 0})
+    other = ct.CCollHookState.from_state_dict(sd, ddp)
+    made.append(other)
+    assert other.iter == state.iter and other.error_feedback
+    assert_clear_error(InputError, "torch.nn.Module", state.state_dict, "not a model")
