@@ -18,7 +18,11 @@ What a bucket goes through (docs/training.md has the reasoning and the bound):
    CUDA buckets go to ccoll's device path (compressed, added and decoded on the GPU);
    with error feedback they are staged through a host copy;
 4. with ``error_feedback``, the residual of the previous step is added before compression
-   and the new residual is kept per ``bucket.index()`` (see :class:`CCollHookState`).
+   and the new residual is kept per bucket, and follows its parameters when DDP lays the
+   buckets out anew (see :class:`CCollHookState`).
+
+``CCollHookState.state_dict()`` / ``load_state_dict()`` (and pickling) checkpoint the
+iteration, the residuals and the settings, so a resumed run continues bit for bit.
 
 NaN and ±Inf pass through as NaN and ±Inf, so ``torch.amp.GradScaler`` still sees overflow
 and skips the step on every rank.
@@ -99,6 +103,14 @@ class CCollHookState:
     the error does not accumulate. A step whose reduced bucket holds NaN or Inf (skipped by
     GradScaler) keeps the old residual; a bucket whose size changed starts from zero.
     Residuals are in the units of the gradients the hook sees (with GradScaler: scaled).
+    The hook remembers each bucket's parameters: when DDP lays its buckets out anew (after
+    the first iteration, and in a process resumed from a checkpoint), each residual is cut
+    into per-parameter pieces that go back to their parameters at their new offsets.
+
+    Checkpoints: :meth:`state_dict` / :meth:`load_state_dict` / :meth:`from_state_dict`
+    (settings, iteration, residuals, counters; pass the DDP model to store residuals per
+    parameter name), and pickling, which stores no communicator: unpickling constructs the
+    state again over ``MPI.COMM_WORLD``, collectively.
 
     Attributes:
         iter: iterations seen (incremented after the last bucket of each backward pass).
@@ -107,6 +119,8 @@ class CCollHookState:
             averaged exactly (first iterations, small buckets, the policy's raw choices).
         busy_s: seconds the engine thread spent averaging buckets (overlaps the backward
             pass; compare with the step time to see how much of it stays exposed).
+        residuals_reset: buckets where a loaded checkpoint's residual pieces could not all
+            be placed (parameters of equal shape in a bucket, saved without the model).
         communicator: the :class:`ccoll.Communicator` the buckets go through (its ``stats``
             count bytes in and out).
 
@@ -128,6 +142,7 @@ class CCollHookState:
         "_finalizer",
         "_bucket_params",
         "_pending",
+        "_seen",
         "residuals_reset",
         "__weakref__",
     )
@@ -217,6 +232,7 @@ class CCollHookState:
         # residuals of a loaded checkpoint waiting for their bucket (see load_state_dict).
         self._bucket_params: dict[int, tuple[Any, ...]] = {}
         self._pending: dict[Any, np.ndarray] = {}
+        self._seen: set[int] = set()  # buckets queued in the current iteration
         self.residuals_reset = 0
 
     def __repr__(self) -> str:
@@ -433,27 +449,34 @@ def _place_residuals(state: CCollHookState, bucket: dist.GradBucket) -> None:
     """Keep each residual with its parameters when DDP lays its buckets out anew.
 
     DDP rebuilds its buckets after the first iteration (other order, other grouping), and
-    a new process starts from the first layout again. When a bucket's parameters differ
-    from those its residual was made with, every residual is cut into per-parameter pieces
-    and each bucket takes its parameters' pieces back (caller's thread: the engine has
-    finished the previous backward pass, whose futures DDP waited for).
+    a new process starts from the first layout again. Runs on the caller's thread before
+    the bucket is queued. At the first bucket of an iteration whose parameters differ from
+    those it had, the residuals of the buckets this iteration has not reached yet are cut
+    into per-parameter pieces, and each bucket from there on takes its parameters' pieces
+    back. The buckets already queued in this iteration kept their parameters (else the
+    change would have shown at them), so none of their parameters is among the pieces, and
+    the engine thread, which may be working on them, touches no residual cut here.
     """
     index = bucket.index()
     params = tuple(bucket.parameters())
     old = state._bucket_params.get(index)
-    if old is not None and index in state.residuals and (
+    if old is not None and (
         len(old) != len(params) or any(a is not b for a, b in zip(old, params, strict=True))
     ):
-        for i, r in state.residuals.items():
+        for i, r in list(state.residuals.items()):  # a snapshot: the engine may add entries
+            if i in state._seen:
+                continue
             for p, lo, hi in _pieces(state._bucket_params.get(i, ())):
                 if hi <= r.size:
                     state._pending[id(p)] = r[lo:hi]
-        state.residuals.clear()
+            state.residuals.pop(i, None)
     state._bucket_params[index] = params
+    state._seen.add(index)
     if state._pending:
         _adopt_pending(state, index, params)
-        if bucket.is_last():  # pieces no bucket took (their parameters left DDP)
-            state._pending.clear()
+    if bucket.is_last():
+        state._seen.clear()
+        state._pending.clear()  # pieces no bucket took (their parameters left DDP)
 
 
 def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -> None:

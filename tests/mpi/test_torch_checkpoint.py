@@ -64,22 +64,39 @@ def ef_state(made: list, **kw) -> ct.CCollHookState:  # type: ignore[type-arg]
     return s
 
 
-def test_residuals_follow_their_parameters_when_ddp_rebuilds_buckets(comm, made) -> None:
+class Deep(torch.nn.Module):
+    """Five layers; with a small bucket cap DDP regroups them into other buckets later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(
+            [torch.nn.Linear(64, 64) for _ in range(4)] + [torch.nn.Linear(64, 16)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:-1]:
+            x = torch.tanh(layer(x))
+        return self.layers[-1](x)
+
+
+@pytest.mark.parametrize("net,cap", [(Net, None), (Deep, 0.02)], ids=["one-bucket", "buckets"])
+def test_residuals_follow_their_parameters_when_ddp_rebuilds_buckets(comm, made, net,
+                                                                      cap) -> None:
     """Error feedback telescopes: sum_t y_t = t * avg(g) - avg(r_T), up to float rounding.
 
-    The gradients are the same every step (no optimizer step), while DDP lays the bucket
-    out in another order from the second iteration on; a residual added at the old offsets
-    would break the identity by about the bound.
+    The gradients are the same every step (no optimizer step), while DDP lays its buckets
+    out anew from the second iteration on; a residual added at the old offsets would break
+    the identity by about the bound.
     """
     torch.manual_seed(0)
-    model = Net()
+    model = net()
     x = rank_input()
     model(x).square().mean().backward()
     mine = {n: p.grad.double().numpy().copy() for n, p in model.named_parameters()}
     avg = {n: np.mean([g[n] for g in comm.allgather(mine)], axis=0) for n in mine}
     model.zero_grad()
     state = ef_state(made, start_iter=0)
-    ddp = DDP(model)
+    ddp = DDP(model, bucket_cap_mb=cap)
     ddp.register_comm_hook(state, ct.comm_hook)
     steps = 4
     total = {n: np.zeros_like(g) for n, g in avg.items()}
@@ -87,10 +104,12 @@ def test_residuals_follow_their_parameters_when_ddp_rebuilds_buckets(comm, made)
     for _ in range(steps):
         ddp.zero_grad()
         ddp(x).square().mean().backward()
-        orders.append([tuple(p.shape) for p in state._bucket_params[0]])
+        orders.append({i: [id(p) for p in ps] for i, ps in state._bucket_params.items()})
         for n, p in model.named_parameters():
             total[n] += p.grad.double().numpy()
     assert orders[0] != orders[1], "DDP kept its first bucket layout: nothing to test"
+    if cap is not None:
+        assert len(orders[-1]) > 1, orders  # several buckets
     res = state.state_dict(ddp)["residuals_by_param"]
     every = comm.allgather({n: r.double().numpy() for n, r in res.items()})
     for n in avg:
