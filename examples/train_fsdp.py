@@ -49,6 +49,8 @@ import models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from ccoll.helpformat import DefaultsFormatter  # noqa: E402
+
 DEFAULTS = {  # model: (global batch, learning rate)
     "cnn": (64, 1e-3),
     "minilm": (32, 2e-5),
@@ -59,19 +61,10 @@ MINILM_HINT = (
 )
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """``(default: X)`` after every option help that does not state its default."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text.lower():
-            return action.help
-        return f"{text} (default: %(default)s)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], epilog=MINILM_HINT, formatter_class=_Formatter,
+        description=__doc__.split("\n\n")[0], epilog=MINILM_HINT,
+        formatter_class=DefaultsFormatter,
     )
     ap.add_argument("--model", choices=("cnn", "minilm"), default="cnn",
                     help="digits CNN, or all-MiniLM-L6-v2 (needs `make minilm`)")

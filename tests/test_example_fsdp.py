@@ -26,6 +26,28 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_help_shows_every_default_and_names_make_minilm() -> None:
+    pytest.importorskip("torch")
+    from ccoll.helpformat import shows_default
+
+    sys.path.insert(0, str(REPO / "examples"))
+    try:
+        spec = importlib.util.spec_from_file_location("train_fsdp_example",
+                                                      REPO / "examples" / "train_fsdp.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(REPO / "examples"))
+    parser = mod.build_parser()
+    fmt = parser._get_formatter()
+    missing = [a.dest for a in parser._actions
+               if shows_default(a) and "default" not in (fmt._get_help_string(a) or "").lower()]
+    assert missing == []
+    text = parser.format_help()
+    assert "make minilm" in text and "(default: 300)" in text
+
+
 def test_cnn_run_writes_its_log_and_plot(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
