@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ccoll.collectives.policy.auto import DECISION_MARGIN, AutoPolicy
-from ccoll.collectives.policy.feedback import MAX_LEVEL, Feedback, FeedbackCall
+from ccoll.collectives.policy.feedback import MAX_LEVEL, WINDOW, Feedback, FeedbackCall
 
 KEY = (1 << 24, "float32", "allreduce", "homomorphic", "REL", 1e-3)
 
@@ -80,9 +80,44 @@ def test_raw_reference_is_the_measured_raw_time_once_there_is_one():
     # compressed; once a raw call is measured, the comparison is between measurements.
     sim = Sim(lambda c: 1.5 if c else 1.0, model_raw=10.0)
     assert sim.run(6) == "CCCCCC"
-    sim.fb._entries[KEY].raw_s = 1.0  # as if a raw call of the key had been measured
+    sim.fb._entries[KEY].raw.append(1.0)  # as if a raw call of the key had been measured
     # The 6th call's 1.5 s is taken in at the end of the 7th: the 8th goes raw.
     assert sim.run(4) == "CRRC"
+
+
+def _with_outlier(compressed: float, raw: float, outlier_mode: bool, nth: int, value: float):
+    """A clock whose ``nth`` call of one mode (compressed or raw) takes ``value``."""
+    seen = {True: 0, False: 0}
+
+    def clock(c: bool) -> float:
+        seen[c] += 1
+        if c == outlier_mode and seen[c] == nth:
+            return value
+        return compressed if c else raw
+
+    return clock
+
+
+def test_a_slow_raw_call_does_not_bring_a_losing_size_back():
+    # The 2nd raw call is slowed down (another job, a page-cache flush): 100 s. The
+    # re-probe's 2 s still loses against the other raw calls' 1 s.
+    plain = Sim(lambda c: 2.0 if c else 1.0).run(19)
+    sim = Sim(_with_outlier(2.0, 1.0, False, 2, 100.0))
+    assert sim.run(19) == plain == "CC" + "RR" + "C" + "RRRR" + "C" + "R" * 8 + "C"
+
+
+def test_a_slow_compressed_call_does_not_send_a_winning_size_raw():
+    sim = Sim(_with_outlier(0.5, 1.0, True, 4, 100.0), model_raw=1.0)
+    assert sim.run(12) == "C" * 12
+
+
+def test_a_lasting_change_takes_over_after_the_window():
+    slow = {"comp": 0.5}
+    sim = Sim(lambda c: slow["comp"] if c else 1.0, model_raw=1.0)
+    assert sim.run(5) == "C" * 5
+    slow["comp"] = 2.0  # from the 6th call on, compressing loses
+    # WINDOW slow calls fill the window; the last of them is taken in two calls later.
+    assert sim.run(WINDOW + 1 + 2) == "C" * (WINDOW + 1) + "RR"
 
 
 def test_a_thin_win_against_the_model_measures_raw_once():

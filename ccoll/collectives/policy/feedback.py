@@ -3,11 +3,13 @@
 The cost model decides before the data moves; this module checks the decision against
 what the calls then took. Per key (count, dtype, collective, algorithm and bound: the
 sticky key of :meth:`~ccoll.collectives.policy.auto.AutoPolicy.sticky_raw`) it keeps the
-latest measured seconds of a compressed call and of a raw call, and the model's raw
-prediction:
+measured seconds of its latest :data:`WINDOW` compressed calls and raw calls, and the
+model's raw prediction; "compressed" and "raw" below are the least of those (a call slowed
+by something else, which on a shared machine happens often, then neither sends a size raw
+nor brings it back; a truly changed time takes over after ``WINDOW`` calls):
 
-- a compressed call that took longer than raw (the latest measured raw call of the key,
-  else the model's raw prediction) sends the key raw ("demoted"), and sets the wait to
+- compressed slower than raw (measured raw calls of the key, else the model's raw
+  prediction) sends the key raw ("demoted"), and sets the wait to
   ``2**k`` raw calls, ``k`` the key's level, raised by one at every demotion and at every
   re-probe, at most :data:`MAX_LEVEL`;
 - once the wait is over, the next call asks the model again (a re-probe: normally it
@@ -33,14 +35,19 @@ Local and pure: no MPI here; the Communicator carries the numbers.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Feedback", "FeedbackCall", "MAX_LEVEL"]
+__all__ = ["Feedback", "FeedbackCall", "MAX_LEVEL", "WINDOW"]
 
 # The longest wait between re-probes is 2**MAX_LEVEL raw calls of the key: a job that
 # repeats a size once a step still tries compressing again about every thousand steps.
 MAX_LEVEL = 10
+# Measurements per mode and key whose least is compared. Measured on 2 ranks of the shared
+# 2-core machine: single 64 MiB raw allreduces of 55-420 ms in one run, so the latest time
+# alone once brought a losing size back to compressing for good (the outlier stayed the
+# reference while only compressed calls followed).
+WINDOW = 3
 _MAX_KEYS = 4096  # keys kept (a job uses a few sizes; one that never repeats starts over)
 
 
@@ -59,8 +66,8 @@ class FeedbackCall(NamedTuple):
 
 @dataclass
 class _Entry:
-    compressed_s: float | None = None  # agreed seconds of the latest compressed call
-    raw_s: float | None = None  # agreed seconds of the latest raw call
+    compressed: list[float] = field(default_factory=list)  # agreed seconds, latest WINDOW
+    raw: list[float] = field(default_factory=list)  # the same for raw calls
     model_raw_s: float | None = None  # the model's raw prediction (latest model decision)
     demoted: bool = False  # compressed calls measured slower than raw: send raw
     level: int = 0  # k: a demotion waits 2**k raw calls before the next re-probe
@@ -68,8 +75,16 @@ class _Entry:
     measure_raw: bool = False  # send the next call raw once, to measure raw
     raw_asked: bool = False  # that was done (once per key)
 
+    @property
+    def compressed_s(self) -> float | None:
+        return min(self.compressed) if self.compressed else None
+
+    @property
+    def raw_s(self) -> float | None:
+        return min(self.raw) if self.raw else None
+
     def raw_ref(self) -> float | None:
-        return self.raw_s if self.raw_s is not None else self.model_raw_s
+        return self.raw_s if self.raw else self.model_raw_s
 
 
 class Feedback:
@@ -104,12 +119,12 @@ class Feedback:
         if e is None:
             return None
         if e.demoted and e.wait > 0:
-            return (f"measured raw faster: a compressed call took {_ms(e.compressed_s)}, raw "
-                    f"{_ms(e.raw_ref())}{'' if e.raw_s is not None else ' (predicted)'}; "
+            return (f"measured raw faster: compressed {_ms(e.compressed_s)}, raw "
+                    f"{_ms(e.raw_ref())}{'' if e.raw else ' (predicted)'}; "
                     f"compressed again after {e.wait} more raw call"
                     f"{'s' if e.wait > 1 else ''}")
         if e.measure_raw:
-            return (f"measuring raw once: a compressed call took {_ms(e.compressed_s)}, "
+            return (f"measuring raw once: compressed {_ms(e.compressed_s)}, "
                     f"within {self.margin:.0%} of the predicted raw {_ms(e.model_raw_s)}")
         return None
 
@@ -154,22 +169,18 @@ class Feedback:
         e = self._entries.get(key)
         if e is None:  # forgotten meanwhile (the table was cleared)
             return
-        if not compressed:
-            e.raw_s = t
-            if not e.demoted and e.compressed_s is not None and e.compressed_s > t:
-                self._demote(e)
+        _push(e.compressed if compressed else e.raw, t)
+        comp, ref = e.compressed_s, e.raw_ref()
+        if comp is None or ref is None:
             return
-        e.compressed_s = t
-        ref = e.raw_ref()
-        if ref is None:
-            return
-        if t > ref:
+        if comp > ref:
             if not e.demoted:
                 self._demote(e)
             return
-        e.demoted = False
-        e.wait = 0
-        if e.raw_s is None and not e.raw_asked and t * (1 + self.margin) > ref:
+        if compressed:  # only a compressed call's time brings a demoted key back
+            e.demoted = False
+            e.wait = 0
+        if not e.raw and not e.raw_asked and comp * (1 + self.margin) > ref:
             e.measure_raw = True
 
     @staticmethod
@@ -184,6 +195,12 @@ class Feedback:
                           "model_raw_s": e.model_raw_s, "demoted": e.demoted,
                           "level": e.level, "wait": e.wait}
                 for k, e in self._entries.items()}
+
+
+def _push(times: list[float], t: float) -> None:
+    times.append(t)
+    if len(times) > WINDOW:
+        del times[0]
 
 
 def _ms(s: float | None) -> str:
