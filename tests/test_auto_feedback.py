@@ -177,6 +177,15 @@ def test_a_call_outside_the_feedback_still_carries_the_previous_time_in():
     assert fb.raw_reason(KEY) is not None
 
 
+def test_a_call_without_an_agreed_time_leaves_the_previous_one_pending():
+    fb = Feedback(DECISION_MARGIN)
+    fb.end_call(0.0, FeedbackCall(KEY, True, True, 1.0), 2.0)
+    fb.end_call(None, None, 0.01)  # nothing agreed: the 2 s are still to be sent
+    assert fb.outgoing() == 2.0 and fb.raw_reason(KEY) is None
+    fb.end_call(2.0, None, 0.01)
+    assert fb.raw_reason(KEY) is not None
+
+
 def test_auto_policy_holds_one_feedback_with_the_decision_margin():
     from types import SimpleNamespace
 

@@ -128,17 +128,19 @@ class Feedback:
                     f"within {self.margin:.0%} of the predicted raw {_ms(e.model_raw_s)}")
         return None
 
-    def end_call(self, agreed_s: float, call: FeedbackCall | None, seconds: float) -> None:
+    def end_call(self, agreed_s: float | None, call: FeedbackCall | None,
+                 seconds: float) -> None:
         """Update the state at the end of a successful call (every rank, every call alike).
 
         ``agreed_s``: the maximum over ranks of :meth:`outgoing` that this call's agreement
         carried (the previous measured call's seconds); ``call``: this call, if it was a
         ``policy="auto"`` call that the feedback follows (``None`` otherwise);
-        ``seconds``: this rank's elapsed time of this call.
+        ``seconds``: this rank's elapsed time of this call. A call whose agreement carried
+        no time (``agreed_s`` None, on every rank alike) leaves the previous time pending.
         """
         if call is not None:
             self._count(call)
-        if self._pending is not None:
+        if self._pending is not None and agreed_s is not None:
             key, compressed = self._pending
             self._pending = None
             self._apply(key, compressed, agreed_s)
