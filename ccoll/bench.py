@@ -322,6 +322,10 @@ def bench(
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
+        if "auto" in ccs:  # what auto's calls measured, per size (docs/model.md)
+            auto_policy = ccs["auto"]._auto.get("sync")
+            if auto_policy is not None:
+                meta["auto_feedback"] = auto_policy.feedback.describe()
         if trace and r == 0:
             meta["trace"] = _trace.chrome(traced, {k: meta[k] for k in (
                 "collective", "ranks", "eb", "host", "loadavg", "date_utc", "argv")})

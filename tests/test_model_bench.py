@@ -78,6 +78,8 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     big = [r for r in rows if r["size"] == 65536 and r["algorithm"] == "homomorphic"]
     assert big[0]["ratio"] > 2, "MiniLM gradients at REL 1e-3 compress"
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
+    # What auto's calls measured, per size that auto did not settle without the model.
+    assert isinstance(doc["meta"]["auto_feedback"], dict)
     with csv_out.open() as f:
         got = list(csv.DictReader(f))
     assert len(got) == len(rows) and all(float(g["of_floor"]) > 0 for g in got)
