@@ -201,3 +201,15 @@ def test_reason_names_the_wait(level):
     e = sim.fb._entries[KEY]
     e.level, e.wait = level, 1 << level
     assert f"after {1 << level} more raw calls" in sim.fb.raw_reason(KEY)
+
+
+def test_describe_names_the_keys_readably():
+    import numpy as np
+
+    from ccoll.errorbound import REL
+
+    key = (1 << 22, np.dtype(np.float32), "allreduce", "homomorphic", REL, 1e-3)
+    sim = Sim(lambda c: 2.0 if c else 1.0, key=key)
+    sim.run(3)
+    got = sim.fb.describe()["allreduce homomorphic float32[4194304] REL(0.001)"]
+    assert got["demoted"] and got["compressed_s"] == 2.0 and got["wait"] == 1  # 1 of 2 done

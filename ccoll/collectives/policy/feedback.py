@@ -193,10 +193,18 @@ class Feedback:
 
     def describe(self) -> dict[str, Any]:
         """Return the state per key, for logs and ``ccoll bench --json``."""
-        return {repr(k): {"compressed_s": e.compressed_s, "raw_s": e.raw_s,
+        return {_name(k): {"compressed_s": e.compressed_s, "raw_s": e.raw_s,
                           "model_raw_s": e.model_raw_s, "demoted": e.demoted,
                           "level": e.level, "wait": e.wait}
                 for k, e in self._entries.items()}
+
+
+def _name(key: Any) -> str:
+    """``"allreduce homomorphic float32[4194304] REL(0.001)"`` for the Communicator's keys."""
+    if isinstance(key, tuple) and len(key) == 6 and isinstance(key[4], type):
+        count, dtype, collective, algorithm, kind, value = key
+        return f"{collective} {algorithm} {dtype}[{count}] {kind.__name__}({value:g})"
+    return repr(key)
 
 
 def _push(times: list[float], t: float) -> None:
