@@ -14,7 +14,11 @@ avg/min/max are over iterations. Columns follow nccl-tests: ``algbw = size / tim
 allgather (whose size is the per-rank input). ``ratio`` is the traffic a raw ring sends
 over what the algorithm sent; ``err/eb`` is the largest error against the exact result
 (float64) over the resolved bound; ``speedup`` is MPI's average time over the algorithm's.
-``model`` is the cost model's prediction (docs/model.md) from this run's calibration.
+``model`` is the cost model's prediction (docs/model.md) from this run's calibration;
+``floor`` the least time the call could take on this hardware by the same calibration,
+the larger of its compute critical path (the compressor's own rates) and its wire time (the
+link's full bandwidth) (docs/model.md, "The floor"), and ``of-floor`` the measured time
+over it (1 would be perfect).
 
 ``--trace FILE`` adds, after each size's timed loop (so the timed numbers never include
 it), one traced call of every ccoll algorithm, and writes their timelines as
@@ -73,6 +77,8 @@ class Row:
     speedup: float | None
     compressed_calls: float | None = None  # share of timed calls that compressed (auto)
     model_us: float | None = None
+    floor_us: float | None = None  # the model's floor: max(compute critical path, wire)
+    of_floor: float | None = None  # avg_us / floor_us
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -267,10 +273,10 @@ def bench(
                         got = _trace.gather(comm, rec)
                         if got is not None:
                             traced.append((f"{collective} {a} {size} B", got))
-            pred = None
+            pred = floors = None
             if model_policy is not None and n > 1:
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
-                pred = _predict(model_policy, collective, x, share)
+                pred, floors = _predict(model_policy, collective, x, share)
             mpi_avg = None
             for a in algos:
                 t = np.empty_like(times[a])
@@ -291,6 +297,13 @@ def bench(
                         model_us = pred.homomorphic * 1e6
                     elif a == "auto" and compressed[a] == 0:
                         model_us = pred.raw * 1e6
+                floor_us = None
+                if floors is not None:
+                    if a == "auto":  # the floor of what it did, call by call
+                        c = compressed[a] / nit
+                        floor_us = (c * floors["homomorphic"] + (1 - c) * floors["raw"]) * 1e6
+                    else:
+                        floor_us = floors["raw" if a == "mpi" else a] * 1e6
                 rows.append(Row(
                     collective=collective, size=size, count=count, algorithm=a, iters=nit,
                     avg_us=avg * 1e6, min_us=float(t.min()) * 1e6, max_us=float(t.max()) * 1e6,
@@ -298,7 +311,8 @@ def bench(
                     ratio=ratio, err_over_eb=errs.get(a) if a != "mpi" else
                     (errs.get(a) if check else None),
                     speedup=None, compressed_calls=(compressed[a] / nit) if a in ccs else None,
-                    model_us=model_us,
+                    model_us=model_us, floor_us=floor_us,
+                    of_floor=avg * 1e6 / floor_us if floor_us else None,
                 ))
             for row in rows[-len(algos):]:
                 if mpi_avg is not None and row.avg_us > 0:
@@ -308,6 +322,10 @@ def bench(
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
+        if "auto" in ccs:  # what auto's calls measured, per size (docs/model.md)
+            auto_policy = ccs["auto"]._auto.get("sync")
+            if auto_policy is not None:
+                meta["auto_feedback"] = auto_policy.feedback.describe()
         if trace and r == 0:
             meta["trace"] = _trace.chrome(traced, {k: meta[k] for k in (
                 "collective", "ranks", "eb", "host", "loadavg", "date_utc", "argv")})
@@ -320,8 +338,15 @@ def bench(
     return rows, meta
 
 
-def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float) -> Any:
-    """Predict this size with this run's calibration and a sampled ratio."""
+def _predict(pol: Any, collective: str, x: np.ndarray,
+             eb_share: float) -> tuple[Any, dict[str, float]]:
+    """Predict this size with this run's calibration and a sampled ratio; and its floors.
+
+    The floors (seconds, by algorithm: ``raw``, ``homomorphic``, ``dar``) use the
+    compressor's own rates, without the in-collective efficiency that the prediction uses.
+    """
+    from dataclasses import replace
+
     from mpi4py import MPI
 
     from ccoll.collectives import model
@@ -341,7 +366,13 @@ def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float) -> Any:
 
     block = -(-x.size // n)
     k = max(1, -(-block // DEFAULT_CHUNK))
-    return model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k)
+    pred = model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k)
+    eta = comp.efficiency if comp is not None and comp.efficiency > 0 else 1.0
+    own = replace(p, compress=p.compress / eta, add=p.add / eta, decompress=p.decompress / eta)
+    floors = {a: model.floor(x.nbytes, n, own, ratio, algorithm=a, collective=collective,
+                             ratio_sum=pred.ratio_sum, width=width).seconds
+              for a in ("raw", "homomorphic", "dar")}
+    return pred, floors
 
 
 def _allreduce_float(comm: Any, v: float, op: Any) -> float:
@@ -388,6 +419,8 @@ _COLS = [
     ("speedup", ">7", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}"),
     ("comp", ">5", lambda r: "-" if r.compressed_calls is None else f"{r.compressed_calls:.2f}"),
     ("model(us)", ">11", lambda r: "-" if r.model_us is None else f"{r.model_us:.1f}"),
+    ("floor(us)", ">11", lambda r: "-" if r.floor_us is None else f"{r.floor_us:.1f}"),
+    ("of-floor", ">8", lambda r: "-" if r.of_floor is None else f"{r.of_floor:.2f}"),
 ]
 
 
@@ -412,13 +445,13 @@ def to_csv(rows: Sequence[Row]) -> str:
 
 
 def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
-    """Time and speedup over MPI against size, one line per algorithm (PNG)."""
+    """Time, speedup over MPI and time over the floor against size, one line per algorithm."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.2))
     algos = list(dict.fromkeys(r.algorithm for r in rows))
     colors = {"mpi": "tab:blue", "homomorphic": "tab:orange", "dar": "tab:green",
               "auto": "tab:red"}
@@ -428,7 +461,8 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
         ax1.plot([r.size for r in rs], [r.avg_us for r in rs], **style)
         if a != "mpi":
             ax2.plot([r.size for r in rs], [r.speedup or math.nan for r in rs], **style)
-    for ax in (ax1, ax2):
+        ax3.plot([r.size for r in rs], [r.of_floor or math.nan for r in rs], **style)
+    for ax in (ax1, ax2, ax3):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes per rank")
         ax.grid(True, which="both", alpha=0.3)
@@ -439,6 +473,14 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
     ax2.set_ylabel("speedup over MPI (x, log scale)")
     ax2.legend()
     ax1.legend()
+    ax3.axhline(1.0, color="k", lw=0.8)
+    ax3.set_ylabel("time over the model's floor (x, log scale)")
+    if any(r.of_floor for r in rows):
+        ax3.set_yscale("log")
+        ax3.legend()
+    else:
+        ax3.text(0.5, 0.5, "no floor (--no-model, or one rank)", ha="center",
+                 transform=ax3.transAxes)
     rate = meta.get("link_rate_bps")
     link = f", link {float(rate) / 1e9:g} Gbit/s" if rate else ", shared memory"
     fig.suptitle(f"ccoll {meta['collective']}: {meta['ranks']} ranks, eb {meta['eb']}{link}, "
@@ -484,11 +526,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data", default=str(_DEFAULT_DATA),
                    help="HDF5 gradient dump (default datasets/minilm.h5)")
     p.add_argument("--no-check", action="store_true", help="skip the error check")
-    p.add_argument("--no-model", action="store_true", help="skip the model's predictions")
+    p.add_argument("--no-model", action="store_true",
+                   help="skip the model's predictions and floors")
     p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
     p.add_argument("--json", dest="json_out", metavar="FILE",
                    help="also write rows and run metadata as JSON")
-    p.add_argument("--plot", metavar="FILE", help="also write a PNG of time and speedup")
+    p.add_argument("--plot", metavar="FILE",
+                   help="also write a PNG of time, speedup and time over the floor")
     p.add_argument("--trace", metavar="FILE",
                    help="after each size's timed loop, trace one more call of every ccoll "
                         "algorithm and write the timelines as Chrome/Perfetto JSON")

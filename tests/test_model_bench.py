@@ -68,6 +68,9 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert sorted({r["size"] for r in rows}) == expect
     for r in rows:
         assert r["avg_us"] > 0 and r["min_us"] <= r["avg_us"] <= r["max_us"]
+        # The model's floor of every call, and the measured time over it.
+        assert r["floor_us"] > 0, r
+        assert r["of_floor"] == pytest.approx(r["avg_us"] / r["floor_us"])
         if r["algorithm"] != "mpi":
             assert r["err_over_eb"] <= 1.0, r
         else:
@@ -75,8 +78,12 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     big = [r for r in rows if r["size"] == 65536 and r["algorithm"] == "homomorphic"]
     assert big[0]["ratio"] > 2, "MiniLM gradients at REL 1e-3 compress"
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
+    # What auto's calls measured, per size that auto did not settle without the model.
+    assert isinstance(doc["meta"]["auto_feedback"], dict)
     with csv_out.open() as f:
-        assert len(list(csv.DictReader(f))) == len(rows)
+        got = list(csv.DictReader(f))
+    assert len(got) == len(rows) and all(float(g["of_floor"]) > 0 for g in got)
+    assert "floor(us)" in p.stdout and "of-floor" in p.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
     # rank 0 printed the table, once
     assert p.stdout.count("algorithm") == 1

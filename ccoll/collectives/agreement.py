@@ -10,8 +10,11 @@ DDP hook's error feedback and iteration settings) comes back as ``min f`` and
 ``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same vector
 and so raises the same error. A non-root rank of ``bcast`` that passes ``None`` puts
 ``+inf`` in both halves for count, dtype and shape (it takes the root's, which the others
-are still checked against); the last field, "x is None", is not compared: its maximum
-tells every rank that the root must send its shape and dtype. Only on the error path a
+are still checked against); the last two fields are not compared: the maximum of "x is
+None" tells every rank that the root must send its shape and dtype, and the maximum of
+"previous call's seconds" is the slowest rank's time of the channel's previous
+``policy="auto"`` call, which the auto policy's measured feedback takes in at the end of
+this call (:mod:`ccoll.collectives.policy.feedback`). Only on the error path a
 second exchange (the lengths with ``MPI_Allgather``, then the bytes with
 ``MPI_Allgatherv``, under the same deadline) collects
 what each rank passed, so that the message (identical on every rank) says which rank
@@ -89,9 +92,13 @@ _FIELDS = (
     "start_iter",
     "min_numel",
     "x is None",
+    "previous call's seconds",
 )
 _WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape"))
 _ANY = _FIELDS.index("x is None")
+# Not compared either: each rank's seconds of its previous measured call (the feedback of
+# policy="auto", ccoll.collectives.policy.feedback); only the maximum is read.
+_ELAPSED = _FIELDS.index("previous call's seconds")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
     "dtype", "element count", "shape", "error-bound kind", "CCOLL_* settings", "data location",
@@ -125,6 +132,8 @@ class Call:
     hi: float = -math.inf
     # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
     wild: bool = False
+    # Seconds this rank measured for the channel's previous policy="auto" call (0: none).
+    elapsed: float = 0.0
     # (exception class name, message) of each local problem; an invalid call still takes
     # part in the agreement so that the other ranks raise too instead of waiting.
     problems: list[tuple[str, str]] = field(default_factory=list)
@@ -157,6 +166,7 @@ class Call:
             self.start_iter,
             self.min_numel,
             1 if self.wild else 0,
+            self.elapsed,
         ]
 
     def show(self, name: str, value: float) -> str:
@@ -175,6 +185,7 @@ class Agreed(NamedTuple):
     lo: float
     hi: float
     none: bool = False  # some rank passed None to bcast
+    elapsed: float = 0.0  # the maximum over ranks of Call.elapsed
 
 
 def shape_code(shape: tuple[int, ...]) -> int:
@@ -228,7 +239,7 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: reported as a mismatch
         bad = [i for i in range(_ANY) if mins[i] != maxs[i]]
         _raise(comm, call, bad, maxs[1] != 0.0, deadline)
-    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0)
+    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, -got[k + 1 + _ELAPSED])
 
 
 def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> list[bytes]:

@@ -50,6 +50,7 @@ from ccoll.collectives.devices import (
 )
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy import Decision, _decide, _fixed
+from ccoll.collectives.policy.feedback import FeedbackCall
 from ccoll.collectives.report import (
     LOGGER,
     CallReport,
@@ -93,6 +94,9 @@ class _Prepared:
     # What the report says (Communicator.last_call): see _prepare.
     info: tuple[Any, ...] = ()
     t_start: float = 0.0
+    # policy="auto"'s measured feedback: (Feedback, agreed seconds of the previous call,
+    # FeedbackCall of this call or None), taken in at the end of the call (_guard).
+    feedback: tuple[Any, float, Any] | None = None
 
 
 class _Input(NamedTuple):
@@ -375,6 +379,9 @@ class Communicator:
         ch.stats.last = {"seconds": t1 - t0, "bytes_sent": float(sent)}
         # The report is built when asked for (or logged): a raw call stays cheap.
         self._last[ch.name] = (p.info, sent, t1 - p.t_start)
+        if p.feedback is not None:  # after the data moved: the next call's decision uses it
+            fb, agreed_s, fb_call = p.feedback
+            fb.end_call(agreed_s, fb_call, t1 - p.t_start)
         if LOGGER.isEnabledFor(logging.INFO):
             LOGGER.info("%s", self._report(ch.name))
         rec = _trace.ACTIVE
@@ -486,6 +493,9 @@ class Communicator:
             if root is None or is_root:
                 call.lo, call.hi = _finite_range(arr, dev)
         deadline = Deadline(ch.timeout, f"ccoll.{collective}")
+        pol = self._auto.get(ch.name)
+        if pol is not None:  # this rank's time of the previous call, for the feedback
+            call.elapsed = pol.feedback.outgoing()
         if rec is not None:
             t_agree = rec.clock()
             rec.span("check", t_check, t_agree)
@@ -509,6 +519,7 @@ class Communicator:
                         ch, call, collective, size, dtype, algorithm, policy, bound)
             eb_abs = 0.0 if mode == "raw" or bound is None else bound.resolve(agreed.lo, agreed.hi)
             t_raw = t_comp = ratio = None
+            n_cal = auto.calibrations if auto is not None else 0
             if mode is None:
                 t_decide = rec.clock() if rec is not None else 0.0
                 mode = _decide(
@@ -561,9 +572,19 @@ class Communicator:
             compressed = mode == "compress"
             info = (collective, compressed, why, policy, algorithm, inp.dtype_name, size,
                     eb_abs if compressed else None, nbytes, t_raw, t_comp, ratio)
+            feedback = None
+            pol = self._auto.get(ch.name)
+            if pol is not None:
+                fb_call = None
+                if auto is not None and sticky_key is not None and not why.startswith(
+                        "known raw"):
+                    fb_call = FeedbackCall(sticky_key, compressed, auto.calibrations == n_cal,
+                                           t_raw)
+                feedback = (pol.feedback, agreed.elapsed, fb_call)
             return _Prepared(
                 x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
                 place, dev, in_place, inp.narrow, inp.as_torch, out, out_arr, info, t_start,
+                feedback,
             )
         except BaseException as exc:
             ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
@@ -591,6 +612,9 @@ class Communicator:
         if auto.sticky_raw(sticky_key):
             return ("raw", auto, sticky_key,
                     "sticky raw: the model sent this call raw on a recent call")
+        measured = auto.feedback.raw_reason(sticky_key)
+        if measured is not None:  # earlier calls of this key measured raw faster
+            return "raw", auto, sticky_key, measured
         return None, auto, sticky_key, ""
 
     def _run_allreduce(self, ch: Channel, p: _Prepared) -> Any:

@@ -39,7 +39,8 @@ class CallReport:
     - ``reason``: why, in words: ``'policy="compress"'``, ``'policy="raw"'``,
       ``"eb=None: exact"``, or ``policy="auto"``'s reason ("predicted 2.10x faster
       compressed", "predicted slower compressed", "too small to gain", "known raw from
-      calibration", "sticky raw: the model sent this call raw recently", ...);
+      calibration", "sticky raw: the model sent this call raw recently", "measured raw
+      faster: ..." (the measured feedback, docs/model.md), ...);
     - ``predicted_raw_s``, ``predicted_compressed_s``, ``ratio``: the cost model's
       predicted seconds and the estimated compression ratio, where ``policy="auto"``
       consulted the model for this call (else ``None``);

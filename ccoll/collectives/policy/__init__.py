@@ -4,6 +4,7 @@
 - :mod:`~ccoll.collectives.policy.auto`: ``policy="auto"`` (calibrations and the model);
 - :mod:`~ccoll.collectives.policy.probes`: link probe, ring costs, MPI's own efficiency;
 - :mod:`~ccoll.collectives.policy.fits`: compressor rates, efficiency fit, ratio sampling;
+- :mod:`~ccoll.collectives.policy.feedback`: what the calls measured, against the model;
 - :mod:`~ccoll.collectives.policy.cache`: the calibration cache file.
 
 None of them imports the Communicator: the calibration times the ring on a

@@ -30,6 +30,11 @@ small for compression to pay even with an infinitely fast compressor at an infin
 are sent raw without any communication. A calibration that raises (or times out) marks the
 channel failed, so that the Communicator refuses further calls instead of hanging.
 
+What the calls then take is checked against the model: a size whose compressed calls
+measured slower than raw goes raw, and is re-probed now and then
+(:mod:`~ccoll.collectives.policy.feedback`, :attr:`AutoPolicy.feedback`); the times are
+agreed over ranks in the agreement of a later call, so that too is the same on every rank.
+
 Environment overrides (any subset): ``CCOLL_ALPHA`` (``5us``), ``CCOLL_BANDWIDTH``
 (``10Gbit``), ``CCOLL_COMPRESS_GBPS``, ``CCOLL_ADD_GBPS``, ``CCOLL_DECOMPRESS_GBPS``,
 ``CCOLL_REDUCE_GBPS``, ``CCOLL_OVERHEAD`` (``150us``), ``CCOLL_RATIO`` (skips sampling),
@@ -64,6 +69,7 @@ from ccoll.collectives.policy.cache import (
     write_link,
 )
 from ccoll.collectives.policy.decision import Decision
+from ccoll.collectives.policy.feedback import Feedback
 from ccoll.collectives.policy.fits import (
     MAX_SAMPLE_BLOCKS,
     CompressorCalibration,
@@ -197,6 +203,12 @@ class AutoPolicy:
         # known_raw answers that the calibrations settled (they never change once made).
         self._known: dict[tuple[Any, ...], bool] = {}
         self.last: AutoDecision | None = None
+        # What the calls measured, checked against the model (docs/model.md, "Measured
+        # feedback"); the Communicator feeds it.
+        self.feedback = Feedback(DECISION_MARGIN)
+        # Collective calibrations made so far: a call during which this grew is not timed
+        # for the feedback (its time is the calibration's). The same on every rank.
+        self.calibrations = 0
 
     @property
     def comm(self) -> MPI.Intracomm:
@@ -230,6 +242,7 @@ class AutoPolicy:
         if self._link is None:
             with self._collective():
                 self._link, self._key = link_calibration(self.ch)
+            self.calibrations += 1
         return self._link
 
     def compressor(self, x: np.ndarray, eb: float) -> CompressorCalibration:
@@ -240,6 +253,7 @@ class AutoPolicy:
             return cal
         with self._collective():
             cal = self._calibrate_compressor(x, eb)
+        self.calibrations += 1
         self._comp[key] = cal
         remember_compressor(self.ch, self._key, asdict(cal))
         return cal
@@ -312,6 +326,7 @@ class AutoPolicy:
         if r is None:
             with self._collective():
                 r = measure_raw_efficiency(self.ch, x, self.params(None))
+            self.calibrations += 1
             self._raw_eff[(x.itemsize, x.size.bit_length())] = r
         return r
 
@@ -605,4 +620,7 @@ def describe(policy: AutoPolicy) -> dict[str, Any]:
                        "reason": last.reason, "ratio": last.ratio}
         if last.prediction is not None:
             out["last"]["prediction"] = asdict(last.prediction)
+    fb = policy.feedback.describe()
+    if fb:
+        out["feedback"] = fb
     return out
