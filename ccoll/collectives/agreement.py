@@ -218,7 +218,7 @@ def env_code() -> tuple[int, str]:
     # os.environ.get, which decodes every key and value.
     data = getattr(os.environ, "_data", None)
     if type(data) is dict and os.name == "posix":
-        raw = tuple([data.get(k) for k in _ENV_KEYS])
+        raw = tuple(map(data.get, _ENV_KEYS))
     else:
         raw = tuple([os.environ.get(k) for k in ENV_SETTINGS])
     cached = _env_cache
