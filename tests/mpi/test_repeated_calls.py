@@ -279,3 +279,27 @@ def test_compressed_calls_never_start_early(comm):
         for _ in range(3):
             c.allreduce(x, eb=ccoll.ABS(1e-2))
             assert c.last_call.compressed and not c.last_call.overlapped
+
+
+def test_env_fingerprint_reads_the_environment_without_decoding_it(monkeypatch):
+    # Every policy="auto" call fingerprints the CCOLL_* overrides: os.environ.get of an
+    # unset variable decodes and raises a KeyError inside (tens of microseconds for all of
+    # them on a loaded machine), so the fingerprint reads os.environ's bytes dict.
+    import os
+
+    from ccoll.collectives.agreement import env_code
+
+    monkeypatch.delenv("CCOLL_RATIO", raising=False)
+    before = env_code()
+
+    def decoded(self, key):
+        raise AssertionError(f"os.environ[{key!r}] decoded on a call")
+
+    monkeypatch.setattr(type(os.environ), "__getitem__", decoded)
+    assert env_code() == before
+    monkeypatch.undo()
+    monkeypatch.setenv("CCOLL_RATIO", "3")
+    changed = env_code()
+    assert changed[0] != before[0] and changed[1] == "CCOLL_RATIO=3"
+    monkeypatch.delenv("CCOLL_RATIO")
+    assert env_code() == before
