@@ -292,12 +292,20 @@ def test_env_fingerprint_reads_the_environment_without_decoding_it(monkeypatch):
     monkeypatch.delenv("CCOLL_RATIO", raising=False)
     before = env_code()
 
-    def decoded(self, key):
-        raise AssertionError(f"os.environ[{key!r}] decoded on a call")
+    decoded = []
+    real = type(os.environ).__getitem__
 
-    monkeypatch.setattr(type(os.environ), "__getitem__", decoded)
-    assert env_code() == before
-    monkeypatch.undo()
+    def getitem(self, key):
+        decoded.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(type(os.environ), "__getitem__", getitem)
+    try:
+        again = env_code()
+    finally:
+        monkeypatch.undo()
+    assert again == before
+    assert decoded == [], f"os.environ decoded {decoded} on a call"
     monkeypatch.setenv("CCOLL_RATIO", "3")
     changed = env_code()
     assert changed[0] != before[0] and changed[1] == "CCOLL_RATIO=3"
