@@ -95,8 +95,10 @@ class _Prepared:
     # What the report says (Communicator.last_call): see _prepare.
     info: tuple[Any, ...] = ()
     t_start: float = 0.0
-    # The raw result when the data collective already ran with the agreement (see agree).
+    # The raw result when the data collective already ran with the agreement (see agree),
+    # and the bytes it sent.
     started: Any = None
+    sent_early: int = 0
 
 
 class _Input(NamedTuple):
@@ -369,7 +371,8 @@ class Communicator:
         """
         name = p.info[0]
         t0 = time.perf_counter()
-        sent0 = ch.stats.bytes_sent
+        # A call that moved its data with the agreement counted its bytes then.
+        sent0 = ch.stats.bytes_sent - p.sent_early
         try:
             y = fn(ch, p, *args)
         except BaseException as exc:
@@ -599,7 +602,7 @@ class Communicator:
             return _Prepared(
                 x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
                 place, dev, in_place, inp.narrow, inp.as_torch, out, out_arr, info, t_start,
-                start.y if agreed.started and start is not None else None,
+                *((start.y, start.sent) if agreed.started and start is not None else ()),
             )
         except BaseException as exc:
             ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
@@ -748,7 +751,7 @@ def _mpi_dtype(code: int) -> np.dtype:
 class _Start:
     """A raw host call's buffers, set up before the agreement, and its MPI collective."""
 
-    __slots__ = ("ch", "collective", "flat", "y", "in_place", "root", "deadline")
+    __slots__ = ("ch", "collective", "flat", "y", "in_place", "root", "deadline", "sent")
 
     def __init__(self, ch: Channel, collective: str, arr: np.ndarray, shape: tuple[int, ...],
                  out: Any, out_arr: Any, x: Any, narrow: Narrow | None, root: Any,
@@ -759,6 +762,7 @@ class _Start:
         self.deadline = deadline
         self.root = root
         self.in_place = False
+        self.sent = 0
         n_ranks = ch.comm.Get_size()
         dtype = flat.dtype
         if collective == "allreduce":
@@ -776,6 +780,7 @@ class _Start:
         """Run the raw MPI collective (what the stage would do after the agreement)."""
         ch, flat, y, deadline = self.ch, self.flat, self.y, self.deadline
         c = self.collective
+        sent = ch.stats.bytes_sent
         if c == "allreduce":
             exact.allreduce(ch, flat, y.reshape(y.size), deadline, in_place=self.in_place)
         elif c == "reduce_scatter":
@@ -788,6 +793,7 @@ class _Start:
             if ch.comm.Get_rank() == self.root:
                 yflat[...] = flat
             exact.bcast(ch, yflat, self.root, deadline)
+        self.sent = ch.stats.bytes_sent - sent
 
 
 class _Dummy:

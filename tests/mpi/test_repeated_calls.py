@@ -74,12 +74,16 @@ def test_repeated_raw_call_moves_with_the_agreement_and_equals_mpi(comm, collect
     x = data(comm.rank)
     want = mpi_result(comm, collective, x)
     with ccoll.Communicator(comm, **opts) as c:
-        seen = []
+        seen, sent = [], []
         for _ in range(4):
             y = call(c, collective, x, **kw)
             assert y.dtype == want.dtype and y.shape == want.shape
             assert y.tobytes() == want.tobytes()
             seen.append(c.last_call.overlapped)
+            sent.append(c.last_call.bytes_sent)
+        # The report counts the bytes of a call that moved early as of any other.
+        assert len(set(sent)) == 1, sent
+        assert comm.allreduce(sent[0]) > 0 or SIZE == 1
         # The first call has nothing to repeat; every later one moved with the agreement.
         assert seen == [False, True, True, True]
         assert "moved with the agreement" in str(c.last_call)
