@@ -147,9 +147,17 @@ def test_with_a_timeout_the_repeated_call_is_exact(comm):
             assert c.allreduce(x, eb=None).tobytes() == want.tobytes()
             assert c.last_call.overlapped == (i > 0)
         if SIZE > 1:
+            # Nobody repeats: nobody starts.
             with pytest.raises(MismatchError) as info:
                 c.allreduce(x[: 500 + (comm.rank == SIZE - 1)], eb=None)
             same_error_everywhere(comm, info, MismatchError, "element count")
+            assert "repeated the arguments" not in str(info.value)
+            # All but the last rank repeat: they start under the deadline, the last rank
+            # completes their requests with zeros.
+            with pytest.raises(MismatchError) as info:
+                c.allreduce(x[: 999] if comm.rank == SIZE - 1 else x, eb=None)
+            same_error_everywhere(comm, info, MismatchError, "element count")
+            assert "repeated the arguments" in str(info.value)
         assert c.allreduce(x, eb=None).tobytes() == want.tobytes()
         assert c.last_call.overlapped
 
