@@ -1,4 +1,4 @@
-"""The agreement step that starts every collective: one small ``MPI_Allreduce``.
+"""The agreement step that starts every collective: one small ``MPI_Iallreduce``.
 
 Before any data moves, every rank contributes a float64 vector
 ``[lo, f1, f2, ..., -hi, -f1, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give
@@ -10,11 +10,15 @@ DDP hook's error feedback and iteration settings) comes back as ``min f`` and
 ``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same vector
 and so raises the same error. A non-root rank of ``bcast`` that passes ``None`` puts
 ``+inf`` in both halves for count, dtype and shape (it takes the root's, which the others
-are still checked against); the last two fields are not compared: the maximum of "x is
-None" tells every rank that the root must send its shape and dtype, and the maximum of
+are still checked against); the fields from "x is None" on are not compared: the maximum
+of "x is None" tells every rank that the root must send its shape and dtype, the maximum of
 "previous call's seconds" is the slowest rank's time of the channel's previous
 ``policy="auto"`` call, which the auto policy's measured feedback takes in at the end of
-this call (:mod:`ccoll.collectives.policy.feedback`). Only on the error path a
+this call (:mod:`ccoll.collectives.policy.feedback`), and the minimum and maximum of "data
+started" say whether all, some or none of the ranks ran the call's data collective while
+the agreement was in flight (see :func:`agree`: a repeated raw call pays no latency of its
+own for the check). The allreduce is always the nonblocking one, so that it matches on
+every rank either way. Only on the error path a
 second exchange (the lengths with ``MPI_Allgather``, then the bytes with
 ``MPI_Allgatherv``, under the same deadline) collects
 what each rank passed, so that the message (identical on every rank) says which rank
@@ -34,6 +38,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -93,12 +98,15 @@ _FIELDS = (
     "min_numel",
     "x is None",
     "previous call's seconds",
+    "data started",
 )
 _WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape"))
+# The fields from "x is None" on are not compared: every rank reads their min and max.
 _ANY = _FIELDS.index("x is None")
 # Not compared either: each rank's seconds of its previous measured call (the feedback of
 # policy="auto", ccoll.collectives.policy.feedback); only the maximum is read.
 _ELAPSED = _FIELDS.index("previous call's seconds")
+_STARTED = _FIELDS.index("data started")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
     "dtype", "element count", "shape", "error-bound kind", "CCOLL_* settings", "data location",
@@ -134,6 +142,8 @@ class Call:
     wild: bool = False
     # Seconds this rank measured for the channel's previous policy="auto" call (0: none).
     elapsed: float = 0.0
+    # This rank started the call's data collective before the agreement finished (see agree).
+    started: bool = False
     # (exception class name, message) of each local problem; an invalid call still takes
     # part in the agreement so that the other ranks raise too instead of waiting.
     problems: list[tuple[str, str]] = field(default_factory=list)
@@ -167,6 +177,7 @@ class Call:
             self.min_numel,
             1 if self.wild else 0,
             self.elapsed,
+            1 if self.started else 0,
         ]
 
     def show(self, name: str, value: float) -> str:
@@ -186,6 +197,13 @@ class Agreed(NamedTuple):
     hi: float
     none: bool = False  # some rank passed None to bcast
     elapsed: float = 0.0  # the maximum over ranks of Call.elapsed
+    # The agreed compared fields (equal on every rank): what the next call may repeat.
+    sig: tuple[float, ...] = ()
+    # Every rank ran the data collective with the agreement (agree's ``run``): done.
+    started: bool = False
+    # Some ranks did and some did not (only bcast, where a rank passed None): the
+    # others ran ``dummy``; every request is complete and the data must move again.
+    mixed: bool = False
 
 
 def shape_code(shape: tuple[int, ...]) -> int:
@@ -196,7 +214,8 @@ def shape_code(shape: tuple[int, ...]) -> int:
     return h >> 12
 
 
-_env_cache: tuple[tuple[str | None, ...], int, str] = ((), 0, "")
+_env_cache: tuple[tuple[Any, ...], int, str] = ((), 0, "")
+_ENV_KEYS = tuple(os.fsencode(k) for k in ENV_SETTINGS)
 
 
 def env_code() -> tuple[int, str]:
@@ -206,21 +225,49 @@ def env_code() -> tuple[int, str]:
     ``"none set"``) is what error messages show.
     """
     global _env_cache
-    vals = tuple([os.environ.get(k) for k in ENV_SETTINGS])
+    # Every policy="auto" call reads these: os.environ's bytes dict (POSIX) costs a tenth of
+    # os.environ.get, which decodes every key and value.
+    data = getattr(os.environ, "_data", None)
+    if type(data) is dict and os.name == "posix":
+        raw = tuple(map(data.get, _ENV_KEYS))
+    else:
+        raw = tuple([os.environ.get(k) for k in ENV_SETTINGS])
     cached = _env_cache
-    if cached[0] == vals:
+    if cached[0] == raw:
         return cached[1], cached[2]
+    vals = [os.environ.get(k) for k in ENV_SETTINGS]
     pairs = sorted(zip(ENV_SETTINGS, vals, strict=True))
     text = " ".join(f"{k}={v}" for k, v in pairs if v is not None)
     digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     code = int.from_bytes(digest, "little") >> 12
-    _env_cache = (vals, code, text or "none set")
+    _env_cache = (raw, code, text or "none set")
     return code, _env_cache[2]
 
 
-def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
-    """Run the agreement allreduce; raise the same error on every rank if the call is bad."""
+def agree(
+    comm: MPI.Intracomm,
+    call: Call,
+    deadline: Deadline,
+    *,
+    predicted: tuple[float, ...] | None = None,
+    run: Callable[[], None] | None = None,
+    dummy: Callable[[], None] | None = None,
+) -> Agreed:
+    """Run the agreement allreduce; raise the same error on every rank if the call is bad.
+
+    ``predicted`` is the signature (the compared fields, as :attr:`Agreed.sig`) that every
+    rank expects this call to have, from agreed history only, so the same on every rank.
+    A rank whose own fields equal it and that passes ``run`` (the call's raw data
+    collective on buffers already set up) runs ``run`` right after posting the agreement,
+    so that a repeated call pays no latency of its own for the check. Every rank passes
+    ``dummy`` with a prediction: the same collective as ``run`` on scratch buffers, which a
+    rank that did not start runs once the agreement shows that others did, so that their
+    requests complete before every rank raises the same error.
+    """
     vals = call.values()
+    call.started = run is not None and predicted is not None and (
+        tuple(vals[:_ANY]) == predicted)
+    vals[_STARTED] = 1 if call.started else 0
     k = len(vals) + 1
     neg = [-v for v in vals]
     if call.wild:  # +inf in both halves: neither the min nor the max of the others moves
@@ -228,18 +275,29 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
             vals[i] = neg[i] = math.inf
     vec = _VECTOR.pack(call.lo, *vals, -call.hi, *neg)
     res = bytearray(_VECTOR.size)
-    send, recv = [vec, MPI.DOUBLE], [res, MPI.DOUBLE]
+    # Always nonblocking, so that it matches on every rank whether or not a rank runs the
+    # data collective while it is in flight (a blocking and a nonblocking collective do
+    # not match each other in MPI).
+    req = comm.Iallreduce([vec, MPI.DOUBLE], [res, MPI.DOUBLE], op=MPI.MIN)
+    if call.started:
+        run()  # type: ignore[misc]
     if deadline.at is None:
-        comm.Allreduce(send, recv, op=MPI.MIN)
+        req.Wait()
     else:
-        wait_all([comm.Iallreduce(send, recv, op=MPI.MIN)], deadline, "agreement on the arguments")
+        wait_all([req], deadline, "agreement on the arguments")
     got = _VECTOR.unpack(res)
     mins = got[1:_ANY + 1]
     maxs = tuple([-v for v in got[k + 1:k + 1 + _ANY]])
-    if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: reported as a mismatch
+    some_started = -got[k + 1 + _STARTED] > 0
+    all_started = got[1 + _STARTED] > 0
+    failed = mins != maxs or maxs[1] != 0.0  # NaN never equals itself: a mismatch
+    if some_started and not call.started and (failed or not all_started):
+        dummy()  # type: ignore[misc]
+    if failed:
         bad = [i for i in range(_ANY) if mins[i] != maxs[i]]
-        _raise(comm, call, bad, maxs[1] != 0.0, deadline)
-    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, -got[k + 1 + _ELAPSED])
+        _raise(comm, call, bad, maxs[1] != 0.0, deadline, some_started)
+    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, elapsed=-got[k + 1 + _ELAPSED],
+                  sig=mins, started=all_started, mixed=some_started and not all_started)
 
 
 def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> list[bytes]:
@@ -265,34 +323,45 @@ def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> li
 
 
 def _raise(
-    comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool, deadline: Deadline
+    comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool, deadline: Deadline,
+    started: bool = False,
 ) -> None:
-    # Every rank reaches this point with the same `bad` and `invalid`, so this exchange
-    # is matched on every rank; it runs only when the call fails.
+    # Every rank reaches this point with the same `bad`, `invalid` and `started`, so this
+    # exchange is matched on every rank; it runs only when the call fails.
     pairs = zip(_FIELDS, call.values(), strict=True)
     mine = {name: call.show(name, v) for name, v in pairs}
-    report = json.dumps([mine, call.problems]).encode()
+    report = json.dumps([mine, call.problems, call.started]).encode()
     everyone = [json.loads(b) for b in _allgather_bytes(comm, report, deadline)]
     name = f"ccoll.{call.collective}"
+    note = ""
+    if started:
+        ranks = [r for r, (_, _, s) in enumerate(everyone) if s]
+        note = (
+            f"; rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} repeated "
+            "the arguments of the previous call and had already run its data collective "
+            "(with zeros from the others): there an allreduce's out buffer, or x itself "
+            "with out=x, may hold a partial result"
+        )
     # A rank in another collective makes every other field meaningless: report that first.
     if 0 in bad:
         who = _by_value(everyone, "collective")
-        raise MismatchError(f"ranks called different collectives on one communicator: {who}")
+        raise MismatchError(
+            f"ranks called different collectives on one communicator: {who}{note}")
     if invalid:
         lines = [
-            f"rank {r}: {msg}" for r, (_, probs) in enumerate(everyone) for _, msg in probs
+            f"rank {r}: {msg}" for r, (_, probs, _) in enumerate(everyone) for _, msg in probs
         ]
         # The first problem (in rank order) picks the exception type, the same on every rank.
-        kinds = [kind for _, probs in everyone for kind, _ in probs]
+        kinds = [kind for _, probs, _ in everyone for kind, _ in probs]
         exc = _ERRORS.get(kinds[0], InputError) if kinds else InputError
-        raise exc(f"invalid arguments to {name}: " + "; ".join(lines))
+        raise exc(f"invalid arguments to {name}: " + "; ".join(lines) + note)
     fields = ", ".join(f"{_FIELDS[i]} ({_by_value(everyone, _FIELDS[i])})" for i in bad)
-    raise MismatchError(f"ranks disagree on the arguments of {name}: {fields}")
+    raise MismatchError(f"ranks disagree on the arguments of {name}: {fields}{note}")
 
 
 def _by_value(everyone: list, fld: str) -> str:
     groups: dict[str, list[int]] = {}
-    for r, (shown, _) in enumerate(everyone):
+    for r, (shown, *_) in enumerate(everyone):
         groups.setdefault(shown[fld], []).append(r)
     return "; ".join(
         f"{v} on rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"

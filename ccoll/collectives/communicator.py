@@ -27,8 +27,10 @@ from mpi4py import MPI
 from ccoll.collectives import exact, gather
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.agreement import (
+    _FIELDS,
     ALGORITHMS,
     BOUND_KINDS,
+    COLLECTIVES,
     DTYPES,
     OPS,
     PLACES,
@@ -48,7 +50,7 @@ from ccoll.collectives.devices import (
     device_divide,
     is_device,
 )
-from ccoll.collectives.layout import Layout
+from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.policy.feedback import FeedbackCall
 from ccoll.collectives.report import (
@@ -62,7 +64,7 @@ from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
 from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
-from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
+from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = ["Communicator", "DEFAULT_EB", "default_communicator", "existing_default"]
 
@@ -97,6 +99,10 @@ class _Prepared:
     # policy="auto"'s measured feedback: (Feedback, agreed seconds of the previous call,
     # FeedbackCall of this call or None), taken in at the end of the call (_guard).
     feedback: tuple[Any, float, Any] | None = None
+    # The raw result when the data collective already ran with the agreement (see agree),
+    # and the bytes it sent.
+    started: Any = None
+    sent_early: int = 0
 
 
 class _Input(NamedTuple):
@@ -178,6 +184,8 @@ class Communicator:
         self._async: Channel | None = None
         self._async_lock = threading.Lock()
         self._auto: dict[str, Any] = {}
+        # Per channel name: agreed signatures of its calls, which predict the next one.
+        self._history: dict[str, _History] = {}
         # Per channel name: (decision fields, bytes sent, seconds) of its last call.
         self._last: dict[str, tuple[tuple[Any, ...], int, float]] = {}
         # Both channels are released when the Communicator is dropped unclosed; the list
@@ -367,7 +375,8 @@ class Communicator:
         """
         name = p.info[0]
         t0 = time.perf_counter()
-        sent0 = ch.stats.bytes_sent
+        # A call that moved its data with the agreement counted its bytes then.
+        sent0 = ch.stats.bytes_sent - p.sent_early
         try:
             y = fn(ch, p, *args)
         except BaseException as exc:
@@ -395,9 +404,9 @@ class Communicator:
             return None
         info, sent, seconds = got
         (collective, compressed, reason, policy, algorithm, dtype, count, eb_abs, nbytes,
-         t_raw, t_comp, ratio) = info
+         t_raw, t_comp, ratio, started) = info
         return CallReport(collective, compressed, reason, policy, algorithm, dtype, count,
-                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio)
+                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio, started)
 
     def _prepare(
         self,
@@ -496,16 +505,45 @@ class Communicator:
         pol = self._auto.get(ch.name)
         if pol is not None:  # this rank's time of the previous call, for the feedback
             call.elapsed = pol.feedback.outgoing()
+        # A call that repeats the predicted signature and is raw whatever the data (known
+        # before the agreement, from agreed state only) runs its MPI collective while the
+        # agreement is in flight: no latency of its own for the check.
+        hist = self._history.get(ch.name)
+        predicted = hist.predicted if hist is not None else None
+        run = dummy = None
+        start: _Start | None = None
+        if predicted is not None:
+            dummy = _Dummy(ch, predicted, deadline).run
+            if mode == "raw" and dev is None and not wild and not call.problems:
+                start = _Start(ch, collective, arr, shape, out, out_arr, x, inp.narrow, root,
+                               deadline)
+                run = start.run
         if rec is not None:
             t_agree = rec.clock()
             rec.span("check", t_check, t_agree)
         try:
-            agreed = agree(ch.comm, call, deadline)
-        except CollectiveError:
-            ch.fail(f"ccoll.{collective} timed out in its agreement step")
+            agreed = agree(ch.comm, call, deadline, predicted=predicted, run=run,
+                           dummy=dummy)
+        except (MismatchError, InputError, DTypeError, ErrorBoundError):
+            raise  # the same on every rank, every request complete: the channel is fine
+        except BaseException as exc:
+            what = ("timed out in" if isinstance(exc, CollectiveError)
+                    else f"raised {type(exc).__name__} in")
+            ch.fail(f"ccoll.{collective} {what} its agreement step")
             raise
         if rec is not None:
-            rec.span("agree", t_agree, rec.clock())
+            rec.span("agree", t_agree, rec.clock(), {"data started": agreed.started})
+        if hist is None:
+            hist = self._history[ch.name] = _History()
+        hist.note(None if agreed.none else agreed.sig)
+        if agreed.mixed and collective != "bcast":
+            # Cannot happen: whether a call starts early depends only on its agreed fields
+            # and agreed state. Its result may be partial, so no rank returns it.
+            ch.fail(f"ccoll.{collective}: ranks disagreed on starting early")
+            raise CollectiveError(
+                f"ccoll.{collective}: some ranks ran the data collective with the agreement "
+                "and some did not although they agreed on every argument; this ccoll "
+                "Communicator cannot be used any more")
         # From here on the other ranks go ahead (the decision's calibrations are
         # collectives): any failure leaves them waiting, so it fails the channel.
         try:
@@ -551,9 +589,12 @@ class Communicator:
             elif why.startswith(("known raw", "sticky raw")) and auto is not None:
                 auto.note_known_raw(sticky_key)
             chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
-            if dev is None:
-                flat = np.ascontiguousarray(arr).reshape(-1)
+            if start is not None:
+                flat = start.flat
                 place: HostPlace = HOST
+            elif dev is None:
+                flat = np.ascontiguousarray(arr).reshape(-1)
+                place = HOST
             else:
                 flat = dev.flat()
                 place = DevicePlace(ch, cuda_aware_mpi())
@@ -564,14 +605,11 @@ class Communicator:
                 stats.compressed_calls += 1
             # _check_out allowed only two cases: no overlap, or out is x's very buffer
             # (never for float16/bfloat16: their float32 copy is what moves).
-            in_place = out_arr is not None and inp.narrow is None and (
-                out is x
-                or (np.may_share_memory(flat, out_arr) if dev is None
-                    else _device_span(dev) == _device_span(DeviceData(out)))
-            )
+            in_place = _in_place(x, out, out_arr, inp.narrow, flat, dev)
             compressed = mode == "compress"
             info = (collective, compressed, why, policy, algorithm, inp.dtype_name, size,
-                    eb_abs if compressed else None, nbytes, t_raw, t_comp, ratio)
+                    eb_abs if compressed else None, nbytes, t_raw, t_comp, ratio,
+                    agreed.started)
             feedback = None
             pol = self._auto.get(ch.name)
             if pol is not None:
@@ -585,6 +623,7 @@ class Communicator:
                 x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
                 place, dev, in_place, inp.narrow, inp.as_torch, out, out_arr, info, t_start,
                 feedback,
+                *((start.y, start.sent) if agreed.started and start is not None else ()),
             )
         except BaseException as exc:
             ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
@@ -618,10 +657,12 @@ class Communicator:
         return None, auto, sticky_key, ""
 
     def _run_allreduce(self, ch: Channel, p: _Prepared) -> Any:
-        y = _new_output(p, p.shape, p.out_arr)
-        yflat = y.reshape(y.size)
         n_ranks = ch.comm.Get_size()
-        if p.mode == "raw":
+        y = p.started if p.started is not None else _new_output(p, p.shape, p.out_arr)
+        yflat = y.reshape(y.size)
+        if p.started is not None:
+            pass  # moved with the agreement
+        elif p.mode == "raw":
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
                 ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
         elif p.flat.size:
@@ -634,6 +675,11 @@ class Communicator:
 
     def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
+        if p.started is not None:
+            y = p.started
+            if p.avg:
+                _divide(p, y, n_ranks)
+            return _result(p, y, None)
         layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
         blocks = layout.blocks
         lo, hi = blocks[r]
@@ -652,6 +698,8 @@ class Communicator:
 
     def _run_allgather(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks = ch.comm.Get_size()
+        if p.started is not None:
+            return _result(p, p.started, None)
         y = _new_output(p, (n_ranks, *p.shape), None)
         yflat = y.reshape(n_ranks, p.flat.size)
         if p.mode == "raw":
@@ -662,6 +710,8 @@ class Communicator:
         return _result(p, y, None)
 
     def _run_bcast(self, ch: Channel, p: _Prepared, root: int) -> Any:
+        if p.started is not None:
+            return _result(p, p.started, None)
         y = _new_output(p, p.shape, None)
         yflat = y.reshape(y.size)
         if p.mode == "raw":
@@ -681,6 +731,140 @@ class Communicator:
         return _result(p, y, None)
 
 
+# -- raw calls that start with their agreement ------------------------------------------
+
+_HISTORY_MAX = 256
+_BY_CODE = {v: k for k, v in COLLECTIVES.items()}
+
+
+class _History:
+    """Agreed signatures of a channel's calls, and the one predicted for the next call.
+
+    The prediction is the signature that followed the last call's last time (a training
+    step repeats its sequence of buckets), else the last call's own: the same on every
+    rank, since only agreed signatures go in. ``None`` after a bcast with a None rank.
+    """
+
+    __slots__ = ("last", "following", "predicted")
+
+    def __init__(self) -> None:
+        self.last: tuple[float, ...] | None = None
+        self.following: dict[tuple[float, ...], tuple[float, ...] | None] = {}
+        self.predicted: tuple[float, ...] | None = None
+
+    def note(self, sig: tuple[float, ...] | None) -> None:
+        """Record the agreed signature of a call (``None``: not to be repeated early)."""
+        following = self.following
+        if self.last is not None:
+            if len(following) >= _HISTORY_MAX and self.last not in following:
+                following.clear()  # a job that never repeats: start over
+            following[self.last] = sig
+        self.last = sig
+        self.predicted = None if sig is None else following.get(sig, sig)
+
+
+def _sig_field(sig: tuple[float, ...], name: str) -> int:
+    return int(sig[_FIELD_INDEX[name]])
+
+
+def _mpi_dtype(code: int) -> np.dtype:
+    """Return the dtype a raw call moves for a dtype code (float16/bfloat16: float32)."""
+    return np.dtype(np.float64 if code == DTYPES["float64"] else np.float32)
+
+
+class _Start:
+    """A raw host call's buffers, set up before the agreement, and its MPI collective."""
+
+    __slots__ = ("ch", "collective", "flat", "y", "in_place", "root", "deadline", "sent")
+
+    def __init__(self, ch: Channel, collective: str, arr: np.ndarray, shape: tuple[int, ...],
+                 out: Any, out_arr: Any, x: Any, narrow: Narrow | None, root: Any,
+                 deadline: Deadline) -> None:
+        self.ch = ch
+        self.collective = collective
+        self.flat = flat = np.ascontiguousarray(arr).reshape(-1)
+        self.deadline = deadline
+        self.root = root
+        self.in_place = False
+        self.sent = 0
+        n_ranks = ch.comm.Get_size()
+        dtype = flat.dtype
+        if collective == "allreduce":
+            self.in_place = _in_place(x, out, out_arr, narrow, flat, None)
+            self.y = np.empty(shape, dtype) if out_arr is None else out_arr
+        elif collective == "reduce_scatter":
+            base, extra = divmod(flat.size, n_ranks)
+            self.y = np.empty(base + (ch.comm.Get_rank() < extra), dtype)
+        elif collective == "allgather":
+            self.y = np.empty((n_ranks, *shape), dtype)
+        else:
+            self.y = np.empty(shape, dtype)
+
+    def run(self) -> None:
+        """Run the raw MPI collective (what the stage would do after the agreement)."""
+        ch, flat, y, deadline = self.ch, self.flat, self.y, self.deadline
+        c = self.collective
+        sent = ch.stats.bytes_sent
+        if c == "allreduce":
+            exact.allreduce(ch, flat, y.reshape(y.size), deadline, in_place=self.in_place)
+        elif c == "reduce_scatter":
+            counts = [b - a for a, b in block_bounds(flat.size, ch.comm.Get_size())]
+            exact.reduce_scatter(ch, flat, counts, y, deadline)
+        elif c == "allgather":
+            exact.allgather(ch, flat, y.reshape(y.shape[0], flat.size), deadline)
+        else:
+            yflat = y.reshape(y.size)
+            if ch.comm.Get_rank() == self.root:
+                yflat[...] = flat
+            exact.bcast(ch, yflat, self.root, deadline)
+        self.sent = ch.stats.bytes_sent - sent
+
+
+class _Dummy:
+    """The predicted call's MPI collective on zeros and scratch buffers.
+
+    A rank that did not start early runs it when others did and the call fails (or, for
+    bcast, must move its data again), so that their requests complete.
+    """
+
+    __slots__ = ("ch", "sig", "deadline")
+
+    def __init__(self, ch: Channel, sig: tuple[float, ...], deadline: Deadline) -> None:
+        self.ch, self.sig, self.deadline = ch, sig, deadline
+
+    def run(self) -> None:
+        sig, ch, deadline = self.sig, self.ch, self.deadline
+        count = _sig_field(sig, "element count")
+        dtype = _mpi_dtype(_sig_field(sig, "dtype"))
+        collective = _BY_CODE[_sig_field(sig, "collective")]
+        n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
+        sent = ch.stats.bytes_sent
+        zeros = np.zeros(count, dtype)
+        if collective == "allreduce":
+            exact.allreduce(ch, zeros, np.empty(count, dtype), deadline)
+        elif collective == "reduce_scatter":
+            counts = [b - a for a, b in block_bounds(count, n_ranks)]
+            exact.reduce_scatter(ch, zeros, counts, np.empty(counts[r], dtype), deadline)
+        elif collective == "allgather":
+            exact.allgather(ch, zeros, np.empty((n_ranks, count), dtype), deadline)
+        else:
+            exact.bcast(ch, zeros, _sig_field(sig, "root"), deadline)
+        ch.stats.bytes_sent = sent  # not the caller's traffic
+
+
+def _in_place(x: Any, out: Any, out_arr: Any, narrow: Narrow | None, flat: Any,
+              dev: DeviceData | None) -> bool:
+    """Whether ``out`` is x's very buffer (MPI_IN_PLACE); _check_out allowed no other overlap.
+
+    Never for float16/bfloat16: their float32 copy is what moves.
+    """
+    return out_arr is not None and narrow is None and (
+        out is x
+        or (np.may_share_memory(flat, out_arr) if dev is None
+            else _device_span(dev) == _device_span(DeviceData(out)))
+    )
+
+
 # -- argument checks (problems are recorded, raised on every rank after agreement) ------
 
 
@@ -694,6 +878,7 @@ def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) ->
 
 
 _NATIVE = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64"}
+_FIELD_INDEX = {name: i for i, name in enumerate(_FIELDS)}
 
 
 def _valid_root(root: Any, n_ranks: int) -> bool:

@@ -48,7 +48,10 @@ class CallReport:
     - ``dtype``, ``count``: the caller's dtype name and element count; ``bytes_input`` the
       input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves);
     - ``bytes_sent``: bytes this rank put on the wire (counted as ``Communicator.stats``);
-    - ``seconds``: wall time of the call on this rank, from its checks to its result.
+    - ``seconds``: wall time of the call on this rank, from its checks to its result;
+    - ``overlapped``: the call repeated the signature that the agreed history predicted and
+      went raw whatever the data, so its MPI collective ran while the agreement was in
+      flight (docs/collectives.md, "Every call").
     """
 
     collective: str
@@ -65,6 +68,7 @@ class CallReport:
     predicted_raw_s: float | None = None
     predicted_compressed_s: float | None = None
     ratio: float | None = None
+    overlapped: bool = False
 
     @property
     def mode(self) -> str:
@@ -75,7 +79,7 @@ class CallReport:
         """Return the fields that every rank shares (all but bytes and time)."""
         return (self.collective, self.compressed, self.reason, self.policy, self.algorithm,
                 self.dtype, self.count, self.eb_abs, self.predicted_raw_s,
-                self.predicted_compressed_s, self.ratio)
+                self.predicted_compressed_s, self.ratio, self.overlapped)
 
     def __str__(self) -> str:
         why = self.reason
@@ -84,6 +88,8 @@ class CallReport:
                     f"{_ms(self.predicted_compressed_s)}")
             if self.ratio is not None:
                 why += f", ratio {self.ratio:.3g}"
+        if self.overlapped:
+            why += "; moved with the agreement"
         bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
         return (f"{self.collective} {self.dtype}[{self.count}] {self.mode} ({why}); {bound}; "
                 f"sent {self.bytes_sent} B of {self.bytes_input} B input in "
