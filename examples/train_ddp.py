@@ -650,10 +650,16 @@ def plot_time(out: pathlib.Path, logs: list[dict[str, Any]]) -> list[pathlib.Pat
     written = []
     for (model, ranks, rate), group in sorted(groups.items()):
         fig, ax = plt.subplots(figsize=(7, 4.4))
-        for log in sorted(group, key=lambda lg: str(lg.get("method", lg["compress"]))):
+        seeds = len({lg["seed"] for lg in group}) > 1
+        for log in sorted(group, key=lambda lg: (str(lg.get("method", lg["compress"])),
+                                                  lg["seed"])):
             ev = log["eval"]
             t = log.get("median_step_time_s", 0.0)
-            label = f"{log.get('method', log['compress'])} ({t * 1e3:.0f} ms/step)"
+            name = str(log.get("method", log["compress"]))
+            if log.get("policy") not in (None, "auto"):
+                name += f" policy={log['policy']}"
+            name += f", seed {log['seed']}" if seeds else ""
+            label = f"{name} ({t * 1e3:.0f} ms/step)"
             ax.plot([e["train_time_s"] for e in ev], [e["accuracy"] for e in ev], "o-", ms=3,
                     lw=1.2, label=label)
         target = group[0].get("target_accuracy")
@@ -671,6 +677,35 @@ def plot_time(out: pathlib.Path, logs: list[dict[str, Any]]) -> list[pathlib.Pat
         plt.close(fig)
         written.append(path)
     return written
+
+
+def table(out: pathlib.Path) -> str:
+    """A Markdown table of the time-to-accuracy logs in ``out``, one row per run."""
+    rows = [
+        "| run | median step | to target (time, steps) | final accuracy | bytes on the wire "
+        "per step | exposed comm / hook time per step (hidden) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for path in sorted(out.glob("*.json")):
+        try:
+            lg = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(lg, dict) or "wire_bytes" not in lg:
+            continue
+        tt = lg["time_to_target_s"]
+        to = "not reached" if tt is None else f"{tt:.2f} s, {lg['steps_to_target']}"
+        wire = lg["wire_bytes"] / lg["steps"] / lg["ranks"]
+        src = "" if "interface_tx_bytes" in lg else " (est.)"
+        busy = lg["median_hook_busy_s"]
+        hid = lg["hidden_fraction"]
+        hook = "no hook" if busy is None else f"{busy * 1e3:.1f} ms ({hid:.0%})"
+        rows.append(
+            f"| {path.stem} | {lg['median_step_time_s'] * 1e3:.1f} ms | {to} | "
+            f"{lg['final_accuracy']:.4f} | {wire / 1e3:.1f} kB{src} | "
+            f"{lg['median_exposed_comm_s'] * 1e3:.1f} ms / {hook} |"
+        )
+    return "\n".join(rows)
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -705,6 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot_only:
         for p in plot(args.out):
             print(p)
+        print(table(args.out))
         return 0
     if args.model == "minilm" and missing_minilm():
         return _stop_cleanly(f"missing {', '.join(missing_minilm())}. {MINILM_HINT}")
