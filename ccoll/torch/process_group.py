@@ -139,11 +139,14 @@ def _choose_network(world: Any, forced: str | None) -> tuple[str, str | None, st
     Collective; raises the same error on every rank when no choice works.
     """
     ifaces = local_interfaces()
-    mine: dict[str, Any] = {"ns": _namespace_key(), "ifaces": ifaces, "err": ""}
+    mine: dict[str, Any] = {"ns": _namespace_key(), "ifaces": ifaces, "err": "",
+                            "forced": forced}
     if forced is not None and ifaces is not None:
-        if not any(name == forced for name, _, _ in ifaces):
-            have = ", ".join(sorted({n for n, _, _ in ifaces})) or "none"
-            mine["err"] = f"no IPv4 address on interface {forced!r} (interfaces: {have})"
+        # gloo takes a comma-separated list; the rendezvous uses the first.
+        for want in forced.split(","):
+            if not any(name == want for name, _, _ in ifaces):
+                have = ", ".join(sorted({n for n, _, _ in ifaces})) or "none"
+                mine["err"] = f"no IPv4 address on interface {want!r} (interfaces: {have})"
     everyone = _allgather_json(world, mine)
     errors = [f"rank {r}: {e['err']}" for r, e in enumerate(everyone) if e["err"]]
     if errors:
@@ -156,8 +159,10 @@ def _choose_network(world: Any, forced: str | None) -> tuple[str, str | None, st
         # No interface list (not Linux): what the host name resolves to, as gloo does.
         return _resolve_hostname(world), forced, "hostname"
     root_ifaces: list[Iface] = [tuple(i) for i in root["ifaces"]]  # type: ignore[misc]
-    if forced is not None:
-        addr = next(a for n, a, _ in root_ifaces if n == forced)
+    if root["forced"] is not None:
+        # Names may differ from node to node; rank 0's own first one holds its address.
+        first = str(root["forced"]).split(",")[0]
+        addr = next(a for n, a, _ in root_ifaces if n == first)
         return addr, forced, "interface"
     keys = [e["ns"] for e in everyone]
     if keys[0] is not None and all(k == keys[0] for k in keys):

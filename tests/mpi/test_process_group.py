@@ -60,6 +60,13 @@ def test_interface_missing_on_one_rank_fails_on_every_rank() -> None:
     comm.Barrier()  # every rank got here: nobody waits in a rendezvous
 
 
+def test_every_name_of_an_interface_list_is_checked() -> None:
+    # GLOO_SOCKET_IFNAME may list several interfaces; gloo would fail on the missing one.
+    with pytest.raises(InputError, match=r"no IPv4 address on interface 'nosuchif1'"):
+        init_process_group_from_mpi(timeout_s=60, interface="lo,nosuchif1")
+    assert not dist.is_initialized()
+
+
 @pytest.mark.parametrize("bad", ["", 7])
 def test_interface_must_be_a_name(bad: object) -> None:
     with pytest.raises(InputError, match="interface must be a network interface name"):
