@@ -142,18 +142,17 @@ def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
             mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
             place: HostPlace) -> list[Any]:
     rec = _trace.ACTIVE
-    if rec is None:
-        return _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place,
-                     None).run()
     ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec)
-    t0 = rec.clock()
-    final = ring.run()
-    t1 = rec.clock()
-    if ops is not None:
-        rec.span("reduce-scatter", t0, ring.t_final or t1)
-    if flat_out is not None:
-        rec.span("allgather", ring.t_first_final or t0, t1)
-    return final
+    if rec is not None:
+        t0 = rec.clock()
+        final = ring.run()
+        t1 = rec.clock()
+        if ops is not None:
+            rec.span("reduce-scatter", t0, ring.t_final or t1)
+        if flat_out is not None:
+            rec.span("allgather", ring.t_first_final or t0, t1)
+        return final
+    return ring.run()
 
 
 # Priority keys of the worker's tasks (lowest first). The reduce-scatter's tasks come in
@@ -241,6 +240,7 @@ class _Ring:
         self.finals_left = nch[r] if mine is None else 0
         self.decodes_left = sum(nch) if self.gather else 0
         self.reqs: list[MPI.Request] = []
+        self.statuses: list[MPI.Status] = []
         # (kind, step, chunk, what to keep alive or the buffer index, when it was posted)
         self.meta: list[tuple[str, int, int, Any, float]] = []
 
@@ -303,8 +303,8 @@ class _Ring:
         if not self.gather:
             return
         rec = self.rec
-        if rec is not None and not self.t_first_final:
-            self.t_first_final = rec.clock()
+        if rec is not None:
+            self.t_first_final = self.t_first_final or rec.clock()
         if self.steps:
             self.send("ag send", 0, c, stream, None)
         self._decode(-1, self.r, c, stream, stream_nbytes(stream), -1)
@@ -386,8 +386,8 @@ class _Ring:
     def _finish(self, c: int, stream: Any) -> None:
         self.finals_left -= 1
         rec = self.rec
-        if rec is not None and not self.finals_left:
-            self.t_final = rec.clock()
+        if rec is not None:
+            self.t_final = rec.clock()  # the last one stays
         self.on_final(c, stream)
 
     # -- the loop ----------------------------------------------------------------------
@@ -404,7 +404,9 @@ class _Ring:
         reqs = self.reqs
         if not reqs:
             return False
-        statuses = [MPI.Status() for _ in reqs]
+        statuses = self.statuses
+        while len(statuses) < len(reqs):  # reused: this runs on every turn of the loop
+            statuses.append(MPI.Status())
         idx = MPI.Request.Testsome(reqs, statuses)
         if not idx:
             return False
