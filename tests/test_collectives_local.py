@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -75,6 +76,51 @@ def test_worker_runs_by_priority_and_reports_errors():
     assert order == [(1, 1), (1, 5), (2, 0), (3, 0)]
     errors = [exc for tag, _, exc in done if tag == "boom"]
     assert isinstance(errors[0], ZeroDivisionError)
+
+
+def test_worker_help_runs_the_lowest_eligible_task_on_the_caller():
+    w = Worker("test-worker")
+    gate = threading.Event()
+    ran: list[tuple[tuple[int, int], str]] = []
+    w.submit((0, 0), gate.wait, "gate")  # holds the worker's thread
+    while w._heap:  # the worker took the gate
+        time.sleep(1e-3)
+    for key in [(0, 5), (1, 7), (1, 2), (2, 0)]:
+        w.submit(key, lambda k=key: ran.append((k, threading.current_thread().name)), key)
+    try:
+        assert w.help((1,)) is True  # skips (0, 5): not eligible
+        assert w.help((1,)) is True
+        assert w.help((1,)) is True
+        assert w.help((1,)) is False  # only (0, 5) is left
+        me = threading.current_thread().name
+        assert ran == [((1, 2), me), ((1, 7), me), ((2, 0), me)]
+        assert sorted(tag for tag, _, _ in w.drain()) == [(1, 2), (1, 7), (2, 0)]
+        gate.set()
+        done = []
+        while w.outstanding:
+            w.wait(1.0)
+            done.extend(w.drain())
+        assert [tag for tag, _, _ in done] == ["gate", (0, 5)]
+        assert ran[-1] == ((0, 5), "test-worker")
+    finally:
+        gate.set()
+        w.close()
+
+
+def test_worker_help_hands_errors_to_drain():
+    w = Worker("test-worker")
+    gate = threading.Event()
+    w.submit((0,), gate.wait, "gate")
+    while w._heap:
+        time.sleep(1e-3)
+    w.submit((1,), lambda: 1 / 0, "boom")
+    try:
+        assert w.help((1,)) is True
+        ((tag, result, exc),) = w.drain()
+        assert tag == "boom" and result is None and isinstance(exc, ZeroDivisionError)
+    finally:
+        gate.set()
+        w.close()
 
 
 def test_worker_inline():

@@ -6,13 +6,19 @@ combines with its own contribution to that block; after the last step it holds b
 fully reduced. Every block is cut into chunks, one stream and one message each; a chunk is
 sent on as soon as its combine is done, so the combine of chunk ``k`` runs while chunk
 ``k+1`` is on the wire (the combine runs on the channel's worker thread while this thread
-stays in MPI). Receive buffers are sized for the worst-case stream
+stays in MPI).
+
+Allgather: each chunk of block ``r`` goes to rank ``r+1`` as soon as its last combine is
+done, and every rank forwards what it receives (N-2 hops) and decodes it, so the
+allgather of the first chunks runs while the reduce-scatter of the last ones still
+computes. Decodes run on the worker and, whenever MPI leaves it nothing to do, on this
+thread too. Receive buffers are sized for the worst-case stream
 (:func:`ccoll.compressor.format.max_nbytes`), so no message announces a size; the real
 length is read from the stream header.
 
 What "combine" means is the algorithm's business (:class:`RingOps`): a homomorphic add of
-streams, or decompress-add-recompress. The allgather then forwards the reduced streams
-unchanged and every rank decodes the same bytes, so every rank gets the same output bit
+streams, or decompress-add-recompress. Every rank decodes the same bytes (the streams the
+owner of each block produced, forwarded unchanged), so every rank gets the same output bit
 for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the bounds.
 """
 
@@ -32,7 +38,7 @@ from ccoll.collectives.dar import DarOps, dar_bound
 from ccoll.collectives.devices import HOST, HostPlace, device_add
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
-from ccoll.collectives.waiting import Deadline, poll_pause, wait_all
+from ccoll.collectives.waiting import Deadline, poll_pause
 from ccoll.errors import FormatError
 
 __all__ = [
@@ -41,7 +47,6 @@ __all__ = [
     "ring_allreduce",
     "reduce_scatter_streams",
     "allgather_streams",
-    "decode_chunks",
 ]
 
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
@@ -90,13 +95,13 @@ def ring_allreduce(
     """Compressed ring allreduce of ``flat`` into ``flat_out``, within ``eb_abs`` of the sum.
 
     Collective over ``ch``: reduce-scatter of the compressed chunks, then the allgather that
-    forwards the reduced streams; every rank decodes the same bytes. The Communicator's
-    compressed allreduce and the calibration of ``policy="auto"`` both run this.
+    forwards the reduced streams around the ring, chunk by chunk, as soon as each is final;
+    every rank decodes the same bytes. The Communicator's compressed allreduce and the
+    calibration of ``policy="auto"`` both run this.
     """
     layout = Layout(flat.size, ch.comm.Get_size(), chunk_elems)
     ops = ring_ops(flat, layout, algorithm, eb_abs, place)
-    mine = reduce_scatter_streams(ch, layout, dtype, ops, eb_abs, deadline, place)
-    allgather_streams(ch, layout, dtype, mine, eb_abs, flat_out, deadline, place)
+    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place)
 
 
 def reduce_scatter_streams(
@@ -113,212 +118,7 @@ def reduce_scatter_streams(
     ``place`` says where the streams live and how their bytes reach MPI
     (:mod:`ccoll.collectives.devices`).
     """
-    rec = _trace.ACTIVE
-    if rec is not None:
-        t_rs = rec.clock()
-        final = _reduce_scatter(ch, layout, dtype, ops, bound, deadline, place, rec)
-        rec.span("reduce-scatter", t_rs, rec.clock())
-        return final
-    return _reduce_scatter(ch, layout, dtype, ops, bound, deadline, place, None)
-
-
-def _reduce_scatter(
-    ch: Channel,
-    layout: Layout,
-    dtype: np.dtype,
-    ops: RingOps,
-    bound: float,
-    deadline: Deadline,
-    place: HostPlace,
-    rec: _trace.Recorder | None,
-) -> list[Any]:
-    comm = ch.comm
-    n_ranks, r = comm.Get_size(), comm.Get_rank()
-    nch = [len(layout.chunks(b)) for b in range(n_ranks)]
-    if n_ranks == 1:
-        if rec is not None:
-            return [rec.task(partial(ops.first, 0, c), "compress", {"block": 0, "chunk": c})()
-                    for c in range(nch[0])]
-        return [ops.first(0, c) for c in range(nch[0])]
-    inline = layout.max_chunks <= 1
-    worker = ch.worker
-    steps = n_ranks - 1
-    right, left = (r + 1) % n_ranks, (r - 1) % n_ranks
-
-    def send_block(s: int) -> int:
-        return (r - s - 1) % n_ranks
-
-    def recv_block(s: int) -> int:
-        return (r - s - 2) % n_ranks
-
-    max_c = max(nch)
-    # The steps at which chunk index c arrives; chunk c's buffer is reposted for the next.
-    arrivals = [[s for s in range(steps) if c < nch[recv_block(s)]] for c in range(max_c)]
-    bufs = place.recv_buffers(ch, max_c, max_nbytes(layout.chunk_elems, dtype))
-    posted = [0] * max_c
-    final: list[Any] = [None] * nch[r]
-    left_to_finish = nch[r]
-    reqs: list[MPI.Request] = []
-    # (kind, step, chunk, what to keep alive, when it was posted: traced calls only)
-    meta: list[tuple[str, int, int, Any, float]] = []
-
-    def post_recv(c: int) -> None:
-        if posted[c] < len(arrivals[c]):
-            s = arrivals[c][posted[c]]
-            posted[c] += 1
-            reqs.append(comm.Irecv([bufs[c], MPI.BYTE], source=left, tag=c))
-            meta.append(("recv", s, c, None, rec.clock() if rec is not None else 0.0))
-
-    def send(s: int, c: int, stream: Any) -> None:
-        nb = stream_nbytes(stream)
-        buf, token = place.for_send(stream, nb)
-        reqs.append(comm.Isend([buf, MPI.BYTE], dest=right, tag=c))
-        # keeps the buffers alive until sent
-        meta.append(("send", s, c, (stream, token), rec.clock() if rec is not None else 0.0))
-        ch.stats.bytes_sent += nb
-
-    def on_mpi(i: int, status: MPI.Status) -> None:
-        kind, s, c, keep, t_post = meta[i]
-        if kind != "recv":
-            place.sent(keep[1])
-            if rec is not None:
-                rec.span("send", t_post, rec.clock(), {"step": s, "chunk": c,
-                         "block": send_block(s), "bytes": stream_nbytes(keep[0])})
-            return
-        b = recv_block(s)
-        lo, hi = layout.chunks(b)[c]
-        nb = check_stream(bufs[c], hi - lo, dtype, bound)
-        if status.Get_count(MPI.BYTE) != nb:
-            raise FormatError(
-                f"ring step {s}: received {status.Get_count(MPI.BYTE)} bytes for a stream of "
-                f"{nb} bytes"
-            )
-        if rec is not None:
-            rec.span("recv", t_post, rec.clock(), {"step": s, "chunk": c, "block": b,
-                     "bytes": nb})
-        view = place.received(bufs[c], nb)
-        fn: Callable[[], Any] = partial(ops.combine, b, c, view)
-        if rec is not None:
-            fn = rec.task(fn, "combine", {"step": s, "chunk": c, "block": b, "bytes": nb})
-        worker.submit((s, c, 1), fn, ("combine", s, c), inline=inline)
-
-    def on_task(tag: tuple[str, int, int], result: Any) -> None:
-        nonlocal left_to_finish
-        kind, s, c = tag
-        if kind == "first":
-            send(0, c, result)
-        elif kind == "combine":
-            if s + 1 < steps:
-                send(s + 1, c, result)
-            else:
-                final[c] = result
-                left_to_finish -= 1
-            post_recv(c)
-
-    def pump_tasks() -> bool:
-        done = worker.drain()
-        for tag, result, exc in done:
-            if exc is not None:
-                raise exc
-            on_task(tag, result)
-        return bool(done)
-
-    def pump_mpi() -> bool:
-        if not reqs:
-            return False
-        statuses = [MPI.Status() for _ in reqs]
-        idx = MPI.Request.Testsome(reqs, statuses)
-        if not idx:
-            return False
-        # MPI fills the statuses in completion order, not request order.
-        for k, i in enumerate(idx):
-            on_mpi(i, statuses[k])
-        for i in sorted(idx, reverse=True):
-            del reqs[i]
-            del meta[i]
-        return True
-
-    for c in range(max_c):
-        post_recv(c)
-    b0 = send_block(0)
-    for c in range(nch[b0]):
-        fn: Callable[[], Any] = partial(ops.first, b0, c)
-        if rec is not None:
-            fn = rec.task(fn, "compress", {"step": 0, "chunk": c, "block": b0})
-        worker.submit((-1, c, 0), fn, ("first", 0, c), inline=inline)
-    pump_tasks()
-    # Priority keys (step, chunk, kind): a step's chunks go in order, and chunk c's
-    # "prepare" (compressing this rank's part ahead of its partner's arrival) runs just
-    # before chunk c's combine, which in turn runs before chunk c+1's prepare, so every
-    # combine that unblocks a send is done as early as possible.
-    for s in range(steps):
-        b = recv_block(s)
-        for c in range(nch[b]):
-            fn = partial(ops.prepare, b, c)
-            if rec is not None:
-                fn = rec.task(fn, "prepare", {"step": s, "chunk": c, "block": b})
-            worker.submit((s, c, 0), fn, ("prepare", s, c), inline=inline)
-            if inline:
-                pump_mpi()
-    pause = 20e-6
-    while left_to_finish or reqs or worker.outstanding:
-        progressed = pump_mpi()
-        progressed = pump_tasks() or progressed
-        if progressed:
-            pause = 20e-6
-            continue
-        if deadline.expired():
-            raise deadline.error("ring reduce-scatter")
-        t_wait = rec.clock() if rec is not None else 0.0
-        if worker.outstanding:
-            # A compute task is running: wait for it, but come back to MPI often enough
-            # that the transfers in flight keep moving.
-            worker.wait(pause if reqs else min(0.05, deadline.remaining() or 0.05))
-            if rec is not None:
-                rec.span("wait worker", t_wait, rec.clock(), {"pause_us": pause * 1e6})
-            pause = min(2 * pause, _POLL_MAX_S)
-        elif reqs:
-            # Poll with sleeps rather than block in MPI_Waitsome, which spins on a core
-            # that this rank's worker or another rank's compressor needs.
-            pause = poll_pause(pause, deadline)
-            if rec is not None:
-                rec.span("sleep", t_wait, rec.clock())
-        else:
-            raise AssertionError("ring reduce-scatter stalled with nothing in flight")
-    if place.device and not place.cuda_aware:  # type: ignore[attr-defined]
-        for b in bufs:
-            place.sent(b)
-    return final
-
-
-def decode_chunks(
-    host: np.ndarray,
-    buf: Any,
-    layout: Layout,
-    block: int,
-    dtype: np.dtype,
-    bound: float,
-    flat_out: Any,
-) -> None:
-    """Decode the streams of ``block``, packed back to back, into ``flat_out``.
-
-    ``host`` holds the bytes in host memory (their headers are read there) and ``buf`` the
-    same bytes where the decoder runs (``host`` itself, or a device copy).
-    """
-    dec = api().decompress
-    rec = _trace.ACTIVE
-    pos = 0
-    for c, (lo, hi) in enumerate(layout.chunks(block)):
-        t0 = rec.clock() if rec is not None else 0.0
-        nb = check_stream(host[pos:], hi - lo, dtype, bound)
-        dec(buf[pos : pos + nb], out=flat_out[lo:hi])
-        if rec is not None:
-            rec.span("decode", t0, rec.clock(), {"block": block, "chunk": c, "bytes": nb})
-        pos += nb
-    if pos != host.size:
-        raise FormatError(
-            f"block {block} holds {host.size} bytes but its streams end after {pos} bytes"
-        )
+    return _traced(ch, layout, dtype, ops, None, bound, None, deadline, place)
 
 
 def allgather_streams(
@@ -331,65 +131,355 @@ def allgather_streams(
     deadline: Deadline,
     place: HostPlace = HOST,
 ) -> None:
-    """Gather every rank's reduced block (bytes unchanged) and decode all into ``flat_out``.
+    """Forward every rank's reduced block (bytes unchanged) around the ring, decode all.
 
-    The bytes travel through host memory whatever ``place`` is: they are compressed, so the
-    copies are small, and one ``MPI_Allgatherv`` on host buffers works with any MPI.
+    ``mine`` holds this rank's reduced streams of block ``rank``, one per chunk.
     """
-    rec = _trace.ACTIVE
-    t_ag = rec.clock() if rec is not None else 0.0
-    comm = ch.comm
-    n_ranks, r = comm.Get_size(), comm.Get_rank()
-    lens = [stream_nbytes(s) for s in mine]
-    packed = np.empty(sum(lens), dtype=np.uint8)
-    pos = 0
-    for s, nb in zip(mine, lens, strict=True):
-        packed[pos : pos + nb] = place.to_host(s, nb)
-        pos += nb
-    mine_n = np.array([packed.size], dtype=np.int64)
-    counts = np.empty(n_ranks, dtype=np.int64)
-    if rec is not None:
-        t_sizes = rec.clock()
-        rec.span("pack", t_ag, t_sizes, {"bytes": int(packed.size)})
-    if deadline.at is None:
-        comm.Allgather(mine_n, counts)
-    else:
-        wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
-    if rec is not None:
-        rec.span("allgather sizes", t_sizes, rec.clock())
-    displs = np.zeros(n_ranks, dtype=np.int64)
-    np.cumsum(counts[:-1], out=displs[1:])
-    total = int(counts.sum())
-    recv = np.empty(total, dtype=np.uint8)
-    t_agv = rec.clock() if rec is not None else 0.0
-    req = comm.Iallgatherv([packed, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
-    ch.stats.bytes_sent += total - int(counts[(r + 1) % n_ranks])
+    _traced(ch, layout, dtype, None, mine, bound, flat_out, deadline, place)
 
-    # Decode this rank's block (from the very bytes the others receive) while the
-    # allgather moves, then the others' blocks.
-    worker = ch.worker
-    inline = layout.max_chunks <= 1
-    own = partial(decode_chunks, packed, place.to_place(packed), layout, r, dtype, bound,
-                  flat_out)
-    worker.submit(0, own, "own", inline=inline)
-    wait_all([req], deadline, "allgather of the reduced blocks", poll=True)
+
+def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
+            mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
+            place: HostPlace) -> list[Any]:
+    rec = _trace.ACTIVE
+    ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec)
     if rec is not None:
-        rec.span("allgatherv", t_agv, rec.clock(), {"bytes": total})
-    while worker.outstanding:
-        for _, _, exc in worker.drain():
+        t0 = rec.clock()
+        final = ring.run()
+        t1 = rec.clock()
+        if ops is not None:
+            rec.span("reduce-scatter", t0, ring.t_final or t1)
+        if flat_out is not None:
+            rec.span("allgather", ring.t_first_final or t0, t1)
+        return final
+    return ring.run()
+
+
+# Priority keys of the worker's tasks (lowest first). The reduce-scatter's tasks come in
+# pipeline waves: the data of step s, chunk c was produced by the left neighbour in wave
+# c + s (its compress of chunk c at s = 0, its combine at step s - 1), so the combine of
+# (s, c) belongs to wave c + s + 1 and is ordered with the compress of chunk c + s + 1.
+# Within a wave, later steps go first (that chain, step s -> s + 1, is the critical path
+# at N > 2), and a chunk's prepare just before its combine, compressions last. The
+# decodes of the allgather unblock no transfer: they come after every ring task, and the
+# driving thread takes them too (Worker.help) when MPI leaves it nothing to do.
+def _compress_key(c: int) -> tuple[int, int, int]:
+    return (0, c, 0)
+
+
+def _prepare_key(s: int, c: int) -> tuple[int, int, int]:
+    return (0, c + s + 1, -2 * s - 2)
+
+
+def _combine_key(s: int, c: int) -> tuple[int, int, int]:
+    return (0, c + s + 1, -2 * s - 1)
+
+
+_DECODE = (1,)
+
+
+def _decode_key(t: int, c: int) -> tuple[int, int, int]:
+    return (1, t, c)
+
+
+class _Ring:
+    """One call's ring: reduce-scatter, then (with ``flat_out``) the forwarding allgather.
+
+    The two phases overlap chunk by chunk. Reduce-scatter (N ranks, N-1 steps): at step
+    ``s`` rank ``r`` sends block ``r-s-1`` to rank ``r+1`` and receives block ``r-s-2``
+    from rank ``r-1`` (indices mod N). As soon as the last combine of chunk ``c`` of block
+    ``r`` is done, that stream goes to the right (allgather step 0) and is decoded here;
+    at allgather step ``t`` rank ``r`` receives chunk ``c`` of block ``r-t-1``, forwards
+    it (unless ``t`` is the last step) and decodes it. Every rank decodes the very bytes
+    the block's owner produced, so every rank's output is identical.
+
+    No message announces a size: every receive buffer has room for the worst-case stream
+    (:func:`max_nbytes`) and the real length is read from the stream's header. Buffer
+    ``c`` serves chunk ``c``'s reduce-scatter receives and then its even allgather steps;
+    buffer ``max_c + c`` (N > 2) its odd ones. A buffer is reposted once its forward and
+    its decode are done.
+
+    Both phases use tag ``c`` for chunk ``c``: MPI matches messages of one sender, tag and
+    communicator in the order they were sent, to receives in the order they were posted,
+    and a rank sends chunk ``c``'s allgather message after all its reduce-scatter messages
+    of chunk ``c``, and posts the allgather receives of chunk ``c`` after all its
+    reduce-scatter receives of chunk ``c``.
+    """
+
+    def __init__(self, ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
+                 mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
+                 place: HostPlace, rec: _trace.Recorder | None) -> None:
+        self.ch, self.layout, self.dtype, self.ops = ch, layout, dtype, ops
+        self.bound, self.flat_out, self.deadline, self.place = bound, flat_out, deadline, place
+        self.rec = rec
+        comm = self.comm = ch.comm
+        n, r = self.n, self.r = comm.Get_size(), comm.Get_rank()
+        self.steps = n - 1
+        self.right, self.left = (r + 1) % n, (r - 1) % n
+        self.nch = nch = [len(layout.chunks(b)) for b in range(n)]
+        self.max_c = max_c = max(nch)
+        self.worker = ch.worker
+        self.inline = layout.max_chunks <= 1
+        self.gather = flat_out is not None
+        self.t_final = 0.0
+        self.t_first_final = 0.0
+        steps = self.steps
+        # The reduce-scatter steps at which chunk c arrives, and the allgather ones.
+        self.arrivals = [[s for s in range(steps) if c < nch[(r - s - 2) % n]]
+                         if ops is not None else [] for c in range(max_c)]
+        self.ag_arrivals = [[t for t in range(steps) if c < nch[(r - t - 1) % n]]
+                            if self.gather else [] for c in range(max_c)]
+        self.posted = [0] * max_c
+        self.ag_posted = [0] * max_c
+        # Reduce-scatter arrivals of chunk c not yet combined; then its buffer is free.
+        self.rs_open = [len(a) for a in self.arrivals]
+        nbuf = max_c * (2 if self.gather and steps > 1 else 1) if steps else 0
+        self.bufs = place.recv_buffers(ch, nbuf, max_nbytes(layout.chunk_elems, dtype))
+        self.busy = [0] * nbuf  # pending users (receive, forward, decode) of each buffer
+        self.final: list[Any] = [None] * nch[r] if mine is None else list(mine)
+        self.finals_left = nch[r] if mine is None else 0
+        self.decodes_left = sum(nch) if self.gather else 0
+        self.reqs: list[MPI.Request] = []
+        self.statuses: list[MPI.Status] = []
+        # (kind, step, chunk, what to keep alive or the buffer index, when it was posted)
+        self.meta: list[tuple[str, int, int, Any, float]] = []
+
+    # -- posting -----------------------------------------------------------------------
+
+    def _clock(self) -> float:
+        rec = self.rec
+        return rec.clock() if rec is not None else 0.0
+
+    def post_recv(self, c: int) -> None:
+        """Post chunk ``c``'s next reduce-scatter receive, if any."""
+        arr = self.arrivals[c]
+        if self.posted[c] < len(arr):
+            s = arr[self.posted[c]]
+            self.posted[c] += 1
+            self.reqs.append(self.comm.Irecv([self.bufs[c], MPI.BYTE], source=self.left, tag=c))
+            self.meta.append(("recv", s, c, c, self._clock()))
+
+    def post_ag_recv(self, c: int) -> None:
+        """Post chunk ``c``'s next allgather receives while their buffers are free."""
+        arr = self.ag_arrivals[c]
+        while self.ag_posted[c] < len(arr) and not self.rs_open[c]:
+            k = self.ag_posted[c]
+            i = c + (k % 2) * self.max_c
+            if self.busy[i]:
+                return
+            self.busy[i] += 1
+            self.ag_posted[c] += 1
+            self.reqs.append(self.comm.Irecv([self.bufs[i], MPI.BYTE], source=self.left, tag=c))
+            self.meta.append(("ag recv", arr[k], c, i, self._clock()))
+
+    def send(self, kind: str, s: int, c: int, stream: Any, keep: Any, nb: int = -1) -> None:
+        """Send ``stream`` to the right; ``keep`` is the receive buffer it came in, if any.
+
+        A received buffer is sent as it is (MPI wrote it, MPI can read it); a stream of
+        this rank goes the way ``place`` says.
+        """
+        if keep is None:
+            nb = stream_nbytes(stream)
+            buf, token = self.place.for_send(stream, nb)
+        else:
+            buf, token = stream[:nb], None
+        self.reqs.append(self.comm.Isend([buf, MPI.BYTE], dest=self.right, tag=c))
+        # keeps the buffers alive until sent
+        self.meta.append((kind, s, c, (stream, token, keep, nb), self._clock()))
+        self.ch.stats.bytes_sent += nb
+
+    def submit(self, key: Any, fn: Callable[[], Any], tag: Any, name: str,
+               args: dict[str, Any]) -> None:
+        rec = self.rec
+        if rec is not None:
+            fn = rec.task(fn, name, args)
+        self.worker.submit(key, fn, tag, inline=self.inline)
+
+    # -- events ------------------------------------------------------------------------
+
+    def on_final(self, c: int, stream: Any) -> None:
+        """Chunk ``c`` of this rank's block is fully reduced."""
+        self.final[c] = stream
+        if not self.gather:
+            return
+        rec = self.rec
+        if rec is not None:
+            self.t_first_final = self.t_first_final or rec.clock()
+        if self.steps:
+            self.send("ag send", 0, c, stream, None)
+        self._decode(-1, self.r, c, stream, stream_nbytes(stream), -1)
+
+    def _decode(self, t: int, b: int, c: int, stream: Any, nb: int, buf: int) -> None:
+        lo, hi = self.layout.chunks(b)[c]
+        fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi)
+        self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
+                    {"block": b, "chunk": c, "bytes": nb})
+
+    def release(self, i: int) -> None:
+        """One user of buffer ``i`` is done; repost the chunk's receives if it is free."""
+        self.busy[i] -= 1
+        if not self.busy[i]:
+            self.post_ag_recv(i % self.max_c)
+
+    def on_mpi(self, i: int, status: MPI.Status) -> None:
+        kind, s, c, keep, t_post = self.meta[i]
+        rec = self.rec
+        if kind == "send" or kind == "ag send":
+            stream, token, buf, nb = keep
+            self.place.sent(token)
+            if rec is not None:
+                b = (self.r - s - 1) % self.n if kind == "send" else (self.r - s) % self.n
+                rec.span(kind, t_post, rec.clock(), {"step": s, "chunk": c, "block": b,
+                         "bytes": nb})
+            if buf is not None:
+                self.release(buf)
+            return
+        b = (self.r - s - 2) % self.n if kind == "recv" else (self.r - s - 1) % self.n
+        lo, hi = self.layout.chunks(b)[c]
+        raw = self.bufs[keep]
+        nb = check_stream(raw, hi - lo, self.dtype, self.bound)
+        if status.Get_count(MPI.BYTE) != nb:
+            what = f"ring step {s}" if kind == "recv" else f"allgather step {s}"
+            raise FormatError(
+                f"{what}: received {status.Get_count(MPI.BYTE)} bytes for a stream of "
+                f"{nb} bytes"
+            )
+        if rec is not None:
+            rec.span(kind, t_post, rec.clock(), {"step": s, "chunk": c, "block": b,
+                     "bytes": nb})
+        view = self.place.received(raw, nb)
+        if kind == "recv":
+            ops = self.ops
+            assert ops is not None
+            self.submit(_combine_key(s, c), partial(ops.combine, b, c, view),
+                        ("combine", s, c, None), "combine",
+                        {"step": s, "chunk": c, "block": b, "bytes": nb})
+            return
+        if s + 1 < self.steps:
+            self.busy[keep] += 1
+            self.send("ag send", s + 1, c, raw, keep, nb)
+        self.busy[keep] += 1
+        self._decode(s, b, c, view, nb, keep)
+        self.release(keep)  # the receive itself
+
+    def on_task(self, tag: tuple[str, int, int, Any], result: Any) -> None:
+        kind, s, c, buf = tag
+        if kind == "first":
+            if self.steps:
+                self.send("send", 0, c, result, None)
+            else:
+                self._finish(c, result)
+        elif kind == "combine":
+            if s + 1 < self.steps:
+                self.send("send", s + 1, c, result, None)
+            else:
+                self._finish(c, result)
+            self.rs_open[c] -= 1
+            self.post_recv(c)
+            if not self.rs_open[c]:
+                self.post_ag_recv(c)
+        elif kind == "decode":
+            self.decodes_left -= 1
+            if buf >= 0:
+                self.release(buf)
+
+    def _finish(self, c: int, stream: Any) -> None:
+        self.finals_left -= 1
+        rec = self.rec
+        if rec is not None:
+            self.t_final = rec.clock()  # the last one stays
+        self.on_final(c, stream)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def pump_tasks(self) -> bool:
+        done = self.worker.drain()
+        for tag, result, exc in done:
             if exc is not None:
                 raise exc
-        if worker.outstanding:
+            self.on_task(tag, result)
+        return bool(done)
+
+    def pump_mpi(self) -> bool:
+        reqs = self.reqs
+        if not reqs:
+            return False
+        statuses = self.statuses
+        while len(statuses) < len(reqs):  # reused: this runs on every turn of the loop
+            statuses.append(MPI.Status())
+        idx = MPI.Request.Testsome(reqs, statuses)
+        if not idx:
+            return False
+        # MPI fills the statuses in completion order, not request order; the handlers
+        # append new requests, which the deletions below (of the old indices) leave alone.
+        for k, i in enumerate(idx):
+            self.on_mpi(i, statuses[k])
+        for i in sorted(idx, reverse=True):
+            del reqs[i]
+            del self.meta[i]
+        return True
+
+    def start(self) -> None:
+        r, ops = self.r, self.ops
+        for c in range(self.max_c):
+            self.post_recv(c)
+            self.post_ag_recv(c)
+        if ops is None:
+            for c, stream in enumerate(self.final):
+                self.on_final(c, stream)
+            return
+        b0 = (r - 1) % self.n
+        for c in range(self.nch[b0]):
+            self.submit(_compress_key(c), partial(ops.first, b0, c), ("first", 0, c, None),
+                        "compress", {"step": 0, "chunk": c, "block": b0})
+        self.pump_tasks()
+        for s in range(self.steps):
+            b = (r - s - 2) % self.n
+            for c in range(self.nch[b]):
+                self.submit(_prepare_key(s, c), partial(ops.prepare, b, c),
+                            ("prepare", s, c, None), "prepare",
+                            {"step": s, "chunk": c, "block": b})
+                if self.inline:
+                    self.pump_mpi()
+
+    def run(self) -> list[Any]:
+        self.start()
+        rec, worker, deadline = self.rec, self.worker, self.deadline
+        stage = "ring allreduce" if self.gather else "ring reduce-scatter"
+        pause = 20e-6
+        while self.finals_left or self.decodes_left or self.reqs or worker.outstanding:
+            progressed = self.pump_mpi()
+            progressed = self.pump_tasks() or progressed
+            if progressed:
+                pause = 20e-6
+                continue
             if deadline.expired():
-                raise deadline.error("decoding")
-            t_wait = rec.clock() if rec is not None else 0.0
-            worker.wait(0.05)
-            if rec is not None:
-                rec.span("wait worker", t_wait, rec.clock())
-    everything = place.to_place(recv)
-    for q in range(n_ranks):
-        if q != r:
-            a, b = int(displs[q]), int(displs[q]) + int(counts[q])
-            decode_chunks(recv[a:b], everything[a:b], layout, q, dtype, bound, flat_out)
-    if rec is not None:
-        rec.span("allgather", t_ag, rec.clock())
+                raise deadline.error(stage)
+            # Nothing ready in MPI: decode here rather than wait for the worker.
+            if self.gather and worker.help(_DECODE):
+                continue
+            t_wait = self._clock()
+            if worker.outstanding:
+                # A compute task is running: wait for it, but come back to MPI often
+                # enough that the transfers in flight keep moving.
+                worker.wait(pause if self.reqs else min(0.05, deadline.remaining() or 0.05))
+                if rec is not None:
+                    rec.span("wait worker", t_wait, rec.clock(), {"pause_us": pause * 1e6})
+                pause = min(2 * pause, _POLL_MAX_S)
+            elif self.reqs:
+                # Poll with sleeps rather than block in MPI_Waitsome, which spins on a core
+                # that this rank's worker or another rank's compressor needs.
+                pause = poll_pause(pause, deadline)
+                if rec is not None:
+                    rec.span("sleep", t_wait, rec.clock())
+            else:
+                raise AssertionError(f"{stage} stalled with nothing in flight")
+        place = self.place
+        if place.device and not place.cuda_aware:  # type: ignore[attr-defined]
+            for b in self.bufs:
+                place.sent(b)
+        return self.final
+
+
+def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int) -> None:
+    api().decompress(stream[:nb], out=flat_out[lo:hi])

@@ -44,7 +44,8 @@ __all__ = [
 KINDS: dict[str, str] = {
     "compress": "compute", "prepare": "compute", "combine": "compute", "decode": "compute",
     "pack": "compute",
-    "send": "transfer", "recv": "transfer", "allgather sizes": "transfer",
+    "send": "transfer", "recv": "transfer", "ag send": "transfer", "ag recv": "transfer",
+    "allgather sizes": "transfer",
     "allgatherv": "transfer",
     "sleep": "wait", "wait worker": "wait", "wait": "wait",
 }
@@ -167,6 +168,10 @@ def _pack(spans: list[tuple[float, float]]) -> list[int]:
     return lanes
 
 
+# The allgather's point-to-point transfers share the ring's send and recv tracks.
+_TRACK = {"send": "send", "ag send": "send", "recv": "recv", "ag recv": "recv"}
+
+
 def chrome(calls: list[tuple[str, list[dict[str, Any]]]],
            meta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Chrome/Perfetto trace-event JSON of traced calls, laid out one after another.
@@ -191,7 +196,7 @@ def chrome(calls: list[tuple[str, list[dict[str, Any]]]],
                       "pid": pid, "args": {**args, "call": label}}
                 end = max(end, ts + dur + offset)
                 if cat == "transfer":
-                    group = name if name in ("send", "recv") else "collective"
+                    group = _TRACK.get(name, "collective")
                     by_track.setdefault(f"MPI {group}", []).append((ev["ts"], dur, ev))
                 else:
                     tname = threads.get(ident, ident)
@@ -235,7 +240,8 @@ def chrome(calls: list[tuple[str, list[dict[str, Any]]]],
 
 _COLOURS = {
     "compress": "#e6550d", "prepare": "#fdae6b", "combine": "#d62728", "decode": "#2ca02c",
-    "pack": "#8c564b", "send": "#1f77b4", "recv": "#17becf", "allgather sizes": "#9467bd",
+    "pack": "#8c564b", "send": "#1f77b4", "recv": "#17becf", "ag send": "#6baed6",
+    "ag recv": "#9edae5", "allgather sizes": "#9467bd",
     "allgatherv": "#9467bd", "sleep": "#c7c7c7", "wait worker": "#7f7f7f", "wait": "#bcbd22",
 }
 _STAGE_COLOUR = "#dadaeb"

@@ -8,7 +8,8 @@ add that unblocks the next send ahead of compressions needed only at later steps
 
 With ``inline=True`` tasks run at once on the submitting thread; the ring uses that when
 there is nothing to overlap (one chunk per block), which saves two thread hand-offs per
-task.
+task. :meth:`Worker.help` lets the driving thread take a queued task when it has nothing
+to do in MPI (the ring's decodes run on both threads at once that way).
 """
 
 from __future__ import annotations
@@ -68,6 +69,31 @@ class Worker:
                 out.append(self._done.popleft())
         self._outstanding -= len(out)
         return out
+
+    def help(self, min_key: Any) -> bool:
+        """Run the lowest-key queued task whose key is ``>= min_key`` here; False if none.
+
+        Its outcome comes back from :meth:`drain` like the worker's own.
+        """
+        with self._cv:
+            heap = self._heap
+            best = -1
+            for i, item in enumerate(heap):
+                if item[0] >= min_key and (best < 0 or item[:2] < heap[best][:2]):
+                    best = i
+            if best < 0:
+                return False
+            _, _, fn, tag = heap[best]
+            heap[best] = heap[-1]
+            heap.pop()
+            heapq.heapify(heap)
+        try:
+            outcome: Done = (tag, fn(), None)
+        except Exception as exc:  # noqa: BLE001 - handed to the driving thread
+            outcome = (tag, None, exc)
+        with self._cv:
+            self._done.append(outcome)
+        return True
 
     def wait(self, timeout: float | None) -> None:
         """Block until some task has finished (or ``timeout`` seconds pass)."""

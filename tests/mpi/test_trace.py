@@ -60,7 +60,17 @@ def test_traced_allreduce_has_every_chunk_on_every_rank(comm) -> None:
         want_send = {(s, (q - s - 1) % n, c) for s in range(n - 1)
                      for c in range(len(lay.chunks((q - s - 1) % n)))}
         assert {(a["step"], a["block"], a["chunk"]) for a in _spans(exp, "send")} == want_send
-        assert all(a["bytes"] > 0 for k in ("send", "recv") for a in _spans(exp, k))
+        # The allgather forwards the reduced chunks point to point, no size exchange:
+        # at step t this rank sends block q-t and receives block q-t-1, every chunk.
+        want_ag = {(t, (q - t) % n, c) for t in range(n - 1)
+                   for c in range(len(lay.chunks((q - t) % n)))}
+        assert {(a["step"], a["block"], a["chunk"]) for a in _spans(exp, "ag send")} == want_ag
+        want_ag = {(t, (q - t - 1) % n, c) for t in range(n - 1)
+                   for c in range(len(lay.chunks((q - t - 1) % n)))}
+        assert {(a["step"], a["block"], a["chunk"]) for a in _spans(exp, "ag recv")} == want_ag
+        assert not names & {"allgather sizes", "allgatherv"}, q
+        kinds = ("send", "recv", "ag send", "ag recv")
+        assert all(a["bytes"] > 0 for k in kinds for a in _spans(exp, k))
         # Every chunk of every block is decoded once on every rank.
         dec = sorted((a["block"], a["chunk"]) for a in _spans(exp, "decode"))
         assert dec == [(b, c) for b in range(n) for c in range(len(lay.chunks(b)))], q

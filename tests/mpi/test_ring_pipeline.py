@@ -1,0 +1,156 @@
+"""The compressed ring's allgather: chunks forwarded point to point as soon as they are final.
+
+Run under mpiexec at 1-5 ranks. The allgather of the reduced streams starts chunk by chunk
+while the reduce-scatter still runs, the driving thread decodes while the worker computes,
+and chunks that arrive in any order still give every rank the same bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from collkit import exact_sum, global_eb, gradient_like
+from kit import assert_same_on_every_rank, assert_within
+
+import ccoll
+from ccoll.collectives import ring
+from ccoll.collectives.layout import Layout
+
+# Sizes not divisible by the ranks or the chunk; several chunks per block at 1-5 ranks.
+N_ELEMS = 20_011
+CHUNK = 1_003
+GATE_S = 30.0
+
+
+class _GatedOps:
+    """Ring operations that hold rank 0's last combine until a chunk of another block is
+    decoded on rank 0, which only a pipelined allgather can have done by then."""
+
+    def __init__(self, ops, layout: Layout, rank: int, n_ranks: int, out: np.ndarray) -> None:
+        self.ops, self.layout, self.rank = ops, layout, rank
+        self.last = len(layout.chunks(rank)) - 1
+        # Chunk 0 of the left neighbour's block: one allgather hop away.
+        lo, hi = layout.chunks((rank - 1) % n_ranks)[0]
+        self.watch = out.reshape(-1)[lo:hi]
+        self.seen: bool | None = None
+
+    def first(self, block: int, chunk: int):
+        return self.ops.first(block, chunk)
+
+    def prepare(self, block: int, chunk: int) -> None:
+        self.ops.prepare(block, chunk)
+
+    def combine(self, block: int, chunk: int, received):
+        # The last step's combines are those of this rank's own block.
+        if self.rank == 0 and block == 0 and chunk == self.last:
+            until = time.monotonic() + GATE_S
+            while np.isnan(self.watch).any() and time.monotonic() < until:
+                time.sleep(1e-3)
+            self.seen = not np.isnan(self.watch).any()
+        return self.ops.combine(block, chunk, received)
+
+
+@pytest.mark.parametrize("algorithm", ["homomorphic", "dar"])
+def test_allgather_starts_before_the_reduce_scatter_ends(comm, monkeypatch, algorithm):
+    n, r = comm.Get_size(), comm.Get_rank()
+    if n == 1:
+        pytest.skip("a single rank has no allgather")
+    x = gradient_like(r, N_ELEMS, np.float32, seed=3)
+    out = np.full(N_ELEMS, np.nan, dtype=np.float32)
+    gates: list[_GatedOps] = []
+    real = ring.ring_ops
+
+    def gated(flat, layout, alg, eb_abs, place=ring.HOST):
+        g = _GatedOps(real(flat, layout, alg, eb_abs, place), layout, r, n, out)
+        gates.append(g)
+        return g
+
+    monkeypatch.setattr(ring, "ring_ops", gated)
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=CHUNK) as cc:
+        y = cc.allreduce(x, ccoll.REL(1e-3), algorithm=algorithm, out=out)
+    assert y is out
+    assert len(gates) == 1
+    seen = comm.bcast(gates[0].seen, root=0)
+    # Rank 0's worker was held in its last combine: the left neighbour's chunk 0 reached
+    # rank 0 and was decoded (by the driving thread) before that combine could finish.
+    assert seen is True, "the allgather did not start before the reduce-scatter ended"
+    assert_within(y, exact_sum(comm, x), global_eb(comm, x, ccoll.REL(1e-3)), roundings=1)
+    assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("n_elems", [N_ELEMS, 7 * CHUNK + 5, 3])
+def test_chunks_out_of_order_give_the_same_bytes(comm, monkeypatch, n_elems):
+    """Odd ranks run their chunks last-first, so every neighbour receives them reversed."""
+    r = comm.Get_rank()
+    x = gradient_like(r, n_elems, np.float64, seed=5)
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=CHUNK) as cc:
+        before = cc.allreduce(x, ccoll.REL(1e-3))
+        if r % 2:
+            monkeypatch.setattr(ring, "_compress_key", lambda c: (0, -c, 0))
+            monkeypatch.setattr(ring, "_combine_key", lambda s, c: (0, s + 1 - c, -2 * s - 1))
+            monkeypatch.setattr(ring, "_prepare_key", lambda s, c: (0, s + 1 - c, -2 * s - 2))
+            monkeypatch.setattr(ring, "_decode_key", lambda t, c: (1, t, -c))
+        after = cc.allreduce(x, ccoll.REL(1e-3))
+        monkeypatch.undo()
+        again = cc.allreduce(x, ccoll.REL(1e-3))
+    # The order of the work changes no byte: every rank decodes the owner's streams.
+    assert after.tobytes() == before.tobytes() == again.tobytes()
+    assert_within(after, exact_sum(comm, x), global_eb(comm, x, ccoll.REL(1e-3)), roundings=1)
+    assert_same_on_every_rank(comm, after)
+
+
+def test_driving_thread_decodes_while_the_worker_is_busy(comm, monkeypatch):
+    """The decodes of received chunks run on the driving thread too, not only the worker."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    if n == 1:
+        pytest.skip("a single rank receives no chunk")
+    x = gradient_like(r, N_ELEMS, np.float32, seed=9)
+    threads: set[str] = set()
+    real = ring._decode_one
+
+    def traced(*args):
+        threads.add(threading.current_thread().name)
+        return real(*args)
+
+    # Hold the worker in every decode, so that the other decodes fall to the driving thread.
+    def slow(*args):
+        if threading.current_thread().name.endswith("worker"):
+            time.sleep(0.05)
+        return traced(*args)
+
+    monkeypatch.setattr(ring, "_decode_one", slow)
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=CHUNK) as cc:
+        y = cc.allreduce(x, ccoll.REL(1e-3))
+    assert threading.current_thread().name in threads, threads
+    assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("n_elems", [N_ELEMS, 5])
+def test_allgather_streams_after_reduce_scatter_equals_the_pipelined_ring(comm, n_elems):
+    """The two phases run apart (reduce_scatter_streams, then allgather_streams) give the
+    bytes of the pipelined ring_allreduce."""
+    from ccoll.collectives.channel import Channel
+    from ccoll.collectives.waiting import Deadline
+
+    n, r = comm.Get_size(), comm.Get_rank()
+    x = gradient_like(r, n_elems, np.float32, seed=11)
+    eb = 1e-4
+    ch = Channel(comm.Dup(), "test", None)
+    try:
+        whole = np.empty_like(x)
+        ring.ring_allreduce(ch, x, whole, x.dtype, eb, algorithm="homomorphic",
+                            chunk_elems=CHUNK, deadline=Deadline(None, "test"))
+        layout = Layout(x.size, n, CHUNK)
+        ops = ring.ring_ops(x, layout, "homomorphic", eb)
+        mine = ring.reduce_scatter_streams(ch, layout, x.dtype, ops, eb, Deadline(None, "t"))
+        assert len(mine) == len(layout.chunks(r))
+        apart = np.full_like(x, np.nan)
+        ring.allgather_streams(ch, layout, x.dtype, mine, eb, apart, Deadline(None, "t"))
+    finally:
+        ch.close()
+    assert apart.tobytes() == whole.tobytes()
+    assert_within(whole, exact_sum(comm, x), eb, roundings=1)
+    assert_same_on_every_rank(comm, whole)
