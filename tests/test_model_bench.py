@@ -57,7 +57,8 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
            collective, "-b", lo, "-e", "64K", "-f", "16", "-n", "2", "-w", "1",
            "--json", str(out), "--csv", str(csv_out), "--plot", str(png)]
-    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {k: v for k, v in os.environ.items() if k != "CCOLL_THREADS"}
+    env["CCOLL_CACHE_DIR"] = str(tmp_path / "cache")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -75,6 +76,11 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     big = [r for r in rows if r["size"] == 65536 and r["algorithm"] == "homomorphic"]
     assert big[0]["ratio"] > 2, "MiniLM gradients at REL 1e-3 compress"
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
+    # Two ranks on one node share its cores (unless NUMBA_NUM_THREADS sized the pool).
+    cores = len(os.sched_getaffinity(0))
+    pool = int(os.environ.get("NUMBA_NUM_THREADS") or cores)
+    share = pool if os.environ.get("NUMBA_NUM_THREADS") else max(1, min(pool, cores // 2))
+    assert doc["meta"]["threads_per_rank"] == share
     with csv_out.open() as f:
         assert len(list(csv.DictReader(f))) == len(rows)
     assert png.read_bytes()[:4] == b"\x89PNG"
