@@ -61,6 +61,7 @@ from ccoll.collectives.report import (
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
+from ccoll.compressor.cpu import finite_range as cpu_range
 from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError
@@ -788,6 +789,10 @@ def _bcast_header(ch: Channel, root: Any, inp: _Input, deadline: Deadline) -> _I
 
 def _finite_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
     if dev is None:
+        if arr.dtype in _NATIVE:
+            # One parallel pass (numba, the rank's threads) instead of numpy's min, max and,
+            # with non-finite values, a filtered copy: same range (docs/performance.md).
+            return cpu_range(arr)
         return finite_range(arr)
     from ccoll.compressor._backend import cuda_module
 
