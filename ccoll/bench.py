@@ -47,6 +47,8 @@ from typing import Any
 
 import numpy as np
 
+from ccoll.runtime.cpu_threads import thread_count
+
 __all__ = ["add_parser", "run_bench", "Row", "bench", "load_gradients"]
 
 ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
@@ -400,6 +402,8 @@ def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: in
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "argv": sys.argv, "link_rate_bps": os.environ.get("CCOLL_CLUSTER_RATE_BPS"),
         "transport": {k: os.environ.get(k) for k in ("MPIR_CVAR_NOLOCAL", "FI_PROVIDER")},
+        # rank 0's threads per CPU kernel, as its Communicators chose (docs/collectives.md)
+        "threads_per_rank": thread_count(),
     }
 
 

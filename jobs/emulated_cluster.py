@@ -204,14 +204,27 @@ def rank_command(command: Sequence[str], python: str) -> list[str]:
     return cmd
 
 
+def default_threads(ranks: int, pin: bool, cpus: Sequence[int]) -> int | None:
+    """Threads per rank when ``--threads`` is not given (``None``: ccoll's own default).
+
+    ``MPIR_CVAR_NOLOCAL`` makes every rank a node of its own to MPI, so ccoll's default (the
+    cores a rank may run on, shared among the ranks of its node) would give each unpinned
+    rank every core: they get the cores divided among the ranks instead. Pinned ranks need
+    nothing: each may run on its own cores only, which is ccoll's default for them.
+    """
+    if pin:
+        return None
+    return max(1, len(cpus) // ranks)
+
+
 def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python: str,
                  extra_env: dict[str, str] | None = None, threads: int | None = None,
                  pin: bool = False) -> list[str]:
     """An MPICH ``mpiexec`` MPMD line that starts one rank in each namespace.
 
-    ``threads`` sets each rank's compute threads (numba, OpenMP); ``pin`` binds rank ``i``
-    to its share of the cores (``taskset``), so that ranks behave like separate nodes
-    instead of migrating over each other's cores.
+    ``threads`` sets each rank's compute threads (``CCOLL_THREADS`` for ccoll's kernels,
+    ``OMP_NUM_THREADS``); ``pin`` binds rank ``i`` to its share of the cores (``taskset``),
+    so that ranks behave like separate nodes instead of migrating over each other's cores.
     """
     env = {
         "MPIR_CVAR_NOLOCAL": "1",
@@ -222,7 +235,7 @@ def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python:
         **(extra_env or {}),
     }
     if threads is not None:
-        env["NUMBA_NUM_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
+        env["CCOLL_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
     prog = rank_command(command, python)
     cpus = sorted(os.sched_getaffinity(0))
     line: list[str] = [mpiexec]
@@ -341,8 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait after creating links before MPI starts (default 2)")
     p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s (default: no limit)")
     p.add_argument("--threads", type=int, default=None,
-                   help="compute threads per rank (NUMBA_NUM_THREADS, OMP_NUM_THREADS); "
-                   "default: the cores divided among the ranks, at least 1")
+                   help="compute threads per rank (CCOLL_THREADS, OMP_NUM_THREADS); default: "
+                   "the cores divided among the ranks, at least 1 (with --pin: ccoll's own "
+                   "default, each rank's pinned cores)")
     p.add_argument("--pin", action="store_true",
                    help="bind each rank to its share of the cores (taskset), like a node")
     p.add_argument("--keep", action="store_true", help="leave the namespaces in place (debugging)")
@@ -379,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.mpiexec = args.mpiexec or _default_mpiexec()
     if args.threads is None:
-        args.threads = max(1, len(os.sched_getaffinity(0)) // args.ranks)
+        args.threads = default_threads(args.ranks, args.pin, sorted(os.sched_getaffinity(0)))
     if args.pin and shutil.which("taskset") is None:
         print("--pin needs `taskset` (util-linux)", file=sys.stderr)
         return 2

@@ -115,9 +115,25 @@ def test_rank_cores_share_the_cores_evenly(ranks: int, cpus: list[int],
 def test_threads_and_pinning_reach_every_rank() -> None:
     cl = ec.Cluster(2, 1e9)
     line = ec.mpmd_command(cl, ["python", "x.py"], "mpiexec", "py", threads=3, pin=True)
-    assert line.count("NUMBA_NUM_THREADS") == 2 and line.count("taskset") == 2
-    i = line.index("NUMBA_NUM_THREADS")
+    assert line.count("CCOLL_THREADS") == 2 and line.count("taskset") == 2
+    assert "NUMBA_NUM_THREADS" not in line  # numba's pool keeps its size; ccoll uses 3
+    i = line.index("CCOLL_THREADS")
     assert line[i + 1] == "3"
+    assert line[line.index("OMP_NUM_THREADS") + 1] == "3"
+
+
+@pytest.mark.parametrize(("ranks", "pin", "cpus", "want"), [
+    (2, False, [0, 1], 1), (4, False, [0, 1], 1), (2, False, list(range(8)), 4),
+    (3, False, list(range(8)), 2), (2, True, list(range(8)), None), (4, True, [0, 1], None),
+])
+def test_default_threads(ranks: int, pin: bool, cpus: list[int], want: int | None) -> None:
+    # Unpinned ranks look like separate nodes to MPI (MPIR_CVAR_NOLOCAL) yet share the
+    # cores: the launcher divides them. Pinned ranks: ccoll's default sees their own cores.
+    assert ec.default_threads(ranks, pin, cpus) == want
+    line = ec.mpmd_command(ec.Cluster(ranks, 1e9), ["python", "x.py"], "mpiexec", "py",
+                           threads=want, pin=pin)
+    assert ("CCOLL_THREADS" in line) == (want is not None)
+    assert "NUMBA_NUM_THREADS" not in line
 
 
 @needs_root

@@ -57,7 +57,8 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
            collective, "-b", lo, "-e", "64K", "-f", "16", "-n", "2", "-w", "1",
            "--json", str(out), "--csv", str(csv_out), "--plot", str(png)]
-    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    env = {k: v for k, v in os.environ.items() if k != "CCOLL_THREADS"}
+    env["CCOLL_CACHE_DIR"] = str(tmp_path / "cache")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(out.read_text())
@@ -80,6 +81,11 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
     # What auto's calls measured, per size that auto did not settle without the model.
     assert isinstance(doc["meta"]["auto_feedback"], dict)
+    # Two ranks on one node share its cores (unless NUMBA_NUM_THREADS sized the pool).
+    cores = len(os.sched_getaffinity(0))
+    pool = int(os.environ.get("NUMBA_NUM_THREADS") or cores)
+    share = pool if os.environ.get("NUMBA_NUM_THREADS") else max(1, min(pool, cores // 2))
+    assert doc["meta"]["threads_per_rank"] == share
     with csv_out.open() as f:
         got = list(csv.DictReader(f))
     assert len(got) == len(rows) and all(float(g["of_floor"]) > 0 for g in got)

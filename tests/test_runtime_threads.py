@@ -71,7 +71,7 @@ def test_workqueue_layer_with_two_threads_compressing_at_once():
         print("MESSAGE", mine[0].message if mine else "")
         """,
         NUMBA_THREADING_LAYER="workqueue",
-        NUMBA_NUM_THREADS="2",
+        NUMBA_NUM_THREADS="2",  # a pool of 2 on any runner: the launches must overlap
     )
     assert p.returncode == 0, (p.returncode, p.stdout, p.stderr[-3000:])
     assert "LAYER workqueue" in p.stdout
@@ -120,7 +120,7 @@ def test_cpu_lane_prepares_the_pool_before_sizing_it():
             s.lane("compress").submit(lambda: None).wait(30)
             print("LANE", os.environ.get("OMP_WAIT_POLICY"))
         """,
-        NUMBA_NUM_THREADS="2",
+        NUMBA_NUM_THREADS="2",  # half of a pool of 2 is 1: the lane sets its count
     )
     assert p.returncode == 0, p.stderr
     assert "LANE PASSIVE" in p.stdout, p.stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 import weakref
@@ -51,6 +52,7 @@ from ccoll.collectives.devices import (
     is_device,
 )
 from ccoll.collectives.layout import Layout, block_bounds
+from ccoll.collectives.node import node_threads
 from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.policy.feedback import FeedbackCall
 from ccoll.collectives.report import (
@@ -62,9 +64,11 @@ from ccoll.collectives.report import (
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
+from ccoll.compressor.cpu import finite_range as cpu_range
 from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
+from ccoll.runtime.cpu_threads import env_threads
 
 __all__ = ["Communicator", "DEFAULT_EB", "default_communicator", "existing_default"]
 
@@ -129,6 +133,11 @@ class Communicator:
     - ``timeout``: seconds a collective may wait for its peers before it raises
       :class:`~ccoll.errors.CollectiveError` (default ``None``: wait forever, as MPI).
 
+    Creating one also sets the threads of ccoll's CPU kernels in this process (the
+    attribute ``threads``, also in the repr): the rank's share of the cores it may run on
+    among the ranks of its node, unless ``CCOLL_THREADS`` or ``NUMBA_NUM_THREADS`` says
+    otherwise.
+
     The Communicator holds two private duplicates of ``comm`` (one for blocking calls, one
     for ``iallreduce``), reusable receive buffers and a compute thread for each, and
     traffic counters (:attr:`stats`). Release them with :meth:`close` (or a ``with``
@@ -166,6 +175,9 @@ class Communicator:
         log_problem = log_level_problem()
         if log_problem is not None:
             call.problem(InputError, log_problem)
+        threads_problem = env_threads(os.environ)[1]
+        if threads_problem is not None:
+            call.problem(InputError, threads_problem)
         call.shown.update({"algorithm": algorithm, "policy": policy, "chunk size": chunk_elems})
         self.algorithm = algorithm
         self.policy = policy
@@ -176,10 +188,15 @@ class Communicator:
         sync = dup_comm(comm, deadline)
         try:
             agree(sync, call, deadline)
+            # After the agreement, so every rank is known to be here for Split_type (which
+            # has no nonblocking form).
+            self.threads, self._threads_why = node_threads(sync, deadline)
         except BaseException:
             sync.Free()
             raise
         configure_logging(MPI.COMM_WORLD.Get_rank())
+        LOGGER.debug("%d thread(s) per CPU kernel on this rank (%s)", self.threads,
+                     self._threads_why)
         self._sync = Channel(sync, "sync", self.timeout)
         self._async: Channel | None = None
         self._async_lock = threading.Lock()
@@ -239,7 +256,8 @@ class Communicator:
     def __repr__(self) -> str:
         return (
             f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
-            f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout}>"
+            f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout} "
+            f"threads={self.threads}>"
         )
 
     def __enter__(self) -> Communicator:
@@ -980,6 +998,10 @@ def _bcast_header(ch: Channel, root: Any, inp: _Input, deadline: Deadline) -> _I
 
 def _finite_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
     if dev is None:
+        if arr.dtype in _NATIVE:
+            # One parallel pass (numba, the rank's threads) instead of numpy's min, max and,
+            # with non-finite values, a filtered copy: same range (docs/performance.md).
+            return cpu_range(arr)
         return finite_range(arr)
     from ccoll.compressor._backend import cuda_module
 

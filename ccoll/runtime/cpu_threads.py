@@ -20,6 +20,18 @@ launch a kernel or size the pool (nothing happens at ``import ccoll``):
   OpenMP runtime, and leave ``NUMBA_THREADING_LAYER`` unset or set it to ``safe``).
 
 Every parallel kernel launch in ccoll runs inside :func:`parallel_launch`.
+
+Threads per kernel. numba sizes its pool from the cores the process may run on, which is
+right for one process per machine and wrong for several MPI ranks on one node: each rank's
+kernels then ask for every core, and the ranks' threads wait for each other's time slices.
+A :class:`~ccoll.Communicator` therefore sets the number of threads ccoll's kernels use in
+this process (:func:`set_thread_count`, from :func:`threads_per_rank`) when it is created:
+the rank's fair share of the cores it may run on, among the ranks of its node that may run
+on them too (``os.sched_getaffinity`` and ``MPI_Comm_split_type``). ``CCOLL_THREADS=N``
+sets the count outright (also for ``ccoll.compress`` without any Communicator);
+``NUMBA_NUM_THREADS`` in the environment sizes numba's pool and then wins over the share.
+:func:`parallel_launch` applies the count in whichever thread launches the kernel (numba's
+count is per thread), unless that thread chose its own with ``numba.set_num_threads``.
 """
 
 from __future__ import annotations
@@ -27,10 +39,27 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from fractions import Fraction
+from typing import Any
 
-__all__ = ["ThreadingLayerWarning", "prepare", "parallel_launch", "threading_layer"]
+from ccoll.errors import InputError
+
+__all__ = [
+    "ThreadingLayerWarning",
+    "prepare",
+    "parallel_launch",
+    "threading_layer",
+    "allowed_cpus",
+    "threads_per_rank",
+    "env_threads",
+    "set_thread_count",
+    "thread_count",
+    "pool_size",
+]
+
+ENV_THREADS = "CCOLL_THREADS"
 
 # Threading layers whose pool may be entered by several threads at once (numba docs,
 # "Selecting a threading layer for safe parallel execution").
@@ -44,6 +73,11 @@ class ThreadingLayerWarning(RuntimeWarning):
 _prepare_lock = threading.Lock()
 _layer: str | None = None
 _serial = threading.RLock()  # held across each parallel launch when the layer is unsafe
+# Threads per parallel kernel for the whole process (None: numba's own count per thread)
+# and numba's pool size, fixed when numba loads (NUMBA_NUM_THREADS, else the cores).
+_count: int | None = None
+_count_lock = threading.Lock()
+_pool = 0
 
 
 def prepare() -> str:
@@ -52,18 +86,25 @@ def prepare() -> str:
     Idempotent and thread-safe; call it before anything that starts numba's thread pool
     (a parallel kernel, ``numba.get_num_threads``/``set_num_threads``).
     """
-    global _layer
+    global _layer, _pool, _count
     layer = _layer
     if layer is not None:
         return layer
     with _prepare_lock:
         if _layer is not None:
             return _layer
+        explicit, problem = env_threads(os.environ)
+        if problem is not None:
+            raise InputError(problem)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import numba
         from numba.np.ufunc import parallel
 
         parallel._launch_threads()  # what numba's first parallel launch does itself
+        _pool = pool_size()
+        if explicit is not None:
+            with _count_lock:
+                _count = min(explicit, _pool)
         layer = str(numba.threading_layer())
         if layer not in SAFE_LAYERS:
             warnings.warn(
@@ -89,10 +130,111 @@ def parallel_launch() -> Iterator[None]:
     """Run the parallel kernel launches inside safely for the process's threading layer.
 
     Prepares the process on first use; with an unsafe layer (``workqueue``) the launches of
-    all threads take turns on one lock.
+    all threads take turns on one lock. Inside, the calling thread's numba count is
+    :func:`thread_count` (restored on exit), unless the thread set a count of its own.
     """
-    if prepare() in SAFE_LAYERS:
-        yield
-        return
-    with _serial:
-        yield
+    safe = prepare() in SAFE_LAYERS
+    n = _count
+    prev = 0
+    if n is not None:
+        import numba
+
+        cur = numba.get_num_threads()
+        # Every thread starts at the pool size; a lower count is the thread's own choice
+        # (numba.set_num_threads: a CPU lane's share, a caller's), which stays.
+        if cur == _pool and n < cur:
+            prev = cur
+            numba.set_num_threads(n)
+    try:
+        if safe:
+            yield
+        else:
+            with _serial:
+                yield
+    finally:
+        if prev:
+            import numba
+
+            numba.set_num_threads(prev)
+
+
+def pool_size() -> int:
+    """Return numba's pool size: ``NUMBA_NUM_THREADS``, else the cores the process may use."""
+    from numba import config
+
+    cfg: Any = config  # attributes set at numba import from the environment
+    return int(cfg.NUMBA_NUM_THREADS)
+
+
+def allowed_cpus() -> frozenset[int]:
+    """Return the cores this process may run on (its affinity; all where that is unknown)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def env_threads(env: Mapping[str, str]) -> tuple[int | None, str | None]:
+    """Read ``CCOLL_THREADS``: ``(count, None)``, ``(None, None)`` if unset, or a problem."""
+    raw = env.get(ENV_THREADS, "").strip()
+    if not raw:
+        return None, None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        return None, (
+            f"{ENV_THREADS}={env[ENV_THREADS]!r} is not a thread count: set it to a whole "
+            f"number >= 1 (threads per rank for ccoll's CPU kernels), or unset it to use the "
+            "rank's share of its node's cores"
+        )
+    return n, None
+
+
+def threads_per_rank(mine: Collection[int], node: Sequence[Collection[int]],
+                     env: Mapping[str, str], pool: int) -> tuple[int, str]:
+    """Threads for this rank's kernels, and where the number comes from.
+
+    ``mine``: the cores this rank may run on; ``node``: the same for every rank of its node
+    (this one included). In order: ``CCOLL_THREADS`` (capped at numba's ``pool``);
+    ``NUMBA_NUM_THREADS`` set in ``env`` (the pool it sized); else this rank's fair share:
+    each of its cores counts ``1/k`` when ``k`` ranks of the node may run on it, rounded
+    down, at least 1, at most ``pool``. Ranks that share all cores split them evenly;
+    ranks pinned to separate cores keep theirs.
+    """
+    explicit, problem = env_threads(env)
+    if problem is not None:
+        raise InputError(problem)
+    if explicit is not None:
+        if explicit > pool:
+            return pool, f"{ENV_THREADS}={explicit}, capped at numba's pool of {pool}"
+        return explicit, ENV_THREADS
+    if env.get("NUMBA_NUM_THREADS", "").strip():
+        return pool, "NUMBA_NUM_THREADS"
+    users: dict[int, int] = {}
+    for cpus in node:
+        for c in cpus:
+            users[c] = users.get(c, 0) + 1
+    share = sum((Fraction(1, users.get(c, 1)) for c in mine), Fraction(0))
+    n = max(1, min(pool, int(share)))
+    return n, f"{len(mine)} cores shared by {len(node)} rank(s) on this node"
+
+
+def set_thread_count(n: int, *, explicit: bool = False) -> int:
+    """Make ``n`` the threads of ccoll's parallel kernels in this process; return the count.
+
+    With several Communicators the smallest share wins (the most ranks seen sharing the
+    node); ``explicit`` (``CCOLL_THREADS``) sets it outright.
+    """
+    global _count
+    if n < 1:
+        raise InputError(f"a thread count must be >= 1, got {n}")
+    with _count_lock:
+        _count = n if explicit or _count is None else min(_count, n)
+        return _count
+
+
+def thread_count() -> int | None:
+    """Threads of ccoll's parallel kernels in this process (``None``: numba's own count)."""
+    return _count
