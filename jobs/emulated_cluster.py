@@ -205,12 +205,13 @@ def rank_command(command: Sequence[str], python: str) -> list[str]:
 
 
 def default_threads(ranks: int, pin: bool, cpus: Sequence[int]) -> int | None:
-    """Threads per rank when ``--threads`` is not given (``None``: ccoll's own default).
+    """OpenMP threads per rank when ``--threads`` is not given (``None``: nothing to set).
 
-    ``MPIR_CVAR_NOLOCAL`` makes every rank a node of its own to MPI, so ccoll's default (the
-    cores a rank may run on, shared among the ranks of its node) would give each unpinned
-    rank every core: they get the cores divided among the ranks instead. Pinned ranks need
-    nothing: each may run on its own cores only, which is ccoll's default for them.
+    ccoll's kernels need nothing: ccoll groups ranks by host name, not by MPI's
+    shared-memory node (every rank is one under ``MPIR_CVAR_NOLOCAL``), so its default
+    already divides this machine's cores among the ranks. OpenMP (torch's intra-op pool)
+    would give each unpinned rank every core: it gets the cores divided among the ranks.
+    Pinned ranks need nothing: each may run on its own cores only.
     """
     if pin:
         return None
@@ -219,11 +220,12 @@ def default_threads(ranks: int, pin: bool, cpus: Sequence[int]) -> int | None:
 
 def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python: str,
                  extra_env: dict[str, str] | None = None, threads: int | None = None,
-                 pin: bool = False) -> list[str]:
+                 pin: bool = False, omp_threads: int | None = None) -> list[str]:
     """An MPICH ``mpiexec`` MPMD line that starts one rank in each namespace.
 
     ``threads`` sets each rank's compute threads (``CCOLL_THREADS`` for ccoll's kernels,
-    ``OMP_NUM_THREADS``); ``pin`` binds rank ``i`` to its share of the cores (``taskset``),
+    ``OMP_NUM_THREADS``), ``omp_threads`` only ``OMP_NUM_THREADS``; ``pin`` binds rank ``i``
+    to its share of the cores (``taskset``),
     so that ranks behave like separate nodes instead of migrating over each other's cores.
     """
     env = {
@@ -236,6 +238,8 @@ def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python:
     }
     if threads is not None:
         env["CCOLL_THREADS"] = env["OMP_NUM_THREADS"] = str(threads)
+    elif omp_threads is not None:
+        env["OMP_NUM_THREADS"] = str(omp_threads)
     prog = rank_command(command, python)
     cpus = sorted(os.sched_getaffinity(0))
     line: list[str] = [mpiexec]
@@ -309,7 +313,7 @@ def run_on_cluster(args: argparse.Namespace) -> int:
                 # OFI's tcp provider fails with "Bad file descriptor" on links younger than ~1 s.
                 time.sleep(args.settle)
                 line = mpmd_command(cluster, args.command, args.mpiexec, args.python,
-                                    threads=args.threads, pin=args.pin)
+                                    threads=args.threads, pin=args.pin, omp_threads=args.omp_threads)
                 if args.verbose:
                     print("+ " + " ".join(line), file=sys.stderr, flush=True)
                 proc = subprocess.Popen(line, start_new_session=True)
@@ -355,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s (default: no limit)")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads per rank (CCOLL_THREADS, OMP_NUM_THREADS); default: "
-                   "the cores divided among the ranks, at least 1 (with --pin: ccoll's own "
-                   "default, each rank's pinned cores)")
+                   "ccoll's own (the machine's cores divided among the ranks; with --pin each "
+                   "rank's pinned cores), OpenMP's set to the cores divided among the ranks "
+                   "unless --pin")
     p.add_argument("--pin", action="store_true",
                    help="bind each rank to its share of the cores (taskset), like a node")
     p.add_argument("--keep", action="store_true", help="leave the namespaces in place (debugging)")
@@ -392,8 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"--ranks must be 1..64, got {args.ranks}", file=sys.stderr)
         return 2
     args.mpiexec = args.mpiexec or _default_mpiexec()
+    args.omp_threads = None
     if args.threads is None:
-        args.threads = default_threads(args.ranks, args.pin, sorted(os.sched_getaffinity(0)))
+        args.omp_threads = default_threads(args.ranks, args.pin, sorted(os.sched_getaffinity(0)))
     if args.pin and shutil.which("taskset") is None:
         print("--pin needs `taskset` (util-linux)", file=sys.stderr)
         return 2

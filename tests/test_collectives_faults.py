@@ -257,9 +257,13 @@ def test_agreement_error_report_honours_the_timeout(tmp_path):
         from ccoll.collectives import agreement
         from ccoll.errors import MismatchError
 
+        from ccoll.collectives import communicator
+
         w = comm.Dup()  # the abandoned exchange stays off COMM_WORLD (Barrier below)
         if comm.rank == 3:
             agreement._raise = lambda *args: None
+            # and it takes part in nothing after the agreement (the threads' exchange)
+            communicator.node_threads = lambda *args: (1, "stand-in")
         t0 = time.monotonic()
         try:
             c = ccoll.Communicator(w, chunk_elems=1000 + (comm.rank == 3), timeout=2.0)

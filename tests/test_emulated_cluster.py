@@ -127,13 +127,14 @@ def test_threads_and_pinning_reach_every_rank() -> None:
     (3, False, list(range(8)), 2), (2, True, list(range(8)), None), (4, True, [0, 1], None),
 ])
 def test_default_threads(ranks: int, pin: bool, cpus: list[int], want: int | None) -> None:
-    # Unpinned ranks look like separate nodes to MPI (MPIR_CVAR_NOLOCAL) yet share the
-    # cores: the launcher divides them. Pinned ranks: ccoll's default sees their own cores.
+    # ccoll's own default divides the host's cores (it groups ranks by host name, not by
+    # MPI's shared-memory node, which MPIR_CVAR_NOLOCAL makes one per rank): the launcher
+    # sets no thread count for it, only OpenMP's for unpinned ranks.
     assert ec.default_threads(ranks, pin, cpus) == want
     line = ec.mpmd_command(ec.Cluster(ranks, 1e9), ["python", "x.py"], "mpiexec", "py",
-                           threads=want, pin=pin)
-    assert ("CCOLL_THREADS" in line) == (want is not None)
-    assert "NUMBA_NUM_THREADS" not in line
+                           pin=pin, omp_threads=want)
+    assert "CCOLL_THREADS" not in line and "NUMBA_NUM_THREADS" not in line
+    assert ("OMP_NUM_THREADS" in line) == (want is not None)
 
 
 @needs_root

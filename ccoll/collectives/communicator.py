@@ -188,8 +188,7 @@ class Communicator:
         sync = dup_comm(comm, deadline)
         try:
             agree(sync, call, deadline)
-            # After the agreement, so every rank is known to be here for Split_type (which
-            # has no nonblocking form).
+            # After the agreement: a call with a bad argument exchanges nothing more.
             self.threads, self._threads_why = node_threads(sync, deadline)
         except BaseException:
             sync.Free()

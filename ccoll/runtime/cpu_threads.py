@@ -27,7 +27,7 @@ kernels then ask for every core, and the ranks' threads wait for each other's ti
 A :class:`~ccoll.Communicator` therefore sets the number of threads ccoll's kernels use in
 this process (:func:`set_thread_count`, from :func:`threads_per_rank`) when it is created:
 the rank's fair share of the cores it may run on, among the ranks of its node that may run
-on them too (``os.sched_getaffinity`` and ``MPI_Comm_split_type``). ``CCOLL_THREADS=N``
+on them too (``os.sched_getaffinity`` and the ranks' host names). ``CCOLL_THREADS=N``
 sets the count outright (also for ``ccoll.compress`` without any Communicator);
 ``NUMBA_NUM_THREADS`` in the environment sizes numba's pool and then wins over the share.
 :func:`parallel_launch` applies the count in whichever thread launches the kernel (numba's
