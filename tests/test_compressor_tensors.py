@@ -73,6 +73,14 @@ def test_tensor_in_tensor_out(case):
     assert plain.dtype == (np.float32 if low else x_np.dtype)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_zero_dimensional_tensor_keeps_its_shape(dtype):
+    x = torch.tensor(1.25, dtype=getattr(torch, dtype))
+    y = ccoll.decompress(ccoll.compress(x, ccoll.ABS(EB)), like=x)
+    assert isinstance(y, torch.Tensor) and y.dtype == x.dtype and y.shape == ()
+    assert float(y) == 1.25  # exactly representable: a constant block decodes exactly
+
+
 def test_float16_like_rounds_once_to_nearest():
     x = _data(torch.float16)
     buf = ccoll.compress(x, ccoll.REL(1e-2))
