@@ -91,6 +91,10 @@ def test_allreduce(comm, compressing, kind):
     sp, extra = _allowance(y)
     assert_within(_np(y), ref, EB, roundings=1, spacing=sp, extra=extra)
     assert_same_on_every_rank(comm, _np(y))
+    # iallreduce: the same kind, and the blocking call's result bit for bit.
+    a = compressing.iallreduce(x, ccoll.ABS(EB)).wait()
+    _check_kind(a, x, tuple(x.shape))
+    assert np.array_equal(_np(a), _np(y))
     # out= of the caller's kind is written and returned (contiguous, like x).
     out = torch.empty(tuple(x.shape), dtype=x.dtype) if isinstance(x, torch.Tensor) else (
         np.empty_like(x))
