@@ -117,12 +117,6 @@ def _device_range(x: Any, stream: Any) -> tuple[float, float]:
     return cpu.finite_range(host if host.flags.c_contiguous else host.copy(order="C"))
 
 
-def _refuse_grad(x: Any) -> None:
-    if _backend.is_torch(x) and bool(getattr(x, "requires_grad", False)):
-        raise InputError("x is a torch tensor that requires grad; ccoll compresses data, not "
-                         "autograd graphs: pass x.detach()")
-
-
 def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
     """Compress ``x`` (float16/bfloat16/float32/float64, any shape) within the bound ``eb``.
 
@@ -134,9 +128,10 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
     come back as they were. float16 and bfloat16 host data is compressed as its exact
     float32 copy: the stream is a float32 stream (the format records no other dtype), and
     ``decompress(buf, like=x)`` rounds the decoded float32 once back to ``x``'s dtype (see
-    :func:`decompress`). A tensor that requires grad raises :class:`ccoll.InputError`.
+    :func:`decompress`). A tensor that requires grad is read through ``x.detach()`` (a
+    stream is no part of an autograd graph; the collectives, whose results replace data,
+    refuse such tensors instead).
     """
-    _refuse_grad(x)
     bound = as_bound(eb)
     if _backend.backend_of(x) == "cuda":
         _device_dtype(x)
