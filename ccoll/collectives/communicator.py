@@ -916,6 +916,19 @@ def _dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
             "arrays: pass x.astype(np.float32) (a torch tensor: x.float())")
 
 
+def _device_low_precision(x: Any) -> str | None:
+    """Return ``"float16"``/``"bfloat16"`` for device data of that dtype, else ``None``."""
+    dt = getattr(x, "dtype", None)
+    if is_torch(x):
+        name = str(dt).removeprefix("torch.")
+    else:
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            return None
+    return name if name in ("float16", "bfloat16") else None
+
+
 def _as_array(call: Call, x: Any, collective: str) -> _Input:
     """Return this rank's input: a host array, or device data (the array then empty)."""
     if type(x) is np.ndarray:  # the common case, checked cheaply (dtype.name costs ~2 us)
@@ -934,6 +947,11 @@ def _as_array(call: Call, x: Any, collective: str) -> _Input:
                      "not autograd graphs: pass x.detach()")
         return _Input(empty, None, None, False, str(x.dtype).removeprefix("torch."))
     if is_device(x):
+        half = _device_low_precision(x)
+        if half is not None:
+            # Refused before any data moves: the device compressor takes float32/float64.
+            call.problem(DTypeError, _dtype_message(half, np.dtype(np.float32), True))
+            return _Input(empty, None, None, False, half)
         try:
             dev = DeviceData(x)
         except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement

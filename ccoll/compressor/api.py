@@ -20,7 +20,7 @@ from ccoll.compressor import _backend, cpu
 from ccoll.compressor.format import StreamHeader
 from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import REL, as_bound
-from ccoll.errors import DTypeError, ErrorBoundError, MismatchError
+from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = ["compress", "compress_abs", "decompress", "add", "add_data", "header"]
 
@@ -122,11 +122,15 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
 
     ``eb`` is ``ccoll.ABS(v)``, ``ccoll.REL(v)`` (``v * (max - min)`` of the finite values;
     constant data gives a lossless stream) or anything :func:`ccoll.errorbound.as_bound`
-    accepts. Returns a uint8 stream on the device of ``x`` (numpy for host data); every
-    finite element decompresses within the bound, NaN and ±Inf come back as they were.
-    float16 and bfloat16 host data is compressed as its exact float32 copy: the stream is
-    a float32 stream, :func:`decompress` returns float32 within ``eb`` of ``x``, and
-    ``decompress(buf, out=<float16/bfloat16 array>)`` rounds it once more (see there).
+    accepts. Returns a uint8 stream of the caller's kind on the device of ``x``: a numpy
+    array for numpy data, a uint8 tensor for a torch tensor (sharing the stream's memory),
+    a CuPy array for CuPy. Every finite element decompresses within the bound, NaN and ±Inf
+    come back as they were. float16 and bfloat16 host data is compressed as its exact
+    float32 copy: the stream is a float32 stream (the format records no other dtype), and
+    ``decompress(buf, like=x)`` rounds the decoded float32 once back to ``x``'s dtype (see
+    :func:`decompress`). A tensor that requires grad is read through ``x.detach()`` (a
+    stream is no part of an autograd graph; the collectives, whose results replace data,
+    refuse such tensors instead).
     """
     bound = as_bound(eb)
     if _backend.backend_of(x) == "cuda":
@@ -141,7 +145,12 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
         eb_abs = bound.resolve(*cpu.finite_range(arr))
     else:
         eb_abs = bound.value
-    return cpu.compress_abs(arr, _check_eb_abs(eb_abs))
+    buf = cpu.compress_abs(arr, _check_eb_abs(eb_abs))
+    if _backend.is_torch(x):
+        import torch
+
+        return torch.from_numpy(buf)
+    return buf
 
 
 def compress_abs(
@@ -205,17 +214,114 @@ def _decompress_narrow(stream: np.ndarray, out: Any, narrow: Narrow) -> Any:
     return out
 
 
-def decompress(buf: Any, out: Any = None, *, stream: Any = None) -> Any:
+def _like_dtype(like: Any) -> np.dtype | None:
+    """Return the float32/float64 dtype ``like`` asks for (``None`` for float16/bfloat16)."""
+    if Narrow.of(like) is not None:
+        return None
+    if _backend.is_torch(like):
+        if str(like.dtype) not in _TORCH_FLOATS:
+            raise _like_dtype_error(like.dtype)
+        return _TORCH_FLOATS[str(like.dtype)]
+    dt = getattr(like, "dtype", None)
+    try:
+        npdt = np.dtype(dt) if dt is not None else None
+    except TypeError:
+        npdt = None
+    if npdt not in _FLOATS:
+        raise _like_dtype_error(dt if dt is not None else type(like).__name__)
+    return npdt
+
+
+def _like_dtype_error(what: object) -> DTypeError:
+    return DTypeError(
+        f"like has dtype {what}; decompress returns float16, bfloat16, float32 or float64: "
+        "pass like= an array or tensor of one of those (e.g. the data that was compressed)"
+    )
+
+
+def _decompress_like(buf: Any, like: Any, stream: Any) -> Any:
+    """Decode ``buf`` into a new array of ``like``'s kind and dtype (see :func:`decompress`)."""
+    where = _backend.backend_of(buf)
+    if _backend.backend_of(like) != where:
+        raise MismatchError(
+            f"like lives on the {'device' if where == 'cpu' else 'host'} but the stream on "
+            f"the {'host' if where == 'cpu' else 'device'}: pass like= an array where the "
+            "stream lives, or move the stream there first"
+        )
+    want = _like_dtype(like)
+    narrow = Narrow.of(like)
+    if where == "cuda":
+        if narrow is not None:
+            raise DTypeError(
+                f"like has dtype {narrow.name}; device streams decode to float32 or float64 "
+                "only: pass like= a float32 array and convert the result (y.half())"
+            )
+        mod = _backend.cuda_module()
+        _check_stream_dtype(mod.header(buf).dtype, want)
+        return _device_kind(mod.decompress(buf, stream=stream), like)
+    host = _host_stream(buf)
+    h = cpu.header(host)
+    if narrow is not None:
+        if h.dtype != np.dtype(np.float32):
+            raise MismatchError(
+                f"like has dtype {narrow.name} but the stream holds {h.dtype}; decoding to "
+                f"{narrow.name} takes a float32 stream: pass like= an array of dtype {h.dtype}"
+            )
+        return narrow.result(cpu.decompress(host))
+    _check_stream_dtype(h.dtype, want)
+    y = cpu.decompress(host)
+    if _backend.is_torch(like):
+        import torch
+
+        return torch.from_numpy(y)
+    return y
+
+
+def _check_stream_dtype(have: np.dtype, want: np.dtype | None) -> None:
+    if want is not None and have != want:
+        raise MismatchError(
+            f"like has dtype {want} but the stream holds {have}: pass like= an array of "
+            f"dtype {have} (or float16/bfloat16 for a float32 stream of such data)"
+        )
+
+
+def _device_kind(y: Any, like: Any) -> Any:
+    """Return device array ``y`` as ``like``'s kind (torch, CuPy, numba), sharing memory."""
+    if _backend.is_torch(like):
+        import torch
+
+        return torch.as_tensor(y, device=like.device)
+    if type(like).__module__.split(".", 1)[0] == "cupy":
+        import cupy
+
+        return cupy.asarray(y)
+    return y
+
+
+def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = None) -> Any:
     """Decode a stream; dtype and shape come from the stream.
 
-    ``out`` (same dtype, same shape or element count, writable, C-contiguous, on the
-    stream's device) receives the values and is returned. A host float32 stream also
-    decodes into a float16 or bfloat16 ``out`` (numpy, torch, ``ml_dtypes``): the float32
-    values are rounded once to nearest, so for data ``x`` of that dtype compressed with
-    absolute bound ``eb`` every finite element has ``|out - x| <= min(2 eb, eb + s/2)``,
-    ``s`` the spacing of the dtype at ``out`` (docs/error-bound.md, "float16 and
-    bfloat16"). Malformed, truncated or foreign bytes raise :class:`ccoll.FormatError`.
+    Without ``out`` or ``like`` the result is a numpy array for a host stream (a numpy
+    array or a CPU uint8 tensor) and a device array of the stream's kind for a device
+    stream. ``like`` (an array or tensor, e.g. the data that was compressed; only its
+    kind, device and dtype are read) asks for a new result of its kind and dtype: a torch
+    tensor for a tensor, a CuPy array for CuPy, on ``like``'s device. ``like`` of dtype
+    float16 or bfloat16 (host only) decodes a float32 stream and rounds it once to
+    nearest to that dtype: the stream does not record that the data was float16 or
+    bfloat16 (docs/format.md has no field for it), so ``like`` (or ``out``) brings the
+    dtype back. ``out`` (same dtype, same shape or element count, writable, C-contiguous,
+    on the stream's device) receives the values and is returned; a host float32 stream
+    also decodes into a float16 or bfloat16 ``out`` (numpy, torch, ``ml_dtypes``). For
+    data ``x`` of such a dtype compressed with absolute bound ``eb``, every finite element
+    of the float16/bfloat16 result ``z`` has ``|z - x| <= min(2 eb, eb + s/2)``, ``s`` the
+    spacing of the dtype at ``z`` (docs/error-bound.md, "float16 and bfloat16").
+    Malformed, truncated or foreign bytes raise :class:`ccoll.FormatError`.
     """
+    if like is not None:
+        if out is not None:
+            raise InputError("decompress takes out= or like=, not both: out already says "
+                             "where and in which dtype the result goes; drop like=")
+        return _decompress_like(buf, like, stream)
     if _backend.backend_of(buf) == "cuda":
         if out is not None and _backend.backend_of(out) != "cuda":
             raise MismatchError("out must live on the same device as the stream (CUDA)")

@@ -57,7 +57,9 @@ class Narrow:
         if self.torch:
             import torch
 
-            return torch.from_numpy(np.ascontiguousarray(y32)).to(self.dtype)
+            # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
+            y32 = y32 if y32.flags.c_contiguous else y32.copy(order="C")
+            return torch.from_numpy(y32).to(self.dtype)
         return y32.astype(self.dtype)
 
     def into(self, out: Any, y32: np.ndarray) -> None:

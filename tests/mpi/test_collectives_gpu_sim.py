@@ -27,7 +27,7 @@ from mpi4py import MPI  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import ccoll  # noqa: E402
-from ccoll.errors import InputError, MismatchError  # noqa: E402
+from ccoll.errors import DTypeError, InputError, MismatchError  # noqa: E402
 
 warp_shim.install()
 
@@ -89,3 +89,16 @@ def test_out_partly_overlapping_device_x_is_refused_everywhere(comm):
         ccoll.allreduce(d[:-1], eb=None, comm=comm, out=d[1:])
     _same_error_everywhere(comm, info, InputError, "out overlaps x")
     assert np.array_equal(d.copy_to_host(), np.arange(11, dtype=np.float32))
+
+
+@pytest.mark.parametrize("policy", ["compress", "raw", "auto"])
+def test_device_float16_is_refused_everywhere_and_the_communicator_still_works(comm, policy):
+    # The device compressor takes float32/float64: refused in the agreement, before any
+    # data moves, whatever the policy, so the default Communicator stays usable.
+    x = cuda.to_device(gradient_like(comm.rank, 500, np.float16))
+    with pytest.raises(DTypeError) as info:
+        ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm, policy=policy)
+    _same_error_everywhere(comm, info, DTypeError, "device array of dtype float16")
+    assert "x.astype(cupy.float32)" in str(info.value)
+    y = ccoll.allreduce(cuda.to_device(np.ones(8, np.float32)), eb=None, comm=comm)
+    assert np.array_equal(y.copy_to_host(), np.full(8, comm.size, np.float32))
