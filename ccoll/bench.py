@@ -363,11 +363,10 @@ def _predict(pol: Any, collective: str, x: np.ndarray,
     pol.comm.Allreduce(mine, tot, op=MPI.SUM)
     ratio = n * x.nbytes / max(float(tot[0]), 1.0)
     width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
-    # The chunking the collectives use now: ccoll.collectives.communicator.DEFAULT_CHUNK.
-    from ccoll.collectives.communicator import DEFAULT_CHUNK
-
+    # The chunks of the measured rows: a policy="compress" Communicator that never
+    # calibrated picks them with the model's defaults (Communicator._chunk).
     block = -(-x.size // n)
-    k = max(1, -(-block // DEFAULT_CHUNK))
+    k = max(1, -(-block // model.chunk_elems_for(x.size, x.itemsize, n, model.DEFAULTS)))
     pred = model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k)
     eta = comp.efficiency if comp is not None and comp.efficiency > 0 else 1.0
     own = replace(p, compress=p.compress / eta, add=p.add / eta, decompress=p.decompress / eta)

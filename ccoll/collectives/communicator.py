@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ccoll.collectives import exact, gather
+from ccoll.collectives import exact, gather, model
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.agreement import (
     _FIELDS,
@@ -73,7 +73,6 @@ from ccoll.runtime.cpu_threads import env_threads
 __all__ = ["Communicator", "DEFAULT_EB", "default_communicator", "existing_default"]
 
 DEFAULT_EB: ErrorBound = REL(1e-3)
-DEFAULT_CHUNK = 1 << 20
 
 
 @dataclass(slots=True)
@@ -89,7 +88,7 @@ class _Prepared:
     algorithm: str
     avg: bool
     deadline: Deadline
-    chunk_elems: int = 0  # chosen by policy="auto"; 0: the Communicator's chunk_elems
+    chunk_elems: int = 0  # elements per pipeline chunk of a compressed call (_chunk); 0: raw
     place: HostPlace = HOST
     dev: DeviceData | None = None
     in_place: bool = False  # out is x's very buffer (MPI_IN_PLACE on the raw path)
@@ -129,7 +128,10 @@ class Communicator:
     - ``policy``: ``"auto"`` (default: the cost model of docs/model.md decides per call
       whether compressing pays, and sends raw when it does not), ``"compress"`` (always)
       or ``"raw"`` (never: plain MPI, same API).
-    - ``chunk_elems``: elements per pipeline chunk (one stream, one message).
+    - ``chunk_elems``: elements per pipeline chunk (one stream, one message). Default
+      ``None``: chosen per compressed call from the cost model for the message size, the
+      rank count and the channel's calibration (docs/collectives.md, "Chunk size"); an
+      int fixes it for every compressed call, ``policy="auto"``'s too.
     - ``timeout``: seconds a collective may wait for its peers before it raises
       :class:`~ccoll.errors.CollectiveError` (default ``None``: wait forever, as MPI).
 
@@ -151,7 +153,7 @@ class Communicator:
         *,
         algorithm: str = "homomorphic",
         policy: str = "auto",
-        chunk_elems: int = DEFAULT_CHUNK,
+        chunk_elems: int | None = None,
         timeout: float | None = None,
     ) -> None:
         if comm is None:
@@ -161,27 +163,30 @@ class Communicator:
         call = Call("Communicator")
         call.algorithm = _check_option(call, "algorithm", algorithm, ALGORITHMS)
         call.policy = _check_option(call, "policy", policy, POLICIES)
-        if isinstance(chunk_elems, bool) or not isinstance(chunk_elems, (int, np.integer)) or (
-            chunk_elems < 1
+        if chunk_elems is not None and (
+            isinstance(chunk_elems, bool) or not isinstance(chunk_elems, (int, np.integer))
+            or chunk_elems < 1
         ):
-            call.problem(InputError, f"chunk_elems must be a positive integer, got {chunk_elems!r}")
-            chunk_elems = 0
+            call.problem(InputError, f"chunk_elems must be a positive integer or None (chosen "
+                         f"per call), got {chunk_elems!r}")
+            chunk_elems = None
         if timeout is not None and not (
             isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
         ):
             call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
             timeout = None
-        call.chunk = int(chunk_elems)
+        call.chunk = 0 if chunk_elems is None else int(chunk_elems)
         log_problem = log_level_problem()
         if log_problem is not None:
             call.problem(InputError, log_problem)
         threads_problem = env_threads(os.environ)[1]
         if threads_problem is not None:
             call.problem(InputError, threads_problem)
-        call.shown.update({"algorithm": algorithm, "policy": policy, "chunk size": chunk_elems})
+        call.shown.update({"algorithm": algorithm, "policy": policy,
+                           "chunk size": "chosen per call" if chunk_elems is None else chunk_elems})
         self.algorithm = algorithm
         self.policy = policy
-        self.chunk_elems = int(chunk_elems)
+        self.chunk_elems: int | None = None if chunk_elems is None else int(chunk_elems)
         self.timeout = None if timeout is None else float(timeout)
         self._comm = comm
         deadline = Deadline(self.timeout, "creating a ccoll Communicator")
@@ -421,9 +426,9 @@ class Communicator:
             return None
         info, sent, seconds = got
         (collective, compressed, reason, policy, algorithm, dtype, count, eb_abs, nbytes,
-         t_raw, t_comp, ratio, started) = info
+         t_raw, t_comp, ratio, started, chunk) = info
         return CallReport(collective, compressed, reason, policy, algorithm, dtype, count,
-                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio, started)
+                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio, started, chunk)
 
     def _prepare(
         self,
@@ -444,7 +449,7 @@ class Communicator:
         rec = _trace.ACTIVE
         t_check = rec.clock() if rec is not None else 0.0
         ch.check_usable()
-        call = Call(collective, chunk=self.chunk_elems)
+        call = Call(collective, chunk=self.chunk_elems or 0)
         shown = call.shown
         n_ranks = ch.comm.Get_size()
         is_root = root is not None and ch.comm.Get_rank() == root
@@ -605,7 +610,7 @@ class Communicator:
                     rec.span("decide", t_decide, rec.clock(), {"mode": mode})
             elif why.startswith(("known raw", "sticky raw")) and auto is not None:
                 auto.note_known_raw(sticky_key)
-            chunk = auto.last.chunk_elems if auto is not None and mode == "compress" else 0
+            chunk = self._chunk(ch, auto, mode, size, dtype, n_ranks)
             if start is not None:
                 flat = start.flat
                 place: HostPlace = HOST
@@ -626,7 +631,7 @@ class Communicator:
             compressed = mode == "compress"
             info = (collective, compressed, why, policy, algorithm, inp.dtype_name, size,
                     eb_abs if compressed else None, nbytes, t_raw, t_comp, ratio,
-                    agreed.started)
+                    agreed.started, chunk)
             feedback = None
             pol = self._auto.get(ch.name)
             if pol is not None:
@@ -645,6 +650,26 @@ class Communicator:
         except BaseException as exc:
             ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
             raise
+
+    def _chunk(self, ch: Channel, auto: Any, mode: str, count: int, dtype: np.dtype,
+               n_ranks: int) -> int:
+        """Elements per pipeline chunk of a compressed call (0 for a raw one).
+
+        An explicit ``chunk_elems`` wins; else ``policy="auto"``'s choice when the model
+        decided this call; else the model's rule (:func:`model.chunk_elems_for`) with the
+        channel's calibrations if ``policy="auto"`` made some (no collective: only what is
+        already agreed), else with its defaults. Every input is agreed: so is the chunk.
+        """
+        if mode != "compress":
+            return 0
+        if self.chunk_elems is not None:
+            return self.chunk_elems
+        if auto is not None and auto.last is not None and auto.last.chunk_elems > 0:
+            return int(auto.last.chunk_elems)
+        pol = self._auto.get(ch.name)
+        if pol is not None:
+            return int(pol.model_chunk(count, dtype, n_ranks))
+        return model.chunk_elems_for(count, dtype.itemsize, n_ranks, model.DEFAULTS)
 
     def _before_agreement(
         self, ch: Channel, call: Call, collective: str, size: int, dtype: np.dtype,
@@ -684,7 +709,7 @@ class Communicator:
                 ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
         elif p.flat.size:
             ring_allreduce(ch, p.flat, yflat, p.dtype, p.eb_abs, algorithm=p.algorithm,
-                           chunk_elems=p.chunk_elems or self.chunk_elems, deadline=p.deadline,
+                           chunk_elems=p.chunk_elems, deadline=p.deadline,
                            place=p.place)
         if p.avg:
             _divide(p, yflat, n_ranks)
@@ -697,7 +722,8 @@ class Communicator:
             if p.avg:
                 _divide(p, y, n_ranks)
             return _result(p, y, None)
-        layout = Layout(p.flat.size, n_ranks, p.chunk_elems or self.chunk_elems)
+        # A raw call uses only the blocks: any chunk does.
+        layout = Layout(p.flat.size, n_ranks, p.chunk_elems or max(1, p.flat.size))
         blocks = layout.blocks
         lo, hi = blocks[r]
         y = _new_output(p, (hi - lo,), None)

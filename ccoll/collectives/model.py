@@ -40,6 +40,8 @@ __all__ = [
     "predict_compressed_bcast",
     "COLLECTIVES",
     "best_chunks",
+    "chunk_elems_for",
+    "DEFAULT_RATIO",
     "break_even_size",
     "break_even_bandwidth",
     "ratio_of_sum",
@@ -82,6 +84,8 @@ DEFAULT_WIDTH = 3.0
 
 # Smallest pipeline chunk the model considers (bytes).
 MIN_CHUNK_BYTES = 4 << 20
+# Ratio of one rank's data assumed where none was sampled (`ccoll model`'s default too).
+DEFAULT_RATIO = 16.0
 
 # Used by `ccoll model` for whatever the caller does not give; measured on one core of the
 # 2-core development machine with the CPU backend (docs/model.md, "Calibration").
@@ -314,6 +318,22 @@ def best_chunks(size: float, ranks: int, p: Params, ratio: float, *,
             best_k, best_t = k, t
         k *= 2
     return best_k
+
+
+def chunk_elems_for(count: int, itemsize: int, ranks: int, p: Params,
+                    ratio: float = DEFAULT_RATIO, *, width: float = DEFAULT_WIDTH,
+                    max_chunks: int = 64, min_chunk_bytes: int = MIN_CHUNK_BYTES) -> int:
+    """Elements per pipeline chunk for a compressed call of ``count`` elements per rank.
+
+    The ring block (``ceil(count / ranks)`` elements) cut into :func:`best_chunks` pieces:
+    a power of two, none under ``min_chunk_bytes`` unless the block is one chunk. Pure
+    arithmetic on its arguments: ranks that pass the same numbers get the same chunk.
+    """
+    n = max(1, int(ranks))
+    block = max(1, -(-int(count) // n))
+    k = best_chunks(float(count * itemsize), n, p, ratio, width=width, max_chunks=max_chunks,
+                    min_chunk_bytes=min_chunk_bytes)
+    return max(1, -(-block // k))
 
 
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")

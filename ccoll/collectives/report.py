@@ -51,7 +51,9 @@ class CallReport:
     - ``seconds``: wall time of the call on this rank, from its checks to its result;
     - ``overlapped``: the call repeated the signature that the agreed history predicted and
       went raw whatever the data, so its MPI collective ran while the agreement was in
-      flight (docs/collectives.md, "Every call").
+      flight (docs/collectives.md, "Every call");
+    - ``chunk_elems``: elements per pipeline chunk of a compressed call (0 for a raw one):
+      the Communicator's ``chunk_elems``, or the one the model chose for this call.
     """
 
     collective: str
@@ -69,6 +71,7 @@ class CallReport:
     predicted_compressed_s: float | None = None
     ratio: float | None = None
     overlapped: bool = False
+    chunk_elems: int = 0
 
     @property
     def mode(self) -> str:
@@ -79,7 +82,7 @@ class CallReport:
         """Return the fields that every rank shares (all but bytes and time)."""
         return (self.collective, self.compressed, self.reason, self.policy, self.algorithm,
                 self.dtype, self.count, self.eb_abs, self.predicted_raw_s,
-                self.predicted_compressed_s, self.ratio, self.overlapped)
+                self.predicted_compressed_s, self.ratio, self.overlapped, self.chunk_elems)
 
     def __str__(self) -> str:
         why = self.reason

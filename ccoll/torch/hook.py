@@ -514,7 +514,10 @@ def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np
 
     n = state.comm.Get_size()
     eb_r = rank_bound(eb_sum, n)
-    layout = Layout(x.size, n, state.communicator.chunk_elems)
+    # The chunks the call just made used (chosen per call unless the Communicator fixes them).
+    last = state.communicator.last_call
+    layout = Layout(x.size, n, last.chunk_elems if last is not None and last.chunk_elems
+                    else (state.communicator.chunk_elems or max(1, x.size)))
     flat = x.reshape(-1)
     own = np.empty_like(flat)
     for b in range(n):

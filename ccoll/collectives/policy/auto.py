@@ -203,6 +203,7 @@ class AutoPolicy:
         # known_raw answers that the calibrations settled (they never change once made).
         self._known: dict[tuple[Any, ...], bool] = {}
         self.last: AutoDecision | None = None
+        self._ratio: float | None = None  # the last sampled ratio (agreed), for model_chunk
         # What the calls measured, checked against the model (docs/model.md, "Measured
         # feedback"); the Communicator feeds it.
         self.feedback = Feedback(DECISION_MARGIN)
@@ -540,8 +541,29 @@ class AutoPolicy:
         self._thresholds[key] = t
         return t
 
+    def model_chunk(self, count: int, dtype: Any, ranks: int) -> int:
+        """Pipeline chunk (elements) for a compressed call that the model did not decide.
+
+        Local, no communication and no calibration: :func:`model.chunk_elems_for` with the
+        calibrations this channel already made (agreed, so the same on every rank; the
+        defaults where none was made) and the ratio last sampled here (else the default).
+        """
+        dt = np.dtype(dtype)
+        p = model.DEFAULTS
+        link = self._link
+        if link is not None:
+            p = replace(p, alpha=link.alpha, beta=link.beta, reduce=link.reduce)
+            comp = self._comp.get(f"{self.backend}/{dt}/{size_class(count)}")
+            if comp is not None:
+                p = replace(p, compress=comp.compress, add=comp.add,
+                            decompress=comp.decompress, chunk_overhead=comp.chunk_overhead)
+        ratio = self._ratio if self._ratio is not None else model.DEFAULT_RATIO
+        return model.chunk_elems_for(count, dt.itemsize, ranks, p, ratio)
+
     def _done(self, d: AutoDecision) -> AutoDecision:
         self.last = d
+        if d.ratio is not None and d.ratio > 0:
+            self._ratio = d.ratio
         return d
 
 
