@@ -47,6 +47,9 @@ import warnings
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Before torch loads its OpenMP runtime, which numba's parallel kernels share: OpenMP reads
+# the wait policy once, and spinning idle threads of ranks that share cores slow both down.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import models  # noqa: E402
 import numpy as np  # noqa: E402
