@@ -162,7 +162,7 @@ def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
 # Within a wave, later steps go first (that chain, step s -> s + 1, is the critical path
 # at N > 2), and a chunk's prepare just before its combine, compressions last. The
 # decodes of the allgather unblock no transfer: they come after every ring task, and the
-# driving thread takes them too (Worker.help) when MPI leaves it nothing to do.
+# driving thread takes host decodes too (Worker.help) when MPI leaves it nothing to do.
 def _compress_key(c: int) -> tuple[int, int, int]:
     return (0, c, 0)
 
@@ -455,8 +455,10 @@ class _Ring:
                 continue
             if deadline.expired():
                 raise deadline.error(stage)
-            # Nothing ready in MPI: decode here rather than wait for the worker.
-            if self.gather and worker.help(_DECODE):
+            # Nothing ready in MPI: decode here rather than wait for the worker. Host data
+            # only: device decodes are kernel launches, which stay on the worker's thread
+            # (one launching thread per channel; the CUDA simulator runs one at a time).
+            if self.gather and not self.place.device and worker.help(_DECODE):
                 continue
             t_wait = self._clock()
             if worker.outstanding:
