@@ -137,6 +137,30 @@ class DeviceNarrow:
     dtype: Any  # the caller's dtype: a torch dtype, or a numpy dtype
     device: Any  # the caller's torch device (None for the other kinds)
 
+    @classmethod
+    def of(cls, x: Any) -> DeviceNarrow | None:
+        """Return the DeviceNarrow for device data ``x`` of dtype float16/bfloat16, else ``None``.
+
+        Raises :class:`~ccoll.errors.DTypeError` for bfloat16 data that only numba would
+        carry (numba has no bfloat16 on the device).
+        """
+        name = device_low_precision(x)
+        if name is None:
+            return None
+        kind = _kind(x)
+        if kind == "torch":
+            return cls(name, kind, x.dtype, x.device)
+        if kind == "cupy":
+            return cls(name, kind, x.dtype, None)
+        if name == "bfloat16":
+            from ccoll.errors import DTypeError
+
+            raise DTypeError(
+                "x is a bfloat16 device array that is neither a torch tensor nor a CuPy "
+                "array; numba has no bfloat16 on the device: pass a CUDA torch tensor of it, "
+                "or the data as float16 or float32")
+        return cls(name, kind, np.dtype(np.float16), None)
+
     def result(self, y32: Any) -> Any:
         """Return device ``y32`` (float32) rounded once to nearest, new, in the caller's kind."""
         if self.kind == "torch":
@@ -148,9 +172,11 @@ class DeviceNarrow:
 
             return cupy.asarray(y32).astype(self.dtype)
         from numba import cuda
+        from numba.cuda.cudadrv import devicearray
 
         from ccoll.compressor._cuda_cast import narrow_into
 
+        y32 = y32 if devicearray.is_cuda_ndarray(y32) else cuda.as_cuda_array(y32)
         out = cuda.device_array(y32.shape, np.float16)
         narrow_into(y32, out)
         return out
@@ -173,6 +199,7 @@ class DeviceNarrow:
             from ccoll.compressor._cuda_cast import narrow_into
 
             dst = out if devicearray.is_cuda_ndarray(out) else cuda.as_cuda_array(out)
+            y32 = y32 if devicearray.is_cuda_ndarray(y32) else cuda.as_cuda_array(y32)
             narrow_into(y32, dst)
 
 
@@ -181,31 +208,25 @@ def widen_device(x: Any) -> tuple[Any, DeviceNarrow] | None:
 
     ``None`` when ``x`` is not float16/bfloat16. The copy is exact and of ``x``'s kind (a
     CUDA tensor, a CuPy array, a numba device array), on its device. Raises
-    :class:`~ccoll.errors.DTypeError` for bfloat16 data that only numba
-    would carry, :class:`~ccoll.errors.InputError` for non-contiguous data.
+    :class:`~ccoll.errors.DTypeError` for bfloat16 data that only numba would carry,
+    :class:`~ccoll.errors.InputError` for non-contiguous data.
     """
-    name = device_low_precision(x)
-    if name is None:
+    narrow = DeviceNarrow.of(x)
+    if narrow is None:
         return None
-    from ccoll.errors import DTypeError, InputError
-
-    kind = _kind(x)
-    if kind == "numba" and name == "bfloat16":
-        raise DTypeError(
-            "x is a bfloat16 device array that is neither a torch tensor nor a CuPy array; "
-            "numba has no bfloat16 on the device: pass a CUDA torch tensor of it, or the "
-            "data as float16 or float32")
     if not _contiguous(x):
+        from ccoll.errors import InputError
+
         raise InputError("a device array x must be C-contiguous: pass x.contiguous() (torch) "
                          "or cupy.ascontiguousarray(x)")
-    if kind == "torch":
+    if narrow.kind == "torch":
         import torch
 
-        return x.detach().to(torch.float32), DeviceNarrow(name, kind, x.dtype, x.device)
-    if kind == "cupy":
+        return x.detach().to(torch.float32), narrow
+    if narrow.kind == "cupy":
         import cupy
 
-        return x.astype(cupy.float32), DeviceNarrow(name, kind, x.dtype, None)
+        return x.astype(cupy.float32), narrow
     from ccoll.compressor._cuda_cast import widen_f16
 
-    return widen_f16(x), DeviceNarrow(name, kind, np.dtype(np.float16), None)
+    return widen_f16(x), narrow
