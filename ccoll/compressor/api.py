@@ -3,8 +3,8 @@
 ``compress`` resolves an error bound (``ABS``/``REL``) and ``compress_abs`` takes an absolute
 one already resolved (the collectives resolve ``REL`` over the global range). ``decompress``,
 ``add`` and ``header`` read the self-describing stream of docs/format.md. float16 and
-bfloat16 host data is compressed as its exact float32 copy (:mod:`ccoll.compressor.precision`;
-the stream is a float32 stream). Host data goes to
+bfloat16 data (host or device) is compressed as its exact float32 copy
+(:mod:`ccoll.compressor.precision`; the stream is a float32 stream). Host data goes to
 the numba CPU kernels (``cpu``), device data to the CUDA backend (``_cuda``); the choice
 is made in :mod:`ccoll.compressor._backend` only.
 """
@@ -339,7 +339,7 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
     stream. ``like`` (an array or tensor, e.g. the data that was compressed; only its
     kind, device and dtype are read) asks for a new result of its kind and dtype: a torch
     tensor for a tensor, a CuPy array for CuPy, on ``like``'s device. ``like`` of dtype
-    float16 or bfloat16 (host only) decodes a float32 stream and rounds it once to
+    float16 or bfloat16 (host or device) decodes a float32 stream and rounds it once to
     nearest to that dtype: the stream does not record that the data was float16 or
     bfloat16 (docs/format.md has no field for it), so ``like`` (or ``out``) brings the
     dtype back. ``out`` (same dtype, same shape or element count, writable, C-contiguous,
