@@ -173,3 +173,10 @@ def test_device_float16_with_a_wrong_out_is_refused_everywhere(comm):
     with pytest.raises(InputError) as info:
         ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm, out=out)
     _same_error_everywhere(comm, info, InputError, "dtype float32; expected (50,) and float16")
+
+
+def test_non_contiguous_device_float16_is_refused_everywhere(comm):
+    x = cuda.to_device(np.zeros((8, 8), np.float16))[:, ::2]
+    with pytest.raises(InputError) as info:
+        ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm)
+    _same_error_everywhere(comm, info, InputError, "must be C-contiguous")
