@@ -65,7 +65,13 @@ from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
 from ccoll.compressor.cpu import finite_range as cpu_range
-from ccoll.compressor.precision import Narrow, widen
+from ccoll.compressor.precision import (
+    DeviceNarrow,
+    Narrow,
+    device_low_precision,
+    widen,
+    widen_device,
+)
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
 from ccoll.runtime.cpu_threads import env_threads
@@ -92,7 +98,8 @@ class _Prepared:
     place: HostPlace = HOST
     dev: DeviceData | None = None
     in_place: bool = False  # out is x's very buffer (MPI_IN_PLACE on the raw path)
-    narrow: Narrow | None = None  # float16/bfloat16 input: reduced in float32, rounded once
+    # float16/bfloat16 input (host or device): reduced in float32, rounded once
+    narrow: Narrow | DeviceNarrow | None = None
     as_torch: bool = False  # a CPU torch tensor came in: a tensor goes out
     out: Any = None  # the caller's out
     out_arr: Any = None  # the caller's out as the buffer the stage writes (numpy for host)
@@ -112,8 +119,8 @@ class _Input(NamedTuple):
     """The input of this rank, as the stages use it."""
 
     arr: np.ndarray  # host data (float32 for float16/bfloat16); empty for device data
-    dev: DeviceData | None
-    narrow: Narrow | None
+    dev: DeviceData | None  # device data (its float32 copy for float16/bfloat16)
+    narrow: Narrow | DeviceNarrow | None
     as_torch: bool
     dtype_name: str  # the caller's dtype, by name ("float16", "bfloat16", ...)
 
@@ -821,7 +828,8 @@ class _Start:
     __slots__ = ("ch", "collective", "flat", "y", "in_place", "root", "deadline", "sent")
 
     def __init__(self, ch: Channel, collective: str, arr: np.ndarray, shape: tuple[int, ...],
-                 out: Any, out_arr: Any, x: Any, narrow: Narrow | None, root: Any,
+                 out: Any, out_arr: Any, x: Any, narrow: Narrow | DeviceNarrow | None,
+                 root: Any,
                  deadline: Deadline) -> None:
         self.ch = ch
         self.collective = collective
@@ -895,7 +903,7 @@ class _Dummy:
         ch.stats.bytes_sent = sent  # not the caller's traffic
 
 
-def _in_place(x: Any, out: Any, out_arr: Any, narrow: Narrow | None, flat: Any,
+def _in_place(x: Any, out: Any, out_arr: Any, narrow: Narrow | DeviceNarrow | None, flat: Any,
               dev: DeviceData | None) -> bool:
     """Whether ``out`` is x's very buffer (MPI_IN_PLACE); _check_out allowed no other overlap.
 
@@ -932,27 +940,14 @@ def _valid_root(root: Any, n_ranks: int) -> bool:
 def _dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
     """Return the message for an input dtype the collectives do not take, with the fix."""
     if device:
-        return (f"x is a device array of dtype {name}; ccoll's collectives take float32 or "
-                "float64 device arrays (float16 and bfloat16 on the host only): pass "
-                "x.float() (torch) or x.astype(cupy.float32)")
+        return (f"x is a device array of dtype {name}; ccoll's collectives take float16, "
+                "bfloat16 (torch, CuPy), float32 or float64 device arrays: pass x.float() "
+                "(torch) or x.astype(cupy.float32)")
     if dtype.kind == "f" and name in DTYPES:  # a float of non-native byte order
         return (f"x has dtype {dtype.str} (not the machine's byte order); pass "
                 f"x.astype(np.{name})")
     return (f"x has dtype {name}; ccoll reduces float16, bfloat16, float32 or float64 "
             "arrays: pass x.astype(np.float32) (a torch tensor: x.float())")
-
-
-def _device_low_precision(x: Any) -> str | None:
-    """Return ``"float16"``/``"bfloat16"`` for device data of that dtype, else ``None``."""
-    dt = getattr(x, "dtype", None)
-    if is_torch(x):
-        name = str(dt).removeprefix("torch.")
-    else:
-        try:
-            name = np.dtype(dt).name
-        except TypeError:
-            return None
-    return name if name in ("float16", "bfloat16") else None
 
 
 def _as_array(call: Call, x: Any, collective: str) -> _Input:
@@ -973,11 +968,20 @@ def _as_array(call: Call, x: Any, collective: str) -> _Input:
                      "not autograd graphs: pass x.detach()")
         return _Input(empty, None, None, False, str(x.dtype).removeprefix("torch."))
     if is_device(x):
-        half = _device_low_precision(x)
+        half = device_low_precision(x)
+        narrow = None
         if half is not None:
-            # Refused before any data moves: the device compressor takes float32/float64.
-            call.problem(DTypeError, _dtype_message(half, np.dtype(np.float32), True))
-            return _Input(empty, None, None, False, half)
+            # The device kernels take float32/float64: reduce an exact float32 device copy
+            # and round the result once at the end (Narrow's contract, on the device).
+            try:
+                x, narrow = widen_device(x)  # type: ignore[misc]
+            except (DTypeError, InputError) as exc:
+                call.problem(type(exc), str(exc))
+                return _Input(empty, None, None, False, half)
+            except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
+                call.problem(InputError, f"x cannot be widened to float32 on its device "
+                             f"({type(exc).__name__}: {exc}); pass x as float32")
+                return _Input(empty, None, None, False, half)
         try:
             dev = DeviceData(x)
         except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
@@ -987,7 +991,7 @@ def _as_array(call: Call, x: Any, collective: str) -> _Input:
         if not dev.contiguous:
             call.problem(InputError, "a device array x must be C-contiguous: pass "
                          "x.contiguous() (torch) or cupy.ascontiguousarray(x)")
-        return _Input(empty, dev, None, False, dev.dtype.name)
+        return _Input(empty, dev, narrow, False, half or dev.dtype.name)
     low = widen(x)
     if low is not None:
         return _Input(low[0], None, low[1], torch_in, low[1].name)
@@ -1087,12 +1091,17 @@ def _check_out(
                          "a device array of x's shape and dtype")
             return None
         try:
-            o = DeviceData(out)
+            if inp.narrow is not None and is_torch(out):  # numba cannot view bfloat16
+                oshape, odtype = tuple(out.shape), str(out.dtype).removeprefix("torch.")
+                ok = bool(out.is_contiguous())
+            else:
+                o = DeviceData(out)
+                oshape, odtype, ok = o.shape, o.dtype.name, o.contiguous
         except Exception as exc:  # noqa: BLE001 - reported on every rank after agreement
             call.problem(InputError, f"out cannot be read as a device array ({exc})")
             return None
-        oshape, odtype, ok = o.shape, o.dtype.name, o.contiguous
-        overlap = out is not x.obj and _device_overlap(x, o)
+        # float16/bfloat16: x's float32 copy is what moves, so out may be any buffer.
+        overlap = inp.narrow is None and out is not x.obj and _device_overlap(x, o)
     elif is_torch(out) and out.device.type == "cpu":
         if out.requires_grad:
             call.problem(InputError, "out is a torch tensor that requires grad: pass "

@@ -3,8 +3,8 @@
 ``compress`` resolves an error bound (``ABS``/``REL``) and ``compress_abs`` takes an absolute
 one already resolved (the collectives resolve ``REL`` over the global range). ``decompress``,
 ``add`` and ``header`` read the self-describing stream of docs/format.md. float16 and
-bfloat16 host data is compressed as its exact float32 copy (:mod:`ccoll.compressor.precision`;
-the stream is a float32 stream). Host data goes to
+bfloat16 data (host or device) is compressed as its exact float32 copy
+(:mod:`ccoll.compressor.precision`; the stream is a float32 stream). Host data goes to
 the numba CPU kernels (``cpu``), device data to the CUDA backend (``_cuda``); the choice
 is made in :mod:`ccoll.compressor._backend` only.
 """
@@ -18,7 +18,7 @@ import numpy as np
 
 from ccoll.compressor import _backend, cpu
 from ccoll.compressor.format import StreamHeader
-from ccoll.compressor.precision import Narrow, widen
+from ccoll.compressor.precision import DeviceNarrow, Narrow, widen, widen_device
 from ccoll.errorbound import REL, as_bound
 from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
@@ -87,10 +87,43 @@ def _device_dtype(x: Any) -> np.dtype:
 
 def _device_dtype_error(what: object) -> DTypeError:
     return DTypeError(
-        f"x is a device array of dtype {what}; ccoll compresses float32 or float64 device "
-        "data (float16 and bfloat16 on the host only): pass x.float() (torch) or "
+        f"x is a device array of dtype {what}; ccoll compresses float16, bfloat16 (torch, "
+        "CuPy), float32 or float64 device data: pass x.float() (torch) or "
         "x.astype(cupy.float32)"
     )
+
+
+def _device_input(x: Any, stream: Any) -> Any:
+    """Device data as the kernels take it: float16/bfloat16 become their exact float32 copy.
+
+    The copy is made on the default stream; a caller's ``stream`` waits for it.
+    """
+    low = widen_device(x)
+    if low is None:
+        return x
+    _join(stream)
+    return low[0]
+
+
+def _join(stream: Any) -> None:
+    """Order work on the default stream and on a caller's ``stream`` (the casts use the former)."""
+    if stream is not None:
+        from numba import cuda
+
+        cuda.synchronize()
+
+
+def _device_narrow(buf: Any, narrow: DeviceNarrow, stream: Any) -> Any:
+    """Decode device stream ``buf`` (float32) to a float32 device array before rounding."""
+    mod = _backend.cuda_module()
+    have = mod.header(buf).dtype
+    if have != np.dtype(np.float32):
+        raise MismatchError(
+            f"the result is to be {narrow.name} but the stream holds {have}; decoding to "
+            f"{narrow.name} takes a float32 stream: pass an array of dtype {have}")
+    y32 = mod.decompress(buf, stream=stream)
+    _join(stream)
+    return y32
 
 
 def _check_eb_abs(eb_abs: object) -> float:
@@ -134,6 +167,7 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
     """
     bound = as_bound(eb)
     if _backend.backend_of(x) == "cuda":
+        x = _device_input(x, stream)
         _device_dtype(x)
         if isinstance(bound, REL):
             eb_abs = bound.resolve(*_device_range(x, stream))
@@ -164,6 +198,7 @@ def compress_abs(
     """
     eb = _check_eb_abs(eb_abs)
     if _backend.backend_of(x) == "cuda":
+        x = _device_input(x, stream)
         _device_dtype(x)
         return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks)
     return cpu.compress_abs(_host_array(x), eb)
@@ -251,11 +286,9 @@ def _decompress_like(buf: Any, like: Any, stream: Any) -> Any:
     want = _like_dtype(like)
     narrow = Narrow.of(like)
     if where == "cuda":
-        if narrow is not None:
-            raise DTypeError(
-                f"like has dtype {narrow.name}; device streams decode to float32 or float64 "
-                "only: pass like= a float32 array and convert the result (y.half())"
-            )
+        dnarrow = DeviceNarrow.of(like)
+        if dnarrow is not None:
+            return dnarrow.result(_device_narrow(buf, dnarrow, stream))
         mod = _backend.cuda_module()
         _check_stream_dtype(mod.header(buf).dtype, want)
         return _device_kind(mod.decompress(buf, stream=stream), like)
@@ -306,7 +339,7 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
     stream. ``like`` (an array or tensor, e.g. the data that was compressed; only its
     kind, device and dtype are read) asks for a new result of its kind and dtype: a torch
     tensor for a tensor, a CuPy array for CuPy, on ``like``'s device. ``like`` of dtype
-    float16 or bfloat16 (host only) decodes a float32 stream and rounds it once to
+    float16 or bfloat16 (host or device) decodes a float32 stream and rounds it once to
     nearest to that dtype: the stream does not record that the data was float16 or
     bfloat16 (docs/format.md has no field for it), so ``like`` (or ``out``) brings the
     dtype back. ``out`` (same dtype, same shape or element count, writable, C-contiguous,
@@ -325,6 +358,15 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
     if _backend.backend_of(buf) == "cuda":
         if out is not None and _backend.backend_of(out) != "cuda":
             raise MismatchError("out must live on the same device as the stream (CUDA)")
+        dnarrow = None if out is None else DeviceNarrow.of(out)
+        if dnarrow is not None:
+            y32 = _device_narrow(buf, dnarrow, stream)
+            if tuple(out.shape) != tuple(y32.shape) and math.prod(out.shape) != y32.size:
+                raise MismatchError(
+                    f"out has shape {tuple(out.shape)} but the stream holds "
+                    f"{tuple(y32.shape)}: pass an out of that shape or element count")
+            dnarrow.into(out, y32)
+            return out
         return _backend.cuda_module().decompress(buf, out=out, stream=stream)
     if out is None:
         return cpu.decompress(_host_stream(buf))

@@ -7,6 +7,12 @@ its values exactly; the float32 result is rounded to the input's dtype once, to 
 (docs/error-bound.md, "float16 and bfloat16"). :func:`widen` and :class:`Narrow` are the one
 implementation of that for ``ccoll.compress``/``decompress``, the collectives and the DDP
 hook. torch is imported only for a torch tensor (its dtype is read by name before that).
+
+Device data of those dtypes takes the same route on the device (:func:`widen_device`,
+:class:`DeviceNarrow`): a CUDA tensor through torch's own casts, a CuPy array through
+CuPy's, a numba device float16 array through two small kernels
+(:mod:`ccoll.compressor._cuda_cast`). numba has no bfloat16, so a bfloat16 array that is
+neither a tensor nor a CuPy array is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +24,8 @@ import numpy as np
 
 from ccoll.compressor._backend import is_torch
 
-__all__ = ["LOW_PRECISION", "Narrow", "low_precision", "widen"]
+__all__ = ["LOW_PRECISION", "DeviceNarrow", "Narrow", "device_low_precision", "low_precision",
+           "widen", "widen_device"]
 
 LOW_PRECISION = ("float16", "bfloat16")
 _TORCH_LOW = {"torch.float16": "float16", "torch.bfloat16": "bfloat16"}
@@ -87,3 +94,139 @@ def widen(x: Any) -> tuple[np.ndarray, Narrow] | None:
 
         return x.detach().to(device="cpu", dtype=torch.float32).numpy(), narrow
     return np.asarray(x).astype(np.float32), narrow
+
+
+def device_low_precision(x: Any) -> str | None:
+    """Return ``"float16"``/``"bfloat16"`` for device data of that dtype, else ``None``."""
+    dt = getattr(x, "dtype", None)
+    if is_torch(x):
+        name = str(dt).removeprefix("torch.")
+    else:
+        try:
+            name = np.dtype(dt).name
+        except TypeError:
+            return None
+    return name if name in LOW_PRECISION else None
+
+
+def _kind(x: Any) -> str:
+    """``"torch"``, ``"cupy"`` or ``"numba"`` (anything else with a CUDA array interface)."""
+    mod = type(x).__module__.split(".", 1)[0]
+    return mod if mod in ("torch", "cupy") else "numba"
+
+
+def _contiguous(x: Any) -> bool:
+    kind = _kind(x)
+    if kind == "torch":
+        return bool(x.is_contiguous())
+    if kind == "cupy":
+        return bool(x.flags.c_contiguous)
+    from numba import cuda
+    from numba.cuda.cudadrv import devicearray
+
+    arr = x if devicearray.is_cuda_ndarray(x) else cuda.as_cuda_array(x)
+    return arr.size == 0 or bool(arr.is_c_contiguous())
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNarrow:
+    """How to hand a float32 device result back as the caller's float16/bfloat16 device data."""
+
+    name: str  # "float16" | "bfloat16"
+    kind: str  # the caller's kind: "torch" | "cupy" | "numba"
+    dtype: Any  # the caller's dtype: a torch dtype, or a numpy dtype
+    device: Any  # the caller's torch device (None for the other kinds)
+
+    @classmethod
+    def of(cls, x: Any) -> DeviceNarrow | None:
+        """Return the DeviceNarrow for device data ``x`` of dtype float16/bfloat16, else ``None``.
+
+        Raises :class:`~ccoll.errors.DTypeError` for bfloat16 data that only numba would
+        carry (numba has no bfloat16 on the device).
+        """
+        name = device_low_precision(x)
+        if name is None:
+            return None
+        kind = _kind(x)
+        if kind == "torch":
+            return cls(name, kind, x.dtype, x.device)
+        if kind == "cupy":
+            return cls(name, kind, x.dtype, None)
+        if name == "bfloat16":
+            from ccoll.errors import DTypeError
+
+            raise DTypeError(
+                "x is a bfloat16 device array that is neither a torch tensor nor a CuPy "
+                "array; numba has no bfloat16 on the device: pass a CUDA torch tensor of it, "
+                "or the data as float16 or float32")
+        return cls(name, kind, np.dtype(np.float16), None)
+
+    def result(self, y32: Any) -> Any:
+        """Return device ``y32`` (float32) rounded once to nearest, new, in the caller's kind."""
+        if self.kind == "torch":
+            import torch
+
+            return torch.as_tensor(y32, device=self.device).to(self.dtype)
+        if self.kind == "cupy":
+            import cupy
+
+            return cupy.asarray(y32).astype(self.dtype)
+        from numba import cuda
+        from numba.cuda.cudadrv import devicearray
+
+        from ccoll.compressor._cuda_cast import narrow_into
+
+        y32 = y32 if devicearray.is_cuda_ndarray(y32) else cuda.as_cuda_array(y32)
+        out = cuda.device_array(y32.shape, np.float16)
+        narrow_into(y32, out)
+        return out
+
+    def into(self, out: Any, y32: Any) -> None:
+        """Write ``y32`` rounded once to nearest into device array ``out`` (of ``self.name``)."""
+        kind = _kind(out)
+        if kind == "torch":
+            import torch
+
+            out.copy_(torch.as_tensor(y32, device=out.device).reshape(out.shape))
+        elif kind == "cupy":
+            import cupy
+
+            cupy.copyto(out, cupy.asarray(y32).reshape(out.shape), casting="unsafe")
+        else:
+            from numba import cuda
+            from numba.cuda.cudadrv import devicearray
+
+            from ccoll.compressor._cuda_cast import narrow_into
+
+            dst = out if devicearray.is_cuda_ndarray(out) else cuda.as_cuda_array(out)
+            y32 = y32 if devicearray.is_cuda_ndarray(y32) else cuda.as_cuda_array(y32)
+            narrow_into(y32, dst)
+
+
+def widen_device(x: Any) -> tuple[Any, DeviceNarrow] | None:
+    """Return a float32 device copy of float16/bfloat16 device ``x`` and its DeviceNarrow.
+
+    ``None`` when ``x`` is not float16/bfloat16. The copy is exact and of ``x``'s kind (a
+    CUDA tensor, a CuPy array, a numba device array), on its device. Raises
+    :class:`~ccoll.errors.DTypeError` for bfloat16 data that only numba would carry,
+    :class:`~ccoll.errors.InputError` for non-contiguous data.
+    """
+    narrow = DeviceNarrow.of(x)
+    if narrow is None:
+        return None
+    if not _contiguous(x):
+        from ccoll.errors import InputError
+
+        raise InputError("a device array x must be C-contiguous: pass x.contiguous() (torch) "
+                         "or cupy.ascontiguousarray(x)")
+    if narrow.kind == "torch":
+        import torch
+
+        return x.detach().to(torch.float32), narrow
+    if narrow.kind == "cupy":
+        import cupy
+
+        return x.astype(cupy.float32), narrow
+    from ccoll.compressor._cuda_cast import widen_f16
+
+    return widen_f16(x), narrow

@@ -2,7 +2,9 @@
 
 The result has ``like``'s kind on the device (numba here; CuPy and CUDA tensors in
 tests/test_compressor_tensors.py where they are installed); a host ``like`` for a device
-stream, and float16 ``like`` on the device, are refused with the fix.
+stream is refused with the fix. float16 device data compresses as its exact float32 copy
+and decodes (``like=``/``out=`` of float16) to the float32 result rounded once, as on the
+host.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from numba import cuda
 from numba.cuda.cudadrv import devicearray
 
 import ccoll
-from ccoll.errors import DTypeError, MismatchError
+import ccoll.compressor
+from ccoll.errors import MismatchError
 
 EB = 1e-3
 
@@ -34,10 +37,31 @@ def test_device_like_errors_name_the_fix():
     _, buf = _stream()
     assert_clear_error(MismatchError, r"like lives on the host but the stream on the device",
                        ccoll.decompress, buf, like=np.zeros(1, np.float32))
-    assert_clear_error(DTypeError, r"like has dtype float16.*float32 or float64 only",
-                       ccoll.decompress, buf, like=cuda.to_device(np.zeros(1, np.float16)))
     assert_clear_error(MismatchError, r"like has dtype float64 but the stream holds float32",
                        ccoll.decompress, buf, like=cuda.to_device(np.zeros(1, np.float64)))
     host = ccoll.compress(np.zeros(40, np.float32), ccoll.ABS(EB))
     assert_clear_error(MismatchError, r"like lives on the device but the stream on the host",
                        ccoll.decompress, host, like=cuda.to_device(np.zeros(1, np.float32)))
+
+
+def test_device_float16_round_trip_equals_the_host_one():
+    x = (np.random.default_rng(1).standard_normal(300) * 3).astype(np.float16)
+    d = cuda.to_device(x)
+    buf = ccoll.compress(d, ccoll.ABS(EB))
+    assert ccoll.compressor.header(buf).dtype == np.float32  # its exact float32 copy
+    y = ccoll.decompress(buf, like=d)
+    assert devicearray.is_cuda_ndarray(y) and y.dtype == np.float16 and y.shape == x.shape
+    host = ccoll.decompress(ccoll.compress(x, ccoll.ABS(EB)), like=x)
+    assert y.copy_to_host().tobytes() == host.tobytes()
+    # A float32 value within eb, rounded once to float16 (docs/error-bound.md).
+    assert_within(y.copy_to_host(), x, EB, roundings=1)
+    out = cuda.device_array(x.shape, np.float16)
+    assert ccoll.decompress(buf, out=out) is out
+    assert out.copy_to_host().tobytes() == host.tobytes()
+
+
+def test_device_float16_like_of_a_float64_stream_is_refused():
+    buf = ccoll.compress(cuda.to_device(np.zeros(8, np.float64)), ccoll.ABS(EB))
+    assert_clear_error(MismatchError, r"stream holds float64; decoding to float16 takes a "
+                       r"float32 stream", ccoll.decompress, buf,
+                       like=cuda.to_device(np.zeros(1, np.float16)))

@@ -21,13 +21,13 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cuda"))
 
 import warp_shim  # noqa: E402
-from collkit import exact_sum, global_eb, gradient_like  # noqa: E402
+from collkit import exact_sum, global_eb, gradient_like, my_block  # noqa: E402
 from kit import assert_same_on_every_rank, assert_within  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from numba import cuda  # noqa: E402
 
 import ccoll  # noqa: E402
-from ccoll.errors import DTypeError, InputError, MismatchError  # noqa: E402
+from ccoll.errors import InputError, MismatchError  # noqa: E402
 
 warp_shim.install()
 
@@ -91,14 +91,92 @@ def test_out_partly_overlapping_device_x_is_refused_everywhere(comm):
     assert np.array_equal(d.copy_to_host(), np.arange(11, dtype=np.float32))
 
 
+def _f32_rounding(y16: np.ndarray, k: int = 1) -> np.ndarray:
+    """``k`` float32 half spacings at the float32 value that rounded to ``y16`` (upper bound)."""
+    return k * np.spacing(np.abs(y16)).astype(np.float64) * 2.0**-14
+
+
+def _device_f16(y):
+    """The host copy of a numba device float16 result, after checking its kind and dtype."""
+    assert cuda.devicearray.is_cuda_ndarray(y), type(y)
+    assert y.dtype == np.float16
+    return y.copy_to_host()
+
+
 @pytest.mark.parametrize("policy", ["compress", "raw", "auto"])
-def test_device_float16_is_refused_everywhere_and_the_communicator_still_works(comm, policy):
-    # The device compressor takes float32/float64: refused in the agreement, before any
-    # data moves, whatever the policy, so the default Communicator stays usable.
-    x = cuda.to_device(gradient_like(comm.rank, 500, np.float16))
-    with pytest.raises(DTypeError) as info:
-        ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm, policy=policy)
-    _same_error_everywhere(comm, info, DTypeError, "device array of dtype float16")
-    assert "x.astype(cupy.float32)" in str(info.value)
-    y = ccoll.allreduce(cuda.to_device(np.ones(8, np.float32)), eb=None, comm=comm)
-    assert np.array_equal(y.copy_to_host(), np.full(8, comm.size, np.float32))
+def test_device_float16_allreduce_equals_host_float16_within_bound(comm, policy):
+    # Widened on the device, reduced as float32, rounded once: the host float16 path's
+    # bytes, on every rank, within eb plus the float32 and the float16 rounding.
+    x = gradient_like(comm.rank, 64 * comm.size + 7, np.float16)
+    eb = ccoll.ABS(1e-3)
+    with ccoll.Communicator(comm, chunk_elems=40, policy=policy) as c:
+        want = c.allreduce(x, eb=eb)
+        y = _device_f16(c.allreduce(cuda.to_device(x), eb=eb))
+        compressed = c.last_call.compressed
+    assert y.shape == x.shape
+    assert y.tobytes() == want.tobytes()
+    if compressed:
+        assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb), roundings=1,
+                      extra=_f32_rounding(y))
+    else:  # MPI's float32 sum: within (N - 1) 2^-24 sum|x| (plus O(2^-48)), rounded once
+        mag = np.sum(np.abs(np.stack(comm.allgather(x)).astype(np.float64)), axis=0)
+        assert_within(y, exact_sum(comm, x), 0.0, roundings=1, extra=comm.size * 2.0**-24 * mag)
+    assert_same_on_every_rank(comm, y)
+    if policy == "compress":
+        assert compressed
+
+
+def test_device_float16_allreduce_avg_into_out_and_in_place(comm):
+    x = gradient_like(comm.rank, 300, np.float16).reshape(10, 30)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, policy="compress") as c:
+        want = c.allreduce(x, eb=eb, op="avg")
+        out = cuda.device_array((10, 30), np.float16)
+        assert c.allreduce(cuda.to_device(x), eb=eb, op="avg", out=out) is out
+        y = _device_f16(out)
+        assert y.tobytes() == want.tobytes()
+        assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, eb) / comm.size,
+                      roundings=1, extra=_f32_rounding(y, 3))
+        d = cuda.to_device(x)  # out=x: the float32 copy moves, the result lands in x
+        assert c.allreduce(d, eb=None, out=d) is d
+        assert d.copy_to_host().tobytes() == c.allreduce(x, eb=None).tobytes()
+    assert_same_on_every_rank(comm, y)
+
+
+def test_device_float16_reduce_scatter_allgather_bcast(comm):
+    x = gradient_like(comm.rank, 101, np.float16)
+    d = cuda.to_device(x)
+    eb = ccoll.ABS(1e-3)
+    root = comm.size - 1
+    with ccoll.Communicator(comm, policy="compress") as cc:
+        rs = _device_f16(cc.reduce_scatter(d, eb=eb))
+        assert rs.tobytes() == cc.reduce_scatter(x, eb=eb).tobytes()
+        ag = _device_f16(cc.allgather(d, eb=eb))
+        assert ag.shape == (comm.size, 101)
+        assert ag.tobytes() == cc.allgather(x, eb=eb).tobytes()
+        bc = _device_f16(cc.bcast(d, eb=eb, root=root))
+        assert bc.shape == (101,)
+        assert bc.tobytes() == cc.bcast(x, eb=eb, root=root).tobytes()
+        assert cc.stats.compressed_calls == 6
+    assert_within(rs, my_block(exact_sum(comm, x), comm), 1e-3, roundings=1,
+                  extra=_f32_rounding(rs))
+    # The decoder's float32 is within eb of a float16 value; rounding adds at most s/2.
+    assert_within(ag, np.stack(comm.allgather(x)), 1e-3, roundings=1)
+    assert_within(bc, comm.bcast(x, root=root), 1e-3, roundings=1)
+    for y in (ag, bc):
+        assert_same_on_every_rank(comm, y)
+
+
+def test_device_float16_with_a_wrong_out_is_refused_everywhere(comm):
+    x = cuda.to_device(gradient_like(comm.rank, 50, np.float16))
+    out = cuda.device_array(50, np.float32)
+    with pytest.raises(InputError) as info:
+        ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm, out=out)
+    _same_error_everywhere(comm, info, InputError, "dtype float32; expected (50,) and float16")
+
+
+def test_non_contiguous_device_float16_is_refused_everywhere(comm):
+    x = cuda.to_device(np.zeros((8, 8), np.float16))[:, ::2]
+    with pytest.raises(InputError) as info:
+        ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm)
+    _same_error_everywhere(comm, info, InputError, "must be C-contiguous")
