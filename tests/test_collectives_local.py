@@ -82,26 +82,45 @@ def test_worker_help_runs_the_lowest_eligible_task_on_the_caller():
     w = Worker("test-worker")
     gate = threading.Event()
     ran: list[tuple[tuple[int, int], str]] = []
-    w.submit((0, 0), gate.wait, "gate")  # holds the worker's thread
+    w.submit((1, 0), gate.wait, "gate")  # an eligible task holds the worker's thread
     while w._heap:  # the worker took the gate
         time.sleep(1e-3)
-    for key in [(0, 5), (1, 7), (1, 2), (2, 0)]:
+    for key in [(1, 7), (1, 2), (2, 0)]:
         w.submit(key, lambda k=key: ran.append((k, threading.current_thread().name)), key)
     try:
-        assert w.help((1,)) is True  # skips (0, 5): not eligible
         assert w.help((1,)) is True
         assert w.help((1,)) is True
-        assert w.help((1,)) is False  # only (0, 5) is left
+        assert w.help((1,)) is True
+        assert w.help((1,)) is False  # nothing left to take
         me = threading.current_thread().name
         assert ran == [((1, 2), me), ((1, 7), me), ((2, 0), me)]
         assert sorted(tag for tag, _, _ in w.drain()) == [(1, 2), (1, 7), (2, 0)]
+    finally:
+        gate.set()
+        w.close()
+
+
+@pytest.mark.parametrize("where", ["running", "queued"])
+def test_worker_help_leaves_the_core_to_a_critical_task(where):
+    # A task below min_key (the ring's compress/combine) running or waiting on the worker:
+    # the caller takes nothing, so that it does not compete with it for the rank's core.
+    w = Worker("test-worker")
+    gate = threading.Event()
+    ran: list[str] = []
+    w.submit((0, 0) if where == "running" else (1, 0), gate.wait, "gate")
+    while w._heap:
+        time.sleep(1e-3)
+    if where == "queued":
+        w.submit((0, 5), lambda: ran.append(threading.current_thread().name), "ring")
+    w.submit((1, 7), lambda: ran.append(threading.current_thread().name), "decode")
+    try:
+        assert w.help((1,)) is False
         gate.set()
         done = []
         while w.outstanding:
             w.wait(1.0)
             done.extend(w.drain())
-        assert [tag for tag, _, _ in done] == ["gate", (0, 5)]
-        assert ran[-1] == ((0, 5), "test-worker")
+        assert set(ran) == {"test-worker"}
     finally:
         gate.set()
         w.close()
@@ -110,7 +129,7 @@ def test_worker_help_runs_the_lowest_eligible_task_on_the_caller():
 def test_worker_help_hands_errors_to_drain():
     w = Worker("test-worker")
     gate = threading.Event()
-    w.submit((0,), gate.wait, "gate")
+    w.submit((1,), gate.wait, "gate")
     while w._heap:
         time.sleep(1e-3)
     w.submit((1,), lambda: 1 / 0, "boom")

@@ -38,6 +38,8 @@ class Worker:
         self._outstanding = 0
         self._thread: threading.Thread | None = None
         self._stop = False
+        # Key of the task the thread is running (None: idle), read by help().
+        self._running: Any = None
 
     @property
     def outstanding(self) -> int:
@@ -73,13 +75,20 @@ class Worker:
     def help(self, min_key: Any) -> bool:
         """Run the lowest-key queued task whose key is ``>= min_key`` here; False if none.
 
-        Its outcome comes back from :meth:`drain` like the worker's own.
+        Only while no task below ``min_key`` is queued or running on the worker: those are
+        on the critical path, and where a rank has one core (the default share when ranks
+        fill a node) a second thread computing beside them only slows them down. Its
+        outcome comes back from :meth:`drain` like the worker's own.
         """
         with self._cv:
             heap = self._heap
+            if self._running is not None and self._running < min_key:
+                return False
             best = -1
             for i, item in enumerate(heap):
-                if item[0] >= min_key and (best < 0 or item[:2] < heap[best][:2]):
+                if item[0] < min_key:
+                    return False
+                if best < 0 or item[:2] < heap[best][:2]:
                     best = i
             if best < 0:
                 return False
@@ -125,11 +134,13 @@ class Worker:
                     self._cv.wait()
                 if self._stop:
                     return
-                _, _, fn, tag = heapq.heappop(self._heap)
+                key, _, fn, tag = heapq.heappop(self._heap)
+                self._running = key
             try:
                 outcome: Done = (tag, fn(), None)
             except Exception as exc:  # noqa: BLE001 - handed to the driving thread
                 outcome = (tag, None, exc)
             with self._cv:
+                self._running = None
                 self._done.append(outcome)
                 self._cv.notify_all()

@@ -1,8 +1,8 @@
 """The compressed ring's allgather: chunks forwarded point to point as soon as they are final.
 
 Run under mpiexec at 1-5 ranks. The allgather of the reduced streams starts chunk by chunk
-while the reduce-scatter still runs, the driving thread decodes while the worker computes,
-and chunks that arrive in any order still give every rank the same bytes.
+while the reduce-scatter still runs, the driving thread decodes when the worker has only
+decodes left, and chunks that arrive in any order still give every rank the same bytes.
 """
 
 from __future__ import annotations
@@ -26,15 +26,14 @@ GATE_S = 30.0
 
 
 class _GatedOps:
-    """Ring operations that hold rank 0's last combine until a chunk of another block is
-    decoded on rank 0, which only a pipelined allgather can have done by then."""
+    """Ring operations that hold rank 0's last combine until chunk 0 of the left
+    neighbour's block has reached rank 0 in the allgather (its decode was queued), which
+    only a pipelined allgather can have done by then."""
 
-    def __init__(self, ops, layout: Layout, rank: int, n_ranks: int, out: np.ndarray) -> None:
+    def __init__(self, ops, layout: Layout, rank: int, arrived: threading.Event) -> None:
         self.ops, self.layout, self.rank = ops, layout, rank
         self.last = len(layout.chunks(rank)) - 1
-        # Chunk 0 of the left neighbour's block: one allgather hop away.
-        lo, hi = layout.chunks((rank - 1) % n_ranks)[0]
-        self.watch = out.reshape(-1)[lo:hi]
+        self.arrived = arrived
         self.seen: bool | None = None
 
     def first(self, block: int, chunk: int):
@@ -46,10 +45,7 @@ class _GatedOps:
     def combine(self, block: int, chunk: int, received):
         # The last step's combines are those of this rank's own block.
         if self.rank == 0 and block == 0 and chunk == self.last:
-            until = time.monotonic() + GATE_S
-            while np.isnan(self.watch).any() and time.monotonic() < until:
-                time.sleep(1e-3)
-            self.seen = not np.isnan(self.watch).any()
+            self.seen = self.arrived.wait(GATE_S)
         return self.ops.combine(block, chunk, received)
 
 
@@ -62,20 +58,28 @@ def test_allgather_starts_before_the_reduce_scatter_ends(comm, monkeypatch, algo
     out = np.full(N_ELEMS, np.nan, dtype=np.float32)
     gates: list[_GatedOps] = []
     real = ring.ring_ops
+    arrived = threading.Event()
+    real_key = ring._decode_key
+
+    def decode_key(t: int, c: int):
+        if (t, c) == (0, 0):  # the first allgather step's chunk 0 was received
+            arrived.set()
+        return real_key(t, c)
 
     def gated(flat, layout, alg, eb_abs, place=ring.HOST):
-        g = _GatedOps(real(flat, layout, alg, eb_abs, place), layout, r, n, out)
+        g = _GatedOps(real(flat, layout, alg, eb_abs, place), layout, r, arrived)
         gates.append(g)
         return g
 
     monkeypatch.setattr(ring, "ring_ops", gated)
+    monkeypatch.setattr(ring, "_decode_key", decode_key)
     with ccoll.Communicator(comm, policy="compress", chunk_elems=CHUNK) as cc:
         y = cc.allreduce(x, ccoll.REL(1e-3), algorithm=algorithm, out=out)
     assert y is out
     assert len(gates) == 1
     seen = comm.bcast(gates[0].seen, root=0)
     # Rank 0's worker was held in its last combine: the left neighbour's chunk 0 reached
-    # rank 0 and was decoded (by the driving thread) before that combine could finish.
+    # rank 0 in the allgather before that combine could finish.
     assert seen is True, "the allgather did not start before the reduce-scatter ended"
     assert_within(y, exact_sum(comm, x), global_eb(comm, x, ccoll.REL(1e-3)), roundings=1)
     assert_same_on_every_rank(comm, y)
