@@ -85,8 +85,8 @@ def test_strided_input_gives_the_range_of_its_elements():
 
 
 def test_the_collectives_check_stage_uses_the_fused_pass(monkeypatch):
-    # The range of a REL call: one parallel numba pass, not numpy's two passes plus a
-    # filtered copy (docs/performance.md, "The REL check stage").
+    # The range of a large REL call: one parallel numba pass, not numpy's two passes plus
+    # a filtered copy (docs/performance.md, "The REL check stage").
     calls = []
     kernel = encode._range_kernel
 
@@ -95,7 +95,11 @@ def test_the_collectives_check_stage_uses_the_fused_pass(monkeypatch):
         return kernel(*args)
 
     monkeypatch.setattr(encode, "_range_kernel", spy)
-    x = np.linspace(-2.0, 3.0, 200_000, dtype=np.float32)
+    n = communicator._FUSED_RANGE_MIN
+    x = np.linspace(-2.0, 3.0, n, dtype=np.float32)
     x[5] = np.nan
     assert communicator._finite_range(x, None) == (-2.0, 3.0)
-    assert calls == [200_000]
+    assert calls == [n]
+    # Below that size numpy's passes are cheaper than a parallel launch: the same range.
+    assert communicator._finite_range(x[: n // 4], None) == (-2.0, float(x[n // 4 - 1]))
+    assert calls == [n]
