@@ -1,13 +1,24 @@
-"""What the checkpointable states of ccoll.torch share: the version and the settings check."""
+"""What the states of ccoll.torch share: their agreed construction, version and settings check."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from ccoll.errorbound import ABS, REL, ErrorBound
-from ccoll.errors import InputError
+from ccoll.errorbound import ABS, REL, ErrorBound, as_bound
+from ccoll.errors import ErrorBoundError, InputError
 
-__all__ = ["STATE_VERSION", "bound_of", "check_settings", "check_version"]
+__all__ = [
+    "POLICIES",
+    "STATE_VERSION",
+    "agreed_communicator",
+    "bound_of",
+    "check_settings",
+    "check_version",
+    "start_call",
+]
+
+POLICIES = ("compress", "auto", "raw")
 
 # Version of the state dicts (CCollHookState, FSDPReduceScatter); bump on a change of keys.
 STATE_VERSION = 1
@@ -39,3 +50,67 @@ def check_settings(mine: dict[str, Any], state: dict[str, Any], what: str) -> No
         raise InputError(f"the state dict was saved with other settings ({'; '.join(diff)}); "
                          f"construct the {what} with the checkpoint's settings "
                          f"({what}.from_state_dict(state))")
+
+
+def start_call(what: str, eb: Any, comm: Any, policy: Any) -> tuple[Any, Any, ErrorBound, str]:
+    """Check the arguments every state takes; return (base comm, Call, bound, policy).
+
+    A bad ``comm`` raises at once (there is nothing to agree over). A bad bound or policy
+    is recorded on the returned agreement call, not raised: :func:`agreed_communicator`
+    raises it on every rank, so the others never wait in a collective this rank skipped.
+    """
+    from mpi4py import MPI
+
+    from ccoll.collectives.agreement import BOUND_KINDS, Call
+    from ccoll.collectives.agreement import POLICIES as POLICY_CODES
+
+    base = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
+        raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+    call = Call(what)
+    bound: ErrorBound = REL(1e-3)
+    try:
+        bound = REL(1e-3) if eb is None else as_bound(eb)
+    except (ErrorBoundError, InputError) as exc:
+        call.problem(type(exc), str(exc))
+    if not isinstance(bound, (ABS, REL)):
+        call.problem(InputError, f"eb must be ccoll.ABS or ccoll.REL, got {eb!r}")
+        bound = REL(1e-3)
+    if policy not in POLICIES:
+        call.problem(InputError, f"policy must be one of {', '.join(map(repr, POLICIES))}, "
+                     f"got {policy!r}")
+        policy = "auto"
+    call.bound_kind = BOUND_KINDS[bound.kind]
+    call.bound_value = bound.value
+    call.policy = POLICY_CODES[policy]
+    call.shown.update({"error-bound kind": bound.kind, "error-bound value": bound,
+                       "policy": policy})
+    return base, call, bound, policy
+
+
+def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
+                        what: str) -> tuple[Any, Any]:
+    """Duplicate ``base``, agree on ``call`` and build the homomorphic Communicator.
+
+    Collective over ``base``; returns (duplicate, Communicator). Every rank raises the same
+    error when a rank passed a bad argument or other settings (``MismatchError``).
+    """
+    from ccoll.collectives import Communicator
+    from ccoll.collectives.agreement import agree
+    from ccoll.collectives.communicator import dup_comm
+    from ccoll.collectives.waiting import Deadline
+
+    valid = isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
+    deadline = Deadline(float(timeout) if valid else None, f"creating a ccoll.torch.{what}")
+    comm = dup_comm(base, deadline)
+    try:
+        agree(comm, call, deadline)
+        # Error feedback needs each rank's own quantized input, which only the homomorphic
+        # ring defines (decompress-add-recompress mixes the ranks' errors); FSDP's shards
+        # take the same ring.
+        communicator = Communicator(comm, algorithm="homomorphic", policy=policy,
+                                    timeout=timeout)
+    except BaseException:
+        comm.Free()
+        raise
+    return comm, communicator

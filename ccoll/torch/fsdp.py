@@ -20,7 +20,6 @@ output by its post-division factor. docs/training.md ("FSDP2") has the error bou
 from __future__ import annotations
 
 import fnmatch
-import math
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
@@ -30,13 +29,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ccoll.errorbound import ABS, REL, ErrorBound, as_bound
-from ccoll.errors import ErrorBoundError, InputError
-from ccoll.torch._state import STATE_VERSION, bound_of, check_settings, check_version
+from ccoll.errorbound import ABS, REL, ErrorBound
+from ccoll.errors import InputError
+from ccoll.torch._state import (
+    STATE_VERSION,
+    agreed_communicator,
+    bound_of,
+    check_settings,
+    check_version,
+    start_call,
+)
 
 __all__ = ["FSDPReduceScatter"]
 
-_POLICIES = ("compress", "auto", "raw")
 _SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -100,30 +105,8 @@ class FSDPReduceScatter:
         min_numel: int = 4096,
         timeout: float | None = None,
     ) -> None:
-        from mpi4py import MPI
-
-        from ccoll.collectives import Communicator
-        from ccoll.collectives.agreement import BOUND_KINDS, POLICIES, Call, agree
-        from ccoll.collectives.communicator import dup_comm
-        from ccoll.collectives.waiting import Deadline
-
-        base = MPI.COMM_WORLD if comm is None else comm
-        if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
-            raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
         # Problems are recorded and raised by the agreement on every rank at once.
-        call = Call("FSDPReduceScatter")
-        bound: ErrorBound = REL(1e-3)
-        try:
-            bound = REL(1e-3) if eb is None else as_bound(eb)
-        except (ErrorBoundError, InputError) as exc:
-            call.problem(type(exc), str(exc))
-        if not isinstance(bound, (ABS, REL)):
-            call.problem(InputError, f"eb must be ccoll.ABS or ccoll.REL, got {eb!r}")
-            bound = REL(1e-3)
-        if policy not in _POLICIES:
-            call.problem(InputError, f"policy must be one of {', '.join(map(repr, _POLICIES))}, "
-                         f"got {policy!r}")
-            policy = "auto"
+        base, call, bound, policy = start_call("FSDPReduceScatter", eb, comm, policy)
         if isinstance(min_numel, bool) or not isinstance(min_numel, (int, np.integer)) or (
             min_numel < 0
         ):
@@ -139,27 +122,10 @@ class FSDPReduceScatter:
         self.min_numel = int(min_numel)
         self.exempt = pats
         self.timeout = timeout
-        call.bound_kind = BOUND_KINDS[bound.kind]
-        call.bound_value = bound.value
-        call.policy = POLICIES[policy]
         call.min_numel = self.min_numel
-        call.shown.update({
-            "error-bound kind": bound.kind, "error-bound value": bound, "policy": policy,
-            "min_numel": self.min_numel,
-        })
-        valid_timeout = isinstance(timeout, (int, float)) and math.isfinite(timeout) and (
-            timeout > 0
-        )
-        deadline = Deadline(float(timeout) if valid_timeout else None,  # type: ignore[arg-type]
-                            "creating a ccoll.torch.FSDPReduceScatter")
-        self.comm = dup_comm(base, deadline)
-        try:
-            agree(self.comm, call, deadline)
-            self.communicator = Communicator(self.comm, algorithm="homomorphic", policy=policy,
-                                             timeout=timeout)
-        except BaseException:
-            self.comm.Free()
-            raise
+        call.shown.update({"min_numel": self.min_numel})
+        self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
+                                                           "FSDPReduceScatter")
         self._finalizer = weakref.finalize(self, _close, self.comm, self.communicator)
         self._pending: list[Any] = []
         self._lock = threading.Lock()

@@ -41,15 +41,21 @@ import torch
 import torch.distributed as dist
 
 from ccoll.compressor.precision import widen
-from ccoll.errorbound import ABS, REL, ErrorBound, as_bound, finite_range
-from ccoll.errors import ErrorBoundError, InputError
-from ccoll.torch._state import STATE_VERSION, bound_of, check_settings, check_version
+from ccoll.errorbound import ABS, REL, ErrorBound, finite_range
+from ccoll.errors import InputError
+from ccoll.torch._state import (
+    STATE_VERSION,
+    agreed_communicator,
+    bound_of,
+    check_settings,
+    check_version,
+    start_call,
+)
 
 __all__ = ["CCollHookState", "comm_hook"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float64, *_LOW_PRECISION)
-_POLICIES = ("compress", "auto", "raw")
 
 
 def _checked_int(call: Any, name: str, value: object, lo: int) -> int:
@@ -158,70 +164,29 @@ class CCollHookState:
         policy: str = "auto",
         timeout: float | None = None,
     ) -> None:
-        from mpi4py import MPI
-
-        from ccoll.collectives import Communicator
-        from ccoll.collectives.agreement import BOUND_KINDS, POLICIES, Call, agree
-        from ccoll.collectives.communicator import dup_comm
-        from ccoll.collectives.waiting import Deadline
-
-        base = MPI.COMM_WORLD if comm is None else comm
-        if not isinstance(base, MPI.Intracomm) or base == MPI.COMM_NULL:
-            raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
-        # A bad argument on one rank is recorded, not raised: the agreement below raises it
-        # on every rank, so the others never wait in a collective this rank skipped.
-        call = Call("CCollHookState")
-        bound: ErrorBound = REL(1e-3)
-        try:
-            bound = REL(1e-3) if eb is None else as_bound(eb)
-        except (ErrorBoundError, InputError) as exc:
-            call.problem(type(exc), str(exc))
-        if not isinstance(bound, (ABS, REL)):
-            call.problem(InputError, f"eb must be ccoll.ABS or ccoll.REL, got {eb!r}")
-            bound = REL(1e-3)
+        # A bad argument on one rank is recorded, not raised: the agreement raises it on
+        # every rank, so the others never wait in a collective this rank skipped.
+        base, call, bound, policy = start_call("CCollHookState", eb, comm, policy)
         if not isinstance(error_feedback, (bool, np.bool_)):
             call.problem(InputError,
                          f"error_feedback must be True or False, got {error_feedback!r}")
             error_feedback = False
         start = _checked_int(call, "start_iter", start_iter, 0)
         min_n = _checked_int(call, "min_numel", min_numel, 0)
-        if policy not in _POLICIES:
-            call.problem(InputError, f"policy must be one of {', '.join(map(repr, _POLICIES))}, "
-                         f"got {policy!r}")
-            policy = "auto"
         self.eb = bound
         self.error_feedback = bool(error_feedback)
         self.start_iter = start
         self.min_numel = min_n
         # A rank with other settings would make other collectives per bucket (error
         # feedback adds one for the range of REL bounds): agree on them before any bucket.
-        call.bound_kind = BOUND_KINDS[bound.kind]
-        call.bound_value = bound.value
-        call.policy = POLICIES[policy]
         call.feedback = int(self.error_feedback)
         call.start_iter = start
         call.min_numel = min_n
-        call.shown.update({
-            "error-bound kind": bound.kind, "error-bound value": bound, "policy": policy,
-            "error_feedback": self.error_feedback, "start_iter": start, "min_numel": min_n,
-        })
-        valid_timeout = isinstance(timeout, (int, float)) and math.isfinite(timeout) and (
-            timeout > 0
-        )
-        deadline = Deadline(float(timeout) if valid_timeout else None,  # type: ignore[arg-type]
-                            "creating a ccoll.torch.CCollHookState")
-        self.comm = dup_comm(base, deadline)
-        try:
-            agree(self.comm, call, deadline)
-            # Error feedback needs to know each rank's own quantized input, which only the
-            # homomorphic ring defines (decompress-add-recompress mixes the ranks' errors).
-            self.policy = policy
-            self.communicator = Communicator(
-                self.comm, algorithm="homomorphic", policy=policy, timeout=timeout
-            )
-        except BaseException:
-            self.comm.Free()
-            raise
+        call.shown.update({"error_feedback": self.error_feedback, "start_iter": start,
+                           "min_numel": min_n})
+        self.policy = policy
+        self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
+                                                           "CCollHookState")
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
