@@ -23,23 +23,12 @@ import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torchkit import Net  # noqa: E402
 
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
-
-
-class Net(torch.nn.Module):
-    """12,810 parameters: one DDP bucket, the same before and after DDP rebuilds buckets."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(64, 160)
-        self.b = torch.nn.Linear(160, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.tanh(self.a(x)))
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,22 +14,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from kit import assert_clear_error  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torchkit import Net, process_group  # noqa: E402, F401
 
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
 from ccoll.errors import InputError  # noqa: E402
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    torch.set_num_threads(1)
-    ct.init_process_group_from_mpi()
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -38,18 +30,6 @@ def made():
     yield objs
     for o in objs:
         o.close()
-
-
-class Net(torch.nn.Module):
-    """One DDP bucket whose parameter order DDP reverses after the first iteration."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(64, 160)
-        self.b = torch.nn.Linear(160, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.tanh(self.a(x)))
 
 
 def rank_input() -> torch.Tensor:

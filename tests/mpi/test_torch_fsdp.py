@@ -22,6 +22,7 @@ import torch.distributed as dist  # noqa: E402
 from kit import ExactSum, assert_clear_error, assert_within, rel_bound  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torchkit import process_group  # noqa: E402, F401
 
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
@@ -32,14 +33,6 @@ import models  # noqa: E402
 
 SIZE = MPI.COMM_WORLD.Get_size()
 pytestmark = pytest.mark.skipif(SIZE < 2, reason="a reduce-scatter needs 2 ranks or more")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    torch.set_num_threads(1)
-    ct.init_process_group_from_mpi()
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture

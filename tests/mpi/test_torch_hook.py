@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from kit import ExactSum, assert_same_on_every_rank, assert_within, rel_bound  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torchkit import Net, process_group  # noqa: E402, F401
 
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
@@ -26,14 +26,6 @@ DTYPES = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    torch.set_num_threads(1)
-    ct.init_process_group_from_mpi()
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture
@@ -51,18 +43,6 @@ def state_factory():
     yield make
     for s in made:
         s.close()
-
-
-class Net(torch.nn.Module):
-    """Two layers, 12,810 parameters: one DDP bucket (under the 1 MiB first-bucket cap)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(64, 160)
-        self.b = torch.nn.Linear(160, 16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.tanh(self.a(x)))
 
 
 def local_grads(model: torch.nn.Module, x: torch.Tensor) -> list[np.ndarray]:

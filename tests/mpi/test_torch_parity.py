@@ -18,9 +18,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
-import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torchkit import process_group  # noqa: E402, F401
 
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
@@ -40,14 +40,6 @@ pytestmark = [
     # bucket view's; the layouts address the same elements, DDP only warns about speed.
     pytest.mark.filterwarnings("ignore:Grad strides do not match bucket view strides"),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def process_group():
-    torch.set_num_threads(1)
-    ct.init_process_group_from_mpi()
-    yield
-    dist.destroy_process_group()
 
 
 def train(compressed: bool) -> tuple[float, list[str], int]:
