@@ -8,7 +8,9 @@ pytest-timeout (thread method: it exits the process, and mpiexec then ends the j
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 from mpi4py import MPI
@@ -19,6 +21,24 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
 # parallel kernels share, and OpenMP reads its wait policy only then. Spinning idle
 # threads of ranks that share cores made an FSDP step 7x slower here.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Each rank is its own pytest process: with one shared base folder, the ranks create
+    # and prune numbered tmp_path folders in it at once, and pytest's scan of that folder
+    # could meet one the other rank was removing (an unclosed scandir iterator, turned
+    # into an error by filterwarnings at exit). A folder of its own per rank instead.
+    if config.option.basetemp is None:
+        rank = MPI.COMM_WORLD.Get_rank()
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"ccoll-pytest-rank{rank}-")
+        config._ccoll_basetemp = config.option.basetemp  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = getattr(config, "_ccoll_basetemp", None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 @pytest.fixture
