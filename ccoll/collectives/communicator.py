@@ -51,6 +51,7 @@ from ccoll.collectives.devices import (
     device_divide,
     is_device,
 )
+from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.node import node_threads
 from ccoll.collectives.policy import Decision, _decide, _fixed
@@ -598,7 +599,8 @@ class Communicator:
                         count=size,
                         dtype=dtype,
                         n_ranks=n_ranks,
-                        eb_abs=eb_abs,
+                        # The ring's streams, which the ratio depends on, bound the sum.
+                        eb_abs=sum_bound(eb_abs, n_ranks, op == "avg"),
                         data=arr if dev is None else dev.flat(),
                         auto=auto,
                         root=root,
@@ -715,7 +717,9 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
                 ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
         elif p.flat.size:
-            ring_allreduce(ch, p.flat, yflat, p.dtype, p.eb_abs, algorithm=p.algorithm,
+            # The ring bounds the sum; avg's bound is on the sum divided by N.
+            ring_eb = sum_bound(p.eb_abs, n_ranks, p.avg)
+            ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                            chunk_elems=p.chunk_elems, deadline=p.deadline,
                            place=p.place)
         if p.avg:
@@ -739,9 +743,10 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, y, lambda xs, ys: exact.reduce_scatter(
                 ch, xs, counts, ys, p.deadline))
         elif p.flat.size:
-            ops = ring_ops(p.flat, layout, p.algorithm, p.eb_abs, p.place)
-            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, p.eb_abs, p.deadline, p.place)
-            gather.decode_block(layout, r, p.dtype, mine, p.eb_abs, y)
+            ring_eb = sum_bound(p.eb_abs, n_ranks, p.avg)
+            ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place)
+            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place)
+            gather.decode_block(layout, r, p.dtype, mine, ring_eb, y)
         if p.avg:
             _divide(p, y, n_ranks)
         return _result(p, y, None)
