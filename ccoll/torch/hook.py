@@ -185,8 +185,13 @@ class CCollHookState:
         call.shown.update({"error_feedback": self.error_feedback, "start_iter": start,
                            "min_numel": min_n})
         self.policy = policy
-        self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
-                                                           "CCollHookState")
+        # Error feedback keeps what this rank's quantization dropped; the requantization of
+        # a split bound would drop more, at the block's owner, which no residual keeps:
+        # with error feedback the sum is decoded whole (no split), so the identity
+        # sum_t y_t = t avg(g) - avg(r_T) holds (docs/training.md).
+        self.comm, self.communicator = agreed_communicator(
+            base, call, policy, timeout, "CCollHookState",
+            split=0.0 if self.error_feedback else None)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
@@ -470,15 +475,16 @@ def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np
     """Return this rank's input as the homomorphic ring adds it into the sum.
 
     The ring compresses every chunk of every ring block once with the per-rank bound of an
-    average within ``eb_avg`` (ccoll/collectives/homomorphic.py); doing the same here gives
-    the same values.
+    average within ``eb_avg`` (ccoll/collectives/homomorphic.py; with a split bound, of the
+    reduce-scatter's share of it); doing the same here gives the same values.
     """
-    from ccoll.collectives.homomorphic import rank_bound, sum_bound
+    from ccoll.collectives.homomorphic import rank_bound
     from ccoll.collectives.layout import Layout
     from ccoll.compressor import compress_abs, decompress
 
     n = state.comm.Get_size()
-    eb_r = rank_bound(sum_bound(eb_avg, n, True), n)
+    ring_eb, _ = state.communicator.ring_bounds(eb_avg, n, True, state.communicator.algorithm)
+    eb_r = rank_bound(ring_eb, n)
     # The chunks the call just made used (chosen per call unless the Communicator fixes them).
     last = state.communicator.last_call
     layout = Layout(x.size, n, last.chunk_elems if last is not None and last.chunk_elems
