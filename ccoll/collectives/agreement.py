@@ -27,6 +27,9 @@ none of that text. Only buffer-based MPI calls are made: mpi4py's pickle-based c
 duplicate the communicator on first use while holding the GIL, which can deadlock against
 another thread's collective.
 
+The Communicator's ``split`` of the allreduce bound is a compared field too: ranks that
+split differently would forward streams of different bounds.
+
 All fields are small integers or doubles that float64 holds exactly (counts < 2**53,
 fingerprints < 2**52).
 """
@@ -96,6 +99,7 @@ _FIELDS = (
     "error_feedback",
     "start_iter",
     "min_numel",
+    "split",
     "x is None",
     "previous call's seconds",
     "data started",
@@ -136,6 +140,8 @@ class Call:
     feedback: int = 0
     start_iter: int = 0
     min_numel: int = 0
+    # The Communicator's split of the allreduce bound (-1: chosen by the model).
+    split: float = -1.0
     lo: float = math.inf
     hi: float = -math.inf
     # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
@@ -175,6 +181,7 @@ class Call:
             self.feedback,
             self.start_iter,
             self.min_numel,
+            self.split,
             1 if self.wild else 0,
             self.elapsed,
             1 if self.started else 0,

@@ -36,9 +36,10 @@ def allreduce(
 ) -> np.ndarray:
     """Sum (``op="sum"``) or mean (``op="avg"``) of ``x`` over the ranks of ``comm``.
 
-    Every finite element is within ``eb`` of the exact sum (``eb / N`` of the exact mean)
-    up to one final rounding to the dtype, and every rank gets the same array bit for bit.
-    ``REL`` bounds are relative to the global range of all ranks' inputs. ``out`` (same
+    Every finite element is within ``eb`` of the exact sum, or for ``op="avg"`` of the exact
+    mean (the bound is on what the caller gets), up to the final roundings to the dtype
+    (docs/error-bound.md), and every rank gets the same array bit for bit. ``REL`` bounds
+    are relative to the global range of all ranks' inputs, for the mean too. ``out`` (same
     shape and dtype as ``x``, C-contiguous; may be ``x`` itself) receives the result.
     ``algorithm`` and ``policy`` override the Communicator's options for this call.
     """
@@ -79,8 +80,8 @@ def reduce_scatter(
 ) -> np.ndarray:
     """Return this rank's block of the reduction (flattened, split like ``array_split``).
 
-    Returns ``numpy.array_split(reduced.ravel(), size)[rank]`` within ``eb`` (``eb / N``
-    for ``op="avg"``).
+    Returns ``numpy.array_split(reduced.ravel(), size)[rank]`` within ``eb`` of the exact
+    sum, or of the exact mean for ``op="avg"``.
     """
     return default_communicator(comm).reduce_scatter(
         x, eb, op, algorithm=algorithm, policy=policy

@@ -51,6 +51,7 @@ from ccoll.collectives.devices import (
     device_divide,
     is_device,
 )
+from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.node import node_threads
 from ccoll.collectives.policy import Decision, _decide, _fixed
@@ -61,7 +62,7 @@ from ccoll.collectives.report import (
     configure_logging,
     log_level_problem,
 )
-from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
+from ccoll.collectives.ring import Requant, reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
 from ccoll.compressor.cpu import finite_range as cpu_range
@@ -141,6 +142,14 @@ class Communicator:
       int fixes it for every compressed call, ``policy="auto"``'s too.
     - ``timeout``: seconds a collective may wait for its peers before it raises
       :class:`~ccoll.errors.CollectiveError` (default ``None``: wait forever, as MPI).
+    - ``split``: share of a homomorphic allreduce's bound ``eb`` that goes to the allgather
+      phase: the reduce-scatter sums within ``e1 = (1 - split) eb``, the owner of each
+      reduced block requantizes it within ``e2 = split * eb`` and the allgather forwards
+      that, which does not widen with the number of ranks (docs/error-bound.md, "Split
+      bound"). ``None`` (default): chosen by the cost model from the number of ranks
+      (:func:`ccoll.collectives.model.split_fraction`); ``0``: no split (every rank
+      decodes the reduced sum). Host data only (device data runs without a split);
+      ``reduce_scatter`` has no allgather and keeps the whole bound.
 
     Creating one also sets the threads of ccoll's CPU kernels in this process (the
     attribute ``threads``, also in the repr): the rank's share of the cores it may run on
@@ -162,6 +171,7 @@ class Communicator:
         policy: str = "auto",
         chunk_elems: int | None = None,
         timeout: float | None = None,
+        split: float | None = None,
     ) -> None:
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -183,6 +193,15 @@ class Communicator:
             call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
             timeout = None
         call.chunk = 0 if chunk_elems is None else int(chunk_elems)
+        if split is not None and (
+            isinstance(split, bool) or not isinstance(split, (int, float, np.integer, np.floating))
+            or not 0 <= float(split) < 1
+        ):
+            call.problem(InputError, f"split must be None (chosen by the model) or a number "
+                         f"from 0 (no split) up to but not including 1, got {split!r}")
+            split = None
+        self.split: float | None = None if split is None else float(split)
+        call.split = _split_code(self.split)
         log_problem = log_level_problem()
         if log_problem is not None:
             call.problem(InputError, log_problem)
@@ -190,7 +209,8 @@ class Communicator:
         if threads_problem is not None:
             call.problem(InputError, threads_problem)
         call.shown.update({"algorithm": algorithm, "policy": policy,
-                           "chunk size": "chosen per call" if chunk_elems is None else chunk_elems})
+                           "chunk size": "chosen per call" if chunk_elems is None else chunk_elems,
+                           "split": "chosen by the model" if split is None else split})
         self.algorithm = algorithm
         self.policy = policy
         self.chunk_elems: int | None = None if chunk_elems is None else int(chunk_elems)
@@ -268,7 +288,7 @@ class Communicator:
         return (
             f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
             f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout} "
-            f"threads={self.threads}>"
+            f"split={self.split} threads={self.threads}>"
         )
 
     def __enter__(self) -> Communicator:
@@ -456,8 +476,9 @@ class Communicator:
         rec = _trace.ACTIVE
         t_check = rec.clock() if rec is not None else 0.0
         ch.check_usable()
-        call = Call(collective, chunk=self.chunk_elems or 0)
+        call = Call(collective, chunk=self.chunk_elems or 0, split=_split_code(self.split))
         shown = call.shown
+        shown["split"] = "chosen by the model" if self.split is None else self.split
         n_ranks = ch.comm.Get_size()
         is_root = root is not None and ch.comm.Get_rank() == root
         # bcast(None) on a non-root rank: shape and dtype come from the root after the
@@ -598,7 +619,8 @@ class Communicator:
                         count=size,
                         dtype=dtype,
                         n_ranks=n_ranks,
-                        eb_abs=eb_abs,
+                        # The ring's streams, which the ratio depends on, bound the sum.
+                        eb_abs=sum_bound(eb_abs, n_ranks, op == "avg"),
                         data=arr if dev is None else dev.flat(),
                         auto=auto,
                         root=root,
@@ -715,12 +737,45 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
                 ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
         elif p.flat.size:
-            ring_allreduce(ch, p.flat, yflat, p.dtype, p.eb_abs, algorithm=p.algorithm,
+            # The ring bounds the sum; avg's bound is on the sum divided by N.
+            ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
+                                                p.dev is not None)
+            ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                            chunk_elems=p.chunk_elems, deadline=p.deadline,
-                           place=p.place)
+                           place=p.place, requant=requant)
+            if requant is not None:  # the owners divided before they requantized
+                return _result(p, y, p.out)
         if p.avg:
             _divide(p, yflat, n_ranks)
         return _result(p, y, p.out)
+
+    def split_share(self, n_ranks: int, algorithm: str, device: bool) -> float:
+        """Share of an allreduce's bound that its allgather phase gets (0: no split).
+
+        The Communicator's ``split``, or the model's choice for ``n_ranks`` when it is
+        ``None``; 0 for one rank, for DAR and for device data. Agreed inputs only: the same
+        on every rank.
+        """
+        if n_ranks < 2 or algorithm != "homomorphic" or device:
+            return 0.0
+        return model.split_fraction(n_ranks) if self.split is None else self.split
+
+    def ring_bounds(self, eb_abs: float, n_ranks: int, avg: bool, algorithm: str = "homomorphic",
+                    device: bool = False) -> tuple[float, Requant | None]:
+        """Bound of the reduce-scatter's sum and the requantization of an allreduce.
+
+        ``eb_abs`` bounds the result (the average for ``avg``). With a split share ``f``,
+        ``e2 = fl(f eb)`` and ``e1 = fl(eb - e2)``: the sum is bounded by ``e1`` (``N e1``
+        for an average) and each reduced block is requantized within ``e2``; otherwise the
+        sum is bounded by ``eb`` (``N eb``) and nothing is requantized (docs/error-bound.md,
+        "Split bound").
+        """
+        share = self.split_share(n_ranks, algorithm, device)
+        if share <= 0.0 or eb_abs == 0.0:
+            return sum_bound(eb_abs, n_ranks, avg), None
+        e2 = eb_abs * share
+        e1 = eb_abs - e2
+        return sum_bound(e1, n_ranks, avg), Requant(e2, n_ranks if avg else 1)
 
     def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()
@@ -739,9 +794,10 @@ class Communicator:
             _on_mpi_buffers(ch, p, p.flat, y, lambda xs, ys: exact.reduce_scatter(
                 ch, xs, counts, ys, p.deadline))
         elif p.flat.size:
-            ops = ring_ops(p.flat, layout, p.algorithm, p.eb_abs, p.place)
-            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, p.eb_abs, p.deadline, p.place)
-            gather.decode_block(layout, r, p.dtype, mine, p.eb_abs, y)
+            ring_eb = sum_bound(p.eb_abs, n_ranks, p.avg)
+            ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place)
+            mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place)
+            gather.decode_block(layout, r, p.dtype, mine, ring_eb, y)
         if p.avg:
             _divide(p, y, n_ranks)
         return _result(p, y, None)
@@ -917,6 +973,11 @@ def _in_place(x: Any, out: Any, out_arr: Any, narrow: Narrow | DeviceNarrow | No
 
 
 # -- argument checks (problems are recorded, raised on every rank after agreement) ------
+
+
+def _split_code(split: float | None) -> float:
+    """Return the agreement's code of a ``split`` setting: -1 for the model's choice."""
+    return -1.0 if split is None else split
 
 
 def _check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) -> int:

@@ -13,7 +13,18 @@ from typing import Any
 from ccoll.collectives.codec import api
 from ccoll.collectives.layout import Layout
 
-__all__ = ["HomomorphicOps", "rank_bound"]
+__all__ = ["HomomorphicOps", "rank_bound", "sum_bound"]
+
+
+def sum_bound(eb: float, n_ranks: int, avg: bool) -> float:
+    """Bound of the ranks' sum that keeps the result within ``eb``.
+
+    ``eb`` itself for ``op="sum"``; ``N * eb`` for ``op="avg"``, whose result is the sum
+    divided by ``N``: the caller's bound is on the average, so no rank quantizes on a grid
+    ``N`` times finer than asked (docs/error-bound.md, "avg"). The float64 product may lie
+    an ulp above ``N * eb``; :func:`rank_bound`'s margin absorbs it.
+    """
+    return eb * n_ranks if avg else eb
 
 
 def rank_bound(eb: float, n_ranks: int) -> float:

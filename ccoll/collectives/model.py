@@ -49,6 +49,9 @@ __all__ = [
     "log2",
     "Floor",
     "floor",
+    "split_bits",
+    "split_fraction",
+    "SPLIT_CANDIDATES",
 ]
 
 
@@ -164,6 +167,50 @@ def ratio_at_finer_bound(ratio: float, factor: float, width: float = DEFAULT_WID
     if factor <= 1:
         return ratio
     return ratio * (1.0 + width) / (1.0 + width + log2(factor))
+
+
+# Shares of the bound the split may give the allgather phase (0: no requantization).
+SPLIT_CANDIDATES = tuple(j / 16 for j in range(16))
+
+
+def split_bits(ranks: int, share: float, width: float = DEFAULT_WIDTH,
+               growth: float = SUM_GROWTH) -> float:
+    """Words per non-zero block over the ring's messages of one chunk, given ``share``.
+
+    Without a split (``share`` 0) the reduce-scatter sends partial sums of ``k = 1 .. N-1``
+    streams (``1 + w + g log2 k`` words a block) and the allgather forwards the full sum
+    ``N - 1`` times (``1 + w + g log2 N``). With ``share = e2 / eb`` the reduce-scatter's
+    grid is ``1 - share`` times finer (``log2(1 / (1 - share))`` more bits) and the allgather
+    forwards the reduced block requantized at ``e2``: a value about ``N^g`` times one rank's
+    on a grid ``N * share`` times coarser than one rank's (``eb / N`` for a sum; for an
+    average both are ``N`` times smaller), so ``w + (g - 1) log2 N + log2(1 / share)`` bits,
+    never below 0 (docs/model.md, "Split bound").
+    """
+    n = ranks
+    if n < 2:
+        return 0.0
+    finer = 0.0 if share <= 0 else -log2(1.0 - share)
+    rs = sum(1.0 + width + growth * log2(k) + finer for k in range(1, n))
+    if share <= 0:
+        ag = (n - 1) * (1.0 + width + growth * log2(n))
+    else:
+        ag = (n - 1) * (1.0 + max(0.0, width + (growth - 1.0) * log2(n) - log2(share)))
+    return rs + ag
+
+
+def split_fraction(ranks: int, width: float = DEFAULT_WIDTH) -> float:
+    """Share of the bound the allgather phase gets (``e2 = share * eb``); 0: no split.
+
+    The candidate of :data:`SPLIT_CANDIDATES` with the fewest words by :func:`split_bits`
+    (the first of equals, so no split where it gains nothing). A pure function of agreed
+    numbers computed with :func:`log2`: the same on every rank.
+    """
+    best, best_bits = 0.0, split_bits(ranks, 0.0, width)
+    for share in SPLIT_CANDIDATES[1:]:
+        bits = split_bits(ranks, share, width)
+        if bits < best_bits * (1 - 1e-9):
+            best, best_bits = share, bits
+    return best
 
 
 def predict_raw(size: float, ranks: int, p: Params) -> float:

@@ -20,11 +20,18 @@ What "combine" means is the algorithm's business (:class:`RingOps`): a homomorph
 streams, or decompress-add-recompress. Every rank decodes the same bytes (the streams the
 owner of each block produced, forwarded unchanged), so every rank gets the same output bit
 for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the bounds.
+
+With a split bound (:class:`Requant`) the owner of a block decodes each fully reduced chunk
+to its float64 values, divides them by ``N`` for an average, re-compresses them with the
+allgather's bound into a float64 stream and forwards that; every rank, the owner too,
+decodes those bytes and rounds them once to the dtype. The allgather then moves streams
+that do not widen with ``N`` (docs/error-bound.md, "Split bound").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -42,6 +49,7 @@ from ccoll.collectives.waiting import Deadline, poll_pause
 from ccoll.errors import FormatError
 
 __all__ = [
+    "Requant",
     "RingOps",
     "ring_ops",
     "ring_allreduce",
@@ -52,6 +60,19 @@ __all__ = [
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
 # between MPI_Testsome and a short wait for the worker; the wait grows up to this cap.
 _POLL_MAX_S = 1e-3
+
+
+@dataclass(frozen=True)
+class Requant:
+    """The allgather half of a split bound: requantize each reduced chunk before forwarding.
+
+    ``bound`` is the absolute bound of the requantized streams (``e2``, on the result);
+    ``divide`` is ``N`` for an average (the owner divides the reduced sum before it
+    requantizes, so nobody divides afterwards) and 1 for a sum. Host data only.
+    """
+
+    bound: float
+    divide: int = 1
 
 
 class RingOps(Protocol):
@@ -91,17 +112,21 @@ def ring_allreduce(
     chunk_elems: int,
     deadline: Deadline,
     place: HostPlace = HOST,
+    requant: Requant | None = None,
 ) -> None:
     """Compressed ring allreduce of ``flat`` into ``flat_out``, within ``eb_abs`` of the sum.
 
     Collective over ``ch``: reduce-scatter of the compressed chunks, then the allgather that
     forwards the reduced streams around the ring, chunk by chunk, as soon as each is final;
     every rank decodes the same bytes. The Communicator's compressed allreduce and the
-    calibration of ``policy="auto"`` both run this.
+    calibration of ``policy="auto"`` both run this. With ``requant`` (host data) the
+    reduce-scatter is within ``eb_abs`` of the sum and each reduced chunk is requantized
+    (:class:`Requant`) before the allgather: ``flat_out`` is then the sum (or the average)
+    within ``eb_abs`` (``/ N``) plus ``requant.bound``.
     """
     layout = Layout(flat.size, ch.comm.Get_size(), chunk_elems)
     ops = ring_ops(flat, layout, algorithm, eb_abs, place)
-    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place)
+    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant)
 
 
 def reduce_scatter_streams(
@@ -140,9 +165,9 @@ def allgather_streams(
 
 def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
             mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
-            place: HostPlace) -> list[Any]:
+            place: HostPlace, requant: Requant | None = None) -> list[Any]:
     rec = _trace.ACTIVE
-    ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec)
+    ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec, requant)
     if rec is not None:
         t0 = rec.clock()
         final = ring.run()
@@ -173,6 +198,11 @@ def _prepare_key(s: int, c: int) -> tuple[int, int, int]:
 
 def _combine_key(s: int, c: int) -> tuple[int, int, int]:
     return (0, c + s + 1, -2 * s - 1)
+
+
+def _requant_key(steps: int, c: int) -> tuple[int, int, int]:
+    # Right after the chunk's last combine: the allgather waits for it.
+    return _combine_key(steps, c)
 
 
 _DECODE = (1,)
@@ -208,10 +238,15 @@ class _Ring:
 
     def __init__(self, ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
                  mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
-                 place: HostPlace, rec: _trace.Recorder | None) -> None:
+                 place: HostPlace, rec: _trace.Recorder | None,
+                 requant: Requant | None = None) -> None:
         self.ch, self.layout, self.dtype, self.ops = ch, layout, dtype, ops
         self.bound, self.flat_out, self.deadline, self.place = bound, flat_out, deadline, place
         self.rec = rec
+        self.requant = requant if flat_out is not None else None
+        # The allgather's streams: the reduced ones, or requantized float64 ones.
+        self.ag_bound = bound if self.requant is None else self.requant.bound
+        self.ag_dtype = dtype if self.requant is None else np.dtype(np.float64)
         comm = self.comm = ch.comm
         n, r = self.n, self.r = comm.Get_size(), comm.Get_rank()
         self.steps = n - 1
@@ -231,10 +266,22 @@ class _Ring:
                             if self.gather else [] for c in range(max_c)]
         self.posted = [0] * max_c
         self.ag_posted = [0] * max_c
+        # Chunks whose own requantized stream is not sent yet: their allgather receives
+        # wait, so that this rank's first allgather message of a chunk (tag c) still goes
+        # out before anything it forwards on that tag, as the receivers match them.
+        self.requant_open = [False] * max_c
+        # Allgather messages are forwarded in step order, whatever order their receives
+        # complete in (two may be in flight per chunk): the next step to forward, and the
+        # arrivals held until the ones before them have gone.
+        self.ag_fwd = [0] * max_c
+        self.ag_held: list[dict[int, tuple[Any, int, int]]] = [{} for _ in range(max_c)]
         # Reduce-scatter arrivals of chunk c not yet combined; then its buffer is free.
         self.rs_open = [len(a) for a in self.arrivals]
         nbuf = max_c * (2 if self.gather and steps > 1 else 1) if steps else 0
-        self.bufs = place.recv_buffers(ch, nbuf, max_nbytes(layout.chunk_elems, dtype))
+        # A buffer serves both phases: room for the larger worst case of their streams.
+        nbytes = max(max_nbytes(layout.chunk_elems, dtype),
+                     max_nbytes(layout.chunk_elems, self.ag_dtype))
+        self.bufs = place.recv_buffers(ch, nbuf, nbytes)
         self.busy = [0] * nbuf  # pending users (receive, forward, decode) of each buffer
         self.final: list[Any] = [None] * nch[r] if mine is None else list(mine)
         self.finals_left = nch[r] if mine is None else 0
@@ -262,7 +309,7 @@ class _Ring:
     def post_ag_recv(self, c: int) -> None:
         """Post chunk ``c``'s next allgather receives while their buffers are free."""
         arr = self.ag_arrivals[c]
-        while self.ag_posted[c] < len(arr) and not self.rs_open[c]:
+        while self.ag_posted[c] < len(arr) and not self.rs_open[c] and not self.requant_open[c]:
             k = self.ag_posted[c]
             i = c + (k % 2) * self.max_c
             if self.busy[i]:
@@ -305,13 +352,22 @@ class _Ring:
         rec = self.rec
         if rec is not None:
             self.t_first_final = self.t_first_final or rec.clock()
+        rq = self.requant
+        if rq is not None:
+            lo, hi = self.layout.chunks(self.r)[c]
+            self.requant_open[c] = True
+            fn = partial(_requant_one, stream, self.flat_out, lo, hi, rq)
+            self.submit(_requant_key(self.steps, c), fn, ("requant", -1, c, None), "requantize",
+                        {"block": self.r, "chunk": c})
+            return
         if self.steps:
             self.send("ag send", 0, c, stream, None)
         self._decode(-1, self.r, c, stream, stream_nbytes(stream), -1)
 
     def _decode(self, t: int, b: int, c: int, stream: Any, nb: int, buf: int) -> None:
         lo, hi = self.layout.chunks(b)[c]
-        fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi)
+        fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi,
+                     self.requant is not None and self.dtype != self.ag_dtype)
         self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
                     {"block": b, "chunk": c, "bytes": nb})
 
@@ -337,7 +393,10 @@ class _Ring:
         b = (self.r - s - 2) % self.n if kind == "recv" else (self.r - s - 1) % self.n
         lo, hi = self.layout.chunks(b)[c]
         raw = self.bufs[keep]
-        nb = check_stream(raw, hi - lo, self.dtype, self.bound)
+        if kind == "recv":
+            nb = check_stream(raw, hi - lo, self.dtype, self.bound)
+        else:
+            nb = check_stream(raw, hi - lo, self.ag_dtype, self.ag_bound)
         if status.Get_count(MPI.BYTE) != nb:
             what = f"ring step {s}" if kind == "recv" else f"allgather step {s}"
             raise FormatError(
@@ -357,10 +416,30 @@ class _Ring:
             return
         if s + 1 < self.steps:
             self.busy[keep] += 1
-            self.send("ag send", s + 1, c, raw, keep, nb)
+            self.ag_held[c][s] = (raw, keep, nb)
+            self._forward_in_order(c)
         self.busy[keep] += 1
         self._decode(s, b, c, view, nb, keep)
         self.release(keep)  # the receive itself
+
+    def _forward_in_order(self, c: int) -> None:
+        """Forward chunk ``c``'s held allgather arrivals whose earlier steps have gone.
+
+        Two receives of a chunk can be in flight and complete in either order; the right
+        neighbour matches what it receives on tag ``c`` in the order it was sent.
+        """
+        arr, held = self.ag_arrivals[c], self.ag_held[c]
+        while self.ag_fwd[c] < len(arr):
+            s = arr[self.ag_fwd[c]]
+            if s + 1 >= self.steps:  # the last step is not forwarded
+                self.ag_fwd[c] += 1
+                continue
+            got = held.pop(s, None)
+            if got is None:
+                return
+            raw, keep, nb = got
+            self.ag_fwd[c] += 1
+            self.send("ag send", s + 1, c, raw, keep, nb)
 
     def on_task(self, tag: tuple[str, int, int, Any], result: Any) -> None:
         kind, s, c, buf = tag
@@ -382,6 +461,12 @@ class _Ring:
             self.decodes_left -= 1
             if buf >= 0:
                 self.release(buf)
+        elif kind == "requant":  # this rank's chunk, requantized and already decoded here
+            self.decodes_left -= 1
+            if self.steps:
+                self.send("ag send", 0, c, result, None)
+            self.requant_open[c] = False
+            self.post_ag_recv(c)
 
     def _finish(self, c: int, stream: Any) -> None:
         self.finals_left -= 1
@@ -483,5 +568,26 @@ class _Ring:
         return self.final
 
 
-def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int) -> None:
-    api().decompress(stream[:nb], out=flat_out[lo:hi])
+def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: bool) -> None:
+    if wide:  # a requantized float64 stream into float32: one rounding, to nearest
+        flat_out[lo:hi] = api().decompress(stream[:nb])
+    else:
+        api().decompress(stream[:nb], out=flat_out[lo:hi])
+
+
+def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant) -> Any:
+    """Requantize this rank's reduced chunk; return the stream the allgather forwards.
+
+    The chunk's float64 values (before any rounding to the dtype), divided by ``N`` in
+    float64 for an average, are compressed with the allgather's bound into a float64
+    stream; this rank decodes that stream like every other rank does.
+    """
+    from ccoll.compressor.cpu import decompress_wide
+
+    wide = decompress_wide(stream[:stream_nbytes(stream)])
+    if rq.divide > 1:
+        np.divide(wide, float(rq.divide), out=wide)
+    a = api()
+    out = a.compress_abs(wide, rq.bound)
+    _decode_one(out, stream_nbytes(out), flat_out, lo, hi, flat_out.dtype != np.float64)
+    return out

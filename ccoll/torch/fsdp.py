@@ -333,13 +333,12 @@ class FSDPReduceScatter:
             view: _ModuleView | None) -> tuple[bool, float]:
         """Return (average?, factor): the bound passed to ccoll is ``eb * factor``.
 
-        ccoll bounds the sum (the average is within ``eb_sum / N``). With ``SUM`` FSDP divides
-        the output by its post-division factor afterwards, so the sum may carry that factor
+        ``op="avg"`` bounds the average itself (factor 1). With ``SUM`` FSDP divides the
+        output by its post-division factor afterwards, so the sum may carry that factor
         times the bound.
         """
-        n = self.comm.Get_size()
         if op == dist.ReduceOp.AVG:
-            return True, float(n)
+            return True, 1.0
         if op == dist.ReduceOp.SUM:
             return False, _post_factor(group, dtype, device, view)
         raise InputError(f"FSDP asked for reduce op {op}; ccoll's FSDP reduce-scatter does SUM "

@@ -10,9 +10,9 @@ What a bucket goes through (docs/training.md has the reasoning and the bound):
 1. iterations ``< start_iter`` and buckets of fewer than ``min_numel`` elements: exact
    average (``eb=None``: plain MPI allreduce, then a division by the number of ranks);
 2. otherwise the bucket goes through the homomorphic ring of ``ccoll.allreduce`` with
-   ``op="avg"`` and ``N`` times the hook's bound (that function bounds the sum), so the
-   averaged bucket is within ``eb`` of the exact average on every element, up to one
-   rounding to float32, and bitwise identical on every rank;
+   ``op="avg"`` and the hook's bound (which that function puts on the average), so the
+   averaged bucket is within ``eb`` of the exact average on every element, up to the
+   roundings to float32, and bitwise identical on every rank;
 3. float16 / bfloat16 buckets are upcast to a float32 copy, reduced and bounded in float32,
    and cast back: the bound then holds up to one rounding to the bucket's precision.
    CUDA buckets go to ccoll's device path (compressed, added and decoded on the GPU);
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from ccoll.compressor.precision import widen
-from ccoll.errorbound import ABS, REL, ErrorBound, finite_range
+from ccoll.errorbound import ABS, ErrorBound, finite_range
 from ccoll.errors import InputError
 from ccoll.torch._state import (
     STATE_VERSION,
@@ -73,9 +73,9 @@ class CCollHookState:
         eb: error bound of the *averaged* gradient: ``ccoll.ABS(e)`` (every element of the
             average within ``e`` of the exact average) or ``ccoll.REL(v)`` (within
             ``v * (max - min)``, the range of the bucket's values over all ranks), or a string
-            ``"rel:1e-3"``. Default ``REL(1e-3)``. (``ccoll.allreduce`` bounds the *sum*; the
-            hook passes ``N`` times this bound to it with ``op="avg"``, so each rank
-            quantizes on a grid that does not shrink as ranks are added.)
+            ``"rel:1e-3"``. Default ``REL(1e-3)``. (The hook passes this bound to
+            ``ccoll.allreduce`` with ``op="avg"``, which bounds the average by it, so each
+            rank quantizes on a grid that does not shrink as ranks are added.)
         error_feedback: keep what compression dropped and add it back next step (see below).
         start_iter: iterations before this one use the exact average. DDP rebuilds its
             buckets after the first iteration, so the default ``1`` compresses from the
@@ -185,8 +185,13 @@ class CCollHookState:
         call.shown.update({"error_feedback": self.error_feedback, "start_iter": start,
                            "min_numel": min_n})
         self.policy = policy
-        self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
-                                                           "CCollHookState")
+        # Error feedback keeps what this rank's quantization dropped; the requantization of
+        # a split bound would drop more, at the block's owner, which no residual keeps:
+        # with error feedback the sum is decoded whole (no split), so the identity
+        # sum_t y_t = t avg(g) - avg(r_T) holds (docs/training.md).
+        self.comm, self.communicator = agreed_communicator(
+            base, call, policy, timeout, "CCollHookState",
+            split=0.0 if self.error_feedback else None)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
@@ -346,16 +351,15 @@ class CCollHookState:
         )
         self.load_state_dict(state)
 
-    def sum_bound(self, x: np.ndarray) -> float:
-        """Absolute bound of the ranks' *sum* that bounds their average by ``eb``.
+    def avg_bound(self, x: np.ndarray) -> float:
+        """Absolute bound of the ranks' average: ``eb`` resolved on the global range of ``x``.
 
         Collective over :attr:`comm` for ``REL`` (the global range of ``x``).
         """
         from mpi4py import MPI
 
-        n = self.comm.Get_size()
         if isinstance(self.eb, ABS):
-            return self.eb.value * n
+            return self.eb.value
         from ccoll.collectives.waiting import Deadline, wait_all
 
         lo, hi = finite_range(x)
@@ -368,7 +372,7 @@ class CCollHookState:
             # The bucket's peers are left waiting: later buckets must not run.
             self.communicator._sync.fail(f"the hook's range allreduce raised {type(exc).__name__}")
             raise
-        return self.eb.resolve(float(ext[0]), float(-ext[1])) * n
+        return self.eb.resolve(float(ext[0]), float(-ext[1]))
 
 
 def _close_state(comm: Any, communicator: Any) -> None:
@@ -467,18 +471,20 @@ def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -
         state.residuals_reset += 1
 
 
-def _own_contribution(x: np.ndarray, eb_sum: float, state: CCollHookState) -> np.ndarray:
+def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np.ndarray:
     """Return this rank's input as the homomorphic ring adds it into the sum.
 
-    The ring compresses every chunk of every ring block once with the per-rank bound
-    (ccoll/collectives/homomorphic.py); doing the same here gives the same values.
+    The ring compresses every chunk of every ring block once with the per-rank bound of an
+    average within ``eb_avg`` (ccoll/collectives/homomorphic.py; with a split bound, of the
+    reduce-scatter's share of it); doing the same here gives the same values.
     """
     from ccoll.collectives.homomorphic import rank_bound
     from ccoll.collectives.layout import Layout
     from ccoll.compressor import compress_abs, decompress
 
     n = state.comm.Get_size()
-    eb_r = rank_bound(eb_sum, n)
+    ring_eb, _ = state.communicator.ring_bounds(eb_avg, n, True, state.communicator.algorithm)
+    eb_r = rank_bound(ring_eb, n)
     # The chunks the call just made used (chosen per call unless the Communicator fixes them).
     last = state.communicator.last_call
     layout = Layout(x.size, n, last.chunk_elems if last is not None and last.chunk_elems
@@ -514,26 +520,24 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool) -
         cc.allreduce(x, None, "avg", out=x)
         return
     if not state.error_feedback:
-        n = state.comm.Get_size()
-        scaled = ABS(state.eb.value * n) if isinstance(state.eb, ABS) else REL(state.eb.value * n)
-        cc.allreduce(x, scaled, "avg", out=x)
+        cc.allreduce(x, state.eb, "avg", out=x)
         return
     r = state.residuals.get(index)
     x_ef = x + r if r is not None and r.shape == x.shape else x.copy()
-    eb_sum = state.sum_bound(x_ef)
-    if eb_sum == 0.0:  # constant bucket: nothing to quantize
+    eb_avg = state.avg_bound(x_ef)
+    if eb_avg == 0.0:  # constant bucket: nothing to quantize
         cc.allreduce(x_ef, None, "avg", out=x)
         state.residuals.pop(index, None)
         return
     compressed_before = cc.stats.compressed_calls
-    cc.allreduce(x_ef, ABS(eb_sum), "avg", out=x)
+    cc.allreduce(x_ef, ABS(eb_avg), "avg", out=x)
     # A step with NaN/Inf is skipped by GradScaler; its residual is not consumed.
     if not math.isfinite(float(np.add.reduce(x, axis=None, dtype=np.float64))):
         return
     if cc.stats.compressed_calls == compressed_before:  # the policy sent it raw: exact
         state.residuals.pop(index, None)
     else:
-        state.residuals[index] = x_ef - _own_contribution(x_ef, eb_sum, state)
+        state.residuals[index] = x_ef - _own_contribution(x_ef, eb_avg, state)
 
 
 def _average(

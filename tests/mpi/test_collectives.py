@@ -57,17 +57,47 @@ def test_allreduce_within_bound_and_identical(comm, n, dtype, eb, algorithm):
 
 
 @pytest.mark.parametrize("algorithm", ALGOS)
+@pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_allreduce_avg(comm, dtype, algorithm):
+def test_allreduce_avg(comm, dtype, eb, algorithm):
     x = gradient_like(comm.rank, 5000, dtype).reshape(50, 100)
-    eb = ccoll.REL(1e-3)
     y = ccoll.allreduce(x, eb=eb, op="avg", comm=comm, algorithm=algorithm, policy="compress")
-    # docs/error-bound.md: the sum (within eb) is rounded to the dtype, then divided by N in
-    # the dtype: eb / N, plus half a spacing of the sum over N (at most one spacing of y),
-    # plus the rounding of the quotient: three half spacings of y.
-    bound = global_eb(comm, x, eb) / comm.size
-    assert_within(y, exact_sum(comm, x) / comm.size, bound, roundings=3)
+    # docs/error-bound.md, "avg": the bound is on the average (REL: v times the range of the
+    # inputs). The sum (within N eb) is rounded to the dtype, then divided by N in the dtype:
+    # eb, plus half a spacing of the sum over N (at most one spacing of y), plus the rounding
+    # of the quotient: three half spacings of y.
+    assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, eb), roundings=3)
     assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_avg_quantizes_on_the_grid_of_its_own_bound(comm, dtype):
+    # op="avg" within eb must cost what op="sum" within N * eb costs: the same per-rank grid
+    # (not one N times finer), so the same streams, the same bytes, and the sum's result
+    # divided by N, bit for bit. (Without the split bound, which requantizes the average
+    # itself: tests/mpi/test_split.py.)
+    x = gradient_like(comm.rank, 20_000, dtype)
+    eb, n = 1e-3, comm.size
+    with ccoll.Communicator(comm, policy="compress", split=0) as c:
+        y_avg = c.allreduce(x, ccoll.ABS(eb), op="avg")
+        sent_avg = c.last_call.bytes_sent
+        y_sum = c.allreduce(x, ccoll.ABS(eb * n), op="sum")
+        sent_sum = c.last_call.bytes_sent
+        rs_avg = c.reduce_scatter(x, ccoll.ABS(eb), op="avg")
+        rs_sum = c.reduce_scatter(x, ccoll.ABS(eb * n), op="sum")
+    assert sent_avg == sent_sum, (sent_avg, sent_sum)
+    assert np.array_equal(y_avg, y_sum / dtype(n)), np.abs(y_avg - y_sum / dtype(n)).max()
+    assert np.array_equal(rs_avg, rs_sum / dtype(n))
+    assert_within(y_avg, exact_sum(comm, x) / n, eb, roundings=3)
+    assert_same_on_every_rank(comm, y_avg)
+
+
+@pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
+def test_reduce_scatter_avg_within_bound(comm, eb):
+    x = gradient_like(comm.rank, 10_007, np.float32)
+    y = ccoll.reduce_scatter(x, eb=eb, op="avg", comm=comm, policy="compress")
+    ref = my_block(exact_sum(comm, x) / comm.size, comm)
+    assert_within(y, ref, global_eb(comm, x, eb), roundings=3)
 
 
 @pytest.mark.parametrize("chunk", [7, 32, 1000])

@@ -15,12 +15,13 @@ editing ``intrinsics.py`` or ``blocks.py`` delete ``ccoll/compressor/cpu/__pycac
 """
 
 from ccoll.compressor.cpu.add import add, add_data, sum_bound
-from ccoll.compressor.cpu.decode import as_stream, decompress, header
+from ccoll.compressor.cpu.decode import as_stream, decompress, decompress_wide, header
 from ccoll.compressor.cpu.encode import compress_abs, finite_range
 
 __all__ = [
     "compress_abs",
     "decompress",
+    "decompress_wide",
     "add",
     "add_data",
     "header",

@@ -28,7 +28,7 @@ from ccoll.compressor.cpu.blocks import (
 from ccoll.compressor.cpu.intrinsics import _popcount
 from ccoll.errors import FormatError, MismatchError
 
-__all__ = ["decompress", "header", "as_stream"]
+__all__ = ["decompress", "decompress_wide", "header", "as_stream"]
 
 
 class _Layout:
@@ -206,3 +206,56 @@ def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
             _decode(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos, 2.0 * hdr.eb,
                     hdr.n, flat, outbits)
     return result
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _decode_wide(W, bitmap, codes, chunk_k, chunk_pos, step, n, is32, out):  # type: ignore[no-untyped-def]
+    """:func:`_decode` into a float64 ``out`` whatever the stream's dtype, no rounding to it."""
+    nblocks = (n + BLOCK - 1) // BLOCK
+    for c in prange(chunk_k.size):
+        mag = np.empty(BLOCK, np.uint32)
+        k = chunk_k[c]
+        pos = chunk_pos[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            ob = out[base:e]
+            m = ob.size
+            if (np.int64(bitmap[b >> 5]) >> (b & 31)) & 1 == 0:
+                for l in range(m):
+                    ob[l] = 0.0
+                continue
+            code = np.int64(codes[k])
+            k += 1
+            size = _block_words(code, is32)
+            Wb = W[pos : pos + size]
+            pos += size
+            if code == CODE_RAW or code == CODE_RAW64:
+                for l in range(m):
+                    ob[l] = _raw_value(Wb, code, l, is32)
+            else:
+                _decode_to(Wb, code, mag, ob, step)
+
+
+def decompress_wide(buf: object, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode a host stream to float64 (flat): each lane's float64 value before rounding.
+
+    A fixed-length lane is ``fl(q * step)``, a raw lane its stored value, exactly what
+    :func:`decompress` computes before it rounds to the stream's dtype (the same for a
+    float64 stream). The requantizing allreduce starts from these values, so that the
+    rounding to the dtype happens once, at the end (docs/error-bound.md, "Split bound").
+    """
+    lay = _validate(as_stream(buf))
+    hdr = lay.hdr
+    if out is None:
+        out = np.empty(hdr.n, np.float64)
+    elif out.dtype != np.float64 or out.size != hdr.n or not out.flags.c_contiguous:
+        raise MismatchError(f"out must be a C-contiguous float64 array of {hdr.n} elements")
+    flat = out.reshape(-1)
+    if hdr.n:
+        with _threads_for(hdr.n):
+            _decode_wide(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos,
+                         2.0 * hdr.eb, hdr.n, hdr.dtype == np.float32, flat)
+    return out

@@ -1,0 +1,128 @@
+"""The split bound of the homomorphic allreduce (run with 1..5 ranks).
+
+The reduce-scatter sums within ``e1``, the owner of each reduced block requantizes it
+within ``e2`` and the allgather forwards that (docs/error-bound.md, "Split bound"). Checked
+exactly: the bound on every element (one rounding to the dtype, sum and average), bitwise
+identical results on every rank, the requantized grid, and the agreement on ``split``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collkit import exact_sum, global_eb, gradient_like, my_block
+from kit import assert_same_on_every_rank, assert_within
+from mpi4py import MPI
+
+import ccoll
+from ccoll.errors import InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+
+
+def _roundings(c: ccoll.Communicator, op: str) -> int:
+    # A requantized result, and a sum, are rounded once to the dtype; an average without a
+    # split three half spacings (the sum's rounding over N and the quotient's).
+    split = c.split_share(c.size, "homomorphic", False) > 0
+    return 1 if op == "sum" or split or c.size == 1 else 3
+
+
+@pytest.mark.parametrize("chunk", [None, 1000])
+@pytest.mark.parametrize("split", [None, 0.25, 0.5])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_split_within_bound_and_identical(comm, op, dtype, eb, split, chunk):
+    x = gradient_like(comm.rank, 20_011, dtype)
+    x[7] = np.nan if comm.rank == 0 else x[7]
+    x[100] = 1e30 if comm.rank == SIZE - 1 else x[100]  # a raw lane through the requantization
+    with ccoll.Communicator(comm, policy="compress", split=split, chunk_elems=chunk) as c:
+        y = c.allreduce(x, eb, op=op)
+        rnd = _roundings(c, op)
+    ref = exact_sum(comm, x)
+    if op == "avg":
+        ref = ref / comm.size
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_within(y, ref, global_eb(comm, x, eb), roundings=rnd)
+    assert_same_on_every_rank(comm, y)
+
+
+def test_split_result_lies_on_the_allgather_grid(comm):
+    # float64 data: every fixed-length lane of a requantized result is q * 2 e2 for an
+    # integer q (one float64 product), which the reduced sum on its finer grid is not.
+    x = gradient_like(comm.rank, 50_000, np.float64)
+    eb = 1e-3
+    with ccoll.Communicator(comm, policy="compress", split=0.5) as c:
+        share = c.split_share(comm.size, "homomorphic", False)
+        y = c.allreduce(x, ccoll.ABS(eb), op="avg")
+        sent = c.last_call.bytes_sent
+    step2 = 2 * (eb * 0.5)
+    q = y / step2
+    on_grid = np.abs(q - np.round(q)) <= 1e-6
+    if comm.size == 1:
+        assert share == 0.0 and sent == 0  # one rank: no allgather, nothing to split
+        return
+    assert share == 0.5
+    assert on_grid.all(), (int((~on_grid).sum()), q[~on_grid][:5])
+    with ccoll.Communicator(comm, policy="compress", split=0) as c:
+        y0 = c.allreduce(x, ccoll.ABS(eb), op="avg")
+    q0 = y0 / step2
+    assert (np.abs(q0 - np.round(q0)) > 1e-6).mean() > 0.5  # the unsplit one is not
+
+
+def test_split_auto_follows_the_model(comm):
+    from ccoll.collectives import model
+
+    with ccoll.Communicator(comm, policy="compress") as c:
+        assert c.split is None
+        want = model.split_fraction(comm.size) if comm.size > 1 else 0.0
+        assert c.split_share(comm.size, "homomorphic", False) == want
+        assert c.split_share(comm.size, "dar", False) == 0.0
+        assert c.split_share(comm.size, "homomorphic", True) == 0.0
+
+
+def test_reduce_scatter_keeps_the_whole_bound(comm):
+    x = gradient_like(comm.rank, 10_007, np.float32)
+    eb = ccoll.REL(1e-3)
+    with ccoll.Communicator(comm, policy="compress", split=0.5) as c:
+        y = c.reduce_scatter(x, eb, op="avg")
+    with ccoll.Communicator(comm, policy="compress", split=0) as c:
+        y0 = c.reduce_scatter(x, eb, op="avg")
+    assert np.array_equal(y, y0)
+    assert_within(y, my_block(exact_sum(comm, x) / comm.size, comm), global_eb(comm, x, eb),
+                  roundings=3)
+
+
+def test_mismatched_split_is_refused_on_every_rank(comm):
+    if comm.size == 1:
+        with pytest.raises(InputError, match="split"):
+            ccoll.Communicator(comm, split=1.0)
+        return
+    split = 0.5 if comm.rank == 0 else None
+    with pytest.raises(MismatchError) as info:
+        ccoll.Communicator(comm, split=split)
+    msg = str(info.value)
+    assert "split" in msg and "rank 0" in msg, msg
+    assert len(set(comm.allgather(msg))) == 1
+
+
+@pytest.mark.parametrize("bad", [1.0, -0.25, True, "half", float("nan")])
+def test_invalid_split_is_refused_on_every_rank(comm, bad):
+    with pytest.raises(InputError) as info:
+        ccoll.Communicator(comm, split=bad)
+    msg = str(info.value)
+    assert "split must be None" in msg, msg
+    assert len(set(comm.allgather(msg))) == 1
+
+
+def test_repeated_calls_on_both_channels_stay_in_step(comm):
+    # Requantized streams of both channels, call after call: an allgather arrival that
+    # completes before the one of the step before it must still be forwarded after it
+    # (seen at 5 ranks: a block's stream reached a rank expecting the next block's).
+    with ccoll.Communicator(comm, chunk_elems=8192, policy="compress", split=0.5) as c:
+        for i in range(6):
+            x = gradient_like(comm.rank, 39_704, np.float64 if i < 3 else np.float32, seed=i)
+            y = c.iallreduce(x, ccoll.REL(1e-3)).wait(timeout=120)
+            y2 = c.allreduce(x, ccoll.REL(1e-3))
+            assert np.array_equal(y, y2)
+            assert_same_on_every_rank(comm, y)

@@ -1,0 +1,54 @@
+"""The split bound's pieces that need no MPI: the model's choice and the wide decoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ccoll.collectives import model
+from ccoll.compressor import cpu
+
+
+def test_split_fraction_splits_where_the_allgather_saves_more_than_the_ring_pays():
+    # docs/model.md, "Split bound": with g = 1/2 a share s costs log2(1/(1-s)) bits in the
+    # reduce-scatter and saves log2(N) - 1 - log2(1/(2s)) in the allgather; both phases
+    # have N - 1 messages, so s = 1/2 is best and pays from N = 5 (a tie at N = 4).
+    for n in (1, 2, 3, 4):
+        assert model.split_fraction(n) == 0.0
+    for n in (5, 6, 8, 16, 64):
+        assert model.split_fraction(n) == 0.5
+    # Far out the requantized block's width reaches 0 bits (clamped): the reduce-scatter
+    # then gets more of the bound.
+    assert 0 < model.split_fraction(512) < 0.5
+    assert model.split_bits(4, 0.5) == pytest.approx(model.split_bits(4, 0.0))
+    assert model.split_bits(8, 0.5) < model.split_bits(8, 0.25) < model.split_bits(8, 0.0)
+
+
+def test_split_bits_never_counts_a_negative_width():
+    # A huge N would make the requantized width negative; it is clamped at 0 bits.
+    assert model.split_bits(1 << 20, 0.5) > 0
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decompress_wide_gives_the_values_before_rounding(dtype):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_t(3, 312 * 32) * 1e-2).astype(dtype)  # whole 32-blocks
+    x[:40] = 0
+    x[50], x[51], x[52] = np.nan, np.inf, 1e30  # raw blocks
+    eb = 1e-4
+    s = cpu.compress_abs(x, eb)
+    s = cpu.add(s, cpu.compress_abs(x[::-1].copy(), eb))  # a sum: wider codes, raw sums
+    wide = cpu.decompress_wide(s)
+    assert wide.dtype == np.float64 and wide.shape == (x.size,)
+    y = cpu.decompress(s)
+    # decompress is exactly wide rounded once to the dtype, NaN and Inf included.
+    assert np.array_equal(wide.astype(dtype), y, equal_nan=True)
+    # Fixed-length lanes are integer multiples of the step, one float64 product each.
+    # (Blocks with a raw lane in either input are raw sums: left out.)
+    raw = ~np.isfinite(x) | (np.abs(x) > 1.0)
+    fixed = ~np.repeat((raw | raw[::-1]).reshape(-1, 32).any(axis=1), 32)
+    q = wide[fixed] / (2 * eb)
+    assert fixed.sum() > 9000
+    assert np.all(np.abs(q - np.round(q)) <= 1e-9)
+    if dtype == np.float32:
+        assert not np.array_equal(wide[fixed], y[fixed].astype(np.float64))  # not widened y
