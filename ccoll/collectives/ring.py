@@ -243,6 +243,11 @@ class _Ring:
         self.statuses: list[MPI.Status] = []
         # (kind, step, chunk, what to keep alive or the buffer index, when it was posted)
         self.meta: list[tuple[str, int, int, Any, float]] = []
+        # A chunk's later sends must follow its step-0 send (same tag, MPI matches in order),
+        # and compress and combine run on different lanes: a combine that finishes before
+        # its chunk's compress waits here (chunk -> its outcomes, None once sent).
+        self.held: list[list[Any] | None] = [
+            [] if ops is not None and c < nch[(r - 1) % n] else None for c in range(max_c)]
 
     # -- posting -----------------------------------------------------------------------
 
@@ -289,11 +294,14 @@ class _Ring:
         self.ch.stats.bytes_sent += nb
 
     def submit(self, key: Any, fn: Callable[[], Any], tag: Any, name: str,
-               args: dict[str, Any]) -> None:
+               args: dict[str, Any], lane: str) -> None:
+        # Device data keeps the worker's own thread: its tasks are kernel launches.
+        on = None if self.place.device else lane
         rec = self.rec
         if rec is not None:
-            fn = rec.task(fn, name, args)
-        self.worker.submit(key, fn, tag, inline=self.inline)
+            where = "inline" if self.inline else on or "worker"
+            fn = rec.task(fn, name, {**args, "lane": where})
+        self.worker.submit(key, fn, tag, inline=self.inline, lane=on)
 
     # -- events ------------------------------------------------------------------------
 
@@ -313,7 +321,7 @@ class _Ring:
         lo, hi = self.layout.chunks(b)[c]
         fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi)
         self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
-                    {"block": b, "chunk": c, "bytes": nb})
+                    {"block": b, "chunk": c, "bytes": nb}, lane="reduce")
 
     def release(self, i: int) -> None:
         """One user of buffer ``i`` is done; repost the chunk's receives if it is free."""
@@ -353,7 +361,7 @@ class _Ring:
             assert ops is not None
             self.submit(_combine_key(s, c), partial(ops.combine, b, c, view),
                         ("combine", s, c, None), "combine",
-                        {"step": s, "chunk": c, "block": b, "bytes": nb})
+                        {"step": s, "chunk": c, "block": b, "bytes": nb}, lane="reduce")
             return
         if s + 1 < self.steps:
             self.busy[keep] += 1
@@ -369,6 +377,11 @@ class _Ring:
                 self.send("send", 0, c, result, None)
             else:
                 self._finish(c, result)
+            held, self.held[c] = self.held[c] or [], None
+            for t, r in held:
+                self.on_task(t, r)
+        elif kind == "combine" and self.held[c] is not None:
+            self.held[c].append((tag, result))  # type: ignore[union-attr]
         elif kind == "combine":
             if s + 1 < self.steps:
                 self.send("send", s + 1, c, result, None)
@@ -431,14 +444,14 @@ class _Ring:
         b0 = (r - 1) % self.n
         for c in range(self.nch[b0]):
             self.submit(_compress_key(c), partial(ops.first, b0, c), ("first", 0, c, None),
-                        "compress", {"step": 0, "chunk": c, "block": b0})
+                        "compress", {"step": 0, "chunk": c, "block": b0}, lane="compress")
         self.pump_tasks()
         for s in range(self.steps):
             b = (r - s - 2) % self.n
             for c in range(self.nch[b]):
                 self.submit(_prepare_key(s, c), partial(ops.prepare, b, c),
                             ("prepare", s, c, None), "prepare",
-                            {"step": s, "chunk": c, "block": b})
+                            {"step": s, "chunk": c, "block": b}, lane="compress")
                 if self.inline:
                     self.pump_mpi()
 

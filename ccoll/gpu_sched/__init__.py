@@ -8,7 +8,7 @@ its names are re-exported here for code written against earlier releases.
 """
 
 from ccoll.gpu_sched.lanes import LANES, Event, Lane, current_lane, current_stream
-from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler
+from ccoll.gpu_sched.scheduler import Scheduler, configure, default_scheduler
 from ccoll.runtime.progress import ProgressEngine, Request, engine, shutdown, submit
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "ProgressEngine",
     "Request",
     "Scheduler",
+    "configure",
     "current_lane",
     "current_stream",
     "default_scheduler",

@@ -64,7 +64,7 @@ def test_the_share_reaches_every_kernel_thread(comm, launches):
     want = _expected(comm)
     with ccoll.Communicator(comm, chunk_elems=1 << 14) as c:
         assert c.threads == want
-        assert f"threads={want}>" in repr(c)
+        assert f"threads={want} " in repr(c)
         _run_calls(c)
     names = {name for name, _ in launches}
     counts = {n for _, n in launches}
