@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -17,6 +18,7 @@ from ccoll.gpu_sched import scheduler as sched_mod
 @pytest.fixture(autouse=True)
 def _defaults(monkeypatch):
     monkeypatch.delenv("CCOLL_SCHED", raising=False)
+    monkeypatch.setattr(sched_mod, "_training", False)
     configure()
     yield
     configure()
@@ -87,6 +89,29 @@ def test_the_process_scheduler_on_the_cpu_takes_the_rank_share_whole():
     # Default fraction 1.0 on the CPU: a lane's numba threads are the rank's share, as
     # the private thread's were (cpu_threads caps them).
     assert default_scheduler("cpu").sm_fractions["compress"] == 1.0
+
+
+def test_the_cpu_lanes_run_at_nice_0_until_training_registers():
+    flat = default_scheduler("cpu")
+    assert set(flat.priority_ranks.values()) == {0}
+    assert {ln.priority for ln in flat.lanes.values()} == {0}
+    sched_mod.yield_to_training()
+    assert flat._closed  # it was idle
+    low = default_scheduler("cpu")
+    assert low.priority_ranks == dict(sched_mod.DEFAULT_PRIORITY_RANKS)
+    if sys.platform.startswith("linux"):
+        nice = {n: low.lane(n).priority for n in ("compress", "reduce")}
+        # +10 / +5 where setpriority is allowed (a sandbox may refuse: 0)
+        assert nice in ({"compress": 10, "reduce": 5}, {"compress": 0, "reduce": 0}), nice
+    sched_mod.yield_to_training()  # once per process
+    assert default_scheduler("cpu") is low
+
+
+def test_configured_priorities_stand_when_training_registers():
+    configure("cpu", priorities={"compress": 1})
+    mine = default_scheduler("cpu")
+    sched_mod.yield_to_training()
+    assert default_scheduler("cpu") is mine and mine.priority_ranks["compress"] == 1
 
 
 def test_configure_refuses_while_a_collective_runs_on_the_lanes():
@@ -167,27 +192,55 @@ def test_two_workers_sharing_the_lanes_collect_their_own_outcomes():
     assert sched_mod._busy["cpu"] == 0
 
 
-def test_help_waits_for_a_critical_task_on_any_lane():
+def _name_into(ran: list[str]):
+    return lambda: ran.append(threading.current_thread().name)
+
+
+def test_a_worker_runs_one_lane_task_at_a_time_lowest_key_first():
+    w = Worker("test-worker", lanes=_lanes)
+    gate = _hold(w, "compress", (1, 0))
+    ran: list[str] = []
+    w.submit((0, 9), _name_into(ran), "combine", lane="reduce")  # the reduce lane is free
+    time.sleep(0.05)
+    assert ran == []  # but this worker's compress is running: as on one thread
+    gate.set()
+    _collect(w)
+    assert ran == ["ccoll-lane-reduce"]
+
+
+def test_help_leaves_a_critical_task_running_on_a_lane_alone():
     w = Worker("test-worker", lanes=_lanes)
     gate = _hold(w, "compress")  # key (0,), below the decodes', runs on the compress lane
-    blocker = _hold(w, "reduce", (2,))  # keeps the decode below queued
     ran: list[str] = []
-    w.submit((1, 0), lambda: ran.append(threading.current_thread().name), "decode",
-             lane="reduce")
+    w.submit((1, 0), _name_into(ran), "decode", lane="reduce")
     try:
         assert w.help((1,)) is False
-        gate.set()
-        end = time.monotonic() + 10
-        while "compress" in w._lane_running:
-            assert time.monotonic() < end
-            time.sleep(1e-3)
-        assert w.help((1,)) is True  # nothing critical left: the caller decodes
-        assert w.help((1,)) is False  # and the lane's pump finds nothing
     finally:
         gate.set()
-        blocker.set()
     _collect(w)
-    assert ran == [threading.current_thread().name]
+    assert ran == ["ccoll-lane-reduce"]
+
+
+@pytest.mark.parametrize("critical", [False, True])
+def test_help_takes_a_queued_decode_unless_a_critical_task_waits(critical):
+    w = Worker("test-worker", lanes=_lanes)
+    gate = _hold(w, "reduce", (2,))  # running, but not below the decodes
+    ran: list[str] = []
+    if critical:
+        w.submit((0, 5), _name_into(ran), "combine", lane="reduce")
+    w.submit((1, 0), _name_into(ran), "decode", lane="reduce")
+    try:
+        if critical:
+            assert w.help((1,)) is False
+        else:
+            assert w.help((1,)) is True  # on the caller
+            assert w.help((1,)) is False  # nothing left
+    finally:
+        gate.set()
+    _collect(w)
+    me = threading.current_thread().name
+    want = ["ccoll-lane-reduce"] * 2 if critical else [me]
+    assert ran == want
     assert sched_mod._busy["cpu"] == 0
 
 

@@ -243,11 +243,6 @@ class _Ring:
         self.statuses: list[MPI.Status] = []
         # (kind, step, chunk, what to keep alive or the buffer index, when it was posted)
         self.meta: list[tuple[str, int, int, Any, float]] = []
-        # A chunk's later sends must follow its step-0 send (same tag, MPI matches in order),
-        # and compress and combine run on different lanes: a combine that finishes before
-        # its chunk's compress waits here (chunk -> its outcomes, None once sent).
-        self.held: list[list[Any] | None] = [
-            [] if ops is not None and c < nch[(r - 1) % n] else None for c in range(max_c)]
 
     # -- posting -----------------------------------------------------------------------
 
@@ -377,11 +372,6 @@ class _Ring:
                 self.send("send", 0, c, result, None)
             else:
                 self._finish(c, result)
-            held, self.held[c] = self.held[c] or [], None
-            for t, r in held:
-                self.on_task(t, r)
-        elif kind == "combine" and self.held[c] is not None:
-            self.held[c].append((tag, result))  # type: ignore[union-attr]
         elif kind == "combine":
             if s + 1 < self.steps:
                 self.send("send", s + 1, c, result, None)

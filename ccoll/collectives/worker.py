@@ -10,10 +10,10 @@ A task goes either to a lane of the process-wide CPU scheduler
 (:func:`ccoll.gpu_sched.default_scheduler`, shared by every channel of the process:
 compression on ``compress``, adds and decodes on ``reduce``) or, without a lane (device
 data, ``CCOLL_SCHED=off``, ``configure(enabled=False)``), to the worker's private thread.
-The worker keeps one heap per lane and hands the lane a small pump per task that pops the
-lowest-key task of that heap when it runs, so the priority keys hold on the shared lanes
-too; a pump catches every error into the worker's outcomes, so a collective's failure
-never leaves a shared lane failed.
+The worker keeps its lane tasks in one heap and hands the lowest-key one to its lane when
+the previous one has finished (one task of a worker at a time, as on the private thread),
+so the priority keys hold on the shared lanes too; every error is caught into the worker's
+outcomes, so a collective's failure never leaves a shared lane failed.
 
 With ``inline=True`` tasks run at once on the submitting thread; the ring uses that when
 there is nothing to overlap (one chunk per block), which saves two thread hand-offs per
@@ -49,9 +49,10 @@ class Worker:
         self._name = name
         self._lanes_of = lanes
         self._heap: list[tuple[Any, int, Callable[[], Any], Any]] = []
-        # One heap per lane name, and the key each lane is running for this worker.
-        self._lane_heaps: dict[str, list[tuple[Any, int, Callable[[], Any], Any]]] = {}
-        self._lane_running: dict[str, Any] = {}
+        # Tasks for the lanes: (key, seq, fn, tag, lane). One at a time is handed to its
+        # lane, lowest key first (see _dispatch); its key is in _dispatched meanwhile.
+        self._lane_heap: list[tuple[Any, int, Callable[[], Any], Any, Any]] = []
+        self._dispatched: Any = None
         self._done: deque[Done] = deque()
         self._cv = threading.Condition()
         self._seq = itertools.count()
@@ -92,23 +93,13 @@ class Worker:
         sched = self.lanes() if lane is not None else None
         if sched is not None and lane is not None:
             ln = sched.lane(lane)  # raises before anything is queued
-            device = self._device = sched.device
-            _sched.task_started(device)
-            with self._cv:
-                heapq.heappush(self._lane_heaps.setdefault(lane, []),
-                               (key, next(self._seq), fn, tag))
+            self._device = sched.device
+            _sched.task_started(self._device)
             self._outstanding += 1
             self.used_lanes = True
-            try:
-                ln.submit(self._run_one, lane, device)
-            except BaseException:
-                with self._cv:  # not queued after all: take it back
-                    heap = self._lane_heaps[lane]
-                    heap[:] = [t for t in heap if t[3] is not tag]
-                    heapq.heapify(heap)
-                self._outstanding -= 1
-                _sched.task_finished(device)
-                raise
+            with self._cv:
+                heapq.heappush(self._lane_heap, (key, next(self._seq), fn, tag, ln))
+            self._dispatch()
             return
         self._outstanding += 1
         with self._cv:
@@ -119,22 +110,39 @@ class Worker:
             heapq.heappush(self._heap, (key, next(self._seq), fn, tag))
             self._cv.notify_all()
 
-    def _run_one(self, lane: str, device: str) -> None:
-        """Run this worker's lowest-key task of ``lane`` (a lane's pump; none left: no-op)."""
-        with self._cv:
-            heap = self._lane_heaps.get(lane)
-            if not heap:
+    def _dispatch(self) -> None:
+        """Hand the lowest-key lane task to its lane unless one of this worker's runs.
+
+        One task of a worker at a time, as on the private thread: the kernels of a task
+        already use the rank's share of the cores, so a second one beside it would only
+        slow the critical path (the add that unblocks the next send) that the keys put
+        first. Other workers' tasks share the lanes meanwhile.
+        """
+        while True:
+            with self._cv:
+                if self._dispatched is not None or not self._lane_heap:
+                    return
+                item = heapq.heappop(self._lane_heap)
+                self._dispatched = item[0]
+            try:
+                item[4].submit(self._run_lane_task, item)
                 return
-            key, _, fn, tag = heapq.heappop(heap)
-            self._lane_running[lane] = key
+            except BaseException as exc:  # noqa: BLE001 - a closed lane: the collective fails
+                self._record((item[3], None, exc))
+
+    def _run_lane_task(self, item: tuple[Any, int, Callable[[], Any], Any, Any]) -> None:
+        """Run one task on its lane's thread; every error goes to the outcomes."""
         try:
-            outcome: Done = (tag, fn(), None)
+            outcome: Done = (item[3], item[2](), None)
         except BaseException as exc:  # noqa: BLE001 - to the driving thread, never the lane
-            outcome = (tag, None, exc)
-        finally:
-            _sched.task_finished(device)
+            outcome = (item[3], None, exc)
+        self._record(outcome)
+        self._dispatch()
+
+    def _record(self, outcome: Done) -> None:
+        _sched.task_finished(self._device)
         with self._cv:
-            self._lane_running.pop(lane, None)
+            self._dispatched = None
             self._done.append(outcome)
             self._cv.notify_all()
 
@@ -151,19 +159,17 @@ class Worker:
         """Run the lowest-key queued task whose key is ``>= min_key`` here; False if none.
 
         Only while no task below ``min_key`` is queued or running on the worker's thread
-        or any of its lanes: those are on the critical path, and where a rank has one core
-        (the default share when ranks fill a node) a second thread computing beside them
-        only slows them down. Its outcome comes back from :meth:`drain` like the others'.
+        or its lanes: those are on the critical path, and where a rank has one core (the
+        default share when ranks fill a node) a second thread computing beside them only
+        slows them down. Its outcome comes back from :meth:`drain` like the others'.
         """
         with self._cv:
-            if self._running is not None and self._running < min_key:
-                return False
-            for k in self._lane_running.values():
-                if k < min_key:
+            for k in (self._running, self._dispatched):
+                if k is not None and k < min_key:
                     return False
-            best_heap: list[tuple[Any, int, Callable[[], Any], Any]] | None = None
+            best_heap: list[Any] | None = None
             best = -1
-            for heap in (self._heap, *self._lane_heaps.values()):
+            for heap in (self._heap, self._lane_heap):
                 for i, item in enumerate(heap):
                     if item[0] < min_key:
                         return False
@@ -171,11 +177,11 @@ class Worker:
                         best_heap, best = heap, i
             if best_heap is None:
                 return False
-            _, _, fn, tag = best_heap[best]
+            fn, tag = best_heap[best][2], best_heap[best][3]
             best_heap[best] = best_heap[-1]
             best_heap.pop()
             heapq.heapify(best_heap)
-            on_lane = best_heap is not self._heap
+            on_lane = best_heap is self._lane_heap
         try:
             outcome: Done = (tag, fn(), None)
         except Exception as exc:  # noqa: BLE001 - handed to the driving thread
@@ -194,12 +200,11 @@ class Worker:
                 self._cv.wait(timeout)
 
     def _drop_queued(self) -> None:
-        # Called with self._cv held. The lanes' pumps of dropped tasks find nothing.
+        # Called with self._cv held; a task already handed to its lane still finishes.
         self._heap.clear()
-        for heap in self._lane_heaps.values():
-            for _ in heap:
-                _sched.task_finished(self._device)
-            heap.clear()
+        for _ in self._lane_heap:
+            _sched.task_finished(self._device)
+        self._lane_heap.clear()
 
     def discard(self) -> None:
         """Drop queued tasks and finished outcomes (after a failed collective)."""

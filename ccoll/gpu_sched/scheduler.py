@@ -51,6 +51,7 @@ __all__ = [
     "current_stream",
     "default_scheduler",
     "lanes_enabled",
+    "yield_to_training",
 ]
 
 # 0 = highest. Reduction and copies sit on the collective's critical path once data has
@@ -247,6 +248,13 @@ _busy: dict[str, int] = {"cpu": 0, "cuda": 0}
 # run beside no training. configure(max_sm_fraction=0.5) leaves half the share to training.
 _DEFAULT_FRACTION = {"cpu": 1.0, "cuda": 0.5}
 
+# Until training code registers (yield_to_training), the process-wide CPU lanes run at
+# nice 0: nice'd lanes measured 10-24% slower collectives at 64 MiB where ranks share
+# cores, since every nice-0 thread (the ranks' polling driving threads, other processes)
+# preempts them, and there is no training to give the cores to.
+_FLAT: Mapping[str, int] = dict.fromkeys(LANES, 0)
+_training = False
+
 ENV_SCHED = "CCOLL_SCHED"
 _ENV_ON = ("", "1", "on", "true", "yes")
 _ENV_OFF = ("0", "off", "false", "no")
@@ -265,6 +273,8 @@ def default_scheduler(device: str = "cpu") -> Scheduler:
         s = _default.get(device)
         if s is None or s._closed:
             opts = {"max_sm_fraction": _DEFAULT_FRACTION[device], **_options[device]}
+            if device == "cpu" and "priorities" not in opts and not _training:
+                opts["priorities"] = _FLAT  # nothing to yield to yet: see yield_to_training
             s = _default[device] = Scheduler(device, **opts)
         return s
 
@@ -334,6 +344,28 @@ def configure(
         _enabled = enabled
     for s in old:
         s.close()
+
+
+def yield_to_training() -> None:
+    """Give the process-wide CPU lanes their default priorities below training, from now on.
+
+    Called when training code registers with ccoll (a DDP hook state, an FSDP
+    reduce-scatter): until then the lanes run at nice 0, since there is nothing to yield
+    to. An idle scheduler that exists already is closed and the next one gets the
+    priorities; one with tasks in flight keeps its own until :func:`configure`. Priorities
+    set with :func:`configure` stand. Raising a nice value cannot be undone without
+    privileges, so this holds for the rest of the process.
+    """
+    global _training
+    with _default_lock:
+        if _training:
+            return
+        _training = True
+        s = _default.get("cpu")
+        if s is None or "priorities" in _options["cpu"] or _busy["cpu"]:
+            return
+        del _default["cpu"]
+    s.close()
 
 
 def _check_number(what: str, f: Any) -> None:

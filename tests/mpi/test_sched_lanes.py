@@ -101,3 +101,19 @@ def test_lane_tasks_use_the_smaller_of_the_rank_share_and_the_grid_limit(comm, l
     if comm.size > 1:
         assert on_lanes, launches
     assert {k for _, k in on_lanes} <= {want}, (want, launches)
+
+
+def test_a_hook_state_puts_the_lanes_below_training(comm, monkeypatch):
+    pytest.importorskip("torch")
+    from ccoll.gpu_sched import DEFAULT_PRIORITY_RANKS
+    from ccoll.gpu_sched import scheduler as sched_mod
+    from ccoll.torch import CCollHookState
+
+    monkeypatch.setattr(sched_mod, "_training", False)
+    with ccoll.Communicator(comm, chunk_elems=1 << 13, policy="compress") as c:
+        c.allreduce(gradient_like(c.rank, 50_000, np.float32), eb=EB)  # lanes at nice 0
+    before = default_scheduler("cpu")
+    assert set(before.priority_ranks.values()) == {0}
+    with CCollHookState(comm=comm):
+        assert before._closed
+        assert default_scheduler("cpu").priority_ranks == dict(DEFAULT_PRIORITY_RANKS)
