@@ -286,3 +286,20 @@ def test_a_lane_kernel_uses_the_smaller_of_share_and_grid_limit(tmp_path):
                          text=True, timeout=300, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "1"], out.stdout
+
+
+def test_a_lane_left_failed_by_other_work_fails_the_task_instead_of_hanging():
+    lane = default_scheduler("cpu").lane("compress")
+    with pytest.raises(ZeroDivisionError):
+        lane.submit(lambda: 1 / 0).wait(10)  # someone else's failure, not synchronized
+    w = Worker("test-worker", lanes=_lanes)
+    w.submit((0,), lambda: "ran", "t", lane="compress")
+    ((tag, result, exc),) = _collect(w)[0]
+    assert tag == "t" and result is None and isinstance(exc, CCollError)
+    assert "'compress' lane failed earlier (ZeroDivisionError" in str(exc)
+    assert "lane.synchronize()" in str(exc)
+    with pytest.raises(ZeroDivisionError):
+        lane.synchronize()  # reports and clears the lane's error
+    w.submit((0,), lambda: "ran", "again", lane="compress")
+    assert _collect(w)[0] == [("again", "ran", None)]
+    assert sched_mod._busy["cpu"] == 0

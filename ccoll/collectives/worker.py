@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from ccoll.errors import CCollError
 from ccoll.gpu_sched import scheduler as _sched
 
 __all__ = ["Worker", "Done"]
@@ -53,6 +54,9 @@ class Worker:
         # lane, lowest key first (see _dispatch); its key is in _dispatched meanwhile.
         self._lane_heap: list[tuple[Any, int, Callable[[], Any], Any, Any]] = []
         self._dispatched: Any = None
+        # The lane's event of the dispatched task, and the task (see _check_lane).
+        self._dispatched_ev: Any = None
+        self._dispatched_item: Any = None
         self._done: deque[Done] = deque()
         self._cv = threading.Condition()
         self._seq = itertools.count()
@@ -125,7 +129,10 @@ class Worker:
                 item = heapq.heappop(self._lane_heap)
                 self._dispatched = item[0]
             try:
-                item[4].submit(self._run_lane_task, item)
+                ev = item[4].submit(self._run_lane_task, item)
+                with self._cv:
+                    if self._dispatched is item[0] and self._dispatched_item is None:
+                        self._dispatched_ev, self._dispatched_item = ev, item
                 return
             except BaseException as exc:  # noqa: BLE001 - a closed lane: the collective fails
                 self._record((item[3], None, exc))
@@ -139,15 +146,36 @@ class Worker:
         self._record(outcome)
         self._dispatch()
 
+    def _check_lane(self) -> None:
+        """Fail the dispatched task if its lane skipped it (the lane failed earlier).
+
+        A lane that some other work left failed runs nothing until it is synchronized;
+        the task's outcome is then an error that says so, not a wait until the timeout.
+        """
+        ev = self._dispatched_ev
+        if ev is None or ev.error is None:  # ccoll's runner never raises: error = skipped
+            return
+        with self._cv:
+            if self._dispatched_ev is not ev:
+                return
+            item = self._dispatched_item
+        self._record((item[3], None, CCollError(
+            f"the scheduler's {item[4].name!r} lane failed earlier ({ev.error!r}) and runs "
+            "nothing until it is synchronized: call lane.synchronize() on work you submitted "
+            "to ccoll.gpu_sched.default_scheduler()'s lanes, or use a Scheduler of your own")))
+        self._dispatch()
+
     def _record(self, outcome: Done) -> None:
         _sched.task_finished(self._device)
         with self._cv:
+            self._dispatched_ev = self._dispatched_item = None
             self._dispatched = None
             self._done.append(outcome)
             self._cv.notify_all()
 
     def drain(self) -> list[Done]:
         """Outcomes of finished tasks since the last call (never blocks)."""
+        self._check_lane()
         out: list[Done] = []
         with self._cv:
             while self._done:
