@@ -4,7 +4,8 @@ A :class:`~ccoll.collectives.communicator.Communicator` has two channels, one fo
 calls (the caller's thread) and one for ``iallreduce`` (the progress engine's thread), so
 the two never share a buffer, a worker or MPI messages.
 
-A channel owns its duplicate communicator, its worker thread and its receive buffers
+A channel owns its duplicate communicator, its worker (whose host tasks run on the lanes of
+the process-wide CPU scheduler, see docs/scheduler.md) and its receive buffers
 (sized for worst-case streams): :meth:`Channel.close` releases them, and so does garbage
 collection of a channel that was never closed (a ``weakref.finalize``, which frees the
 communicator without any collective call: ``MPI_Comm_free`` is local in MPICH).
@@ -20,6 +21,7 @@ from mpi4py import MPI
 
 from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
+from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler, lanes_enabled
 
 __all__ = ["Channel", "Stats"]
 
@@ -48,7 +50,7 @@ class Channel:
         self.comm = comm
         self.name = name
         self.timeout = timeout
-        self.worker = Worker(f"ccoll-{name}-worker")
+        self.worker = Worker(f"ccoll-{name}-worker", lanes=_process_lanes)
         self.stats = Stats()
         self.failed: str | None = None
         self._pool: list[np.ndarray] = []
@@ -116,6 +118,11 @@ class Channel:
         self._pool = []
         self._pinned = []
         self._finalizer()
+
+
+def _process_lanes() -> Scheduler | None:
+    """Return the process-wide CPU scheduler whose lanes run host tasks (None: off)."""
+    return default_scheduler("cpu") if lanes_enabled() else None
 
 
 def _release(comm: MPI.Intracomm, worker: Worker) -> None:

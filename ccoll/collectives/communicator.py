@@ -75,6 +75,7 @@ from ccoll.compressor.precision import (
 )
 from ccoll.errorbound import REL, ErrorBound, as_bound, finite_range
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
+from ccoll.gpu_sched.scheduler import lanes_enabled
 from ccoll.runtime.cpu_threads import env_threads
 
 __all__ = ["Communicator", "DEFAULT_EB", "default_communicator", "existing_default"]
@@ -208,6 +209,10 @@ class Communicator:
         threads_problem = env_threads(os.environ)[1]
         if threads_problem is not None:
             call.problem(InputError, threads_problem)
+        try:
+            lanes_enabled()
+        except InputError as exc:
+            call.problem(InputError, str(exc))
         call.shown.update({"algorithm": algorithm, "policy": policy,
                            "chunk size": "chosen per call" if chunk_elems is None else chunk_elems,
                            "split": "chosen by the model" if split is None else split})
@@ -288,7 +293,8 @@ class Communicator:
         return (
             f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
             f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout} "
-            f"split={self.split} threads={self.threads}>"
+            f"split={self.split} threads={self.threads} "
+            f"lanes={any(ch.worker.used_lanes for ch in self._channels)}>"
         )
 
     def __enter__(self) -> Communicator:

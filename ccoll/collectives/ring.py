@@ -336,11 +336,14 @@ class _Ring:
         self.ch.stats.bytes_sent += nb
 
     def submit(self, key: Any, fn: Callable[[], Any], tag: Any, name: str,
-               args: dict[str, Any]) -> None:
+               args: dict[str, Any], lane: str) -> None:
+        # Device data keeps the worker's own thread: its tasks are kernel launches.
+        on = None if self.place.device else lane
         rec = self.rec
         if rec is not None:
-            fn = rec.task(fn, name, args)
-        self.worker.submit(key, fn, tag, inline=self.inline)
+            where = "inline" if self.inline else on or "worker"
+            fn = rec.task(fn, name, {**args, "lane": where})
+        self.worker.submit(key, fn, tag, inline=self.inline, lane=on)
 
     # -- events ------------------------------------------------------------------------
 
@@ -358,7 +361,7 @@ class _Ring:
             self.requant_open[c] = True
             fn = partial(_requant_one, stream, self.flat_out, lo, hi, rq)
             self.submit(_requant_key(self.steps, c), fn, ("requant", -1, c, None), "requantize",
-                        {"block": self.r, "chunk": c})
+                        {"block": self.r, "chunk": c}, lane="compress")
             return
         if self.steps:
             self.send("ag send", 0, c, stream, None)
@@ -369,7 +372,7 @@ class _Ring:
         fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi,
                      self.requant is not None and self.dtype != self.ag_dtype)
         self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
-                    {"block": b, "chunk": c, "bytes": nb})
+                    {"block": b, "chunk": c, "bytes": nb}, lane="reduce")
 
     def release(self, i: int) -> None:
         """One user of buffer ``i`` is done; repost the chunk's receives if it is free."""
@@ -412,7 +415,7 @@ class _Ring:
             assert ops is not None
             self.submit(_combine_key(s, c), partial(ops.combine, b, c, view),
                         ("combine", s, c, None), "combine",
-                        {"step": s, "chunk": c, "block": b, "bytes": nb})
+                        {"step": s, "chunk": c, "block": b, "bytes": nb}, lane="reduce")
             return
         if s + 1 < self.steps:
             self.busy[keep] += 1
@@ -516,14 +519,14 @@ class _Ring:
         b0 = (r - 1) % self.n
         for c in range(self.nch[b0]):
             self.submit(_compress_key(c), partial(ops.first, b0, c), ("first", 0, c, None),
-                        "compress", {"step": 0, "chunk": c, "block": b0})
+                        "compress", {"step": 0, "chunk": c, "block": b0}, lane="compress")
         self.pump_tasks()
         for s in range(self.steps):
             b = (r - s - 2) % self.n
             for c in range(self.nch[b]):
                 self.submit(_prepare_key(s, c), partial(ops.prepare, b, c),
                             ("prepare", s, c, None), "prepare",
-                            {"step": s, "chunk": c, "block": b})
+                            {"step": s, "chunk": c, "block": b}, lane="compress")
                 if self.inline:
                     self.pump_mpi()
 

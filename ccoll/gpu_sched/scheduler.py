@@ -32,11 +32,12 @@ the same exception without running, until ``lane.synchronize()`` (or
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ccoll.errors import CCollError
+from ccoll.errors import CCollError, InputError
 from ccoll.gpu_sched.lanes import LANES, Event, Lane, current_lane, current_stream
 
 __all__ = [
@@ -45,9 +46,12 @@ __all__ = [
     "Event",
     "Lane",
     "Scheduler",
+    "configure",
     "current_lane",
     "current_stream",
     "default_scheduler",
+    "lanes_enabled",
+    "yield_to_training",
 ]
 
 # 0 = highest. Reduction and copies sit on the collective's critical path once data has
@@ -233,12 +237,165 @@ class Scheduler:
 
 _default: dict[str, Scheduler] = {}
 _default_lock = threading.Lock()
+# Options of the process-wide schedulers, per device, set by configure().
+_options: dict[str, dict[str, Any]] = {"cpu": {}, "cuda": {}}
+_enabled = True
+# Tasks of ccoll's collectives queued or running on a process-wide scheduler's lanes.
+_busy: dict[str, int] = {"cpu": 0, "cuda": 0}
+
+# On the CPU a lane's numba threads are already capped by the rank's share of its cores
+# (ccoll.runtime.cpu_threads); a further cap by default would only slow collectives that
+# run beside no training. configure(max_sm_fraction=0.5) leaves half the share to training.
+_DEFAULT_FRACTION = {"cpu": 1.0, "cuda": 0.5}
+
+# Until training code registers (yield_to_training), the process-wide CPU lanes run at
+# nice 0: nice'd lanes measured 10-24% slower collectives at 64 MiB where ranks share
+# cores, since every nice-0 thread (the ranks' polling driving threads, other processes)
+# preempts them, and there is no training to give the cores to.
+_FLAT: Mapping[str, int] = dict.fromkeys(LANES, 0)
+_training = False
+
+ENV_SCHED = "CCOLL_SCHED"
+_ENV_ON = ("", "1", "on", "true", "yes")
+_ENV_OFF = ("0", "off", "false", "no")
 
 
 def default_scheduler(device: str = "cpu") -> Scheduler:
-    """Return the process-wide scheduler for ``device``, created with defaults on first use."""
+    """Return the process-wide scheduler for ``device``, created on first use.
+
+    It is created with the options of :func:`configure` (the defaults of
+    :class:`Scheduler` where none were given) and shared by every Communicator, the DDP
+    hook and the FSDP reduce-scatter of the process.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     with _default_lock:
         s = _default.get(device)
         if s is None or s._closed:
-            s = _default[device] = Scheduler(device)
+            opts = {"max_sm_fraction": _DEFAULT_FRACTION[device], **_options[device]}
+            if device == "cpu" and "priorities" not in opts and not _training:
+                opts["priorities"] = _FLAT  # nothing to yield to yet: see yield_to_training
+            s = _default[device] = Scheduler(device, **opts)
         return s
+
+
+def configure(
+    device: str | None = None,
+    *,
+    max_sm_fraction: float | Mapping[str, float] | None = None,
+    priorities: Mapping[str, int] | None = None,
+    enabled: bool = True,
+) -> None:
+    """Set the options of the process-wide scheduler(s) that ccoll's collectives use.
+
+    ``device``: ``"cpu"``, ``"cuda"`` or None (both). ``max_sm_fraction`` and
+    ``priorities`` are :class:`Scheduler`'s (None: its defaults). ``enabled=False`` makes
+    the collectives run their compute on a private thread per channel instead of the lanes
+    (as the environment variable ``CCOLL_SCHED=off`` does); it applies to both devices.
+
+    The options are checked here (``ValueError`` naming the problem). A scheduler that
+    already exists for ``device`` is closed and the next call of :func:`default_scheduler`
+    creates one with the new options; while a collective has tasks on its lanes this
+    raises :class:`~ccoll.errors.CCollError` and changes nothing (call it between
+    collectives).
+    """
+    if device not in (None, "cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or None (both), got {device!r}")
+    if not isinstance(enabled, bool):
+        raise ValueError(f"enabled must be True or False, got {enabled!r}")
+    opts: dict[str, Any] = {}
+    if max_sm_fraction is not None:
+        if isinstance(max_sm_fraction, Mapping):
+            unknown = set(max_sm_fraction) - set(LANES)
+            if unknown:
+                raise ValueError(f"unknown lane(s) {sorted(unknown)} in max_sm_fraction; lanes "
+                                 f"are {list(LANES)}")
+            for n, f in max_sm_fraction.items():
+                _check_number(f"max_sm_fraction[{n!r}]", f)
+                _check_fraction(n, f)
+        else:
+            _check_number("max_sm_fraction", max_sm_fraction)
+            _check_fraction("every lane", max_sm_fraction)
+        opts["max_sm_fraction"] = max_sm_fraction
+    if priorities is not None:
+        if not isinstance(priorities, Mapping):
+            raise ValueError(f"priorities must map lane names to ranks, got {priorities!r}")
+        unknown = set(priorities) - set(LANES)
+        if unknown:
+            raise ValueError(f"unknown lane(s) {sorted(unknown)} in priorities; lanes are "
+                             f"{list(LANES)}")
+        for name, r in priorities.items():
+            if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+                raise ValueError(f"priority rank of {name!r} must be an int >= 0, got {r!r}")
+        opts["priorities"] = dict(priorities)
+    devices = ("cpu", "cuda") if device is None else (device,)
+    global _enabled
+    with _default_lock:
+        for d in devices:
+            if _busy[d]:
+                raise CCollError(
+                    f"ccoll.gpu_sched.configure() while a collective has {_busy[d]} task(s) on "
+                    f"the process-wide {d!r} scheduler's lanes: wait for the collectives "
+                    "(and iallreduce requests) to finish, then configure"
+                )
+        old = [_default.pop(d) for d in devices if d in _default]
+        for d in devices:
+            _options[d] = opts
+        _enabled = enabled
+    for s in old:
+        s.close()
+
+
+def yield_to_training() -> None:
+    """Give the process-wide CPU lanes their default priorities below training, from now on.
+
+    Called when training code registers with ccoll (a DDP hook state, an FSDP
+    reduce-scatter): until then the lanes run at nice 0, since there is nothing to yield
+    to. An idle scheduler that exists already is closed and the next one gets the
+    priorities; one with tasks in flight keeps its own until :func:`configure`. Priorities
+    set with :func:`configure` stand. Raising a nice value cannot be undone without
+    privileges, so this holds for the rest of the process.
+    """
+    global _training
+    with _default_lock:
+        if _training:
+            return
+        _training = True
+        s = _default.get("cpu")
+        if s is None or "priorities" in _options["cpu"] or _busy["cpu"]:
+            return
+        del _default["cpu"]
+    s.close()
+
+
+def _check_number(what: str, f: Any) -> None:
+    if isinstance(f, bool) or not isinstance(f, (int, float)):
+        raise ValueError(f"{what} must be a number in (0, 1], got {f!r}")
+
+
+def lanes_enabled() -> bool:
+    """Whether collectives run on the process-wide lanes (configure(), ``CCOLL_SCHED``)."""
+    if not _enabled:
+        return False
+    raw = os.environ.get(ENV_SCHED, "").strip().lower()
+    if raw in _ENV_ON:
+        return True
+    if raw in _ENV_OFF:
+        return False
+    raise InputError(
+        f"{ENV_SCHED}={os.environ[ENV_SCHED]!r} is not a switch: set it to 'off' to run "
+        "collectives on a private thread per channel, 'on' (or unset it) for the scheduler's "
+        "lanes"
+    )
+
+
+def task_started(device: str) -> None:
+    """Count a collective task queued on the process-wide lanes (see :func:`configure`)."""
+    with _default_lock:
+        _busy[device] += 1
+
+
+def task_finished(device: str) -> None:
+    """Count one such task finished or dropped."""
+    with _default_lock:
+        _busy[device] -= 1

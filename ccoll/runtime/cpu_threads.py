@@ -31,7 +31,9 @@ on them too (``os.sched_getaffinity`` and the ranks' host names). ``CCOLL_THREAD
 sets the count outright (also for ``ccoll.compress`` without any Communicator);
 ``NUMBA_NUM_THREADS`` in the environment sizes numba's pool and then wins over the share.
 :func:`parallel_launch` applies the count in whichever thread launches the kernel (numba's
-count is per thread), unless that thread chose its own with ``numba.set_num_threads``.
+count is per thread), unless that thread chose its own with ``numba.set_num_threads``; on
+a CPU lane of :mod:`ccoll.gpu_sched` the smaller of the count and the lane's ``grid_limit``
+applies.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from fractions import Fraction
 from typing import Any
 
 from ccoll.errors import InputError
+from ccoll.gpu_sched.lanes import current_lane
 
 __all__ = [
     "ThreadingLayerWarning",
@@ -141,8 +144,9 @@ def parallel_launch() -> Iterator[None]:
 
         cur = numba.get_num_threads()
         # Every thread starts at the pool size; a lower count is the thread's own choice
-        # (numba.set_num_threads: a CPU lane's share, a caller's), which stays.
-        if cur == _pool and n < cur:
+        # (numba.set_num_threads: a caller's), which stays. A CPU lane's count is its
+        # grid_limit, a cap of its own: the rank's share applies below it too.
+        if (cur == _pool or current_lane() is not None) and n < cur:
             prev = cur
             numba.set_num_threads(n)
     try:

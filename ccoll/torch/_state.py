@@ -100,6 +100,7 @@ def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
     from ccoll.collectives.agreement import agree
     from ccoll.collectives.communicator import dup_comm
     from ccoll.collectives.waiting import Deadline
+    from ccoll.gpu_sched.scheduler import yield_to_training
 
     valid = isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
     deadline = Deadline(float(timeout) if valid else None, f"creating a ccoll.torch.{what}")
@@ -111,6 +112,7 @@ def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
         # take the same ring.
         communicator = Communicator(comm, algorithm="homomorphic", policy=policy,
                                     timeout=timeout, split=split)
+        yield_to_training()  # training runs in this process: ccoll's lanes go below it
     except BaseException:
         comm.Free()
         raise

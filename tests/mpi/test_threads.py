@@ -64,14 +64,16 @@ def test_the_share_reaches_every_kernel_thread(comm, launches):
     want = _expected(comm)
     with ccoll.Communicator(comm, chunk_elems=1 << 14) as c:
         assert c.threads == want
-        assert f"threads={want}>" in repr(c)
+        assert f"threads={want} " in repr(c)
         _run_calls(c)
     names = {name for name, _ in launches}
     counts = {n for _, n in launches}
     assert counts == {want}, launches
-    # The blocking call's thread, the worker beside it and the progress engine's thread.
-    assert "MainThread" in names and "ccoll-progress" in names, names
-    assert len(names) >= 3, names
+    # The blocking call's thread and the scheduler's lanes beside it. The progress engine's
+    # thread launches only the decodes it takes while the lanes are busy (timing), so it
+    # is not required here; whichever threads launched, all used the share.
+    assert "MainThread" in names and "ccoll-lane-compress" in names, names
+    assert len(names) >= 2, names
     # The caller's own count is what it was: ccoll set it for its launches only.
     assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS
 

@@ -46,7 +46,17 @@ def test_traced_allreduce_has_every_chunk_on_every_rank(comm) -> None:
             assert e[2] >= 0 and e[3] >= 0, (q, e)
         names = {e[0] for e in exp["events"]}
         assert {"check", "agree", "allreduce", "reduce-scatter", "allgather"} <= names, q
-        assert "ccoll-sync-worker" in exp["threads"].values()
+        # Host tasks ran on the process scheduler's lanes, each span names its lane.
+        threads = exp["threads"]
+        assert {"ccoll-lane-compress", "ccoll-lane-reduce"} <= set(threads.values()), q
+        lanes = {"compress": "compress", "prepare": "compress", "combine": "reduce",
+                 "decode": "reduce"}
+        for e in exp["events"]:
+            if e[0] in lanes:
+                assert e[5]["lane"] == lanes[e[0]], (q, e)
+                ran_on = threads[e[4]]
+                assert ran_on == f"ccoll-lane-{lanes[e[0]]}" or (
+                    e[0] == "decode" and ran_on == "MainThread"), (q, e, ran_on)
         first = (q - 1) % n
         # Step 0 compresses every chunk of the block this rank sends first.
         comp = {(a["block"], a["chunk"]) for a in _spans(exp, "compress")}
