@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--powersgd-start-iter", type=int, default=1000,
                     help="PowerSGD's start_powerSGD_iter (PyTorch's default; plain allreduce "
                     "before it; must be >= 2)")
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                    help="DDP's bucket_cap_mb (default 25, DDP's own)")
     ap.add_argument("--interface", default=None,
                     help="network interface of gloo and the rendezvous on every rank; "
                     "default: found from MPI (ccoll.torch.init_process_group_from_mpi)")
@@ -359,11 +361,54 @@ class AllreduceCounter:
         dist.all_reduce = self._orig
 
 
+class PerBucketPowerSGD:
+    """PyTorch's PowerSGD hook with one gloo process group per DDP bucket.
+
+    ``powerSGD_hook`` issues each bucket's second and third allreduce (P, then Q) from the
+    completion callback of the one before; with several buckets in flight those callbacks
+    run in a different order on different ranks, so on one gloo group the ranks' k-th
+    allreduces are of different buckets and gloo aborts ("Received data size doesn't match
+    expected size"; seen with MiniLM's buckets at 4 ranks). Each bucket's collectives on a
+    group of its own keep their order. Every ``PowerSGDState`` has PyTorch's defaults but
+    ``matrix_approximation_rank`` and ``start_powerSGD_iter``, and they share one iteration
+    count (PowerSGD counts an iteration at the last bucket, which only one state sees).
+    """
+
+    def __init__(self, ddp: Any, rank: int, start_iter: int) -> None:
+        import torch.distributed as dist
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+        self._psgd = psgd
+        nbytes = sum(p.numel() * p.element_size() for p in ddp.parameters())
+        # DDP's buckets hold about 25 MiB each, plus its small first bucket.
+        count = max(8, nbytes // (25 << 20) + 4)
+        self.groups = [dist.new_group(backend="gloo") for _ in range(count)]
+        self.states = [
+            psgd.PowerSGDState(process_group=g, matrix_approximation_rank=rank,
+                               start_powerSGD_iter=start_iter)
+            for g in self.groups
+        ]
+        self.iter = 0
+        self.buckets = 0  # buckets seen in one iteration (the largest index + 1)
+
+    def hook(self, _state: Any, bucket: Any) -> Any:
+        i = bucket.index()
+        if i >= len(self.states):
+            raise RuntimeError(f"PowerSGD: bucket {i} has no process group ({len(self.states)} "
+                               "were made); raise the count in PerBucketPowerSGD")
+        st = self.states[i]
+        st.iter = self.iter
+        self.buckets = max(self.buckets, i + 1)
+        fut = self._psgd.powerSGD_hook(st, bucket)
+        if bucket.is_last():
+            self.iter += 1
+        return fut
+
+
 def register_method(ddp: Any, method: str, args: argparse.Namespace,
                     timer: StepTimer) -> Any:
     """Register ``method``'s comm hook on ``ddp`` (timed); return the hook's state or None."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
     import ccoll.torch
 
@@ -383,11 +428,8 @@ def register_method(ddp: Any, method: str, args: argparse.Namespace,
         # on the CPU all the same, and the timing wrapper registers it under another name.
         hook = default_hooks.bf16_compress_hook
     else:
-        state = psgd.PowerSGDState(
-            process_group=None, matrix_approximation_rank=args.powersgd_rank,
-            start_powerSGD_iter=args.powersgd_start_iter,
-        )
-        hook = psgd.powerSGD_hook
+        state = PerBucketPowerSGD(ddp, args.powersgd_rank, args.powersgd_start_iter)
+        hook = state.hook
     ddp.register_comm_hook(*timer.wrap(hook, state))
     return state
 
@@ -413,7 +455,7 @@ def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
     if args.batch % size:
         raise SystemExit(f"--batch {args.batch} is not a multiple of {size} ranks")
     task = Task(args, rank, size)
-    ddp = DDP(task.module)
+    ddp = DDP(task.module, bucket_cap_mb=args.bucket_cap_mb)
     timer = StepTimer(task.module)
     state = register_method(ddp, method, args, timer)
     opt_cls = torch.optim.Adam if args.model == "cnn" else torch.optim.AdamW
@@ -529,6 +571,8 @@ def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
     log["params_identical_on_all_ranks"] = len(set(digests)) == 1
     log["loadavg_end"] = list(os.getloadavg())
     log.update(wire_bytes(comm, method, state, counter, nparams, args.steps, net0, net1, rdv))
+    if isinstance(state, PerBucketPowerSGD):
+        log["powersgd_buckets"] = state.buckets
     if state is not None and ccoll_method:
         log["buckets_compressed"] = state.compressed
         log["buckets_exact"] = state.exact
