@@ -148,3 +148,33 @@ def test_mismatched_ranks_per_node(comm):
     assert "rank 0" in str(info.value) or "ranks 0" in str(info.value) or "on rank 0" in str(
         info.value)
     comm.Barrier()
+
+
+_MODEL_ENV = {  # every constant given: no calibration collective, the same on every rank
+    "CCOLL_ALPHA": "50us", "CCOLL_COMPRESS_GBPS": "5", "CCOLL_ADD_GBPS": "5",
+    "CCOLL_DECOMPRESS_GBPS": "5", "CCOLL_RATIO": "20", "CCOLL_EFFICIENCY": "1",
+    "CCOLL_OVERHEAD": "100us", "CCOLL_CALIBRATION": "off",
+}
+
+
+@pytest.mark.parametrize("link, compress", [("100Mbit", True), ("1000Gbit", False)],
+                         ids=["slow", "fast"])
+def test_auto_chooses_on_the_two_level_model(comm, monkeypatch, link, compress):
+    for k, v in {**_MODEL_ENV, "CCOLL_BANDWIDTH": link}.items():
+        monkeypatch.setenv(k, v)
+    rpn = RPNS[0]
+    x = gradient_like(comm.rank, 1 << 20, np.float32)
+    with ccoll.Communicator(comm, policy="auto", ranks_per_node=rpn) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
+        rep = c.last_call
+        pol = c._auto.get("sync")
+        hier = pol.hier if pol is not None else None
+    if comm.size > 1:
+        assert rep.compressed == compress, rep
+        assert rep.hierarchical == (compress and _hierarchical(rpn))
+        assert hier == ((SIZE // rpn, rpn) if _hierarchical(rpn) else None)
+    if rep.compressed:
+        assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, ccoll.REL(1e-3)),
+                      roundings=1 if rep.hierarchical else 3)
+    assert_same_on_every_rank(comm, y)
+    assert len(set(comm.allgather(rep.decision()))) == 1
