@@ -63,12 +63,15 @@ def test_allreduce_within_bound_and_identical(comm, rpn, op, dtype, eb, split):
     assert rep.compressed and rep.hierarchical == _hierarchical(rpn)
 
 
-@pytest.mark.parametrize("count", [0, 1, 3, 7])
-def test_tiny_shares_some_empty(comm, count):
+@pytest.mark.parametrize("timeout", [None, 60.0])
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 5000])
+def test_tiny_shares_some_empty(comm, count, timeout):
     # Fewer elements than ranks per node: some local ranks' shares are empty, and every
-    # node's rank with that local rank skips its ring alike.
+    # node's rank with that local rank skips its ring alike. With a timeout the node
+    # phases run as nonblocking MPI calls under the deadline.
     x = (np.arange(count, dtype=np.float32) + comm.rank) * 0.25
-    with ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0]) as c:
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0],
+                            timeout=timeout) as c:
         y = c.allreduce(x, ccoll.ABS(1e-2))
     assert_within(y, exact_sum(comm, x), 1e-2, roundings=1)
     assert_same_on_every_rank(comm, y)
