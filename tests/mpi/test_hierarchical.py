@@ -181,3 +181,21 @@ def test_auto_chooses_on_the_two_level_model(comm, monkeypatch, link, compress):
                       roundings=1 if rep.hierarchical else 3)
     assert_same_on_every_rank(comm, y)
     assert len(set(comm.allgather(rep.decision()))) == 1
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_float16_rounds_once_to_its_dtype(comm, op):
+    # float16 moves as its float32 copy; the two-level result is rounded to float32 by the
+    # share's owner and once more to float16 (one float32 half spacing, one float16).
+    x = gradient_like(comm.rank, 10_001, np.float16)
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0]) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3), op=op)
+        hier = c.last_call.hierarchical
+    assert y.dtype == np.float16 and hier == _hierarchical(RPNS[0])
+    ref = exact_sum(comm, x)
+    if op == "avg":
+        ref = ref / comm.size
+    k = 1 if op == "sum" or hier else 3
+    f32 = k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
+    assert_within(y, ref, global_eb(comm, x, ccoll.REL(1e-3)), roundings=1, extra=f32)
+    assert_same_on_every_rank(comm, y)
