@@ -28,7 +28,9 @@ duplicate the communicator on first use while holding the GIL, which can deadloc
 another thread's collective.
 
 The Communicator's ``split`` of the allreduce bound is a compared field too: ranks that
-split differently would forward streams of different bounds.
+split differently would forward streams of different bounds. So are its node grouping
+("nodes", "ranks per node": the ``ranks_per_node`` setting when a Communicator is made, the
+grouping in use on every call): ranks that group differently would run different rings.
 
 All fields are small integers or doubles that float64 holds exactly (counts < 2**53,
 fingerprints < 2**52).
@@ -100,6 +102,8 @@ _FIELDS = (
     "start_iter",
     "min_numel",
     "split",
+    "nodes",
+    "ranks per node",
     "x is None",
     "previous call's seconds",
     "data started",
@@ -142,6 +146,10 @@ class Call:
     min_numel: int = 0
     # The Communicator's split of the allreduce bound (-1: chosen by the model).
     split: float = -1.0
+    # The node grouping of hierarchical collectives: at creation the ranks_per_node setting
+    # (-1: MPI's shared-memory domains) and nodes 0; per call the grouping in use.
+    nodes: int = 0
+    rpn: int = -1
     lo: float = math.inf
     hi: float = -math.inf
     # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
@@ -182,6 +190,8 @@ class Call:
             self.start_iter,
             self.min_numel,
             self.split,
+            self.nodes,
+            self.rpn,
             1 if self.wild else 0,
             self.elapsed,
             1 if self.started else 0,

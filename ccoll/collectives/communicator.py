@@ -53,7 +53,7 @@ from ccoll.collectives.devices import (
 )
 from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
-from ccoll.collectives.node import node_threads
+from ccoll.collectives.node import Grouping, node_comms, node_threads, rpn_problem
 from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.policy.feedback import FeedbackCall
 from ccoll.collectives.report import (
@@ -151,6 +151,15 @@ class Communicator:
       (:func:`ccoll.collectives.model.split_fraction`); ``0``: no split (every rank
       decodes the reduced sum). Host data only (device data runs without a split);
       ``reduce_scatter`` has no allgather and keeps the whole bound.
+    - ``ranks_per_node``: the node grouping of hierarchical collectives. ``None`` (default):
+      nodes are MPI's shared-memory domains (``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``);
+      an int ``R``: consecutive blocks of ``R`` ranks form a node (emulated clusters, or a
+      user who knows better; the size must be a multiple of ``R``). On at least 2 nodes of
+      at least 2 ranks each (all nodes the same size), a compressed allreduce of host data
+      sums exactly inside each node, runs the compressed ring between nodes (one ring per
+      local rank, on its share) and shares the result inside the node (docs/collectives.md,
+      "Hierarchical collectives"); else every call is flat. The grouping is the attribute
+      ``grouping`` (:class:`~ccoll.collectives.node.Grouping`).
 
     Creating one also sets the threads of ccoll's CPU kernels in this process (the
     attribute ``threads``, also in the repr): the rank's share of the cores it may run on
@@ -173,6 +182,7 @@ class Communicator:
         chunk_elems: int | None = None,
         timeout: float | None = None,
         split: float | None = None,
+        ranks_per_node: int | None = None,
     ) -> None:
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -203,6 +213,13 @@ class Communicator:
             split = None
         self.split: float | None = None if split is None else float(split)
         call.split = _split_code(self.split)
+        rpn_bad = rpn_problem(ranks_per_node, comm.Get_size())
+        if rpn_bad is not None:
+            call.problem(InputError, rpn_bad)
+            ranks_per_node = None
+        self.ranks_per_node: int | None = (
+            None if ranks_per_node is None else int(ranks_per_node))
+        call.rpn = -1 if self.ranks_per_node is None else self.ranks_per_node
         log_problem = log_level_problem()
         if log_problem is not None:
             call.problem(InputError, log_problem)
@@ -215,7 +232,9 @@ class Communicator:
             call.problem(InputError, str(exc))
         call.shown.update({"algorithm": algorithm, "policy": policy,
                            "chunk size": "chosen per call" if chunk_elems is None else chunk_elems,
-                           "split": "chosen by the model" if split is None else split})
+                           "split": "chosen by the model" if split is None else split,
+                           "ranks per node": ("MPI's shared-memory domains"
+                                              if ranks_per_node is None else ranks_per_node)})
         self.algorithm = algorithm
         self.policy = policy
         self.chunk_elems: int | None = None if chunk_elems is None else int(chunk_elems)
@@ -227,9 +246,11 @@ class Communicator:
             agree(sync, call, deadline)
             # After the agreement: a call with a bad argument exchanges nothing more.
             self.threads, self._threads_why = node_threads(sync, deadline)
+            grouping, node_comm, inter_comm = node_comms(sync, self.ranks_per_node, deadline)
         except BaseException:
             sync.Free()
             raise
+        self.grouping: Grouping = grouping
         configure_logging(MPI.COMM_WORLD.Get_rank())
         LOGGER.debug("%d thread(s) per CPU kernel on this rank (%s)", self.threads,
                      self._threads_why)
@@ -244,6 +265,14 @@ class Communicator:
         # Both channels are released when the Communicator is dropped unclosed; the list
         # (not self) is what the finalizer holds, so it does not keep self alive.
         self._channels: list[Channel] = [self._sync]
+        # The node's and the inter-node (same local rank) communicators of blocking
+        # allreduce calls, when the grouping is hierarchical.
+        self._node: Channel | None = None
+        self._inter: Channel | None = None
+        if node_comm is not None and inter_comm is not None:
+            self._node = Channel(node_comm, "node", self.timeout)
+            self._inter = Channel(inter_comm, "inter", self.timeout)
+            self._channels += [self._node, self._inter]
         self._finalizer = weakref.finalize(self, _close_channels, self._channels)
 
     # -- properties ----------------------------------------------------------------------
@@ -293,7 +322,8 @@ class Communicator:
         return (
             f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
             f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout} "
-            f"split={self.split} threads={self.threads} "
+            f"split={self.split} ranks_per_node={self.ranks_per_node} "
+            f"nodes={self.grouping.nodes} threads={self.threads} "
             f"lanes={any(ch.worker.used_lanes for ch in self._channels)}>"
         )
 
@@ -395,7 +425,13 @@ class Communicator:
             from ccoll.collectives.policy import AutoPolicy
 
             pol = self._auto[ch.name] = AutoPolicy(ch)
+            if self._hier_channel(ch):
+                pol.hier = (self.grouping.nodes, self.grouping.ranks_per_node)
         return pol
+
+    def _hier_channel(self, ch: Channel) -> bool:
+        """Whether ``ch``'s allreduce calls may run in two levels (blocking calls only)."""
+        return ch is self._sync and self._inter is not None
 
     def _async_channel(self) -> Channel:
         # Created on the caller's thread at the first iallreduce (Dup is collective and
@@ -459,9 +495,11 @@ class Communicator:
             return None
         info, sent, seconds = got
         (collective, compressed, reason, policy, algorithm, dtype, count, eb_abs, nbytes,
-         t_raw, t_comp, ratio, started, chunk) = info
+         t_raw, t_comp, ratio, started, chunk, hier) = info
+        g = self.grouping
         return CallReport(collective, compressed, reason, policy, algorithm, dtype, count,
-                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio, started, chunk)
+                          eb_abs, nbytes, sent, seconds, t_raw, t_comp, ratio, started, chunk,
+                          hier, g.nodes, g.ranks_per_node)
 
     def _prepare(
         self,
@@ -482,7 +520,9 @@ class Communicator:
         rec = _trace.ACTIVE
         t_check = rec.clock() if rec is not None else 0.0
         ch.check_usable()
-        call = Call(collective, chunk=self.chunk_elems or 0, split=_split_code(self.split))
+        g = self.grouping
+        call = Call(collective, chunk=self.chunk_elems or 0, split=_split_code(self.split),
+                    nodes=g.nodes, rpn=g.ranks_per_node)
         shown = call.shown
         shown["split"] = "chosen by the model" if self.split is None else self.split
         n_ranks = ch.comm.Get_size()
@@ -645,7 +685,14 @@ class Communicator:
                     rec.span("decide", t_decide, rec.clock(), {"mode": mode})
             elif why.startswith(("known raw", "sticky raw")) and auto is not None:
                 auto.note_known_raw(sticky_key)
-            chunk = self._chunk(ch, auto, mode, size, dtype, n_ranks)
+            # Two levels: a compressed allreduce of host data on a hierarchical grouping.
+            hier = (mode == "compress" and collective == "allreduce" and dev is None
+                    and self._hier_channel(ch))
+            if hier:  # the inter-node ring's share and ranks
+                chunk = self._chunk(ch, auto, mode, -(-size // g.ranks_per_node), dtype,
+                                    g.nodes)
+            else:
+                chunk = self._chunk(ch, auto, mode, size, dtype, n_ranks)
             if start is not None:
                 flat = start.flat
                 place: HostPlace = HOST
@@ -666,7 +713,7 @@ class Communicator:
             compressed = mode == "compress"
             info = (collective, compressed, why, policy, algorithm, inp.dtype_name, size,
                     eb_abs if compressed else None, nbytes, t_raw, t_comp, ratio,
-                    agreed.started, chunk)
+                    agreed.started, chunk, hier)
             feedback = None
             pol = self._auto.get(ch.name)
             if pol is not None:
@@ -742,6 +789,9 @@ class Communicator:
         elif p.mode == "raw":
             _on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allreduce(
                 ch, xs, ys, p.deadline, in_place=p.in_place and xs is p.flat))
+        elif p.info[-1]:
+            self._hier_allreduce(ch, p, yflat)
+            return _result(p, y, p.out)
         elif p.flat.size:
             # The ring bounds the sum; avg's bound is on the sum divided by N.
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
@@ -766,17 +816,61 @@ class Communicator:
             return 0.0
         return model.split_fraction(n_ranks) if self.split is None else self.split
 
+    def _hier_allreduce(self, ch: Channel, p: _Prepared, yflat: np.ndarray) -> None:
+        """Two-level compressed allreduce of host data into ``yflat`` (docs/collectives.md).
+
+        (1) ``MPI_Reduce_scatter`` on the node in float64: local rank ``l`` gets the node's
+        sum of share ``l`` (``numpy.array_split(x, R)[l]``); (2) the compressed ring of the
+        ranks with local rank ``l`` on all nodes reduces those node sums (op="sum" with the
+        bound of the whole result: ``N eb`` for an average, divided by ``N`` once);
+        (3) ``MPI_Allgatherv`` on the node gives every rank all shares, the same bytes.
+        """
+        node, inter = self._node, self._inter
+        assert node is not None and inter is not None
+        g = self.grouping
+        n_ranks, r = ch.comm.Get_size(), g.ranks_per_node
+        bounds = block_bounds(p.flat.size, r)
+        counts = [b - a for a, b in bounds]
+        lo, hi = bounds[g.local]
+        sent = node.stats.bytes_sent + inter.stats.bytes_sent
+        wide = p.flat.astype(np.float64)  # the node sums in float64: one rounding at the end
+        share = np.empty(hi - lo, np.float64)
+        exact.reduce_scatter(node, wide, counts, share, p.deadline)
+        del wide
+        reduced = np.empty(hi - lo, np.float64)
+        if share.size:  # the same size on every node's rank l: all skip, or none
+            ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
+                                                ring_ranks=g.nodes)
+            ring_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
+                           algorithm=p.algorithm, chunk_elems=p.chunk_elems,
+                           deadline=p.deadline, requant=requant)
+            if requant is None and p.avg:  # requant's owners divided before requantizing
+                np.divide(reduced, float(n_ranks), out=reduced)
+        mine = reduced.astype(p.dtype)  # the one rounding to the dtype, before sharing
+        displs = [a for a, _ in bounds]
+        if p.deadline.at is None:
+            node.comm.Allgatherv(mine, [yflat, (counts, displs)])
+        else:
+            req = node.comm.Iallgatherv(mine, [yflat, (counts, displs)])
+            wait_all([req], p.deadline, "MPI_Iallgatherv in the node")
+        node.stats.bytes_sent += (r - 1) * mine.nbytes
+        ch.stats.bytes_sent += node.stats.bytes_sent + inter.stats.bytes_sent - sent
+
     def ring_bounds(self, eb_abs: float, n_ranks: int, avg: bool, algorithm: str = "homomorphic",
-                    device: bool = False) -> tuple[float, Requant | None]:
+                    device: bool = False, ring_ranks: int | None = None,
+                    ) -> tuple[float, Requant | None]:
         """Bound of the reduce-scatter's sum and the requantization of an allreduce.
 
         ``eb_abs`` bounds the result (the average for ``avg``). With a split share ``f``,
         ``e2 = fl(f eb)`` and ``e1 = fl(eb - e2)``: the sum is bounded by ``e1`` (``N e1``
         for an average) and each reduced block is requantized within ``e2``; otherwise the
         sum is bounded by ``eb`` (``N eb``) and nothing is requantized (docs/error-bound.md,
-        "Split bound").
+        "Split bound"). ``ring_ranks``: the ranks of the ring when it is not all ``n_ranks``
+        (the inter-node ring of a hierarchical call, whose split the model chooses for its
+        own size); ``N`` stays the number of ranks the average divides by.
         """
-        share = self.split_share(n_ranks, algorithm, device)
+        share = self.split_share(n_ranks if ring_ranks is None else ring_ranks, algorithm,
+                                 device)
         if share <= 0.0 or eb_abs == 0.0:
             return sum_bound(eb_abs, n_ranks, avg), None
         e2 = eb_abs * share

@@ -52,8 +52,15 @@ __all__ = [
     "split_bits",
     "split_fraction",
     "SPLIT_CANDIDATES",
+    "SHM_BANDWIDTH",
+    "predict_hierarchical",
+    "hierarchical_applies",
 ]
 
+
+# Assumed bandwidth of MPI's shared-memory transport per rank (bytes/s): a node's exact
+# reduce-scatter and allgather (hierarchical allreduce). Not calibrated (docs/model.md).
+SHM_BANDWIDTH = 10e9
 
 @dataclass(frozen=True)
 class Params:
@@ -70,12 +77,16 @@ class Params:
     # Share of the link bandwidth that MPI's own allreduce / reduce-scatter reach (measured:
     # MPICH over TCP reached about half of a 10 Gbit/s link, all of a 1 Gbit/s one).
     raw_efficiency: float = 1.0
+    # bytes/s of one rank's share of its node's shared memory (the intra-node phases of a
+    # hierarchical allreduce): an assumed constant, not measured (docs/model.md).
+    shm: float = SHM_BANDWIDTH
 
     def __post_init__(self) -> None:
         for name, v in asdict(self).items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"model parameter {name} must be finite and >= 0, got {v!r}")
-        for name in ("beta", "compress", "add", "decompress", "reduce", "raw_efficiency"):
+        for name in ("beta", "compress", "add", "decompress", "reduce", "raw_efficiency",
+                     "shm"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} is a rate and must be > 0")
 
@@ -386,17 +397,56 @@ def chunk_elems_for(count: int, itemsize: int, ranks: int, p: Params,
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "bcast")
 
 
+def hierarchical_applies(hier: tuple[int, int] | None, collective: str = "allreduce") -> bool:
+    """Whether a call runs in two levels: an allreduce on at least 2 nodes of 2+ ranks."""
+    return hier is not None and collective == "allreduce" and hier[0] >= 2 and hier[1] >= 2
+
+
+def predict_hierarchical(size: float, nodes: int, ranks_per_node: int, p: Params,
+                         ratio: float, *, ratio_sum: float | None = None,
+                         chunks: int | None = None, width: float = DEFAULT_WIDTH,
+                         max_chunks: int = 64) -> Prediction:
+    """Two-level allreduce: exact inside each node, a ring per local rank between nodes.
+
+    With ``K`` nodes of ``R`` ranks: the node's reduce-scatter and allgather move
+    ``(R-1)/R * S`` each through shared memory (``shm``) and sum ``(R-1)/R * S``
+    (``reduce``); between nodes ``R`` rings of ``K`` ranks each carry ``S/R`` on the node's
+    link, which they share: each ring sees ``beta / R``. Raw is the same two levels with a
+    raw ring (what a node-aware ``MPI_Allreduce`` does); compressed runs
+    :func:`predict_homomorphic` / :func:`predict_dar` on the share. ``ratio`` is one rank's
+    at the flat per-rank bound, a conservative stand-in for the node sums' (docs/model.md).
+    """
+    k_nodes, r = int(nodes), int(ranks_per_node)
+    share = size / r
+    pi = replace(p, beta=p.beta / r)
+    intra = 2 * (r - 1) / r * size / p.shm + (r - 1) / r * size / p.reduce
+    rs = ratio_of_sum(ratio, k_nodes, width) if ratio_sum is None else ratio_sum
+    k = (best_chunks(share, k_nodes, pi, ratio, ratio_sum=rs, width=width,
+                     max_chunks=max_chunks) if chunks is None else max(1, int(chunks)))
+    raw = intra + predict_raw(share, k_nodes, pi)
+    hom = intra + predict_homomorphic(share, k_nodes, pi, ratio, ratio_sum=rs, chunks=k,
+                                      width=width)
+    dar = intra + predict_dar(share, k_nodes, pi, ratio, chunks=k, width=width)
+    return Prediction(size=int(size), ranks=k_nodes * r, raw=raw, homomorphic=hom, dar=dar,
+                      chunks=k, ratio=ratio, ratio_sum=rs, collective="allreduce")
+
+
 def predict(size: float, ranks: int, p: Params, ratio: float, *,
             collective: str = "allreduce", ratio_sum: float | None = None,
             chunks: int | None = None, width: float = DEFAULT_WIDTH,
-            max_chunks: int = 64) -> Prediction:
+            max_chunks: int = 64, hier: tuple[int, int] | None = None) -> Prediction:
     """Raw, homomorphic and DAR predictions for one call; ``chunks=None`` picks the best.
 
     For ``allgather`` and ``bcast`` (nothing is summed) ``homomorphic`` and ``dar`` both
-    hold the compressed algorithm's time, and ``ratio`` is at the full bound.
+    hold the compressed algorithm's time, and ``ratio`` is at the full bound. ``hier``
+    (nodes, ranks per node): an allreduce on at least 2 nodes of 2+ ranks is predicted in
+    two levels (:func:`predict_hierarchical`); ``chunks`` are then per inter-node block.
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
+    if hier is not None and hierarchical_applies(hier, collective):
+        return predict_hierarchical(size, hier[0], hier[1], p, ratio, ratio_sum=ratio_sum,
+                                    chunks=chunks, width=width, max_chunks=max_chunks)
     n = ranks
     rs = ratio_of_sum(ratio, n, width) if ratio_sum is None else ratio_sum
     k = (best_chunks(size, n, p, ratio, ratio_sum=rs, width=width, max_chunks=max_chunks)

@@ -53,7 +53,11 @@ class CallReport:
       went raw whatever the data, so its MPI collective ran while the agreement was in
       flight (docs/collectives.md, "Every call");
     - ``chunk_elems``: elements per pipeline chunk of a compressed call (0 for a raw one):
-      the Communicator's ``chunk_elems``, or the one the model chose for this call.
+      the Communicator's ``chunk_elems``, or the one the model chose for this call;
+    - ``hierarchical``: the call ran in two levels (exact sums inside each node, the
+      compressed ring between nodes, docs/collectives.md, "Hierarchical collectives");
+      ``nodes`` and ``ranks_per_node`` are the Communicator's node grouping (``ranks_per_node``
+      0: nodes of different sizes), whether or not this call used it.
     """
 
     collective: str
@@ -72,6 +76,9 @@ class CallReport:
     ratio: float | None = None
     overlapped: bool = False
     chunk_elems: int = 0
+    hierarchical: bool = False
+    nodes: int = 1
+    ranks_per_node: int = 0
 
     @property
     def mode(self) -> str:
@@ -82,7 +89,8 @@ class CallReport:
         """Return the fields that every rank shares (all but bytes and time)."""
         return (self.collective, self.compressed, self.reason, self.policy, self.algorithm,
                 self.dtype, self.count, self.eb_abs, self.predicted_raw_s,
-                self.predicted_compressed_s, self.ratio, self.overlapped, self.chunk_elems)
+                self.predicted_compressed_s, self.ratio, self.overlapped, self.chunk_elems,
+                self.hierarchical, self.nodes, self.ranks_per_node)
 
     def __str__(self) -> str:
         why = self.reason
@@ -93,6 +101,8 @@ class CallReport:
                 why += f", ratio {self.ratio:.3g}"
         if self.overlapped:
             why += "; moved with the agreement"
+        if self.hierarchical:
+            why += f"; hierarchical: {self.nodes} nodes x {self.ranks_per_node} ranks"
         bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
         return (f"{self.collective} {self.dtype}[{self.count}] {self.mode} ({why}); {bound}; "
                 f"sent {self.bytes_sent} B of {self.bytes_input} B input in "

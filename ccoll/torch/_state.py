@@ -89,12 +89,14 @@ def start_call(what: str, eb: Any, comm: Any, policy: Any) -> tuple[Any, Any, Er
 
 
 def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
-                        what: str, split: float | None = None) -> tuple[Any, Any]:
+                        what: str, split: float | None = None,
+                        ranks_per_node: int | None = None) -> tuple[Any, Any]:
     """Duplicate ``base``, agree on ``call`` and build the homomorphic Communicator.
 
     Collective over ``base``; returns (duplicate, Communicator). Every rank raises the same
     error when a rank passed a bad argument or other settings (``MismatchError``).
-    ``split`` is the Communicator's split of the allreduce bound (``None``: the model's).
+    ``split`` is the Communicator's split of the allreduce bound (``None``: the model's);
+    ``ranks_per_node`` its node grouping (``None``: MPI's shared-memory domains).
     """
     from ccoll.collectives import Communicator
     from ccoll.collectives.agreement import agree
@@ -111,7 +113,8 @@ def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
         # ring defines (decompress-add-recompress mixes the ranks' errors); FSDP's shards
         # take the same ring.
         communicator = Communicator(comm, algorithm="homomorphic", policy=policy,
-                                    timeout=timeout, split=split)
+                                    timeout=timeout, split=split,
+                                    ranks_per_node=ranks_per_node)
         yield_to_training()  # training runs in this process: ccoll's lanes go below it
     except BaseException:
         comm.Free()

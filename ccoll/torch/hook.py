@@ -188,10 +188,13 @@ class CCollHookState:
         # Error feedback keeps what this rank's quantization dropped; the requantization of
         # a split bound would drop more, at the block's owner, which no residual keeps:
         # with error feedback the sum is decoded whole (no split), so the identity
-        # sum_t y_t = t avg(g) - avg(r_T) holds (docs/training.md).
+        # sum_t y_t = t avg(g) - avg(r_T) holds (docs/training.md). For the same reason
+        # every rank is its own node then (ranks_per_node=1): a two-level allreduce
+        # quantizes node sums, not each rank's own input.
         self.comm, self.communicator = agreed_communicator(
             base, call, policy, timeout, "CCollHookState",
-            split=0.0 if self.error_feedback else None)
+            split=0.0 if self.error_feedback else None,
+            ranks_per_node=1 if self.error_feedback else None)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}

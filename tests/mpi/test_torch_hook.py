@@ -232,6 +232,19 @@ def test_error_feedback_keeps_accumulated_error_bounded(comm, state_factory, eb)
 
 
 @pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "ef"])
+def test_error_feedback_keeps_every_rank_its_own_node(comm, state_factory, error_feedback):
+    # The residual is what this rank's own quantization dropped: a two-level allreduce
+    # quantizes node sums instead, so error feedback runs with one rank per node (flat).
+    s = state_factory(eb=ccoll.ABS(1e-3), error_feedback=error_feedback)
+    g = s.communicator.grouping
+    if error_feedback:
+        assert s.communicator.ranks_per_node == 1
+        assert (g.nodes, g.ranks_per_node, g.hierarchical) == (comm.size, 1, False)
+    else:
+        assert s.communicator.ranks_per_node is None and g.source == "shared memory"
+
+
+@pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "ef"])
 def test_overflow_reaches_every_rank_and_gradscaler_skips(comm, state_factory,
                                                           error_feedback) -> None:
     torch.manual_seed(0)

@@ -210,6 +210,9 @@ class AutoPolicy:
         # Collective calibrations made so far: a call during which this grew is not timed
         # for the feedback (its time is the calibration's). The same on every rank.
         self.calibrations = 0
+        # (nodes, ranks per node) of a hierarchical Communicator's channel: its allreduce
+        # is predicted in two levels (model.predict_hierarchical). None: flat.
+        self.hier: tuple[int, int] | None = None
 
     @property
     def comm(self) -> MPI.Intracomm:
@@ -400,7 +403,8 @@ class AutoPolicy:
         if forced is not None:
             ratio, width = forced, model.DEFAULT_WIDTH
         else:
-            t_raw = model.predict(size, n, p, 1.0, collective=collective, chunks=1).raw
+            t_raw = model.predict(size, n, p, 1.0, collective=collective, chunks=1,
+                                  hier=self.hier).raw
             budget_bytes = _SAMPLE_BUDGET * t_raw * p.compress
             nsample = int(min(MAX_SAMPLE_BLOCKS, max(_MIN_SAMPLE_BLOCKS, budget_bytes // 128)))
             mine = np.zeros(4, np.float64)
@@ -411,12 +415,12 @@ class AutoPolicy:
             ratio = float(tot[3]) * size / max(float(tot[0]), 1.0)
             width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
         return self._done(choose(x.size, x.itemsize, n, p, ratio, width, collective=collective,
-                                 algorithm=algorithm, max_chunks=max_chunks))
+                                 algorithm=algorithm, max_chunks=max_chunks, hier=self.hier))
 
     def _loses(self, size: float, p: Params, collective: str, algorithm: str) -> bool:
         """Whether compressing loses even at an infinite ratio (decide and known_raw)."""
         best = model.predict(size, self.ch.comm.Get_size(), p, 1e30, collective=collective,
-                             chunks=1)
+                             chunks=1, hier=self.hier)
         return not _pays(best, algorithm)
 
     def known_raw(self, count: int, dtype: Any, *, collective: str = "allreduce",
@@ -524,7 +528,8 @@ class AutoPolicy:
         p = params()
 
         def wins(size: float) -> bool:
-            best = model.predict(size, n, p, 1e30, collective=collective, chunks=1)
+            best = model.predict(size, n, p, 1e30, collective=collective, chunks=1,
+                                 hier=self.hier)
             return _pays(best, algorithm)
 
         lo, hi = 1.0, float(1 << 50)
@@ -610,15 +615,20 @@ def decide_call(d: Decision) -> AutoDecision:
 
 def choose(count: int, itemsize: int, ranks: int, p: Params, ratio: float, width: float, *,
            collective: str = "allreduce", algorithm: str = "homomorphic",
-           max_chunks: int = 64) -> AutoDecision:
+           max_chunks: int = 64, hier: tuple[int, int] | None = None) -> AutoDecision:
     """Decide from agreed numbers: compressed iff the model predicts it faster.
 
     Pure arithmetic (the same on every rank for the same inputs); the chunk size is the
-    model's best number of chunks per ring block.
+    model's best number of chunks per ring block. ``hier`` (nodes, ranks per node): a
+    two-level allreduce, whose ring blocks are ``count / (nodes * ranks per node)``
+    elements of one local rank's share, on the node's link shared by its rings.
     """
     size = float(count * itemsize)
     block_elems = max(1, -(-count // ranks))
-    pred = model.predict(size, ranks, p, ratio, collective=collective, width=width,
+    if hier is not None and model.hierarchical_applies(hier, collective):
+        share = -(-count // hier[1])  # one local rank's share, split over the nodes' ring
+        block_elems = max(1, -(-share // hier[0]))
+    pred = model.predict(size, ranks, p, ratio, collective=collective, width=width, hier=hier,
                          max_chunks=max_chunks)
     t_comp = pred.homomorphic if algorithm == "homomorphic" else pred.dar
     if ranks > 1 and _pays(pred, algorithm):

@@ -1,0 +1,201 @@
+"""Hierarchical collectives: nodes from ``ranks_per_node`` (run with 1..5 ranks).
+
+With at least 2 nodes of at least 2 ranks (4 ranks, ``ranks_per_node=2``) a compressed
+allreduce sums exactly inside each node, runs the compressed ring between nodes (one per
+local rank) and shares the result inside the node; otherwise (1 node, or 1 rank per node)
+calls stay flat. Checked exactly: the bound on every element against the exact sum, bitwise
+identical results on every rank, sum and avg, ABS and REL, reduce_scatter, the agreement on
+the grouping, bad ``ranks_per_node`` and the call report (docs/collectives.md,
+"Hierarchical collectives").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collkit import exact_sum, global_eb, gradient_like, my_block
+from kit import assert_same_on_every_rank, assert_within
+from mpi4py import MPI
+
+import ccoll
+from ccoll.errors import InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+# Groupings the tests use at each size: (2 nodes x 2) at 4 ranks; one node of all ranks
+# at 2 and 3; one rank per node at 3 and 5 (and 1); None: MPI's shared-memory domains
+# (one machine here: one node of all ranks).
+RPNS = {1: [1], 2: [2], 3: [1, 3], 4: [2], 5: [1]}.get(SIZE, [1]) + [None]
+
+
+def _hierarchical(rpn: int | None) -> bool:
+    return rpn is not None and rpn >= 2 and SIZE // rpn >= 2
+
+
+def _roundings(c: ccoll.Communicator, op: str) -> int:
+    # Two levels round once to the dtype, sum and average alike (the average divides in
+    # float64 first). Flat: a sum and a requantized result once; a split-free average
+    # three half spacings (the sum's rounding over N and the quotient's).
+    if c.grouping.hierarchical:
+        return 1
+    split = c.split_share(c.size, "homomorphic", False) > 0
+    return 1 if op == "sum" or split or c.size == 1 else 3
+
+
+@pytest.mark.parametrize("split", [None, 0.0, 0.5])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("rpn", RPNS)
+def test_allreduce_within_bound_and_identical(comm, rpn, op, dtype, eb, split):
+    x = gradient_like(comm.rank, 30_011, dtype)
+    x[5] = 1e30 if comm.rank == SIZE - 1 else x[5]  # a raw lane through every phase
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=rpn, split=split,
+                            chunk_elems=2000) as c:
+        y = c.allreduce(x, eb, op=op)
+        rep = c.last_call
+        rnd = _roundings(c, op)
+    ref = exact_sum(comm, x)
+    if op == "avg":
+        ref = ref / comm.size
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_within(y, ref, global_eb(comm, x, eb), roundings=rnd)
+    assert_same_on_every_rank(comm, y)
+    assert rep.compressed and rep.hierarchical == _hierarchical(rpn)
+
+
+@pytest.mark.parametrize("timeout", [None, 60.0])
+@pytest.mark.parametrize("count", [0, 1, 3, 7, 5000])
+def test_tiny_shares_some_empty(comm, count, timeout):
+    # Fewer elements than ranks per node: some local ranks' shares are empty, and every
+    # node's rank with that local rank skips its ring alike. With a timeout the node
+    # phases run as nonblocking MPI calls under the deadline.
+    x = (np.arange(count, dtype=np.float32) + comm.rank) * 0.25
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0],
+                            timeout=timeout) as c:
+        y = c.allreduce(x, ccoll.ABS(1e-2))
+    assert_within(y, exact_sum(comm, x), 1e-2, roundings=1)
+    assert_same_on_every_rank(comm, y)
+
+
+def test_in_place_and_exact_calls(comm):
+    x = gradient_like(comm.rank, 10_007, np.float32)
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0]) as c:
+        buf = x.copy()
+        y = c.allreduce(buf, ccoll.ABS(1e-3), out=buf)
+        assert y is buf
+        assert_within(buf, exact_sum(comm, x), 1e-3, roundings=1)
+        assert_same_on_every_rank(comm, buf)
+        # eb=None stays plain MPI: bit for bit MPI's own allreduce, never two levels.
+        e = c.allreduce(x, None)
+        assert not c.last_call.hierarchical and not c.last_call.compressed
+    want = np.empty_like(x)
+    comm.Allreduce(x, want, op=MPI.SUM)
+    assert e.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("rpn", RPNS)
+def test_reduce_scatter_within_bound(comm, rpn, op, eb):
+    x = gradient_like(comm.rank, 20_003, np.float32)
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=rpn) as c:
+        y = c.reduce_scatter(x, eb, op=op)
+        rep = c.last_call
+    ref = my_block(exact_sum(comm, x), comm)
+    if op == "avg":
+        ref = ref / comm.size
+    assert_within(y, ref, global_eb(comm, x, eb), roundings=1 if op == "sum" else 3)
+    # reduce_scatter stays flat: its blocks belong to world ranks, not to local shares.
+    assert rep.compressed and not rep.hierarchical
+
+
+def test_call_report_and_grouping(comm):
+    rpn = RPNS[0]
+    x = gradient_like(comm.rank, 8_000, np.float32)
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=rpn) as c:
+        g = c.grouping
+        assert (g.nodes, g.ranks_per_node) == (SIZE // rpn, rpn)
+        assert (g.node, g.local) == (comm.rank // rpn, comm.rank % rpn)
+        c.allreduce(x, ccoll.ABS(1e-3))
+        rep = c.last_call
+        assert (rep.nodes, rep.ranks_per_node) == (SIZE // rpn, rpn)
+        assert rep.hierarchical == _hierarchical(rpn)
+        assert ("hierarchical: " in str(rep)) == _hierarchical(rpn)
+        assert f"ranks_per_node={rpn}" in repr(c)
+        decisions = comm.allgather(rep.decision())
+    assert all(d == decisions[0] for d in decisions)
+
+
+def test_default_grouping_is_shared_memory(comm):
+    # Every rank of this test runs on one machine: one shared-memory node of all ranks.
+    with ccoll.Communicator(comm) as c:
+        g = c.grouping
+    assert (g.nodes, g.ranks_per_node, g.local) == (1, SIZE, comm.rank)
+    assert g.source == "shared memory" and not g.hierarchical
+
+
+@pytest.mark.parametrize("bad", [0, -2, SIZE + 1, 1.5, "2", True])
+def test_bad_ranks_per_node_raises_on_every_rank(comm, bad):
+    with pytest.raises(InputError, match="ranks_per_node") as info:
+        ccoll.Communicator(comm, ranks_per_node=bad)
+    if bad == SIZE + 1:
+        assert f"does not divide the {SIZE} ranks" in str(info.value)
+    comm.Barrier()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a mismatch needs two ranks")
+def test_mismatched_ranks_per_node(comm):
+    mine = None if comm.rank == 0 else 1
+    with pytest.raises(MismatchError, match="ranks per node") as info:
+        ccoll.Communicator(comm, ranks_per_node=mine)
+    assert "rank 0" in str(info.value) or "ranks 0" in str(info.value) or "on rank 0" in str(
+        info.value)
+    comm.Barrier()
+
+
+_MODEL_ENV = {  # every constant given: no calibration collective, the same on every rank
+    "CCOLL_ALPHA": "50us", "CCOLL_COMPRESS_GBPS": "5", "CCOLL_ADD_GBPS": "5",
+    "CCOLL_DECOMPRESS_GBPS": "5", "CCOLL_RATIO": "20", "CCOLL_EFFICIENCY": "1",
+    "CCOLL_OVERHEAD": "100us", "CCOLL_CALIBRATION": "off",
+}
+
+
+@pytest.mark.parametrize("link, compress", [("100Mbit", True), ("1000Gbit", False)],
+                         ids=["slow", "fast"])
+def test_auto_chooses_on_the_two_level_model(comm, monkeypatch, link, compress):
+    for k, v in {**_MODEL_ENV, "CCOLL_BANDWIDTH": link}.items():
+        monkeypatch.setenv(k, v)
+    rpn = RPNS[0]
+    x = gradient_like(comm.rank, 1 << 20, np.float32)
+    with ccoll.Communicator(comm, policy="auto", ranks_per_node=rpn) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
+        rep = c.last_call
+        pol = c._auto.get("sync")
+        hier = pol.hier if pol is not None else None
+    if comm.size > 1:
+        assert rep.compressed == compress, rep
+        assert rep.hierarchical == (compress and _hierarchical(rpn))
+        assert hier == ((SIZE // rpn, rpn) if _hierarchical(rpn) else None)
+    if rep.compressed:
+        assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, ccoll.REL(1e-3)),
+                      roundings=1 if rep.hierarchical else 3)
+    assert_same_on_every_rank(comm, y)
+    assert len(set(comm.allgather(rep.decision()))) == 1
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_float16_rounds_once_to_its_dtype(comm, op):
+    # float16 moves as its float32 copy; the two-level result is rounded to float32 by the
+    # share's owner and once more to float16 (one float32 half spacing, one float16).
+    x = gradient_like(comm.rank, 10_001, np.float16)
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0]) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3), op=op)
+        hier = c.last_call.hierarchical
+    assert y.dtype == np.float16 and hier == _hierarchical(RPNS[0])
+    ref = exact_sum(comm, x)
+    if op == "avg":
+        ref = ref / comm.size
+    k = 1 if op == "sum" or hier else 3
+    f32 = k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
+    assert_within(y, ref, global_eb(comm, x, ccoll.REL(1e-3)), roundings=1, extra=f32)
+    assert_same_on_every_rank(comm, y)
