@@ -45,10 +45,12 @@ from ccoll.collectives.channel import Channel, Stats
 from ccoll.collectives.devices import (
     HOST,
     DeviceData,
+    DeviceLanes,
     DevicePlace,
     HostPlace,
     cuda_aware_mpi,
     device_divide,
+    device_lanes,
     is_device,
 )
 from ccoll.collectives.homomorphic import sum_bound
@@ -701,7 +703,10 @@ class Communicator:
                 place = HOST
             else:
                 flat = dev.flat()
-                place = DevicePlace(ch, cuda_aware_mpi())
+                place = DevicePlace(ch, cuda_aware_mpi(), device_lanes())
+                # A compressed call reads x on the lanes, which wait for x's stream on the
+                # device; a raw one copies or hands x to MPI: the host waits for it.
+                dev.ready(place.lanes if mode == "compress" else DeviceLanes(None))
             stats = ch.stats
             nbytes = size * dtype.itemsize
             stats.bytes_input += nbytes
@@ -897,7 +902,7 @@ class Communicator:
             ring_eb = sum_bound(p.eb_abs, n_ranks, p.avg)
             ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place)
             mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place)
-            gather.decode_block(layout, r, p.dtype, mine, ring_eb, y)
+            gather.decode_block(layout, r, p.dtype, mine, ring_eb, y, p.place.lanes)
         if p.avg:
             _divide(p, y, n_ranks)
         return _result(p, y, None)
@@ -1219,6 +1224,7 @@ def _finite_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float
         return finite_range(arr)
     from ccoll.compressor._backend import cuda_module
 
+    dev.ready(DeviceLanes(None))  # the range goes to the host anyway: wait there
     lo, hi = cuda_module().finite_range(dev.flat())
     return float(lo), float(hi)
 
@@ -1374,7 +1380,7 @@ def _divide(p: _Prepared, y: Any, n: int) -> None:
     if p.dev is None:
         np.divide(y, y.dtype.type(n), out=y)
     else:
-        device_divide(y, n)
+        device_divide(y, n, p.place.lanes)
 
 
 def _on_mpi_buffers(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ccoll.collectives.codec import api
+from ccoll.collectives.devices import DeviceLanes
 from ccoll.collectives.layout import Layout
 
 __all__ = ["DarOps", "dar_bound"]
@@ -28,18 +29,22 @@ class DarOps:
     """Ring operations of the DAR algorithm on one rank's flattened input."""
 
     def __init__(
-        self, flat: Any, layout: Layout, eb_step: float, add: Callable[[Any, Any], None]
+        self, flat: Any, layout: Layout, eb_step: float, add: Callable[[Any, Any], None],
+        lanes: DeviceLanes | None = None,
     ) -> None:
         self.flat = flat
         self.layout = layout
         self.eb_step = eb_step
         self._add = add  # in-place a += b in the dtype, on the host or the device
         self._api = api()
+        # Device data: decode and add on the reduce lane's stream, compress on compress's.
+        self._lanes = lanes if lanes is not None else DeviceLanes(None)
 
     def first(self, block: int, chunk: int) -> Any:
         """Compress this rank's part of the block it sends first."""
         lo, hi = self.layout.chunks(block)[chunk]
-        return self._api.compress_abs(self.flat[lo:hi], self.eb_step)
+        return self._api.compress_abs(self.flat[lo:hi], self.eb_step,
+                                      **self._lanes.compress_kw())
 
     def prepare(self, block: int, chunk: int) -> None:
         """Nothing to do ahead of time: DAR compresses only after adding."""
@@ -47,6 +52,10 @@ class DarOps:
     def combine(self, block: int, chunk: int, received: Any) -> Any:
         """Decompress the partial sum, add this rank's data in its dtype, recompress."""
         lo, hi = self.layout.chunks(block)[chunk]
-        part = self._api.decompress(received)
+        lanes = self._lanes
+        part = self._api.decompress(received, **lanes.kw("reduce"))
         self._add(part, self.flat[lo:hi])
-        return self._api.compress_abs(part, self.eb_step)
+        lanes.after("compress", "reduce")  # the compression reads the sum: an event, no wait
+        out = self._api.compress_abs(part, self.eb_step, **lanes.compress_kw())
+        lanes.finish("compress")  # the task (on reduce) waits for its own stream
+        return out

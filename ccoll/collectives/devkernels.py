@@ -29,13 +29,25 @@ def _divide(a, d):  # type: ignore[no-untyped-def]
         a[i] = a[i] / d
 
 
-def add_inplace(a: Any, b: Any) -> None:
-    """Add ``b`` to ``a`` elementwise, in their dtype (the DAR ring on the device)."""
-    if a.size:
-        _add[(a.size + _TPB - 1) // _TPB, _TPB](a, b)
+def _config(n: int, stream: Any) -> tuple[Any, ...]:
+    grid = (n + _TPB - 1) // _TPB
+    # No stream: numba's default stream, as before the scheduler's lanes.
+    return (grid, _TPB) if stream is None else (grid, _TPB, stream)
 
 
-def divide_inplace(a: Any, n: int) -> None:
-    """Divide ``a`` by ``n`` elementwise (IEEE division, as numpy does on the host)."""
+def add_inplace(a: Any, b: Any, stream: Any = None) -> None:
+    """Add ``b`` to ``a`` elementwise, in their dtype (the DAR ring on the device).
+
+    Enqueued on ``stream`` (a numba stream; None: the default stream), without a host wait.
+    """
     if a.size:
-        _divide[(a.size + _TPB - 1) // _TPB, _TPB](a, a.dtype.type(n))
+        _add[_config(a.size, stream)](a, b)
+
+
+def divide_inplace(a: Any, n: int, stream: Any = None) -> None:
+    """Divide ``a`` by ``n`` elementwise (IEEE division, as numpy does on the host).
+
+    Enqueued on ``stream`` (a numba stream; None: the default stream), without a host wait.
+    """
+    if a.size:
+        _divide[_config(a.size, stream)](a, a.dtype.type(n))

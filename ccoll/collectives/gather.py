@@ -18,7 +18,7 @@ from mpi4py import MPI
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, stream_nbytes
-from ccoll.collectives.devices import HOST, HostPlace
+from ccoll.collectives.devices import HOST, DeviceLanes, HostPlace
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, wait_all
 
@@ -39,7 +39,9 @@ def allgather(
     a = api()
     rec = _trace.ACTIVE
     t0 = rec.clock() if rec is not None else 0.0
-    stream = a.compress_abs(flat, eb)
+    lanes = place.lanes
+    stream = a.compress_abs(flat, eb, **lanes.compress_kw())
+    lanes.finish("compress")
     nb = stream_nbytes(stream)
     if rec is not None:
         rec.span("compress", t0, rec.clock(), {"bytes": nb})
@@ -63,7 +65,8 @@ def allgather(
         if got != hi - lo:
             raise_size(q, got, hi - lo)
         t0 = rec.clock() if rec is not None else 0.0
-        a.decompress(everything[lo:hi], out=out[q])
+        a.decompress(everything[lo:hi], out=out[q], **lanes.kw("reduce"))
+        lanes.finish("reduce")
         if rec is not None:
             rec.span("decode", t0, rec.clock(), {"block": q, "bytes": got})
 
@@ -83,7 +86,8 @@ def bcast(
     n = np.zeros(1, dtype=np.int64)
     host: np.ndarray | None = None
     if comm.Get_rank() == root:
-        stream = a.compress_abs(flat, eb)
+        stream = a.compress_abs(flat, eb, **place.lanes.compress_kw())
+        place.lanes.finish("compress")
         n[0] = stream_nbytes(stream)
         host = np.ascontiguousarray(place.to_host(stream, int(n[0])))
     _bcast(comm, n, root, deadline, "broadcast of the stream size")
@@ -94,18 +98,26 @@ def bcast(
     got = check_stream(buf, flat.size, flat.dtype, eb)
     if got != buf.size:
         raise_size(root, got, buf.size)
-    a.decompress(place.to_place(buf), out=out)
+    a.decompress(place.to_place(buf), out=out, **place.lanes.kw("reduce"))
+    place.lanes.finish("reduce")
 
 
 def decode_block(
-    layout: Layout, block: int, dtype: np.dtype, streams: list[Any], bound: float, out: np.ndarray
+    layout: Layout, block: int, dtype: np.dtype, streams: list[Any], bound: float, out: Any,
+    lanes: DeviceLanes | None = None,
 ) -> None:
-    """Decode the chunk streams of ``block`` into ``out`` (the block's elements only)."""
+    """Decode the chunk streams of ``block`` into ``out`` (the block's elements only).
+
+    ``lanes``: device data decodes on the ``reduce`` lane's stream and waits for it.
+    """
     dec = api().decompress
+    ln = lanes if lanes is not None else DeviceLanes(None)
+    kw = ln.kw("reduce")
     base = layout.blocks[block][0]
     for (lo, hi), s in zip(layout.chunks(block), streams, strict=True):
         nb = check_stream(s, hi - lo, dtype, bound)
-        dec(s[:nb], out=out[lo - base : hi - base])
+        dec(s[:nb], out=out[lo - base : hi - base], **kw)
+    ln.finish("reduce")
 
 
 def _bcast(comm: MPI.Intracomm, buf: np.ndarray, root: int, deadline: Deadline, what: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ccoll.collectives.codec import api
+from ccoll.collectives.devices import DeviceLanes
 from ccoll.collectives.layout import Layout
 
 __all__ = ["HomomorphicOps", "rank_bound", "sum_bound"]
@@ -41,15 +42,19 @@ def rank_bound(eb: float, n_ranks: int) -> float:
 class HomomorphicOps:
     """Ring operations of the homomorphic algorithm on one rank's flattened input."""
 
-    def __init__(self, flat: Any, layout: Layout, eb_rank: float) -> None:
+    def __init__(self, flat: Any, layout: Layout, eb_rank: float,
+                 lanes: DeviceLanes | None = None) -> None:
         self.flat = flat
         self.layout = layout
         self.eb_rank = eb_rank
         self._api = api()
+        # Device data: compress on the compress lane's stream (grid capped), adds on reduce's.
+        self._lanes = lanes if lanes is not None else DeviceLanes(None)
 
     def _compress(self, block: int, chunk: int) -> Any:
         lo, hi = self.layout.chunks(block)[chunk]
-        return self._api.compress_abs(self.flat[lo:hi], self.eb_rank)
+        return self._api.compress_abs(self.flat[lo:hi], self.eb_rank,
+                                      **self._lanes.compress_kw())
 
     def first(self, block: int, chunk: int) -> Any:
         """Compress this rank's part of the block it sends first."""
@@ -65,4 +70,5 @@ class HomomorphicOps:
         without encoding this rank's part to bit-planes and decoding it again.
         """
         lo, hi = self.layout.chunks(block)[chunk]
-        return self._api.add_data(received, self.flat[lo:hi], self.eb_rank)
+        return self._api.add_data(received, self.flat[lo:hi], self.eb_rank,
+                                  **self._lanes.kw("reduce"))

@@ -91,10 +91,11 @@ class RingOps(Protocol):
 def ring_ops(flat: Any, layout: Layout, algorithm: str, eb_abs: float,
              place: HostPlace = HOST) -> RingOps:
     """Return the ring operations of ``algorithm`` on ``flat`` for a sum within ``eb_abs``."""
+    lanes = place.lanes
     if algorithm == "dar":
-        add = device_add if place.device else _host_add
-        return DarOps(flat, layout, dar_bound(eb_abs, layout.size), add)
-    return HomomorphicOps(flat, layout, rank_bound(eb_abs, layout.size))
+        add = partial(device_add, stream=lanes.stream("reduce")) if place.device else _host_add
+        return DarOps(flat, layout, dar_bound(eb_abs, layout.size), add, lanes)
+    return HomomorphicOps(flat, layout, rank_bound(eb_abs, layout.size), lanes)
 
 
 def _host_add(a: np.ndarray, b: np.ndarray) -> None:
@@ -337,8 +338,10 @@ class _Ring:
 
     def submit(self, key: Any, fn: Callable[[], Any], tag: Any, name: str,
                args: dict[str, Any], lane: str) -> None:
-        # Device data keeps the worker's own thread: its tasks are kernel launches.
+        # Device data keeps the worker's own thread (one launching thread per channel): its
+        # tasks enqueue kernels on the CUDA lane's stream and wait for it before they end.
         on = None if self.place.device else lane
+        fn = self.place.task(lane, fn)
         rec = self.rec
         if rec is not None:
             where = "inline" if self.inline else on or "worker"
@@ -370,7 +373,8 @@ class _Ring:
     def _decode(self, t: int, b: int, c: int, stream: Any, nb: int, buf: int) -> None:
         lo, hi = self.layout.chunks(b)[c]
         fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi,
-                     self.requant is not None and self.dtype != self.ag_dtype)
+                     self.requant is not None and self.dtype != self.ag_dtype,
+                     self.place.lanes.kw("reduce"))
         self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
                     {"block": b, "chunk": c, "bytes": nb}, lane="reduce")
 
@@ -531,6 +535,10 @@ class _Ring:
                     self.pump_mpi()
 
     def run(self) -> list[Any]:
+        with self.place.lanes.busy():
+            return self._run()
+
+    def _run(self) -> list[Any]:
         self.start()
         rec, worker, deadline = self.rec, self.worker, self.deadline
         stage = "ring allreduce" if self.gather else "ring reduce-scatter"
@@ -571,11 +579,12 @@ class _Ring:
         return self.final
 
 
-def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: bool) -> None:
+def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: bool,
+                kw: dict[str, Any] | None = None) -> None:
     if wide:  # a requantized float64 stream into float32: one rounding, to nearest
         flat_out[lo:hi] = api().decompress(stream[:nb])
-    else:
-        api().decompress(stream[:nb], out=flat_out[lo:hi])
+    else:  # kw: the reduce lane's stream= for device data
+        api().decompress(stream[:nb], out=flat_out[lo:hi], **(kw or {}))
 
 
 def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant) -> Any:

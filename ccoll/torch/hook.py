@@ -565,8 +565,11 @@ def _average_timed(
     compress: bool,
     ready: Any,
 ) -> torch.Tensor:
-    if ready is not None:  # CUDA: the gradients were written on the training stream
-        ready.synchronize()
+    if ready is not None:
+        # CUDA: the gradients were written on the training stream. This thread's torch work
+        # waits for them on the device; ccoll's lanes wait for this thread's stream (the
+        # collective's DeviceData.ready), so the host never blocks on training.
+        torch.cuda.current_stream(tensor.device).wait_event(ready)
     full = tensor.dtype in (torch.float32, torch.float64)
     if not tensor.is_cuda and full:
         _reduce(state, tensor.numpy(), index, compress)  # a view: reduced in place

@@ -47,6 +47,44 @@ def test_device_ring_equals_host_ring(comm, dtype, algorithm):
     assert_same_on_every_rank(comm, y)
 
 
+@pytest.mark.parametrize("algorithm", ["homomorphic", "dar"])
+def test_device_ring_runs_on_the_cuda_lanes(comm, monkeypatch, algorithm):
+    # The same ring as above, with a spy on the compressor: every compression got the
+    # compress lane's stream and grid limit, every add and decode the reduce lane's.
+    from ccoll.compressor import api as capi
+    from ccoll.gpu_sched import default_scheduler
+
+    monkeypatch.delenv("CCOLL_SCHED", raising=False)
+    calls: list[tuple[str, dict]] = []
+    for name in ("compress_abs", "decompress", "add_data"):
+        real = getattr(capi, name)
+
+        def spy(*args, _name=name, _real=real, **kw):
+            calls.append((_name, dict(kw)))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(capi, name, spy)
+    x = gradient_like(comm.rank, 64 * comm.size + 7, np.float32)
+    eb = ccoll.ABS(1e-4)
+    with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=40, policy="compress") as c:
+        want = c.allreduce(x, eb=eb, op="avg")
+        calls.clear()
+        y = c.allreduce(cuda.to_device(x), eb=eb, op="avg").copy_to_host()
+    assert y.tobytes() == want.tobytes()
+    assert_same_on_every_rank(comm, y)
+    sched = default_scheduler("cuda")
+    comp = sched.lane("compress").stream
+    red = sched.lane("reduce").stream
+    kinds = {n for n, _ in calls}
+    assert kinds == ({"compress_abs", "decompress", "add_data"} if algorithm == "homomorphic"
+                     else {"compress_abs", "decompress"})
+    for name, kw in calls:
+        if name == "compress_abs":
+            assert kw == {"stream": comp, "max_blocks": sched.grid_limit("compress")}
+        else:  # decodes also pass out=
+            assert kw["stream"] is red and "max_blocks" not in kw, name
+
+
 def test_device_reduce_scatter_allgather_bcast(comm):
     x = gradient_like(comm.rank, 101, np.float32)
     d = cuda.to_device(x)
