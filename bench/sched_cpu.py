@@ -17,11 +17,17 @@ Reported: the training loop's time (time until the last matmul returned) and the
 CPUs other processes used meanwhile (a shared machine makes runs with others% > 0 unclean).
 
 Run: .venv/bin/python bench/sched_cpu.py [--iters 40] [--grad-mib 8] [--repeats 3]
+
+``--hook`` measures the DDP hook's real work instead (see :func:`run_hook`): under
+``mpiexec -n N python -m mpi4py bench/sched_cpu.py --hook`` each rank trains a torch MLP
+under DDP with ccoll's comm hook, whose compression and ring run on the process
+scheduler's lanes, against the same training with a hook that does nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import platform
 import statistics
@@ -225,6 +231,127 @@ def run(args: argparse.Namespace) -> None:
         print(f"{m:<15}{t:10.3f}{tot:10.3f}{tr}{tot / base:13.2f}{100 * oth:9.0f}")
 
 
+# ---------------------------------------------------------------- the hook's real work
+
+HOOK_MODES = ("alone", "lanes", "lanes-nice0", "worker")
+
+
+def run_hook(args: argparse.Namespace) -> None:
+    """``--hook``: DDP training with ccoll's comm hook next to it, against training alone.
+
+    Run under ``mpiexec -n N python -m mpi4py bench/sched_cpu.py --hook``. Each rank trains
+    an MLP (torch, one intra-op thread: the ranks share the cores) under DDP. Modes, a fresh
+    DDP model each, interleaved, median of ``--repeats``:
+
+    - alone        a hook that returns each bucket at once (no averaging): training alone;
+    - lanes        ccoll's comm hook (policy "compress", REL 1e-3), its compute on the
+                   process scheduler's lanes at their default priorities;
+    - lanes-nice0  the same with every lane at the training thread's priority;
+    - worker       the same with the scheduler off (a private worker thread per channel).
+
+    The training lane's time per step is the forward and backward compute: from the step's
+    start to the moment the last bucket was handed to the hook (DDP calls the hook as soon
+    as a bucket's gradients are ready, so later buckets' compute runs beside earlier ones'
+    compression and ring). Also reported: the whole step (with the wait for the averages).
+    """
+    import torch
+    import torch.distributed as dist
+    from mpi4py import MPI
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ccoll
+    import ccoll.gpu_sched as gs
+    import ccoll.torch as ct
+
+    torch.set_num_threads(1)
+    ct.init_process_group_from_mpi()
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    torch.manual_seed(0)
+    width, depth, batch = args.hook_width, args.hook_depth, args.hook_batch
+    layers: list[Any] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    base = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    nparams = sum(p.numel() for p in base.parameters())
+    gen = torch.Generator().manual_seed(1 + rank)
+    xs = [torch.randn(batch, width, generator=gen) for _ in range(4)]
+    ys = [torch.randint(0, 10, (batch,), generator=gen) for _ in range(4)]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    handed = [0.0]
+
+    def noop(state: Any, bucket: Any) -> Any:
+        handed[0] = time.perf_counter()
+        fut: Any = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    def timed(state: Any, bucket: Any) -> Any:
+        handed[0] = time.perf_counter()
+        return ct.comm_hook(state, bucket)
+
+    def configure(mode: str) -> None:
+        if mode == "lanes-nice0":
+            gs.configure("cpu", priorities={n: 0 for n in gs.LANES})
+        elif mode == "worker":
+            gs.configure("cpu", enabled=False)
+        else:
+            gs.configure("cpu")
+
+    def one(mode: str) -> tuple[float, float]:
+        configure(mode)
+        model = DDP(copy.deepcopy(base))
+        state = None
+        if mode == "alone":
+            model.register_comm_hook(None, noop)
+        else:
+            state = ct.CCollHookState(eb=ccoll.REL(1e-3), policy="compress", start_iter=0)
+            model.register_comm_hook(state, timed)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        comp, whole = [], []
+        try:
+            for i in range(args.warmup + args.iters):
+                world.Barrier()
+                t0 = time.perf_counter()
+                loss = loss_fn(model(xs[i % 4]), ys[i % 4])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                t1 = time.perf_counter()
+                if i >= args.warmup:
+                    comp.append(handed[0] - t0)
+                    whole.append(t1 - t0)
+        finally:
+            if state is not None:
+                state.close()
+        # the slowest rank's medians
+        return (world.allreduce(statistics.median(comp), MPI.MAX),
+                world.allreduce(statistics.median(whole), MPI.MAX))
+
+    res: dict[str, list[tuple[float, float]]] = {m: [] for m in HOOK_MODES}
+    for _ in range(args.repeats):
+        for m in HOOK_MODES:
+            res[m].append(one(m))
+    gs.configure("cpu")
+    if rank == 0:
+        med = {m: (statistics.median(r[0] for r in v), statistics.median(r[1] for r in v))
+               for m, v in res.items()}
+        alone = med["alone"][0]
+        print(f"# machine: {os.cpu_count()} CPUs, {_cpu_model()}; load average before: "
+              f"{args.load0}, after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print(f"# {size} ranks; DDP MLP {depth} x {width}x{width} ({nparams / 1e6:.1f} M "
+              f"parameters, {nparams * 4 / 2**20:.0f} MiB of gradients per step), batch {batch}, "
+              f"torch {torch.__version__}, one intra-op thread per rank")
+        print(f"# ccoll hook: REL 1e-3, policy compress, every bucket from step 0; "
+              f"{args.iters} steps after {args.warmup} warm-up, median over steps, slowest rank, "
+              f"median of {args.repeats} interleaved repeats")
+        print(f"{'mode':<13}{'compute_ms':>12}{'vs alone':>10}{'step_ms':>10}{'vs alone':>10}")
+        for m, (c, w) in med.items():
+            print(f"{m:<13}{c * 1e3:12.1f}{c / alone:10.2f}{w * 1e3:10.1f}"
+                  f"{w / med['alone'][1]:10.2f}")
+    dist.destroy_process_group()
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -246,9 +373,21 @@ def main() -> None:
                    help="share of numba threads for the compress lane (default 0.5)")
     p.add_argument("--stand-in", action="store_true",
                    help="use a stand-in numba kernel when ccoll.compress does not exist yet")
+    p.add_argument("--hook", action="store_true",
+                   help="DDP training with ccoll's comm hook on the lanes (needs torch; run "
+                   "under mpiexec)")
+    p.add_argument("--warmup", type=int, default=3, help="--hook: warm-up steps (default 3)")
+    p.add_argument("--hook-width", type=int, default=1024,
+                   help="--hook: MLP width (default 1024)")
+    p.add_argument("--hook-depth", type=int, default=8,
+                   help="--hook: hidden layers (default 8: 8.4 M parameters)")
+    p.add_argument("--hook-batch", type=int, default=64, help="--hook: batch (default 64)")
     args = p.parse_args()
     args.load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    run(args)
+    if args.hook:
+        run_hook(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":
