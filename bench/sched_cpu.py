@@ -280,13 +280,14 @@ def run_hook(args: argparse.Namespace) -> None:
     loss_fn = torch.nn.CrossEntropyLoss()
     handed = [0.0]
 
-    def noop(state: Any, bucket: Any) -> Any:
+    # No annotations: DDP checks a hook's by identity, and here they are strings.
+    def noop(state, bucket):  # type: ignore[no-untyped-def]
         handed[0] = time.perf_counter()
         fut: Any = torch.futures.Future()
         fut.set_result(bucket.buffer())
         return fut
 
-    def timed(state: Any, bucket: Any) -> Any:
+    def timed(state, bucket):  # type: ignore[no-untyped-def]
         handed[0] = time.perf_counter()
         return ct.comm_hook(state, bucket)
 
