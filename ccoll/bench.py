@@ -195,8 +195,13 @@ def bench(
     comm: Any = None,
     log: Callable[[str], None] | None = None,
     trace: bool = False,
+    ranks_per_node: int | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
+
+    ``ranks_per_node`` is the ccoll Communicators' node grouping (``None``: MPI's
+    shared-memory domains, so ranks on different hosts are different nodes); the meta's
+    ``nodes``, ``ranks_per_node`` and ``hierarchical`` say what the run had.
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -216,13 +221,28 @@ def bench(
     bound = as_bound(eb)
     base = load_gradients(data, r)
     ccs: dict[str, Any] = {}
+    rpn = ranks_per_node
     for a in algos:
         if a == "homomorphic":
-            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="compress")
+            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="compress",
+                                  ranks_per_node=rpn)
         elif a == "dar":
-            ccs[a] = Communicator(comm, algorithm="dar", policy="compress")
+            ccs[a] = Communicator(comm, algorithm="dar", policy="compress", ranks_per_node=rpn)
         elif a == "auto":
-            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="auto")
+            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="auto",
+                                  ranks_per_node=rpn)
+    if ccs:
+        grouping = next(iter(ccs.values())).grouping
+    else:  # MPI only: the grouping the ccoll calls would have had, for the report
+        with Communicator(comm, ranks_per_node=rpn) as probe:
+            grouping = probe.grouping
+    # A compressed allreduce of host data runs in two levels on such a grouping.
+    hier = ((grouping.nodes, grouping.ranks_per_node)
+            if grouping.hierarchical and collective == "allreduce" else None)
+    if log is not None and r == 0:
+        log(f"# nodes: {grouping.nodes} x {grouping.ranks_per_node or 'unequal'} ranks "
+            f"({grouping.source}); allreduce "
+            f"{'in two levels' if hier is not None else 'flat'}")
     # The model's calibration runs on a channel of its own (it keeps its own counters).
     model_ch = Channel(comm.Dup(), "bench-model", None) if predict else None
     model_policy = AutoPolicy(model_ch) if model_ch is not None else None
@@ -278,7 +298,7 @@ def bench(
             pred = floors = None
             if model_policy is not None and n > 1:
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
-                pred, floors = _predict(model_policy, collective, x, share)
+                pred, floors = _predict(model_policy, collective, x, share, hier)
             mpi_avg = None
             for a in algos:
                 t = np.empty_like(times[a])
@@ -322,6 +342,8 @@ def bench(
             if log is not None and r == 0:
                 log(_format_rows(rows[-len(algos):], header=len(rows) == len(algos)))
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
+        meta.update(nodes=grouping.nodes, ranks_per_node=grouping.ranks_per_node,
+                    grouping=grouping.source, hierarchical=hier is not None)
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
         if "auto" in ccs:  # what auto's calls measured, per size (docs/model.md)
@@ -340,12 +362,14 @@ def bench(
     return rows, meta
 
 
-def _predict(pol: Any, collective: str, x: np.ndarray,
-             eb_share: float) -> tuple[Any, dict[str, float]]:
+def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float,
+             hier: tuple[int, int] | None = None) -> tuple[Any, dict[str, float] | None]:
     """Predict this size with this run's calibration and a sampled ratio; and its floors.
 
     The floors (seconds, by algorithm: ``raw``, ``homomorphic``, ``dar``) use the
     compressor's own rates, without the in-collective efficiency that the prediction uses.
+    ``hier`` (nodes, ranks per node): predicted in two levels
+    (:func:`model.predict_hierarchical`); the floors are the flat ring's, so none then.
     """
     from dataclasses import replace
 
@@ -365,9 +389,18 @@ def _predict(pol: Any, collective: str, x: np.ndarray,
     width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
     # The chunks of the measured rows: a policy="compress" Communicator that never
     # calibrated picks them with the model's defaults (Communicator._chunk).
-    block = -(-x.size // n)
-    k = max(1, -(-block // model.chunk_elems_for(x.size, x.itemsize, n, model.DEFAULTS)))
-    pred = model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k)
+    if hier is None:
+        block = -(-x.size // n)
+        k = max(1, -(-block // model.chunk_elems_for(x.size, x.itemsize, n, model.DEFAULTS)))
+    else:  # the inter-node ring's share and ranks, as the Communicator cuts them
+        share = -(-x.size // hier[1])
+        block = -(-share // hier[0])
+        k = max(1, -(-block // model.chunk_elems_for(share, x.itemsize, hier[0],
+                                                     model.DEFAULTS)))
+    pred = model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k,
+                         hier=hier)
+    if hier is not None:
+        return pred, None
     eta = comp.efficiency if comp is not None and comp.efficiency > 0 else 1.0
     own = replace(p, compress=p.compress / eta, add=p.add / eta, decompress=p.decompress / eta)
     floors = {a: model.floor(x.nbytes, n, own, ratio, algorithm=a, collective=collective,
@@ -529,6 +562,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data", default=str(_DEFAULT_DATA),
                    help="HDF5 gradient dump (default datasets/minilm.h5)")
     p.add_argument("--no-check", action="store_true", help="skip the error check")
+    p.add_argument("--ranks-per-node", type=int, default=None, metavar="R",
+                   help="node grouping of ccoll's Communicators: consecutive blocks of R "
+                        "ranks form a node (1: every rank its own node, a flat allreduce; "
+                        "default: MPI's shared-memory domains, i.e. the real hosts)")
     p.add_argument("--no-model", action="store_true",
                    help="skip the model's predictions and floors")
     p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
@@ -571,6 +608,8 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         raise InputError("--trace/--trace-png trace ccoll's calls: add a ccoll algorithm to "
                          "--algorithms (homomorphic, dar or auto)")
     as_bound(args.eb)
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise InputError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     live = rank0 and not args.quiet
@@ -584,7 +623,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,
         algos=algos, data=args.data, check=not args.no_check, predict=not args.no_model,
         log=(lambda s: print(s, flush=True)) if live else None,
-        trace=bool(args.trace or args.trace_png),
+        trace=bool(args.trace or args.trace_png), ranks_per_node=args.ranks_per_node,
     )
     timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}

@@ -7,6 +7,7 @@ CSV/JSON/plot outputs.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import os
@@ -79,6 +80,11 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     big = [r for r in rows if r["size"] == 65536 and r["algorithm"] == "homomorphic"]
     assert big[0]["ratio"] > 2, "MiniLM gradients at REL 1e-3 compress"
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
+    # One host: MPI's shared-memory grouping makes one node, so every call is flat.
+    meta = doc["meta"]
+    assert (meta["nodes"], meta["ranks_per_node"], meta["grouping"], meta["hierarchical"]) == (
+        1, 2, "shared memory", False)
+    assert "# nodes: 1 x 2 ranks (shared memory); allreduce flat" in p.stdout
     # What auto's calls measured, per size that auto did not settle without the model.
     assert isinstance(doc["meta"]["auto_feedback"], dict)
     # Two ranks on one node share its cores (unless NUMBA_NUM_THREADS sized the pool).
@@ -93,3 +99,36 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert png.read_bytes()[:4] == b"\x89PNG"
     # rank 0 printed the table, once
     assert p.stdout.count("algorithm") == 1
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_sweep_in_two_levels(tmp_path: Path) -> None:
+    """--ranks-per-node groups the ranks into nodes; the report says so, results hold."""
+    out = tmp_path / "b.json"
+    cmd = [str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           "allreduce", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+           "--algorithms", "mpi,homomorphic", "--ranks-per-node", "2", "--json", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "CCOLL_THREADS"}
+    env["CCOLL_CACHE_DIR"] = str(tmp_path / "cache")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    meta = doc["meta"]
+    assert (meta["ranks"], meta["nodes"], meta["ranks_per_node"], meta["grouping"],
+            meta["hierarchical"]) == (4, 2, 2, "ranks_per_node=2", True)
+    assert "# nodes: 2 x 2 ranks (ranks_per_node=2); allreduce in two levels" in p.stdout
+    rows = {r["algorithm"]: r for r in doc["rows"]}
+    assert rows["homomorphic"]["err_over_eb"] <= 1.0
+    # Predicted in two levels; the floors are the flat ring's, so none are given.
+    assert rows["mpi"]["model_us"] > 0 and rows["homomorphic"]["model_us"] > 0
+    assert rows["homomorphic"]["floor_us"] is None
+
+
+def test_ranks_per_node_must_be_positive() -> None:
+    from ccoll.errors import InputError
+
+    ap = argparse.ArgumentParser()
+    bench.add_parser(ap.add_subparsers())
+    args = ap.parse_args(["bench", "allreduce", "--ranks-per-node", "0"])
+    with pytest.raises(InputError, match="--ranks-per-node must be >= 1, got 0"):
+        bench.run_bench(args)

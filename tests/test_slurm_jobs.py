@@ -173,12 +173,21 @@ def task_lines(output: str) -> list[tuple[int, int, str]]:
     ]
 
 
-def test_allreduce_scaling(cluster: Cluster, tmp_path: Path) -> None:
+# (RANKS_PER_NODE, nodes, ranks per node, grouping, hierarchical) the job's report must show.
+# One Slurm node: the hosts' grouping is one node, flat; RANKS_PER_NODE=2 makes ccoll see
+# 2 nodes of 2 tasks and run its two levels, as on 2 real nodes with --ntasks-per-node=2.
+GROUPINGS = [("", 1, 4, "shared memory", False), ("2", 2, 2, "ranks_per_node=2", True)]
+
+
+@pytest.mark.parametrize(("rpn", "nodes", "per_node", "source", "hier"), GROUPINGS)
+def test_allreduce_scaling(cluster: Cluster, tmp_path: Path, rpn: str, nodes: int,
+                           per_node: int, source: str, hier: bool) -> None:
     ranks = 4
     job = cluster.sbatch(
         "allreduce_scaling.sbatch",
         ["-N1", f"-n{ranks}", f"--ntasks-per-node={ranks}", "--cpus-per-task=1"],
-        {"SIZES": "4:64K", "FACTOR": "16", "EB": "rel:1e-3", "BENCH_ARGS": "-n 2 -w 1"},
+        {"SIZES": "4:64K", "FACTOR": "16", "EB": "rel:1e-3", "BENCH_ARGS": "-n 2 -w 1",
+         "RANKS_PER_NODE": rpn},
         tmp_path,
     )  # fmt: skip
     assert job.status == 0, f"job {job.job_id} failed:\n{job.output}\n{cluster.logs()}"
@@ -187,6 +196,12 @@ def test_allreduce_scaling(cluster: Cluster, tmp_path: Path) -> None:
     doc = json.loads((job.results / "allreduce.json").read_text())
     # The bench's own record of the communicator it ran on: all tasks in one.
     assert doc["meta"]["ranks"] == ranks and doc["meta"]["collective"] == "allreduce"
+    # ... and of the nodes ccoll saw.
+    meta = doc["meta"]
+    assert (meta["nodes"], meta["ranks_per_node"], meta["grouping"], meta["hierarchical"]) == (
+        nodes, per_node, source, hier)
+    levels = "in two levels" if hier else "flat"
+    assert f"# nodes: {nodes} x {per_node} ranks ({source}); allreduce {levels}" in job.output
     sizes = [4, 64, 1024, 16384]  # from 4 B up to 64 KiB, factor 16
     by_algo: dict[str, list[int]] = {}
     for row in doc["rows"]:

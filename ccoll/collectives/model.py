@@ -50,6 +50,7 @@ __all__ = [
     "Floor",
     "floor",
     "split_bits",
+    "split_ratios",
     "split_fraction",
     "SPLIT_CANDIDATES",
     "SHM_BANDWIDTH",
@@ -184,6 +185,19 @@ def ratio_at_finer_bound(ratio: float, factor: float, width: float = DEFAULT_WID
 SPLIT_CANDIDATES = tuple(j / 16 for j in range(16))
 
 
+def _split_words(ranks: int, share: float, width: float,
+                 growth: float) -> tuple[float, float]:
+    """Words per non-zero block of the reduce-scatter's and the allgather's messages (sums)."""
+    n = ranks
+    finer = 0.0 if share <= 0 else -log2(1.0 - share)
+    rs = sum(1.0 + width + growth * log2(k) + finer for k in range(1, n))
+    if share <= 0:
+        ag = (n - 1) * (1.0 + width + growth * log2(n))
+    else:
+        ag = (n - 1) * (1.0 + max(0.0, width + (growth - 1.0) * log2(n) - log2(share)))
+    return rs, ag
+
+
 def split_bits(ranks: int, share: float, width: float = DEFAULT_WIDTH,
                growth: float = SUM_GROWTH) -> float:
     """Words per non-zero block over the ring's messages of one chunk, given ``share``.
@@ -197,16 +211,26 @@ def split_bits(ranks: int, share: float, width: float = DEFAULT_WIDTH,
     average both are ``N`` times smaller), so ``w + (g - 1) log2 N + log2(1 / share)`` bits,
     never below 0 (docs/model.md, "Split bound").
     """
-    n = ranks
-    if n < 2:
+    if ranks < 2:
         return 0.0
-    finer = 0.0 if share <= 0 else -log2(1.0 - share)
-    rs = sum(1.0 + width + growth * log2(k) + finer for k in range(1, n))
-    if share <= 0:
-        ag = (n - 1) * (1.0 + width + growth * log2(n))
-    else:
-        ag = (n - 1) * (1.0 + max(0.0, width + (growth - 1.0) * log2(n) - log2(share)))
+    rs, ag = _split_words(ranks, share, width, growth)
     return rs + ag
+
+
+def split_ratios(ratio: float, ranks: int, share: float, width: float = DEFAULT_WIDTH,
+                 growth: float = SUM_GROWTH) -> tuple[float, float]:
+    """Mean ratios of the reduce-scatter's and the allgather's messages, by :func:`split_bits`.
+
+    ``ratio`` is one rank's fresh stream (a block of ``1 + width`` words); the phases' words
+    are those :func:`split_bits` counts, so the reduce-scatter's partial sums and the
+    (requantized) allgather blocks are priced as the split makes them. Pass them to
+    :func:`predict_homomorphic` as ``ratio`` and ``ratio_sum``.
+    """
+    if ranks < 2:
+        return ratio, ratio
+    rs, ag = _split_words(ranks, share, width, growth)
+    m = ranks - 1
+    return ratio * (1.0 + width) * m / rs, ratio * (1.0 + width) * m / ag
 
 
 def split_fraction(ranks: int, width: float = DEFAULT_WIDTH) -> float:

@@ -1,0 +1,214 @@
+"""Project ccoll's hierarchical allreduce against MPI's to many nodes with the cost model.
+
+Pure arithmetic on ccoll's own model (:mod:`ccoll.collectives.model`, docs/model.md): no MPI,
+no compressor. For ``R = 8`` ranks per node and ``K = 2 .. 512`` nodes, a link of 25, 100 or
+400 Gbit/s per node and the compressor at its measured CPU speed or at cuSZp-class GPU speed,
+it prints the predicted time of MPI's allreduce (the same two levels without compression:
+an exact reduce-scatter and allgather through shared memory inside the node, a raw ring
+between nodes at the node's link) and of ccoll's (the same node phases, compressed rings
+between nodes), and the speedup.
+
+The wire ratio comes from the measured one of ``op="avg"`` on MiniLM gradients at REL 1e-3
+(docs/bench/scaleout.json, docs/performance.md "Scale out"): one rank's ratio ``r`` is
+solved from the measured wire ratio at the largest rank count there, through the model's
+word count (:func:`model.split_bits`, ``g log2 k`` growth of sums, the split the model
+chooses), and then extrapolated to ``K`` ring members the same way
+(:func:`model.split_ratios`).
+
+Run: ``.venv/bin/python bench/project_scaleout.py --md docs/bench/projection.md
+--json docs/bench/projection.json --png docs/img/projection_speedup.png``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from ccoll.collectives import model
+
+HERE = Path(__file__).resolve().parent
+MEASURED = HERE.parent / "docs" / "bench" / "scaleout.json"
+
+RANKS_PER_NODE = 8
+NODES = tuple(2**i for i in range(1, 10))  # 2 .. 512
+LINKS_GBIT = (25, 100, 400)
+SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
+# Latency of one message between nodes (an RDMA-class fabric; TCP is 10-50 us).
+ALPHA = 5e-6
+# cuSZp-class GPU compressor (bytes of float data per second). The homomorphic add reads
+# two streams and writes one, lighter than a decompression: taken at decompression speed.
+GPU = {"compress": 300e9, "add": 500e9, "decompress": 500e9}
+# MPI's sum on GPU data runs at GPU speed too (a memory-bound add), so the baseline is not
+# handicapped by the host's 4 GB/s sum.
+GPU_REDUCE = 1000e9
+COMPRESSORS = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One projected configuration and the model's times (seconds)."""
+
+    size: str
+    nodes: int
+    link_gbit: int
+    compressor: str
+    split: float
+    ratio_rs: float
+    ratio_ag: float
+    chunks: int
+    mpi_s: float
+    ccoll_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.mpi_s / self.ccoll_s
+
+
+def wire_ratio(ratio: float, ranks: int, share: float) -> float:
+    """The model's wire ratio (raw ring bytes / bytes sent) of a flat ring of ``ranks``."""
+    words = model.split_bits(ranks, share)
+    return 2 * (ranks - 1) * ratio * (1.0 + model.DEFAULT_WIDTH) / words
+
+
+def calibrate_ratio(rows: list[dict[str, float]]) -> tuple[float, int]:
+    """One rank's ratio that makes the model's wire ratio the measured one at the most ranks."""
+    last = max(rows, key=lambda r: r["ranks"])
+    n = int(last["ranks"])
+    return last["avg_auto_ratio"] / wire_ratio(1.0, n, float(last["auto_share"])), n
+
+
+def params(link_gbit: float, compressor: str) -> model.Params:
+    """Model constants of one configuration: DEFAULTS with the link, latency and compressor."""
+    p = replace(model.DEFAULTS, alpha=ALPHA, beta=link_gbit * 1e9 / 8, raw_efficiency=1.0)
+    if compressor == "gpu":
+        p = replace(p, reduce=GPU_REDUCE, **GPU)
+    return p
+
+
+def project(ratio: float, nodes: int, link_gbit: float, compressor: str, size: str) -> Point:
+    """Predict MPI's and ccoll's two-level allreduce at one point with model.predict."""
+    share = model.split_fraction(nodes)
+    r_rs, r_ag = model.split_ratios(ratio, nodes, share)
+    p = params(link_gbit, compressor)
+    pr = model.predict(SIZES[size], nodes * RANKS_PER_NODE, p, r_rs, ratio_sum=r_ag,
+                       hier=(nodes, RANKS_PER_NODE))
+    return Point(size=size, nodes=nodes, link_gbit=int(link_gbit), compressor=compressor,
+                 split=share, ratio_rs=r_rs, ratio_ag=r_ag, chunks=pr.chunks, mpi_s=pr.raw,
+                 ccoll_s=pr.homomorphic)
+
+
+def project_all(ratio: float) -> list[Point]:
+    return [project(ratio, k, g, c, s) for s in SIZES for g in LINKS_GBIT
+            for c in COMPRESSORS for k in NODES]
+
+
+def monotone(points: list[Point]) -> dict[tuple[str, int, str], bool]:
+    """Per (size, link, compressor): whether the speedup never falls as nodes grow."""
+    series: dict[tuple[str, int, str], list[Point]] = {}
+    for pt in points:
+        series.setdefault((pt.size, pt.link_gbit, pt.compressor), []).append(pt)
+    out = {}
+    for key, pts in series.items():
+        sp = [pt.speedup for pt in sorted(pts, key=lambda pt: pt.nodes)]
+        out[key] = all(b >= a * (1 - 1e-12) for a, b in zip(sp, sp[1:], strict=False))
+    return out
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g}"
+
+
+def table(points: list[Point], ratio: float, rows: list[dict[str, float]]) -> str:
+    lines = ["Wire ratio of a flat ring, MiniLM `op=\"avg\"` REL 1e-3: measured and the model's "
+             f"(one rank's ratio r = {ratio:.2f} solved at the last row)", "",
+             "| ranks | split | measured | model |", "|---:|---:|---:|---:|"]
+    for r in rows:
+        n = int(r["ranks"])
+        lines.append(f"| {n} | {r['auto_share']:g} | {r['avg_auto_ratio']:.2f} | "
+                     f"{wire_ratio(ratio, n, float(r['auto_share'])):.2f} |")
+    lines.append("")
+    names = {"cpu": "compressor at its measured CPU speed, MPI's sum on the host",
+             "gpu": "cuSZp-class GPU compressor, MPI's sum on the GPU"}
+    for size in SIZES:
+        for c in COMPRESSORS:
+            head = "| nodes | split | " + " | ".join(
+                f"{g} Gbit/s: MPI ms | ccoll ms | speedup" for g in LINKS_GBIT) + " |"
+            lines += [f"{size} per rank, {RANKS_PER_NODE} ranks per node, {names[c]}", "",
+                      head, "|" + "---:|" * (2 + 3 * len(LINKS_GBIT))]
+            for k in NODES:
+                by = {pt.link_gbit: pt for pt in points
+                      if pt.size == size and pt.nodes == k and pt.compressor == c}
+                cells = [str(k), f"{by[LINKS_GBIT[0]].split:g}"]
+                for g in LINKS_GBIT:
+                    cells += [_ms(by[g].mpi_s), _ms(by[g].ccoll_s), f"{by[g].speedup:.2f}"]
+                lines.append("| " + " | ".join(cells) + " |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plot(points: list[Point], png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, axes = plt.subplots(1, len(SIZES), figsize=(12, 5), sharey=True)
+    for ax, size in zip(axes, SIZES, strict=True):
+        for g in LINKS_GBIT:
+            for c, style in (("cpu", "-"), ("gpu", "--")):
+                pts = [pt for pt in points if pt.size == size and pt.link_gbit == g
+                       and pt.compressor == c]
+                ax.plot([pt.nodes for pt in pts], [pt.speedup for pt in pts], style,
+                        marker="o", label=f"{g} Gbit/s, {c.upper()} compressor")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_yticks([0.5, 0.75, 1, 1.5, 2, 3, 4])
+        ax.set_xlabel(f"nodes ({RANKS_PER_NODE} ranks each)")
+        ax.set_title(f"{size} per rank")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("projected speedup over MPI_Allreduce")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    fig.suptitle("ccoll hierarchical allreduce, projected by the cost model "
+                 "(MiniLM gradients, REL 1e-3, op=avg)")
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(png, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--measured", default=str(MEASURED),
+                    help="bench/scaleout.py's JSON (measured wire ratios per rank count)")
+    ap.add_argument("--md", help="also write the Markdown tables to this file")
+    ap.add_argument("--json", dest="json_out", help="write every point as JSON")
+    ap.add_argument("--png", help="write the speedup plot")
+    args = ap.parse_args(argv)
+    rows = sorted(json.loads(Path(args.measured).read_text()), key=lambda r: r["ranks"])
+    ratio, _ = calibrate_ratio(rows)
+    points = project_all(ratio)
+    text = table(points, ratio, rows)
+    mono = monotone(points)
+    falls = [k for k, ok in mono.items() if not ok]
+    text += ("speedup non-decreasing in nodes everywhere" if not falls else
+             "speedup FALLS with nodes for: " + ", ".join(f"{s} {g} Gbit/s {c}"
+                                                         for s, g, c in falls)) + "\n"
+    sys.stdout.write(text)
+    if args.md:
+        Path(args.md).write_text(text)
+    if args.json_out:
+        doc = {"ratio": ratio, "alpha": ALPHA, "ranks_per_node": RANKS_PER_NODE,
+               "points": [{**asdict(pt), "speedup": pt.speedup} for pt in points]}
+        Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
+    if args.png:
+        plot(points, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""bench/project_scaleout.py: its numbers are the cost model's, and where docs/model.md
+("Projection to many nodes") says the projected speedup does not fall, it does not."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ccoll.collectives import model
+
+REPO = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("project_scaleout",
+                                               REPO / "bench" / "project_scaleout.py")
+assert _spec is not None and _spec.loader is not None
+ps = importlib.util.module_from_spec(_spec)
+sys.modules["project_scaleout"] = ps  # its dataclasses look their module up
+_spec.loader.exec_module(ps)
+
+# docs/model.md claims a non-decreasing speedup from 2 up to this many nodes in every series.
+MONOTONE_UP_TO = 16
+
+
+@pytest.fixture(scope="module")
+def ratio() -> float:
+    rows = json.loads((REPO / "docs" / "bench" / "scaleout.json").read_text())
+    return ps.calibrate_ratio(rows)[0]
+
+
+def test_calibrated_ratio_reproduces_the_measured_wire_ratio(ratio: float) -> None:
+    rows = json.loads((REPO / "docs" / "bench" / "scaleout.json").read_text())
+    last = max(rows, key=lambda r: r["ranks"])
+    assert ps.wire_ratio(ratio, last["ranks"], last["auto_share"]) == pytest.approx(
+        last["avg_auto_ratio"], rel=1e-12)
+
+
+def test_one_point_equals_the_model_functions(ratio: float) -> None:
+    k, r, size = 64, 8, 1 << 30
+    pt = ps.project(ratio, k, 100, "gpu", "1 GiB")
+    share = model.split_fraction(k)
+    assert share == 0.5
+    # Words per block by the split, written out from docs/model.md "Split bound".
+    w, g = model.DEFAULT_WIDTH, model.SUM_GROWTH
+    rs_words = sum(1 + w + g * math.log2(j) + 1 for j in range(1, k))  # log2(1/(1-1/2)) = 1
+    ag_words = (k - 1) * (1 + max(0.0, w + (g - 1) * math.log2(k) + 1))
+    assert pt.ratio_rs == pytest.approx(ratio * (1 + w) * (k - 1) / rs_words, rel=1e-9)
+    assert pt.ratio_ag == pytest.approx(ratio * (1 + w) * (k - 1) / ag_words, rel=1e-9)
+    p = replace(model.DEFAULTS, alpha=5e-6, beta=100e9 / 8, compress=300e9, add=500e9,
+                decompress=500e9, reduce=1000e9)
+    want = model.predict_hierarchical(size, k, r, p, pt.ratio_rs, ratio_sum=pt.ratio_ag)
+    assert (pt.mpi_s, pt.ccoll_s, pt.chunks) == (want.raw, want.homomorphic, want.chunks)
+    # MPI's time is the two-level raw formula, term by term.
+    intra = 2 * (r - 1) / r * size / model.SHM_BANDWIDTH + (r - 1) / r * size / 1000e9
+    ring = 2 * (k - 1) * 5e-6 + 2 * (k - 1) / k * (size / r) / (100e9 / 8 / r)
+    ring += (k - 1) / k * (size / r) / 1000e9
+    assert pt.mpi_s == pytest.approx(intra + ring, rel=1e-12)
+
+
+def test_speedup_does_not_fall_where_the_doc_says(ratio: float) -> None:
+    points = ps.project_all(ratio)
+    series: dict[tuple[str, int, str], list[float]] = {}
+    for pt in points:
+        if pt.nodes <= MONOTONE_UP_TO:
+            series.setdefault((pt.size, pt.link_gbit, pt.compressor), []).append(pt.speedup)
+    assert len(series) == len(ps.SIZES) * len(ps.LINKS_GBIT) * len(ps.COMPRESSORS)
+    for key, sp in series.items():
+        assert len(sp) == 4 and all(b >= a for a, b in zip(sp, sp[1:], strict=False)), (key, sp)
+    doc = (REPO / "docs" / "model.md").read_text()
+    assert f"from 2 to {MONOTONE_UP_TO} nodes" in doc
+
+
+def test_monotone_flags_a_fall() -> None:
+    pts = [ps.Point("x", k, 25, "cpu", 0.0, 1.0, 1.0, 1, mpi, 1.0)
+           for k, mpi in ((2, 2.0), (4, 3.0), (8, 2.5))]
+    assert ps.monotone(pts) == {("x", 25, "cpu"): False}
+
+
+def test_outputs(tmp_path: Path) -> None:
+    md, js, png = tmp_path / "p.md", tmp_path / "p.json", tmp_path / "p.png"
+    assert ps.main(["--md", str(md), "--json", str(js), "--png", str(png)]) == 0
+    doc = json.loads(js.read_text())
+    assert len(doc["points"]) == 9 * 3 * 2 * 2
+    assert "| 512 |" in md.read_text()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
