@@ -120,6 +120,29 @@ def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[in
 # ----------------------------------------------------------------------------- bench
 
 
+def rpn_label(rpn: int | None) -> str:
+    """Name of a node grouping in row names: ``shm`` (MPI's shared-memory domains) or ``rpn=R``."""
+    return "shm" if rpn is None else f"rpn={rpn}"
+
+
+def parse_ranks_per_node(text: str) -> list[int | None]:
+    """``--ranks-per-node``: comma-separated ``shm`` or positive ints, e.g. ``1,shm``."""
+    from ccoll.errors import InputError
+
+    out: list[int | None] = []
+    for tok in (t.strip() for t in text.split(",")):
+        if tok == "shm":
+            out.append(None)
+        elif tok.isdigit() and int(tok) >= 1:
+            out.append(int(tok))
+        else:
+            raise InputError(f"--ranks-per-node: {tok!r} is neither 'shm' nor a positive int; "
+                             "give a comma-separated list such as 1,shm or 2")
+    if len(set(out)) != len(out):
+        raise InputError(f"--ranks-per-node {text}: each grouping once")
+    return out
+
+
 def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb: Any,
              algos: Sequence[str]) -> dict[str, Callable[[], np.ndarray]]:
     """One zero-argument callable per algorithm, each returning its output array."""
@@ -195,8 +218,13 @@ def bench(
     comm: Any = None,
     log: Callable[[str], None] | None = None,
     trace: bool = False,
+    ranks_per_node: Sequence[int | None] = (None,),
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
+
+    Every ccoll algorithm runs once per ``ranks_per_node`` grouping (its Communicator's
+    ``ranks_per_node``); with more than one, its rows are named ``homomorphic/rpn=1``,
+    ``homomorphic/shm`` (``None``: MPI's shared-memory domains), ...
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -216,13 +244,22 @@ def bench(
     bound = as_bound(eb)
     base = load_gradients(data, r)
     ccs: dict[str, Any] = {}
+    base_of: dict[str, str] = {}  # row name -> algorithm
+    named: list[str] = []
     for a in algos:
-        if a == "homomorphic":
-            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="compress")
-        elif a == "dar":
-            ccs[a] = Communicator(comm, algorithm="dar", policy="compress")
-        elif a == "auto":
-            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="auto")
+        if a == "mpi":
+            named.append(a)
+            base_of[a] = a
+            continue
+        for rpn in ranks_per_node:
+            name = a if len(ranks_per_node) == 1 else f"{a}/{rpn_label(rpn)}"
+            algorithm, policy = ("dar", "compress") if a == "dar" else (
+                "homomorphic", "auto" if a == "auto" else "compress")
+            ccs[name] = Communicator(comm, algorithm=algorithm, policy=policy,
+                                     ranks_per_node=rpn)
+            named.append(name)
+            base_of[name] = a
+    algos = named
     # The model's calibration runs on a channel of its own (it keeps its own counters).
     model_ch = Channel(comm.Dup(), "bench-model", None) if predict else None
     model_policy = AutoPolicy(model_ch) if model_ch is not None else None
@@ -292,20 +329,23 @@ def bench(
                 algbw = size / avg / 1e9 if avg > 0 else 0.0
                 model_us = None
                 if pred is not None:
-                    key = {"mpi": "raw", "homomorphic": "homomorphic", "dar": "dar"}.get(a)
-                    if key is not None:
+                    key = {"mpi": "raw", "homomorphic": "homomorphic", "dar": "dar"}.get(
+                        base_of[a])
+                    if a in ccs and ccs[a].grouping.hierarchical:
+                        pass  # the sweep's model and floors are those of the flat ring
+                    elif key is not None:
                         model_us = getattr(pred, key) * 1e6
-                    elif a == "auto" and compressed[a] == nit:
+                    elif base_of[a] == "auto" and compressed[a] == nit:
                         model_us = pred.homomorphic * 1e6
-                    elif a == "auto" and compressed[a] == 0:
+                    elif base_of[a] == "auto" and compressed[a] == 0:
                         model_us = pred.raw * 1e6
                 floor_us = None
-                if floors is not None:
-                    if a == "auto":  # the floor of what it did, call by call
+                if floors is not None and not (a in ccs and ccs[a].grouping.hierarchical):
+                    if base_of[a] == "auto":  # the floor of what it did, call by call
                         c = compressed[a] / nit
                         floor_us = (c * floors["homomorphic"] + (1 - c) * floors["raw"]) * 1e6
                     else:
-                        floor_us = floors["raw" if a == "mpi" else a] * 1e6
+                        floor_us = floors["raw" if a == "mpi" else base_of[a]] * 1e6
                 rows.append(Row(
                     collective=collective, size=size, count=count, algorithm=a, iters=nit,
                     avg_us=avg * 1e6, min_us=float(t.min()) * 1e6, max_us=float(t.max()) * 1e6,
@@ -322,6 +362,8 @@ def bench(
             if log is not None and r == 0:
                 log(_format_rows(rows[-len(algos):], header=len(rows) == len(algos)))
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
+        # Every row's node grouping (the same on every rank: agreed by its Communicator).
+        meta["groupings"] = {a: str(cc.grouping) for a, cc in ccs.items()}
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
         if "auto" in ccs:  # what auto's calls measured, per size (docs/model.md)
@@ -411,7 +453,7 @@ def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: in
 _COLS = [
     ("size", ">12", lambda r: f"{r.size}"),
     ("count", ">11", lambda r: f"{r.count}"),
-    ("algorithm", "<12", lambda r: r.algorithm),
+    ("algorithm", "<17", lambda r: r.algorithm),
     ("avg(us)", ">11", lambda r: f"{r.avg_us:.1f}"),
     ("min(us)", ">11", lambda r: f"{r.min_us:.1f}"),
     ("max(us)", ">11", lambda r: f"{r.max_us:.1f}"),
@@ -526,6 +568,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="error bound, rel:V or abs:V (default rel:1e-3)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help=f"comma-separated subset of {','.join(ALGORITHMS)} (default all)")
+    p.add_argument("--ranks-per-node", default="shm", metavar="LIST",
+                   help="node grouping of ccoll's Communicators: 'shm' (MPI's shared-memory "
+                   "domains) or R (consecutive blocks of R ranks); a comma-separated list "
+                   "runs every ccoll algorithm once per grouping, rows named e.g. "
+                   "homomorphic/rpn=1, homomorphic/shm (default shm)")
     p.add_argument("--data", default=str(_DEFAULT_DATA),
                    help="HDF5 gradient dump (default datasets/minilm.h5)")
     p.add_argument("--no-check", action="store_true", help="skip the error check")
@@ -571,6 +618,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         raise InputError("--trace/--trace-png trace ccoll's calls: add a ccoll algorithm to "
                          "--algorithms (homomorphic, dar or auto)")
     as_bound(args.eb)
+    rpns = parse_ranks_per_node(args.ranks_per_node)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     live = rank0 and not args.quiet
@@ -584,7 +632,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,
         algos=algos, data=args.data, check=not args.no_check, predict=not args.no_model,
         log=(lambda s: print(s, flush=True)) if live else None,
-        trace=bool(args.trace or args.trace_png),
+        trace=bool(args.trace or args.trace_png), ranks_per_node=rpns,
     )
     timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ccoll import bench
+from ccoll.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 MPIEXEC = REPO / ".venv" / "bin" / "mpiexec"
@@ -93,3 +94,46 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert png.read_bytes()[:4] == b"\x89PNG"
     # rank 0 printed the table, once
     assert p.stdout.count("algorithm") == 1
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("shm", [None]), ("1,shm", [1, None]), ("2", [2]), (" 1 , 2 ", [1, 2]),
+])
+def test_parse_ranks_per_node(text: str, want: list[int | None]) -> None:
+    assert bench.parse_ranks_per_node(text) == want
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("0", "'0' is neither 'shm' nor a positive int"), ("two", "'two' is neither"),
+    ("1,,2", "'' is neither"), ("2,2", "each grouping once"),
+])
+def test_parse_ranks_per_node_rejects(text: str, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        bench.parse_ranks_per_node(text)
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_sweep_per_node_grouping(tmp_path: Path) -> None:
+    # 4 ranks: the flat ring (rpn=1) and the two-level one (2 nodes of 2) side by side.
+    out = tmp_path / "b.json"
+    cmd = [str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           "allreduce", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--algorithms",
+           "mpi,homomorphic", "--ranks-per-node", "1,2", "--json", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "CCOLL_THREADS"}
+    env["CCOLL_CACHE_DIR"] = str(tmp_path / "cache")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    rows = {r["algorithm"]: r for r in doc["rows"]}
+    assert sorted(rows) == ["homomorphic/rpn=1", "homomorphic/rpn=2", "mpi"]
+    g = doc["meta"]["groupings"]
+    assert "nodes=4, ranks_per_node=1" in g["homomorphic/rpn=1"]
+    assert "nodes=2, ranks_per_node=2" in g["homomorphic/rpn=2"]
+    for a in ("homomorphic/rpn=1", "homomorphic/rpn=2"):
+        assert rows[a]["err_over_eb"] <= 1.0, rows[a]
+    # (The two-level row's bytes include the exact intra-node ones: no wire ratio there.)
+    assert rows["homomorphic/rpn=1"]["ratio"] > 2
+    # The sweep's model is the flat ring's: the two-level row gets none.
+    assert rows["homomorphic/rpn=1"]["model_us"] > 0
+    assert rows["homomorphic/rpn=2"]["model_us"] is None
+    assert "homomorphic/rpn=2" in p.stdout
