@@ -120,6 +120,33 @@ def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[in
 # ----------------------------------------------------------------------------- bench
 
 
+def rpn_label(rpn: int | None) -> str:
+    """Name of a node grouping in row names: ``shm`` (MPI's shared-memory domains) or ``rpn=R``."""
+    return "shm" if rpn is None else f"rpn={rpn}"
+
+
+def parse_ranks_per_node(text: str) -> list[int | None]:
+    """``--ranks-per-node``: comma-separated ``shm`` or positive ints, e.g. ``1,shm``."""
+    from ccoll.errors import InputError
+
+    out: list[int | None] = []
+    for tok in (t.strip() for t in text.split(",")):
+        if tok == "shm":
+            out.append(None)
+        elif tok.lstrip("+-").isdigit() and int(tok) >= 1:
+            out.append(int(tok))
+        elif tok.lstrip("+-").isdigit():
+            raise InputError(f"--ranks-per-node must be >= 1, got {int(tok)} (a node holds at "
+                             "least one rank); give 'shm', a positive int or a "
+                             "comma-separated list such as 1,shm")
+        else:
+            raise InputError(f"--ranks-per-node: {tok!r} is neither 'shm' nor a positive int; "
+                             "give a comma-separated list such as 1,shm or 2")
+    if len(set(out)) != len(out):
+        raise InputError(f"--ranks-per-node {text}: each grouping once")
+    return out
+
+
 def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb: Any,
              algos: Sequence[str]) -> dict[str, Callable[[], np.ndarray]]:
     """One zero-argument callable per algorithm, each returning its output array."""
@@ -195,13 +222,16 @@ def bench(
     comm: Any = None,
     log: Callable[[str], None] | None = None,
     trace: bool = False,
-    ranks_per_node: int | None = None,
+    ranks_per_node: int | None | Sequence[int | None] = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
 
     ``ranks_per_node`` is the ccoll Communicators' node grouping (``None``: MPI's
-    shared-memory domains, so ranks on different hosts are different nodes); the meta's
-    ``nodes``, ``ranks_per_node`` and ``hierarchical`` say what the run had.
+    shared-memory domains, so ranks on different hosts are different nodes), or a list of
+    them: every ccoll algorithm then runs once per grouping, its rows named
+    ``homomorphic/rpn=1``, ``homomorphic/shm``, ... The meta's ``nodes``,
+    ``ranks_per_node``, ``grouping`` and ``hierarchical`` say what the first (or only)
+    grouping had; ``groupings`` gives every ccoll row's.
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -221,28 +251,46 @@ def bench(
     bound = as_bound(eb)
     base = load_gradients(data, r)
     ccs: dict[str, Any] = {}
-    rpn = ranks_per_node
+    rpns: list[int | None] = (
+        [ranks_per_node] if ranks_per_node is None or isinstance(ranks_per_node, int)
+        else list(ranks_per_node))
+    base_of: dict[str, str] = {}  # row name -> algorithm
+    rpn_of: dict[str, int | None] = {}  # row name -> its node grouping
+    named: list[str] = []
     for a in algos:
-        if a == "homomorphic":
-            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="compress",
-                                  ranks_per_node=rpn)
-        elif a == "dar":
-            ccs[a] = Communicator(comm, algorithm="dar", policy="compress", ranks_per_node=rpn)
-        elif a == "auto":
-            ccs[a] = Communicator(comm, algorithm="homomorphic", policy="auto",
-                                  ranks_per_node=rpn)
-    if ccs:
-        grouping = next(iter(ccs.values())).grouping
-    else:  # MPI only: the grouping the ccoll calls would have had, for the report
-        with Communicator(comm, ranks_per_node=rpn) as probe:
-            grouping = probe.grouping
+        if a == "mpi":
+            named.append(a)
+            base_of[a] = a
+            continue
+        for rpn in rpns:
+            name = a if len(rpns) == 1 else f"{a}/{rpn_label(rpn)}"
+            algorithm, policy = ("dar", "compress") if a == "dar" else (
+                "homomorphic", "auto" if a == "auto" else "compress")
+            ccs[name] = Communicator(comm, algorithm=algorithm, policy=policy,
+                                     ranks_per_node=rpn)
+            named.append(name)
+            base_of[name] = a
+            rpn_of[name] = rpn
+    algos = named
+    groupings: dict[int | None, Any] = {}
+    for name, cc in ccs.items():
+        groupings.setdefault(rpn_of[name], cc.grouping)
+    for rpn in rpns:
+        if rpn not in groupings:  # MPI only: the grouping ccoll's calls would have had
+            with Communicator(comm, ranks_per_node=rpn) as probe:
+                groupings[rpn] = probe.grouping
     # A compressed allreduce of host data runs in two levels on such a grouping.
-    hier = ((grouping.nodes, grouping.ranks_per_node)
-            if grouping.hierarchical and collective == "allreduce" else None)
+    hier_of_rpn = {rpn: (g.nodes, g.ranks_per_node)
+                   if g.hierarchical and collective == "allreduce" else None
+                   for rpn, g in groupings.items()}
+    # MPI's row is predicted like the first grouping (the top-level one of the meta).
+    hier_of = {a: hier_of_rpn[rpn_of.get(a, rpns[0])] for a in algos}
     if log is not None and r == 0:
-        log(f"# nodes: {grouping.nodes} x {grouping.ranks_per_node or 'unequal'} ranks "
-            f"({grouping.source}); allreduce "
-            f"{'in two levels' if hier is not None else 'flat'}")
+        for rpn in rpns:
+            g = groupings[rpn]
+            log(f"# nodes: {g.nodes} x {g.ranks_per_node or 'unequal'} ranks "
+                f"({g.source}); allreduce "
+                f"{'in two levels' if hier_of_rpn[rpn] is not None else 'flat'}")
     # The model's calibration runs on a channel of its own (it keeps its own counters).
     model_ch = Channel(comm.Dup(), "bench-model", None) if predict else None
     model_policy = AutoPolicy(model_ch) if model_ch is not None else None
@@ -295,10 +343,13 @@ def bench(
                         got = _trace.gather(comm, rec)
                         if got is not None:
                             traced.append((f"{collective} {a} {size} B", got))
-            pred = floors = None
+            # One prediction per kind of row (flat, two levels), in the same order on every
+            # rank (_predict is collective).
+            preds: dict[tuple[int, int] | None, tuple[Any, dict[str, float] | None]] = {}
             if model_policy is not None and n > 1:
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
-                pred, floors = _predict(model_policy, collective, x, share, hier)
+                for h in dict.fromkeys(hier_of[a] for a in algos):
+                    preds[h] = _predict(model_policy, collective, x, share, h)
             mpi_avg = None
             for a in algos:
                 t = np.empty_like(times[a])
@@ -311,21 +362,24 @@ def bench(
                 ratio = (rb / tot_sent if tot_sent > 0 else None) if a in ccs else None
                 algbw = size / avg / 1e9 if avg > 0 else 0.0
                 model_us = None
+                # Two-level rows: predicted in two levels, no floors (those are the flat ring's).
+                pred, floors = preds.get(hier_of[a], (None, None))
                 if pred is not None:
-                    key = {"mpi": "raw", "homomorphic": "homomorphic", "dar": "dar"}.get(a)
+                    key = {"mpi": "raw", "homomorphic": "homomorphic", "dar": "dar"}.get(
+                        base_of[a])
                     if key is not None:
                         model_us = getattr(pred, key) * 1e6
-                    elif a == "auto" and compressed[a] == nit:
+                    elif base_of[a] == "auto" and compressed[a] == nit:
                         model_us = pred.homomorphic * 1e6
-                    elif a == "auto" and compressed[a] == 0:
+                    elif base_of[a] == "auto" and compressed[a] == 0:
                         model_us = pred.raw * 1e6
                 floor_us = None
                 if floors is not None:
-                    if a == "auto":  # the floor of what it did, call by call
+                    if base_of[a] == "auto":  # the floor of what it did, call by call
                         c = compressed[a] / nit
                         floor_us = (c * floors["homomorphic"] + (1 - c) * floors["raw"]) * 1e6
                     else:
-                        floor_us = floors["raw" if a == "mpi" else a] * 1e6
+                        floor_us = floors["raw" if a == "mpi" else base_of[a]] * 1e6
                 rows.append(Row(
                     collective=collective, size=size, count=count, algorithm=a, iters=nit,
                     avg_us=avg * 1e6, min_us=float(t.min()) * 1e6, max_us=float(t.max()) * 1e6,
@@ -342,12 +396,16 @@ def bench(
             if log is not None and r == 0:
                 log(_format_rows(rows[-len(algos):], header=len(rows) == len(algos)))
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
-        meta.update(nodes=grouping.nodes, ranks_per_node=grouping.ranks_per_node,
-                    grouping=grouping.source, hierarchical=hier is not None)
+        top = groupings[rpns[0]]
+        meta.update(nodes=top.nodes, ranks_per_node=top.ranks_per_node, grouping=top.source,
+                    hierarchical=hier_of_rpn[rpns[0]] is not None)
+        # Every ccoll row's node grouping (the same on every rank: agreed by its Communicator).
+        meta["groupings"] = {a: str(cc.grouping) for a, cc in ccs.items()}
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
-        if "auto" in ccs:  # what auto's calls measured, per size (docs/model.md)
-            auto_policy = ccs["auto"]._auto.get("sync")
+        autos = [a for a in ccs if base_of[a] == "auto"]
+        if autos:  # what auto's calls measured, per size (docs/model.md); the first grouping's
+            auto_policy = ccs[autos[0]]._auto.get("sync")
             if auto_policy is not None:
                 meta["auto_feedback"] = auto_policy.feedback.describe()
         if trace and r == 0:
@@ -444,7 +502,7 @@ def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: in
 _COLS = [
     ("size", ">12", lambda r: f"{r.size}"),
     ("count", ">11", lambda r: f"{r.count}"),
-    ("algorithm", "<12", lambda r: r.algorithm),
+    ("algorithm", "<17", lambda r: r.algorithm),
     ("avg(us)", ">11", lambda r: f"{r.avg_us:.1f}"),
     ("min(us)", ">11", lambda r: f"{r.min_us:.1f}"),
     ("max(us)", ">11", lambda r: f"{r.max_us:.1f}"),
@@ -559,13 +617,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="error bound, rel:V or abs:V (default rel:1e-3)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
                    help=f"comma-separated subset of {','.join(ALGORITHMS)} (default all)")
+    p.add_argument("--ranks-per-node", default="shm", metavar="LIST",
+                   help="node grouping of ccoll's Communicators: 'shm' (MPI's shared-memory "
+                   "domains, i.e. the real hosts) or R (consecutive blocks of R ranks; 1: "
+                   "every rank its own node, a flat allreduce); a comma-separated list runs "
+                   "every ccoll algorithm once per grouping, rows named e.g. "
+                   "homomorphic/rpn=1, homomorphic/shm (default shm)")
     p.add_argument("--data", default=str(_DEFAULT_DATA),
                    help="HDF5 gradient dump (default datasets/minilm.h5)")
     p.add_argument("--no-check", action="store_true", help="skip the error check")
-    p.add_argument("--ranks-per-node", type=int, default=None, metavar="R",
-                   help="node grouping of ccoll's Communicators: consecutive blocks of R "
-                        "ranks form a node (1: every rank its own node, a flat allreduce; "
-                        "default: MPI's shared-memory domains, i.e. the real hosts)")
     p.add_argument("--no-model", action="store_true",
                    help="skip the model's predictions and floors")
     p.add_argument("--csv", metavar="FILE", help="also write the rows as CSV")
@@ -608,8 +668,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         raise InputError("--trace/--trace-png trace ccoll's calls: add a ccoll algorithm to "
                          "--algorithms (homomorphic, dar or auto)")
     as_bound(args.eb)
-    if args.ranks_per_node is not None and args.ranks_per_node < 1:
-        raise InputError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    rpns = parse_ranks_per_node(args.ranks_per_node)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     live = rank0 and not args.quiet
@@ -623,7 +682,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,
         algos=algos, data=args.data, check=not args.no_check, predict=not args.no_model,
         log=(lambda s: print(s, flush=True)) if live else None,
-        trace=bool(args.trace or args.trace_png), ranks_per_node=args.ranks_per_node,
+        trace=bool(args.trace or args.trace_png), ranks_per_node=rpns,
     )
     timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}

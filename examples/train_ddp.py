@@ -259,6 +259,14 @@ def param_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def _netns_id() -> str:
+    """This process's network namespace (``net:[inode]``), or ``""`` where unknown."""
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return ""
+
+
 def net_counters() -> dict[str, tuple[int, int]] | None:
     """{interface: (rx bytes, tx bytes)} of this process's network namespace, or None."""
     try:
@@ -622,11 +630,17 @@ def wire_bytes(comm: Any, method: str, state: Any, counter: AllreduceCounter, np
     if own_ns:
         dev = rdv.get("interface")
         tx = {k: net1[k][1] - net0[k][1] for k in net1 if k in net0}
+        # The counters are the namespace's: where several ranks share one (a node of the
+        # emulated cluster with --ranks-per-node), only its lowest rank counts them.
+        spaces = comm.allgather(_netns_id())
+        if spaces.index(spaces[comm.Get_rank()]) != comm.Get_rank():
+            tx = {}
         out["interface"] = dev
         out["interface_tx_bytes"] = comm.allreduce(tx.get(dev, 0))
         out["loopback_tx_bytes"] = comm.allreduce(tx.get("lo", 0))
         out["wire_bytes"] = out["interface_tx_bytes"]
-        out["wire_bytes_source"] = f"tx counters of {dev}, summed over ranks"
+        out["wire_bytes_source"] = (f"tx counters of {dev}, summed over the "
+                                    f"{len(set(spaces))} network namespaces")
     else:
         out["wire_bytes"] = out["estimated_wire_bytes"]
         out["wire_bytes_source"] = "hooks' payload (ranks share a network namespace)"

@@ -1,12 +1,23 @@
 #!/usr/bin/env python3
 """Run an MPI command on an emulated bandwidth-limited cluster on one Linux machine (root).
 
-Each rank lives in its own network namespace with one NIC (``veth0``). Every NIC is joined
-by a veth pair to a Linux bridge that lives in a namespace of its own (the "switch"), and
-both directions of every link are shaped with ``tc ... tbf rate R``: a rank sends at most R
-and receives at most R, like a node with an R NIC on a non-blocking switch. Addresses
-(10.231.0.0/24) exist only inside the namespaces this script creates, so no traffic leaves
-them. MPICH talks TCP over the veth links (``MPIR_CVAR_NOLOCAL=1``, OFI tcp provider).
+Each node lives in its own network namespace with one NIC (``veth0``) and ``--ranks-per-node``
+ranks (default 1). Every NIC is joined by a veth pair to a Linux bridge that lives in a
+namespace of its own (the "switch"), and both directions of every link are shaped with
+``tc ... tbf rate R``: a node sends at most R and receives at most R, like a node with an
+R NIC on a non-blocking switch. Addresses (10.231.0.0/24) exist only inside the namespaces
+this script creates, so no traffic leaves them.
+
+``--ranks N`` (the default layout): N nodes of one rank each; MPICH talks TCP over the veth
+links (``MPIR_CVAR_NOLOCAL=1``, OFI tcp provider). ``--nodes K --ranks-per-node R``: K nodes
+of R ranks. MPICH is told about K hosts (``-hosts n0:R,n1:R,...`` with the ``fork``
+launcher: one local process manager proxy per host), so its shared-memory domains
+(``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``, ccoll's default node grouping) are the K
+nodes: the R ranks of a node talk through shared memory, ranks on different nodes over
+TCP through their node's shaped NIC. The proxies stay in this script's namespace and start
+each node's ranks in the node's namespace (``ip netns exec``); the host names are labels
+for MPICH only, and every rank still reports this machine's host name (ccoll divides the
+machine's cores among all its ranks).
 
 Everything created is removed afterwards, also when the command fails, times out, or the
 launcher gets SIGINT/SIGTERM/SIGHUP. Names carry a per-run prefix ``ccoll-<pid>-<hex>``;
@@ -16,6 +27,8 @@ Examples::
 
     sudo .venv/bin/python jobs/emulated_cluster.py --ranks 2 --rate 1gbit -- \\
         ccoll bench allreduce -b 4 -e 64M
+    sudo .venv/bin/python jobs/emulated_cluster.py --nodes 2 --ranks-per-node 2 --rate 10gbit -- \\
+        ccoll bench allreduce -b 64M -e 64M
     sudo .venv/bin/python jobs/emulated_cluster.py --ranks 4 --rate 10gbit -- \\
         .venv/bin/python -m mpi4py my_script.py
 
@@ -104,21 +117,27 @@ def cleanup_stale(verbose: bool = True) -> list[str]:
 
 
 class Cluster:
-    """K namespaces joined through a shaped bridge; a context manager that always cleans up."""
+    """K node namespaces joined through a shaped bridge, R ranks in each; a context manager
+    that always cleans up."""
 
     def __init__(
         self,
-        ranks: int,
+        nodes: int,
         rate_bps: float,
         *,
+        ranks_per_node: int = 1,
         burst_bytes: int | None = None,
         queue_latency_ms: float = 50.0,
         mtu: int = 1500,
         verbose: bool = False,
     ) -> None:
-        if not 1 <= ranks <= 64:
-            raise ValueError(f"ranks must be 1..64, got {ranks}")
-        self.ranks = ranks
+        if not 1 <= nodes <= 64:
+            raise ValueError(f"nodes must be 1..64, got {nodes}")
+        if not 1 <= ranks_per_node <= 64:
+            raise ValueError(f"ranks_per_node must be 1..64, got {ranks_per_node}")
+        self.nodes = nodes
+        self.ranks_per_node = ranks_per_node
+        self.ranks = nodes * ranks_per_node
         self.rate_bps = rate_bps
         # The bucket must hold a whole 64 KiB GSO segment plus headers (with 32 KiB a
         # 1 Gbit/s link carried 0.35 Gbit/s) and enough for the shaper to keep its rate on a
@@ -130,12 +149,17 @@ class Cluster:
         self.verbose = verbose
         self.tag = f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
         self.bridge_ns = f"{self.tag}-sw"
-        self.rank_ns = [f"{self.tag}-r{i}" for i in range(ranks)]
+        self.node_ns = [f"{self.tag}-n{i}" for i in range(nodes)]
         self.created: list[str] = []
 
-    def address(self, rank: int) -> str:
-        """IPv4 address of a rank's NIC."""
-        return f"{SUBNET}.{rank + 1}"
+    @property
+    def rank_ns(self) -> list[str]:
+        """The namespace of every rank, in rank order (a node's ranks are consecutive)."""
+        return [ns for ns in self.node_ns for _ in range(self.ranks_per_node)]
+
+    def address(self, node: int) -> str:
+        """IPv4 address of a node's NIC."""
+        return f"{SUBNET}.{node + 1}"
 
     def _ns(self, ns: str, *cmd: str) -> None:
         if self.verbose:
@@ -151,13 +175,13 @@ class Cluster:
 
     def create(self) -> None:
         """Make the namespaces, links, addresses and shaping."""
-        for ns in [self.bridge_ns, *self.rank_ns]:
+        for ns in [self.bridge_ns, *self.node_ns]:
             _run(["ip", "netns", "add", ns])
             self.created.append(ns)
             self._ns(ns, "ip", "link", "set", "lo", "up")
         self._ns(self.bridge_ns, "ip", "link", "add", "br0", "type", "bridge")
         self._ns(self.bridge_ns, "ip", "link", "set", "br0", "up")
-        for i, ns in enumerate(self.rank_ns):
+        for i, ns in enumerate(self.node_ns):
             port = f"p{i}"
             # Both ends are created directly inside their namespaces: nothing ever appears
             # in the namespace this script runs in.
@@ -169,8 +193,8 @@ class Cluster:
             self._ns(self.bridge_ns, "ip", "link", "set", port, "up")
             self._ns(ns, "ip", "addr", "add", f"{self.address(i)}/24", "dev", RANK_DEV)
             self._ns(ns, "ip", "link", "set", RANK_DEV, "up")
-            self._shape(ns, RANK_DEV)  # rank -> switch
-            self._shape(self.bridge_ns, port)  # switch -> rank
+            self._shape(ns, RANK_DEV)  # node -> switch
+            self._shape(self.bridge_ns, port)  # switch -> node
 
     def destroy(self) -> None:
         """Delete every namespace created (their veth pairs go with them)."""
@@ -207,9 +231,10 @@ def rank_command(command: Sequence[str], python: str) -> list[str]:
 def default_threads(ranks: int, pin: bool, cpus: Sequence[int]) -> int | None:
     """OpenMP threads per rank when ``--threads`` is not given (``None``: nothing to set).
 
-    ccoll's kernels need nothing: ccoll groups ranks by host name, not by MPI's
-    shared-memory node (every rank is one under ``MPIR_CVAR_NOLOCAL``), so its default
-    already divides this machine's cores among the ranks. OpenMP (torch's intra-op pool)
+    ccoll's kernels need nothing: ccoll shares cores among the ranks of a host name, not of
+    MPI's shared-memory node (every rank is one under ``MPIR_CVAR_NOLOCAL``, R ranks with
+    ``--ranks-per-node R``), so its default already divides this machine's cores among all
+    the ranks. OpenMP (torch's intra-op pool)
     would give each unpinned rank every core: it gets the cores divided among the ranks.
     Pinned ranks need nothing: each may run on its own cores only.
     """
@@ -221,7 +246,11 @@ def default_threads(ranks: int, pin: bool, cpus: Sequence[int]) -> int | None:
 def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python: str,
                  extra_env: dict[str, str] | None = None, threads: int | None = None,
                  pin: bool = False, omp_threads: int | None = None) -> list[str]:
-    """An MPICH ``mpiexec`` MPMD line that starts one rank in each namespace.
+    """An MPICH ``mpiexec`` MPMD line that starts each rank in its node's namespace.
+
+    One node per rank: ``MPIR_CVAR_NOLOCAL`` keeps MPICH off shared memory. Several ranks
+    per node: ``-launcher fork -hosts node0:R,node1:R,...`` makes MPICH see the nodes as
+    hosts (rank ``i`` on node ``i // R``), so its shared-memory domains are the nodes.
 
     ``threads`` sets each rank's compute threads (``CCOLL_THREADS`` for ccoll's kernels,
     ``OMP_NUM_THREADS``), ``omp_threads`` only ``OMP_NUM_THREADS``; ``pin`` binds rank ``i``
@@ -229,7 +258,7 @@ def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python:
     so that ranks behave like separate nodes instead of migrating over each other's cores.
     """
     env = {
-        "MPIR_CVAR_NOLOCAL": "1",
+        **({"MPIR_CVAR_NOLOCAL": "1"} if cluster.ranks_per_node == 1 else {}),
         "MPIR_CVAR_CH4_NETMOD": "ofi",
         "FI_PROVIDER": "tcp",
         "FI_TCP_IFACE": RANK_DEV,
@@ -243,6 +272,11 @@ def mpmd_command(cluster: Cluster, command: Sequence[str], mpiexec: str, python:
     prog = rank_command(command, python)
     cpus = sorted(os.sched_getaffinity(0))
     line: list[str] = [mpiexec]
+    if cluster.ranks_per_node > 1:
+        # Hydra fills each host's slots in rank order and starts one proxy per host; with
+        # the fork launcher they all run here, and no host name needs to resolve.
+        line += ["-launcher", "fork", "-hosts", ",".join(
+            f"node{k}:{cluster.ranks_per_node}" for k in range(cluster.nodes))]
     for i, ns in enumerate(cluster.rank_ns):
         if i:
             line.append(":")
@@ -292,7 +326,8 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
 def run_on_cluster(args: argparse.Namespace) -> int:
     """Create the cluster, run the command in it, clean up; return the command's exit code."""
     cluster = Cluster(
-        args.ranks, args.rate, burst_bytes=args.burst, queue_latency_ms=args.queue_latency,
+        args.nodes, args.rate, ranks_per_node=args.ranks_per_node, burst_bytes=args.burst,
+        queue_latency_ms=args.queue_latency,
         mtu=args.mtu, verbose=args.verbose,
     )
 
@@ -305,8 +340,9 @@ def run_on_cluster(args: argparse.Namespace) -> int:
         with cluster:
             try:
                 print(
-                    f"emulated cluster {cluster.tag}: {args.ranks} ranks, "
-                    f"{args.rate / 1e9:g} Gbit/s per direction per rank "
+                    f"emulated cluster {cluster.tag}: {cluster.nodes} nodes x "
+                    f"{cluster.ranks_per_node} ranks, "
+                    f"{args.rate / 1e9:g} Gbit/s per direction per node "
                     f"(tbf burst {cluster.burst} B)",
                     file=sys.stderr, flush=True,
                 )
@@ -345,9 +381,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--ranks", type=int, default=2, help="ranks = namespaces (default 2)")
+    p.add_argument("--ranks", type=int, default=None,
+                   help="N nodes of one rank each (default 2); not with --nodes")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="nodes = namespaces, each with one shaped NIC (with --ranks-per-node)")
+    p.add_argument("--ranks-per-node", type=int, default=1,
+                   help="ranks in each node, talking through shared memory; MPI sees the "
+                   "nodes as hosts (default 1)")
     p.add_argument("--rate", type=parse_rate, default=parse_rate("1gbit"),
-                   help="link rate per direction per rank, e.g. 1gbit, 10Gbit, 1.25GB/s "
+                   help="link rate per direction per node, e.g. 1gbit, 10Gbit, 1.25GB/s "
                    "(default 1gbit)")
     p.add_argument("--burst", type=int, default=None,
                    help="tbf burst in bytes (default 1 ms of traffic, at least 100 KB)")
@@ -393,9 +435,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         print("no command given (put it after --)", file=sys.stderr)
         return 2
-    if not 1 <= args.ranks <= 64:
-        print(f"--ranks must be 1..64, got {args.ranks}", file=sys.stderr)
+    if args.ranks is not None and (args.nodes is not None or args.ranks_per_node != 1):
+        print("--ranks N is N nodes of one rank: give either --ranks, or --nodes with "
+              "--ranks-per-node", file=sys.stderr)
         return 2
+    args.nodes = args.nodes if args.nodes is not None else (args.ranks or 2)
+    for opt, v in (("--ranks" if args.ranks is not None else "--nodes", args.nodes),
+                   ("--ranks-per-node", args.ranks_per_node)):
+        if not 1 <= v <= 64:
+            print(f"{opt} must be 1..64, got {v}", file=sys.stderr)
+            return 2
+    args.ranks = args.nodes * args.ranks_per_node
     args.mpiexec = args.mpiexec or _default_mpiexec()
     args.omp_threads = None
     if args.threads is None:

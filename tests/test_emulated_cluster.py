@@ -67,6 +67,50 @@ if c.rank == 0:
 """
 
 
+# A rank program for 2 nodes x 2 ranks: MPI's shared-memory domains and ccoll's grouping are
+# the 2 nodes, a hierarchical compressed allreduce is within its bound and the same on every
+# rank, and only inter-node bytes cross the node's shaped NIC.
+NODES_PROG = r"""
+import hashlib, json, os
+import numpy as np
+from mpi4py import MPI
+import ccoll
+def tx(dev="veth0"):
+    with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
+        return int(f.read())
+c = MPI.COMM_WORLD
+shm = c.Split_type(MPI.COMM_TYPE_SHARED, key=c.rank)
+ns = os.readlink("/proc/self/ns/net")
+same_ns = c.allgather(ns)
+# Intra-node traffic: 4 MiB from local rank 0 to local rank 1 of each node.
+a = np.ones(4 << 20, np.uint8); b = np.empty_like(a)
+c.Barrier(); t0 = tx() + tx("lo")
+if shm.rank == 0:
+    shm.Send(a, 1)
+else:
+    shm.Recv(b, 0)
+shm.Barrier(); intra = tx() + tx("lo") - t0
+cc = ccoll.Communicator(c)
+g = cc.grouping
+x = np.random.default_rng(c.rank).standard_normal(1 << 20).astype(np.float32)
+exact = np.zeros(x.size, np.float64)
+c.Allreduce(x.astype(np.float64), exact)
+eb = 1e-3
+c.Barrier(); t0 = tx()
+y = cc.allreduce(x, ccoll.ABS(eb), op="sum", policy="compress")
+c.Barrier(); inter = tx() - t0
+r = cc.last_call
+# The bound, plus one rounding of the two-level result to float32 (half a spacing).
+err = float(np.max(np.abs(y.astype(np.float64) - exact) - 0.5 * np.spacing(np.abs(y))))
+digests = c.allgather(hashlib.sha256(y.tobytes()).hexdigest())
+print("RANK " + json.dumps({
+    "rank": c.rank, "shm": shm.size, "ns": same_ns.index(ns), "grouping": [g.nodes,
+    g.ranks_per_node, g.node, g.local], "report": [r.hierarchical, r.nodes, r.ranks_per_node],
+    "err": err / eb, "same": len(set(digests)) == 1, "intra": intra, "inter": inter,
+    "sent": r.bytes_sent}), flush=True)
+"""
+
+
 def _ns_with(prefix: str) -> list[str]:
     return [ns for ns in ec.list_namespaces() if ns.startswith(prefix)]
 
@@ -99,6 +143,34 @@ def test_mpmd_line_puts_each_rank_in_its_namespace() -> None:
         assert line[i - 3 : i] == ["ip", "netns", "exec"]
         assert line[i + 1 : i + 6] == ["py", "-m", "mpi4py", "-m", "ccoll.cli"]
     assert line.count("FI_TCP_IFACE") == 3 and line.count("MPIR_CVAR_NOLOCAL") == 3
+
+
+def test_nodes_line_makes_mpich_see_hosts() -> None:
+    # 2 nodes x 2 ranks: MPICH is told about 2 hosts of 2 slots (its shared-memory domains),
+    # ranks 0-1 start in node 0's namespace, 2-3 in node 1's, and shared memory stays on.
+    cl = ec.Cluster(2, 1e9, ranks_per_node=2)
+    assert cl.ranks == 4 and len(cl.node_ns) == 2
+    assert cl.rank_ns == [cl.node_ns[0]] * 2 + [cl.node_ns[1]] * 2
+    line = ec.mpmd_command(cl, ["python", "x.py"], "mpiexec", "py")
+    assert line[1:5] == ["-launcher", "fork", "-hosts", "node0:2,node1:2"]
+    assert line.count(":") == 3 and "MPIR_CVAR_NOLOCAL" not in line
+    execs = [line[i + 3] for i, w in enumerate(line) if w == "ip"]
+    assert execs == cl.rank_ns
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--ranks", "2", "--nodes", "2"], "either --ranks"),
+    (["--ranks", "2", "--ranks-per-node", "2"], "either --ranks"),
+    (["--nodes", "0", "--ranks-per-node", "2"], "--nodes must be 1..64, got 0"),
+    (["--nodes", "2", "--ranks-per-node", "0"], "--ranks-per-node must be 1..64, got 0"),
+])
+def test_bad_layouts_are_refused(argv: list[str], match: str,
+                                 capsys: pytest.CaptureFixture[str],
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ec.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(ec, "run_on_cluster", lambda args: pytest.fail("must not run"))
+    assert ec.main([*argv, "--", "true"]) == 2
+    assert match in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -225,3 +297,42 @@ def test_bench_and_probe_across_the_cluster(tmp_path: Path) -> None:
     for a in ("homomorphic", "dar", "auto"):
         assert rows[a]["err_over_eb"] <= 1.0
     assert rows["homomorphic"]["ratio"] > 2
+
+
+@needs_root
+def test_two_nodes_of_two_ranks(tmp_path: Path) -> None:
+    prog = tmp_path / "prog.py"
+    prog.write_text(NODES_PROG)
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), "--nodes", "2", "--ranks-per-node", "2", "--rate",
+         "1gbit", "--settle", "1", "--timeout", "100", "--", sys.executable, "-m", "mpi4py",
+         str(prog)],
+        capture_output=True, text=True, timeout=150, env=env, cwd=REPO,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {}
+    for ln in p.stdout.splitlines():
+        if ln.startswith("RANK "):
+            row = json.loads(ln[5:])
+            rows[row["rank"]] = row
+    assert sorted(rows) == [0, 1, 2, 3], p.stdout[-3000:]
+    for rank, r in rows.items():
+        assert r["shm"] == 2, r  # MPI sees nodes of 2 ranks
+        assert r["ns"] == 2 * (rank // 2), r  # ranks 0-1 in node 0's namespace, 2-3 in 1's
+        assert r["grouping"] == [2, 2, rank // 2, rank % 2], r
+        assert r["report"] == [True, 2, 2], r
+        assert r["err"] <= 1.0, r
+        assert r["same"], r
+        # Shared memory inside a node: neither its NIC nor its loopback (TCP to its own
+        # address) carries the 4 MiB.
+        assert r["intra"] < 64 << 10, r
+        # The allreduce: the compressed inter-node rings cross the node's NIC (1M values at
+        # 1e-3 are far more than 100 KB, a raw exchange of the node's two 2 MiB shares would
+        # be 4 MiB), the exact intra-node reduction does not (it is most of what the node's
+        # ranks sent).
+        node_sent = sum(rows[q]["sent"] for q in rows if q // 2 == rank // 2)
+        assert 100_000 < r["inter"] < min(4 << 20, node_sent // 2), r
+    tag = p.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
+    assert _ns_with(tag) == [], "namespaces left behind"

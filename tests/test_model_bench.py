@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ccoll import bench
+from ccoll.errors import InputError
 
 REPO = Path(__file__).resolve().parent.parent
 MPIEXEC = REPO / ".venv" / "bin" / "mpiexec"
@@ -117,7 +118,9 @@ def test_sweep_in_two_levels(tmp_path: Path) -> None:
     assert (meta["ranks"], meta["nodes"], meta["ranks_per_node"], meta["grouping"],
             meta["hierarchical"]) == (4, 2, 2, "ranks_per_node=2", True)
     assert "# nodes: 2 x 2 ranks (ranks_per_node=2); allreduce in two levels" in p.stdout
+    assert p.stdout.count("# nodes:") == 1
     rows = {r["algorithm"]: r for r in doc["rows"]}
+    assert sorted(rows) == ["homomorphic", "mpi"]  # one grouping: plain row names
     assert rows["homomorphic"]["err_over_eb"] <= 1.0
     # Predicted in two levels; the floors are the flat ring's, so none are given.
     assert rows["mpi"]["model_us"] > 0 and rows["homomorphic"]["model_us"] > 0
@@ -125,10 +128,63 @@ def test_sweep_in_two_levels(tmp_path: Path) -> None:
 
 
 def test_ranks_per_node_must_be_positive() -> None:
-    from ccoll.errors import InputError
-
     ap = argparse.ArgumentParser()
     bench.add_parser(ap.add_subparsers())
     args = ap.parse_args(["bench", "allreduce", "--ranks-per-node", "0"])
     with pytest.raises(InputError, match="--ranks-per-node must be >= 1, got 0"):
         bench.run_bench(args)
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("shm", [None]), ("1,shm", [1, None]), ("2", [2]), (" 1 , 2 ", [1, 2]),
+])
+def test_parse_ranks_per_node(text: str, want: list[int | None]) -> None:
+    assert bench.parse_ranks_per_node(text) == want
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("0", "must be >= 1, got 0"), ("1,-2", "must be >= 1, got -2"),
+    ("two", "'two' is neither 'shm' nor a positive int"),
+    ("1,,2", "'' is neither"), ("2,2", "each grouping once"),
+])
+def test_parse_ranks_per_node_rejects(text: str, match: str) -> None:
+    with pytest.raises(InputError, match=match):
+        bench.parse_ranks_per_node(text)
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_sweep_per_node_grouping(tmp_path: Path) -> None:
+    # 4 ranks: the flat ring (rpn=1) and the two-level one (2 nodes of 2) side by side.
+    out = tmp_path / "b.json"
+    cmd = [str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           "allreduce", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--algorithms",
+           "mpi,homomorphic", "--ranks-per-node", "1,2", "--json", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "CCOLL_THREADS"}
+    env["CCOLL_CACHE_DIR"] = str(tmp_path / "cache")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    rows = {r["algorithm"]: r for r in doc["rows"]}
+    assert sorted(rows) == ["homomorphic/rpn=1", "homomorphic/rpn=2", "mpi"]
+    meta = doc["meta"]
+    g = meta["groupings"]
+    assert "nodes=4, ranks_per_node=1" in g["homomorphic/rpn=1"]
+    assert "nodes=2, ranks_per_node=2" in g["homomorphic/rpn=2"]
+    # The top-level fields are the first grouping's; rank 0 prints every grouping's line.
+    assert (meta["nodes"], meta["ranks_per_node"], meta["grouping"], meta["hierarchical"]) == (
+        4, 1, "ranks_per_node=1", False)
+    assert "# nodes: 4 x 1 ranks (ranks_per_node=1); allreduce flat" in p.stdout
+    assert "# nodes: 2 x 2 ranks (ranks_per_node=2); allreduce in two levels" in p.stdout
+    for a in ("homomorphic/rpn=1", "homomorphic/rpn=2"):
+        assert rows[a]["err_over_eb"] <= 1.0, rows[a]
+    # (The two-level row's bytes include the exact intra-node ones: no wire ratio there.)
+    assert rows["homomorphic/rpn=1"]["ratio"] > 2
+    # Each row is predicted as it ran: flat with its floor, in two levels without one
+    # (the floors are the flat ring's); MPI like the first grouping (flat).
+    assert rows["homomorphic/rpn=1"]["model_us"] > 0
+    assert rows["homomorphic/rpn=1"]["floor_us"] > 0
+    assert rows["homomorphic/rpn=2"]["model_us"] > 0
+    assert rows["homomorphic/rpn=2"]["floor_us"] is None
+    assert rows["mpi"]["model_us"] > 0 and rows["mpi"]["floor_us"] > 0
+    assert rows["homomorphic/rpn=1"]["model_us"] != rows["homomorphic/rpn=2"]["model_us"]
+    assert "homomorphic/rpn=2" in p.stdout

@@ -105,3 +105,19 @@ def test_powersgd_with_several_buckets(tmp_path_factory: pytest.TempPathFactory)
     assert log["powersgd_buckets"] > 2
     assert all(math.isfinite(v) for v in log["loss"])
     assert log["params_identical_on_all_ranks"] is True
+
+
+def test_shared_namespace_counters_count_once() -> None:
+    # Ranks that share a network namespace (here all: plain mpiexec; on the emulated cluster
+    # the ranks of one node) read the same interface counters: they count once, not per rank.
+    ex = _example()
+    comm = MPI.COMM_WORLD
+    r = comm.Get_rank()
+    net0 = {"eth9": (0, 0), "lo": (0, 0)}
+    net1 = {"eth9": (0, 1000 + r), "lo": (0, 7)}
+    out = ex.wire_bytes(comm, "none", None, None, 1, 1, net0, net1,
+                        {"how": "route", "interface": "eth9"})
+    assert out["interface_tx_bytes"] == 1000  # rank 0's reading alone
+    assert out["loopback_tx_bytes"] == 7
+    assert out["wire_bytes"] == 1000
+    assert out["wire_bytes_source"] == "tx counters of eth9, summed over the 1 network namespaces"
