@@ -262,8 +262,12 @@ def test_agreement_error_report_honours_the_timeout(tmp_path):
         w = comm.Dup()  # the abandoned exchange stays off COMM_WORLD (Barrier below)
         if comm.rank == 3:
             agreement._raise = lambda *args: None
-            # and it takes part in nothing after the agreement (the threads' exchange)
+            # and it takes part in nothing after the agreement (the threads' exchange, the
+            # node grouping)
             communicator.node_threads = lambda *args: (1, "stand-in")
+            from ccoll.collectives.node import grouping_of
+            communicator.node_comms = lambda c, r, d: (grouping_of(c.Get_size(), c.Get_rank(),
+                                                                   1), None, None)
         t0 = time.monotonic()
         try:
             c = ccoll.Communicator(w, chunk_elems=1000 + (comm.rank == 3), timeout=2.0)

@@ -142,6 +142,10 @@ def node_comms(
     size, rank = comm.Get_size(), comm.Get_rank()
     shm = None
     if ranks_per_node is None:
+        # MPI_Comm_split_type blocks until every rank calls it: first make sure every
+        # rank is here, under the deadline, so that a rank that failed or went elsewhere
+        # makes the others raise instead of waiting forever.
+        wait_all([comm.Ibarrier()], deadline, "grouping the ranks into nodes")
         shm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         lead = MPI.Group.Translate_ranks(shm.Get_group(), [0], comm.Get_group())[0]
         leaders = np.empty(size, np.int64)
