@@ -25,6 +25,25 @@ def exact_sum(comm, x: np.ndarray) -> ExactSum:
     return ExactSum(np.stack(xs))
 
 
+def allreduce_reference(comm, x: np.ndarray, op: str):
+    """The exact result of ``allreduce(x, op=op)``: the exact sum, over N for ``"avg"``."""
+    ref = exact_sum(comm, x)
+    return ref / comm.size if op == "avg" else ref
+
+
+def roundings(c: ccoll.Communicator, op: str) -> int:
+    """Half spacings of the dtype a compressed allreduce on ``c`` may add to its bound.
+
+    Two levels round once to the dtype, sum and average alike (the average divides in
+    float64 first). Flat: a sum and a requantized (split) result once; a split-free
+    average three (the sum's rounding over N and the quotient's).
+    """
+    if c.grouping.hierarchical:
+        return 1
+    split = c.split_share(c.size, "homomorphic", False) > 0
+    return 1 if op == "sum" or split or c.size == 1 else 3
+
+
 def global_eb(comm, x: np.ndarray, eb) -> Fraction:
     """The absolute bound the collective must meet, exactly: ABS's value, or REL's value
     times the range of every rank's finite values (computed here, not by ccoll)."""

@@ -69,3 +69,29 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # type: igno
     terminalreporter.write_line(
         f"rank {MPI.COMM_WORLD.Get_rank()} of {MPI.COMM_WORLD.Get_size()} finished"
     )
+
+
+@pytest.fixture
+def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """(thread name, numba's count) at every parallel launch of the CPU compressor."""
+    import threading
+    from contextlib import contextmanager
+
+    import numba
+
+    from ccoll.compressor.cpu import blocks
+    from ccoll.runtime import cpu_threads
+
+    seen: list[tuple[str, int]] = []
+    real = blocks.parallel_launch
+
+    @contextmanager
+    def spy():  # type: ignore[no-untyped-def]
+        with real():
+            seen.append((threading.current_thread().name, numba.get_num_threads()))
+            yield
+
+    monkeypatch.setattr(blocks, "parallel_launch", spy)
+    monkeypatch.setattr(cpu_threads, "_count", None)  # as in a fresh process
+    monkeypatch.delenv("CCOLL_THREADS", raising=False)
+    return seen

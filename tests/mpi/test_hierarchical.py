@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from collkit import exact_sum, global_eb, gradient_like, my_block
+from collkit import (
+    allreduce_reference,
+    exact_sum,
+    global_eb,
+    gradient_like,
+    my_block,
+    roundings,
+)
 from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
@@ -31,16 +38,6 @@ def _hierarchical(rpn: int | None) -> bool:
     return rpn is not None and rpn >= 2 and SIZE // rpn >= 2
 
 
-def _roundings(c: ccoll.Communicator, op: str) -> int:
-    # Two levels round once to the dtype, sum and average alike (the average divides in
-    # float64 first). Flat: a sum and a requantized result once; a split-free average
-    # three half spacings (the sum's rounding over N and the quotient's).
-    if c.grouping.hierarchical:
-        return 1
-    split = c.split_share(c.size, "homomorphic", False) > 0
-    return 1 if op == "sum" or split or c.size == 1 else 3
-
-
 @pytest.mark.parametrize("split", [None, 0.0, 0.5])
 @pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
@@ -53,10 +50,8 @@ def test_allreduce_within_bound_and_identical(comm, rpn, op, dtype, eb, split):
                             chunk_elems=2000) as c:
         y = c.allreduce(x, eb, op=op)
         rep = c.last_call
-        rnd = _roundings(c, op)
-    ref = exact_sum(comm, x)
-    if op == "avg":
-        ref = ref / comm.size
+        rnd = roundings(c, op)
+    ref = allreduce_reference(comm, x, op)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert_within(y, ref, global_eb(comm, x, eb), roundings=rnd)
     assert_same_on_every_rank(comm, y)
@@ -192,9 +187,7 @@ def test_float16_rounds_once_to_its_dtype(comm, op):
         y = c.allreduce(x, ccoll.REL(1e-3), op=op)
         hier = c.last_call.hierarchical
     assert y.dtype == np.float16 and hier == _hierarchical(RPNS[0])
-    ref = exact_sum(comm, x)
-    if op == "avg":
-        ref = ref / comm.size
+    ref = allreduce_reference(comm, x, op)
     k = 1 if op == "sum" or hier else 3
     f32 = k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
     assert_within(y, ref, global_eb(comm, x, ccoll.REL(1e-3)), roundings=1, extra=f32)

@@ -7,10 +7,6 @@ lane threads, with numba's count = min(the rank's share, the lane's grid_limit).
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
-import numba
 import numpy as np
 import pytest
 from collkit import exact_sum, global_eb, gradient_like, my_block
@@ -18,9 +14,7 @@ from kit import assert_same_on_every_rank, assert_within
 from test_threads import _expected
 
 import ccoll
-from ccoll.compressor.cpu import blocks
 from ccoll.gpu_sched import configure, default_scheduler
-from ccoll.runtime import cpu_threads
 
 EB = ccoll.REL(1e-3)
 
@@ -32,23 +26,6 @@ def _defaults(monkeypatch):
     configure()
     yield
     configure()
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """(thread name, numba's count) at every parallel launch of the CPU compressor."""
-    seen: list[tuple[str, int]] = []
-    real = blocks.parallel_launch
-
-    @contextmanager
-    def spy():
-        with real():
-            seen.append((threading.current_thread().name, numba.get_num_threads()))
-            yield
-
-    monkeypatch.setattr(blocks, "parallel_launch", spy)
-    monkeypatch.setattr(cpu_threads, "_count", None)  # as in a fresh process
-    return seen
 
 
 def _three(c: ccoll.Communicator, algorithm: str) -> tuple[np.ndarray, ...]:

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from collkit import exact_sum, global_eb, gradient_like, my_block
+from collkit import (
+    allreduce_reference,
+    exact_sum,
+    global_eb,
+    gradient_like,
+    my_block,
+    roundings,
+)
 from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
@@ -18,13 +25,6 @@ import ccoll
 from ccoll.errors import InputError, MismatchError
 
 SIZE = MPI.COMM_WORLD.Get_size()
-
-
-def _roundings(c: ccoll.Communicator, op: str) -> int:
-    # A requantized result, and a sum, are rounded once to the dtype; an average without a
-    # split three half spacings (the sum's rounding over N and the quotient's).
-    split = c.split_share(c.size, "homomorphic", False) > 0
-    return 1 if op == "sum" or split or c.size == 1 else 3
 
 
 @pytest.mark.parametrize("chunk", [None, 1000])
@@ -38,10 +38,8 @@ def test_split_within_bound_and_identical(comm, op, dtype, eb, split, chunk):
     x[100] = 1e30 if comm.rank == SIZE - 1 else x[100]  # a raw lane through the requantization
     with ccoll.Communicator(comm, policy="compress", split=split, chunk_elems=chunk) as c:
         y = c.allreduce(x, eb, op=op)
-        rnd = _roundings(c, op)
-    ref = exact_sum(comm, x)
-    if op == "avg":
-        ref = ref / comm.size
+        rnd = roundings(c, op)
+    ref = allreduce_reference(comm, x, op)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert_within(y, ref, global_eb(comm, x, eb), roundings=rnd)
     assert_same_on_every_rank(comm, y)

@@ -6,8 +6,6 @@ Run with 2-4 ranks on one machine (any count works; at one rank the share is the
 from __future__ import annotations
 
 import os
-import threading
-from contextlib import contextmanager
 from fractions import Fraction
 
 import numba
@@ -16,9 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import ccoll
-from ccoll.compressor.cpu import blocks
 from ccoll.errors import InputError
-from ccoll.runtime import cpu_threads
 
 
 def _expected(comm: MPI.Intracomm) -> int:
@@ -34,24 +30,6 @@ def _expected(comm: MPI.Intracomm) -> int:
         return pool
     share = sum(Fraction(1, sum(c in other for other in cpus)) for c in mine)
     return max(1, min(pool, int(share)))
-
-
-@pytest.fixture
-def launches(monkeypatch):
-    """(thread name, numba's count) at every parallel launch of the CPU compressor."""
-    seen: list[tuple[str, int]] = []
-    real = blocks.parallel_launch
-
-    @contextmanager
-    def spy():
-        with real():
-            seen.append((threading.current_thread().name, numba.get_num_threads()))
-            yield
-
-    monkeypatch.setattr(blocks, "parallel_launch", spy)
-    monkeypatch.setattr(cpu_threads, "_count", None)  # as in a fresh process
-    monkeypatch.delenv("CCOLL_THREADS", raising=False)
-    return seen
 
 
 def _run_calls(c: ccoll.Communicator) -> None:
