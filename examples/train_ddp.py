@@ -146,6 +146,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.target_accuracy = TARGETS[args.model]
     if args.steps < 1:
         ap.error("--steps must be >= 1")
+    if not args.bucket_cap_mb > 0:
+        ap.error(f"--bucket-cap-mb must be > 0 (MB per DDP bucket), got {args.bucket_cap_mb}")
     if args.powersgd_start_iter < 2:
         ap.error("--powersgd-start-iter must be >= 2 (PowerSGD's error feedback and warm "
                  "start need DDP's buckets rebuilt first)")
@@ -382,14 +384,16 @@ class PerBucketPowerSGD:
     count (PowerSGD counts an iteration at the last bucket, which only one state sees).
     """
 
-    def __init__(self, ddp: Any, rank: int, start_iter: int) -> None:
+    def __init__(self, ddp: Any, rank: int, start_iter: int, bucket_cap_mb: float) -> None:
         import torch.distributed as dist
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
         self._psgd = psgd
-        nbytes = sum(p.numel() * p.element_size() for p in ddp.parameters())
-        # DDP's buckets hold about 25 MiB each, plus its small first bucket.
-        count = max(8, nbytes // (25 << 20) + 4)
+        params = [p for p in ddp.parameters() if p.requires_grad]
+        nbytes = sum(p.numel() * p.element_size() for p in params)
+        # DDP fills buckets of bucket_cap_mb (plus a small first one) and never splits a
+        # parameter: at most one bucket per parameter.
+        count = min(len(params), int(nbytes / (bucket_cap_mb * 2**20)) + 4)
         self.groups = [dist.new_group(backend="gloo") for _ in range(count)]
         self.states = [
             psgd.PowerSGDState(process_group=g, matrix_approximation_rank=rank,
@@ -436,7 +440,8 @@ def register_method(ddp: Any, method: str, args: argparse.Namespace,
         # on the CPU all the same, and the timing wrapper registers it under another name.
         hook = default_hooks.bf16_compress_hook
     else:
-        state = PerBucketPowerSGD(ddp, args.powersgd_rank, args.powersgd_start_iter)
+        state = PerBucketPowerSGD(ddp, args.powersgd_rank, args.powersgd_start_iter,
+                                  args.bucket_cap_mb)
         hook = state.hook
     ddp.register_comm_hook(*timer.wrap(hook, state))
     return state
