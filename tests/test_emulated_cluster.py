@@ -103,11 +103,16 @@ r = cc.last_call
 # The bound, plus one rounding of the two-level result to float32 (half a spacing).
 err = float(np.max(np.abs(y.astype(np.float64) - exact) - 0.5 * np.spacing(np.abs(y))))
 digests = c.allgather(hashlib.sha256(y.tobytes()).hexdigest())
-print("RANK " + json.dumps({
+row = {
     "rank": c.rank, "shm": shm.size, "ns": same_ns.index(ns), "grouping": [g.nodes,
     g.ranks_per_node, g.node, g.local], "report": [r.hierarchical, r.nodes, r.ranks_per_node],
     "err": err / eb, "same": len(set(digests)) == 1, "intra": intra, "inter": inter,
-    "sent": r.bytes_sent}), flush=True)
+    "sent": r.bytes_sent}
+# One line from rank 0: ranks of one node share the launcher's stdout, and their lines can
+# interleave.
+rows = c.gather(row, root=0)
+if c.rank == 0:
+    print("ROWS " + json.dumps(rows), flush=True)
 """
 
 
@@ -314,9 +319,8 @@ def test_two_nodes_of_two_ranks(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     rows = {}
     for ln in p.stdout.splitlines():
-        if ln.startswith("RANK "):
-            row = json.loads(ln[5:])
-            rows[row["rank"]] = row
+        if ln.startswith("ROWS "):
+            rows = {row["rank"]: row for row in json.loads(ln[5:])}
     assert sorted(rows) == [0, 1, 2, 3], p.stdout[-3000:]
     for rank, r in rows.items():
         assert r["shm"] == 2, r  # MPI sees nodes of 2 ranks
