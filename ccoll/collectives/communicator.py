@@ -56,6 +56,7 @@ from ccoll.collectives.devices import (
 from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.node import Grouping, node_comms, node_threads, rpn_problem
+from ccoll.collectives.nodeshm import NodeShm, sum_slots
 from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.policy.feedback import FeedbackCall
 from ccoll.collectives.report import (
@@ -271,6 +272,10 @@ class Communicator:
         # allreduce calls, when the grouping is hierarchical.
         self._node: Channel | None = None
         self._inter: Channel | None = None
+        # The node's shared memory of the two-level allreduce (made at its first call).
+        self._shm: NodeShm | None = None
+        self._shm_failed = False
+        self._hier_bufs: np.ndarray | None = None
         if node_comm is not None and inter_comm is not None:
             self._node = Channel(node_comm, "node", self.timeout)
             self._inter = Channel(inter_comm, "inter", self.timeout)
@@ -344,6 +349,8 @@ class Communicator:
         """
         self._finalizer()
         self._async = None
+        self._shm = None  # unmapped when the last view goes
+        self._hier_bufs = None
 
     free = close  # the older name
 
@@ -690,11 +697,22 @@ class Communicator:
             # Two levels: a compressed allreduce of host data on a hierarchical grouping.
             hier = (mode == "compress" and collective == "allreduce" and dev is None
                     and self._hier_channel(ch))
+            paths = hier  # both the flat ring and two levels could run this call
+            chunk_auto = auto
+            if hier and auto is not None and sticky_key is not None:
+                # policy="auto": the model's path until both are measured, then the faster
+                # (agreed times only: the same on every rank).
+                model_two = auto.last is not None and auto.last.two_level
+                hier, path_why = auto.feedback.path(sticky_key, model_two)
+                if path_why:
+                    why = f"{why}; {path_why}" if why else path_why
+                if hier != model_two:  # the model's chunk was for the other path
+                    chunk_auto = None
             if hier:  # the inter-node ring's share and ranks
-                chunk = self._chunk(ch, auto, mode, -(-size // g.ranks_per_node), dtype,
+                chunk = self._chunk(ch, chunk_auto, mode, -(-size // g.ranks_per_node), dtype,
                                     g.nodes)
             else:
-                chunk = self._chunk(ch, auto, mode, size, dtype, n_ranks)
+                chunk = self._chunk(ch, chunk_auto, mode, size, dtype, n_ranks)
             if start is not None:
                 flat = start.flat
                 place: HostPlace = HOST
@@ -726,7 +744,7 @@ class Communicator:
                 if auto is not None and sticky_key is not None and not why.startswith(
                         "known raw"):
                     fb_call = FeedbackCall(sticky_key, compressed, auto.calibrations == n_cal,
-                                           t_raw)
+                                           t_raw, hier if paths else None)
                 feedback = (pol.feedback, agreed.elapsed, fb_call)
             return _Prepared(
                 x, shape, dtype, flat, eb_abs, mode, algorithm, op == "avg", deadline, chunk,
@@ -824,25 +842,52 @@ class Communicator:
     def _hier_allreduce(self, ch: Channel, p: _Prepared, yflat: np.ndarray) -> None:
         """Two-level compressed allreduce of host data into ``yflat`` (docs/collectives.md).
 
-        (1) ``MPI_Reduce_scatter`` on the node in float64: local rank ``l`` gets the node's
-        sum of share ``l`` (``numpy.array_split(x, R)[l]``); (2) the compressed ring of the
-        ranks with local rank ``l`` on all nodes reduces those node sums (op="sum" with the
-        bound of the whole result: ``N eb`` for an average, divided by ``N`` once);
-        (3) ``MPI_Allgatherv`` on the node gives every rank all shares, the same bytes.
+        (1) Local rank ``l`` gets the node's float64 sum of share ``l``
+        (``numpy.array_split(x, R)[l]``): through the node's shared memory
+        (:mod:`~ccoll.collectives.nodeshm`: every rank writes its input, one node barrier,
+        each rank adds its share of the ``R`` inputs in local rank order), else
+        ``MPI_Reduce_scatter`` of float64 copies; (2) the compressed ring of the ranks with
+        local rank ``l`` on all nodes reduces those node sums (op="sum" with the bound of
+        the whole result: ``N eb`` for an average, divided by ``N`` once); (3) every rank
+        gets all shares, the same bytes: the owners write them into the shared result, a
+        barrier, every rank copies it out (else ``MPI_Allgatherv``).
         """
         node, inter = self._node, self._inter
         assert node is not None and inter is not None
+        if p.flat.size == 0:  # agreed: every rank skips
+            return
         g = self.grouping
         n_ranks, r = ch.comm.Get_size(), g.ranks_per_node
         bounds = block_bounds(p.flat.size, r)
         counts = [b - a for a, b in bounds]
         lo, hi = bounds[g.local]
         sent = node.stats.bytes_sent + inter.stats.bytes_sent
-        wide = p.flat.astype(np.float64)  # the node sums in float64: one rounding at the end
-        share = np.empty(hi - lo, np.float64)
-        exact.reduce_scatter(node, wide, counts, share, p.deadline)
-        del wide
-        reduced = np.empty(hi - lo, np.float64)
+        rec = _trace.ACTIVE
+        t0 = rec.clock() if rec is not None else 0.0
+        shm = self._node_memory(node, p.flat.size, p.dtype, p.deadline)
+        # The float64 share and its reduced copy, reused across calls: fresh 100 MB arrays
+        # would page-fault on every call (measured: as long as the node phases themselves).
+        k = hi - lo
+        if self._hier_bufs is None or self._hier_bufs.size < 2 * k:
+            self._hier_bufs = None
+            self._hier_bufs = np.empty(2 * k, np.float64)
+        share, reduced = self._hier_bufs[:k], self._hier_bufs[k:2 * k]
+        if shm is not None:
+            slots = shm.slots
+            mine = slots[g.local]
+            for m, (a, b) in enumerate(bounds):  # the other ranks read only their shares
+                if m != g.local:
+                    mine[a:b] = p.flat[a:b]
+            wait_all([node.comm.Ibarrier()], p.deadline, "node barrier (inputs written)",
+                     poll=True)
+            sum_slots(p.flat, slots[:r], g.local, lo, share)
+        else:
+            wide = p.flat.astype(np.float64)  # the node sums in float64: one rounding at the end
+            exact.reduce_scatter(node, wide, counts, share, p.deadline)
+            del wide
+        if rec is not None:
+            t1 = rec.clock()
+            rec.span("node reduce", t0, t1, {"shared memory": shm is not None})
         if share.size:  # the same size on every node's rank l: all skip, or none
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 ring_ranks=g.nodes)
@@ -851,15 +896,45 @@ class Communicator:
                            deadline=p.deadline, requant=requant)
             if requant is None and p.avg:  # requant's owners divided before requantizing
                 np.divide(reduced, float(n_ranks), out=reduced)
-        mine = reduced.astype(p.dtype)  # the one rounding to the dtype, before sharing
-        displs = [a for a, _ in bounds]
-        if p.deadline.at is None:
-            node.comm.Allgatherv(mine, [yflat, (counts, displs)])
+        t2 = rec.clock() if rec is not None else 0.0
+        if shm is not None:
+            result = shm.slots[r]
+            # The one rounding to the dtype, before sharing. Only this rank touches
+            # [lo, hi) of the regions, and every rank copied the previous call's result
+            # out before it passed this call's first barrier.
+            result[lo:hi] = reduced
+            wait_all([node.comm.Ibarrier()], p.deadline, "node barrier (result written)",
+                     poll=True)
+            np.copyto(yflat, result[:p.flat.size])
         else:
-            req = node.comm.Iallgatherv(mine, [yflat, (counts, displs)])
-            wait_all([req], p.deadline, "MPI_Iallgatherv in the node")
-        node.stats.bytes_sent += (r - 1) * mine.nbytes
+            mine = reduced.astype(p.dtype)  # the one rounding to the dtype, before sharing
+            displs = [a for a, _ in bounds]
+            if p.deadline.at is None:
+                node.comm.Allgatherv(mine, [yflat, (counts, displs)])
+            else:
+                req = node.comm.Iallgatherv(mine, [yflat, (counts, displs)])
+                wait_all([req], p.deadline, "MPI_Iallgatherv in the node")
+            node.stats.bytes_sent += (r - 1) * mine.nbytes
+        if rec is not None:
+            rec.span("node share", t2, rec.clock(), {"shared memory": shm is not None})
         ch.stats.bytes_sent += node.stats.bytes_sent + inter.stats.bytes_sent - sent
+
+    def _node_memory(self, node: Channel, count: int, dtype: np.dtype,
+                     deadline: Deadline) -> NodeShm | None:
+        """Return the node's shared memory for ``count`` elements of ``dtype``, or ``None``.
+
+        Made at the first call that needs it (collective over the node: every rank of the
+        node gets the same answer from agreed arguments) and reused while calls fit; a
+        node where it could not be made uses MPI's collectives from then on.
+        """
+        shm = self._shm
+        if self._shm_failed or (shm is not None and shm.fits(count, dtype)):
+            return shm
+        self._shm = None  # drop the old mapping before making a larger one
+        shm = NodeShm.create(node.comm, count, dtype, deadline)
+        self._shm = shm
+        self._shm_failed = shm is None
+        return shm
 
     def ring_bounds(self, eb_abs: float, n_ranks: int, avg: bool, algorithm: str = "homomorphic",
                     device: bool = False, ring_ranks: int | None = None,

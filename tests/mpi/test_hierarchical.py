@@ -192,3 +192,106 @@ def test_float16_rounds_once_to_its_dtype(comm, op):
     f32 = k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
     assert_within(y, ref, global_eb(comm, x, ccoll.REL(1e-3)), roundings=1, extra=f32)
     assert_same_on_every_rank(comm, y)
+
+
+def test_node_phases_run_in_shared_memory(comm):
+    # Several calls of changing sizes and data through the node's shared memory: the
+    # memory is made once, reused by smaller calls, remade for a larger one. A missed
+    # barrier would let a rank read another's previous input or result: checked exactly.
+    rpn = RPNS[0]
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=rpn) as c:
+        made = []
+        for i, count in enumerate([20_000, 20_000, 5_001, 40_000, 3]):
+            x = gradient_like(comm.rank + 7 * i, count, np.float32)
+            y = c.allreduce(x, ccoll.ABS(1e-3))
+            assert_within(y, exact_sum(comm, x), 1e-3, roundings=1)
+            assert_same_on_every_rank(comm, y)
+            made.append(None if c._shm is None else c._shm.count)
+    if _hierarchical(rpn):
+        assert made == [20_000, 20_000, 20_000, 40_000, 40_000]
+    else:
+        assert made == [None] * 5
+
+
+def test_a_rank_without_shared_memory_moves_its_node_to_mpi(comm, monkeypatch):
+    # CCOLL_NODE_SHM=0 on rank 1 only: its node learns it when the memory is set up and
+    # runs MPI's Reduce_scatter/Allgatherv; the other node keeps shared memory. Results
+    # are bound and the same bytes on every rank either way.
+    if comm.rank == 1:
+        monkeypatch.setenv("CCOLL_NODE_SHM", "0")
+    rpn = RPNS[0]
+    x = gradient_like(comm.rank, 30_001, np.float64)
+    with ccoll.Communicator(comm, policy="compress", ranks_per_node=rpn) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
+        hier = c.last_call.hierarchical
+        shm = c._shm is not None
+        node = c.grouping.node
+    assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, ccoll.REL(1e-3)),
+                  roundings=1 if hier else 3)
+    assert_same_on_every_rank(comm, y)
+    if hier:
+        assert shm == (node != 1 // rpn)
+
+
+@pytest.mark.skipif(not _hierarchical(RPNS[0]), reason="needs 2 nodes of 2+ ranks (4 ranks)")
+def test_a_rank_failing_before_the_node_barrier_times_out_everywhere(comm):
+    # The last rank fails after the agreement, before it writes its input: its node's
+    # other ranks wait at the node barrier, the other node's ranks in the ring between the
+    # nodes. Every rank raises (CollectiveError after the timeout) instead of hanging, and
+    # the Communicator refuses further calls.
+    x = gradient_like(comm.rank, 10_000, np.float32)
+    c = ccoll.Communicator(comm, policy="compress", ranks_per_node=RPNS[0], timeout=3.0)
+    try:
+        c.allreduce(x, ccoll.ABS(1e-3))  # sets up the node's memory on every rank
+        if comm.rank == SIZE - 1:
+            def broken(*args):
+                raise RuntimeError("this rank failed")
+            c._node_memory = broken
+            with pytest.raises(RuntimeError, match="this rank failed"):
+                c.allreduce(x, ccoll.ABS(1e-3))
+        else:
+            with pytest.raises(ccoll.CollectiveError, match="timeout") as info:
+                c.allreduce(x, ccoll.ABS(1e-3))
+            if c.grouping.node == (SIZE - 1) // RPNS[0]:
+                assert "node barrier" in str(info.value)
+        with pytest.raises(ccoll.CollectiveError, match="cannot be used"):
+            c.allreduce(x, ccoll.ABS(1e-3))
+    finally:
+        c.close()
+    comm.Barrier()
+
+
+def test_auto_falls_back_to_the_flat_ring_when_two_levels_measure_slower(comm, monkeypatch):
+    # The model (a slow link) compresses in two levels; the measured times say two levels
+    # take 10x the flat ring: after one call of each, auto runs the flat ring, on every rank.
+    for k, v in {**_MODEL_ENV, "CCOLL_BANDWIDTH": "100Mbit"}.items():
+        monkeypatch.setenv(k, v)
+    rpn = RPNS[0]
+    x = gradient_like(comm.rank, 1 << 16, np.float32)
+    paths = []
+    with ccoll.Communicator(comm, policy="auto", ranks_per_node=rpn) as c:
+        pol = c._auto_policy(c._sync)
+        # Both well under the model's raw time (about 30 ms here): compressing stays.
+        pol.feedback.measure = lambda compressed, s: (
+            0.010 if c.last_call.hierarchical else 0.001)
+        for _ in range(7):
+            y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
+            rep = c.last_call
+            paths.append("T" if rep.hierarchical else ("F" if rep.compressed else "R"))
+            assert_same_on_every_rank(comm, y)
+            assert_within(y, exact_sum(comm, x) / comm.size,
+                          global_eb(comm, x, ccoll.REL(1e-3)),
+                          roundings=1 if rep.hierarchical else 3)
+        reason = rep.reason
+    assert len(set(comm.allgather("".join(paths)))) == 1
+    if comm.size == 1:
+        return
+    if _hierarchical(rpn):
+        # The model's two levels first, one flat call when two levels were measured, then
+        # the flat ring for good once its time is in (each time is agreed two calls on).
+        got = "".join(paths)
+        assert got.startswith("TT") and got.endswith("FF") and "R" not in got, got
+        assert got.count("F") >= 3 and "T" not in got[got.index("F") + 2:], got
+        assert "flat ring: measured faster" in reason
+    else:
+        assert set(paths) == {"F"}
