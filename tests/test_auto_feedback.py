@@ -213,3 +213,72 @@ def test_describe_names_the_keys_readably():
     sim.run(3)
     got = sim.fb.describe()["allreduce homomorphic float32[4194304] REL(0.001)"]
     assert got["demoted"] and got["compressed_s"] == 2.0 and got["wait"] == 1  # 1 of 2 done
+
+
+class PathSim(Sim):
+    """A hierarchical grouping: compressed calls run two levels ("T") or the flat ring ("F").
+
+    ``clock(mode)`` with mode "T", "F" or "R" (raw); the model's path is ``model_two``.
+    """
+
+    def __init__(self, clock, model_two: bool = True, model_raw: float | None = 1.0) -> None:
+        super().__init__(clock, model_raw)
+        self.model_two = model_two
+
+    def call(self, *, measured: bool = True) -> str:
+        why = self.fb.raw_reason(self.key)
+        compressed = why is None
+        two = self.fb.path(self.key, self.model_two)[0] if compressed else None
+        mode = "R" if not compressed else ("T" if two else "F")
+        agreed = self.fb.outgoing()
+        self.fb.end_call(agreed, FeedbackCall(self.key, compressed, measured,
+                                              self.model_raw if compressed else None, two),
+                         self.clock(mode))
+        self.modes.append(mode)
+        return mode
+
+
+def test_two_levels_slower_than_the_flat_ring_falls_back_to_flat():
+    # The model picks two levels; it measures 0.75 s, the flat ring 0.2 s: after one
+    # measured call of each (times agreed two calls on), every call runs the flat ring.
+    sim = PathSim({"T": 0.75, "F": 0.2, "R": 0.8}.get)
+    assert sim.run(8) == "TTFT" + "FFFF"
+    two, why = sim.fb.path(KEY, True)
+    assert not two and "flat ring: measured faster" in why and "750 ms" in why
+    assert sim.fb.describe()[next(iter(sim.fb.describe()))]["flat_ring_s"] == 0.2
+
+
+def test_two_levels_faster_stays_two_levels():
+    sim = PathSim({"T": 0.1, "F": 0.2, "R": 0.8}.get)
+    assert sim.run(8) == "TTFT" + "TTTT"
+    assert sim.fb.path(KEY, False) == (True, "two levels: measured faster "
+                                              "(two levels 100 ms, flat ring 200 ms)")
+
+
+def test_the_model_choosing_flat_tries_two_levels_once():
+    sim = PathSim({"T": 0.1, "F": 0.2, "R": 0.8}.get, model_two=False)
+    assert sim.run(8) == "FFTF" + "TTTT"
+
+
+def test_both_paths_slower_than_raw_go_raw():
+    # Two levels lose to the model's raw prediction (1 s): raw, and the re-probe after the
+    # wait tries the flat ring, which loses too.
+    sim = PathSim({"T": 2.0, "F": 1.5, "R": 0.5}.get)
+    assert sim.run(19) == "TTRR" + "F" + "RRRR" + "F" + "R" * 8 + "F"
+    sim.run(2)
+    assert "measured raw faster" in sim.fb.raw_reason(KEY)
+
+
+def test_a_slow_exploration_keeps_the_better_compressed_time_against_raw():
+    # The flat ring's one exploratory call is slower than raw; two levels are faster than
+    # raw: the key is not demoted, and two levels stay.
+    sim = PathSim({"T": 0.3, "F": 1.5, "R": 0.8}.get)
+    assert sim.run(10) == "TTFT" + "T" * 6
+    assert sim.fb.raw_reason(KEY) is None
+
+
+def test_without_two_paths_nothing_changes():
+    # two_level None (one compressed path): path() answers the model's choice.
+    sim = Sim(lambda c: 0.2 if c else 1.0)
+    sim.run(5)
+    assert sim.fb.path(KEY, True) == (True, "") and sim.fb.path(KEY, False) == (False, "")

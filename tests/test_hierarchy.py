@@ -8,7 +8,7 @@ import pytest
 
 from ccoll.collectives import model
 from ccoll.collectives.node import grouping_of, grouping_of_leaders, rpn_problem
-from ccoll.collectives.policy.auto import choose
+from ccoll.collectives.policy.auto import best_path, choose
 
 
 def test_override_groups_consecutive_ranks():
@@ -75,3 +75,37 @@ def test_two_level_beats_flat_ring_on_a_shared_link():
     flat = model.predict(size, k * r, shared, 20.0)
     hier = model.predict(size, k * r, SLOW, 20.0, hier=(k, r))
     assert hier.homomorphic < flat.homomorphic
+
+
+def test_model_picks_the_flat_ring_when_the_node_phases_cost_more():
+    # Slow node phases (shared memory at 0.1 GB/s): the flat ring is predicted faster, so
+    # auto's decision is the flat ring's, with the flat ring's chunk of a block of count / N.
+    size, k, r = 64 << 20, 2, 2
+    count = size // 4
+    slow_node = replace(SLOW, shm=1e8)
+    flat = model.predict(size, k * r, slow_node, 20.0)
+    two = model.predict(size, k * r, slow_node, 20.0, hier=(k, r))
+    assert flat.homomorphic < two.homomorphic
+    d = choose(count, 4, k * r, slow_node, 20.0, 3.0, hier=(k, r))
+    assert d.compress and not d.two_level and d.prediction == flat
+    assert d.chunk_elems == -(-(-(-count // (k * r))) // flat.chunks)
+    assert "two levels" not in d.reason
+    # The default node phases: two levels are faster and chosen, and the reason says so.
+    d2 = choose(count, 4, k * r, SLOW, 20.0, 3.0, hier=(k, r))
+    assert d2.compress and d2.two_level and d2.prediction == model.predict(
+        size, k * r, SLOW, 20.0, hier=(k, r))
+    assert "in two levels" in d2.reason
+
+
+def test_best_path_is_flat_without_a_hierarchy():
+    size = 64 << 20
+    for hier in (None, (1, 4), (4, 1)):
+        pred, two = best_path(size, 4, SLOW, 20.0, collective="allreduce",
+                              algorithm="homomorphic", hier=hier)
+        assert not two and pred == model.predict(size, 4, SLOW, 20.0)
+    # DAR compares DAR's times.
+    slow_node = replace(SLOW, shm=1e8)
+    pred, two = best_path(size, 4, slow_node, 20.0, collective="allreduce", algorithm="dar",
+                          hier=(2, 2))
+    flat = model.predict(size, 4, slow_node, 20.0)
+    assert (two, pred) == (False, flat) or pred.dar <= flat.dar

@@ -94,6 +94,7 @@ __all__ = [
     "link_calibration",
     "describe",
     "choose",
+    "best_path",
     "decide_call",
     "stream_bound",
     "DECISION_MARGIN",
@@ -128,6 +129,9 @@ class AutoDecision:
     reason: str
     prediction: Prediction | None = None
     ratio: float | None = None
+    # On a hierarchical grouping: the model predicted the two-level allreduce faster than
+    # the flat ring (the prediction and the chunk are then the two-level ones).
+    two_level: bool = False
 
 
 _KNOWN_RAW = AutoDecision(False, 0, "raw whatever the data, from the calibrations already made")
@@ -403,8 +407,8 @@ class AutoPolicy:
         if forced is not None:
             ratio, width = forced, model.DEFAULT_WIDTH
         else:
-            t_raw = model.predict(size, n, p, 1.0, collective=collective, chunks=1,
-                                  hier=self.hier).raw
+            t_raw = best_path(size, n, p, 1.0, collective=collective, algorithm=algorithm,
+                              hier=self.hier, chunks=1)[0].raw
             budget_bytes = _SAMPLE_BUDGET * t_raw * p.compress
             nsample = int(min(MAX_SAMPLE_BLOCKS, max(_MIN_SAMPLE_BLOCKS, budget_bytes // 128)))
             mine = np.zeros(4, np.float64)
@@ -419,8 +423,8 @@ class AutoPolicy:
 
     def _loses(self, size: float, p: Params, collective: str, algorithm: str) -> bool:
         """Whether compressing loses even at an infinite ratio (decide and known_raw)."""
-        best = model.predict(size, self.ch.comm.Get_size(), p, 1e30, collective=collective,
-                             chunks=1, hier=self.hier)
+        best = best_path(size, self.ch.comm.Get_size(), p, 1e30, collective=collective,
+                         algorithm=algorithm, hier=self.hier, chunks=1)[0]
         return not _pays(best, algorithm)
 
     def known_raw(self, count: int, dtype: Any, *, collective: str = "allreduce",
@@ -528,8 +532,8 @@ class AutoPolicy:
         p = params()
 
         def wins(size: float) -> bool:
-            best = model.predict(size, n, p, 1e30, collective=collective, chunks=1,
-                                 hier=self.hier)
+            best = best_path(size, n, p, 1e30, collective=collective, algorithm=algorithm,
+                             hier=self.hier, chunks=1)[0]
             return _pays(best, algorithm)
 
         lo, hi = 1.0, float(1 << 50)
@@ -625,17 +629,36 @@ def choose(count: int, itemsize: int, ranks: int, p: Params, ratio: float, width
     """
     size = float(count * itemsize)
     block_elems = max(1, -(-count // ranks))
-    if hier is not None and model.hierarchical_applies(hier, collective):
+    pred, two = best_path(size, ranks, p, ratio, collective=collective, algorithm=algorithm,
+                          hier=hier, width=width, max_chunks=max_chunks)
+    if two and hier is not None:
         share = -(-count // hier[1])  # one local rank's share, split over the nodes' ring
         block_elems = max(1, -(-share // hier[0]))
-    pred = model.predict(size, ranks, p, ratio, collective=collective, width=width, hier=hier,
-                         max_chunks=max_chunks)
     t_comp = pred.homomorphic if algorithm == "homomorphic" else pred.dar
     if ranks > 1 and _pays(pred, algorithm):
         chunk = max(1, -(-block_elems // pred.chunks))
-        return AutoDecision(True, chunk, f"predicted {pred.raw / t_comp:.2f}x faster compressed",
-                            pred, ratio)
-    return AutoDecision(False, block_elems, "predicted slower compressed", pred, ratio)
+        how = " in two levels" if two else ""
+        return AutoDecision(True, chunk, f"predicted {pred.raw / t_comp:.2f}x faster "
+                            f"compressed{how}", pred, ratio, two)
+    return AutoDecision(False, block_elems, "predicted slower compressed", pred, ratio, two)
+
+
+def best_path(size: float, ranks: int, p: Params, ratio: float, *, collective: str,
+              algorithm: str, hier: tuple[int, int] | None,
+              **kw: Any) -> tuple[Prediction, bool]:
+    """Return the prediction of the faster compressed path and whether it has two levels.
+
+    ``hier`` (nodes, ranks per node) where a two-level allreduce applies: the flat ring's
+    and the two-level prediction, whichever compresses faster (each with its own raw
+    time); else the flat prediction. Pure arithmetic on agreed numbers.
+    """
+    flat = model.predict(size, ranks, p, ratio, collective=collective, **kw)
+    if hier is None or not model.hierarchical_applies(hier, collective):
+        return flat, False
+    two = model.predict(size, ranks, p, ratio, collective=collective, hier=hier, **kw)
+    if algorithm == "homomorphic":
+        return (two, True) if two.homomorphic <= flat.homomorphic else (flat, False)
+    return (two, True) if two.dar <= flat.dar else (flat, False)
 
 
 def describe(policy: AutoPolicy) -> dict[str, Any]:

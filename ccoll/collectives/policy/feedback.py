@@ -62,6 +62,9 @@ class FeedbackCall(NamedTuple):
     compressed: bool
     measured: bool = True
     model_raw_s: float | None = None
+    # A compressed allreduce on a hierarchical grouping: True if it ran in two levels,
+    # False if it ran the flat ring; None where there is one compressed path only.
+    two_level: bool | None = None
 
 
 @dataclass
@@ -74,6 +77,10 @@ class _Entry:
     wait: int = 0  # raw calls left before the next re-probe
     measure_raw: bool = False  # send the next call raw once, to measure raw
     raw_asked: bool = False  # that was done (once per key)
+    # Hierarchical groupings: agreed seconds of the latest WINDOW compressed calls per path
+    # (True: two levels, False: the flat ring), and whether the other path was tried.
+    paths: dict[bool, list[float]] = field(default_factory=dict)
+    other_tried: bool = False
 
     @property
     def compressed_s(self) -> float | None:
@@ -101,9 +108,9 @@ class Feedback:
         self.margin = margin
         self.measure: Callable[[bool, float], float] | None = None
         self._entries: dict[Any, _Entry] = {}
-        # The latest measured call (key, compressed) and this rank's seconds of it: sent in
-        # the next call's agreement, applied at the end of that call.
-        self._pending: tuple[Any, bool] | None = None
+        # The latest measured call (key, compressed, two_level) and this rank's seconds of
+        # it: sent in the next call's agreement, applied at the end of that call.
+        self._pending: tuple[Any, bool, bool | None] | None = None
         self._pending_s = 0.0
 
     def outgoing(self) -> float:
@@ -141,12 +148,36 @@ class Feedback:
         if call is not None:
             self._count(call)
         if self._pending is not None and agreed_s is not None:
-            key, compressed = self._pending
+            key, compressed, two_level = self._pending
             self._pending = None
-            self._apply(key, compressed, agreed_s)
+            self._apply(key, compressed, agreed_s, two_level)
         if call is not None and call.measured:
             s = seconds if self.measure is None else float(self.measure(call.compressed, seconds))
-            self._pending, self._pending_s = (call.key, call.compressed), s
+            self._pending = (call.key, call.compressed, call.two_level)
+            self._pending_s = s
+
+    def path(self, key: Any, model_two_level: bool) -> tuple[bool, str]:
+        """Whether a compressed call of ``key`` runs in two levels, and why.
+
+        For a hierarchical grouping, where a compressed allreduce can run the flat ring or
+        two levels: the model's choice until one path is measured, then the other path
+        once, then whichever measured faster (the least of each path's latest
+        :data:`WINDOW` agreed times). Local and without side effects; the same on every
+        rank (agreed state).
+        """
+        e = self._entries.get(key)
+        if e is None or not e.paths:
+            return model_two_level, ""
+        best = {p: min(t) for p, t in e.paths.items() if t}
+        if len(best) == 2:
+            two = best[True] <= best[False]
+            return two, (f"{'two levels' if two else 'flat ring'}: measured faster "
+                         f"(two levels {_ms(best[True])}, flat ring {_ms(best[False])})")
+        (known, t), = best.items()
+        if not e.other_tried:
+            return (not known, f"{'flat ring' if known else 'two levels'} measured once "
+                    f"({'two levels' if known else 'flat ring'} {_ms(t)})")
+        return known, ""
 
     def _count(self, call: FeedbackCall) -> None:
         """Advance the key's schedule by this call (its decision was taken on this state)."""
@@ -157,6 +188,9 @@ class Feedback:
             e = self._entries[call.key] = _Entry()
         if call.model_raw_s is not None:
             e.model_raw_s = call.model_raw_s
+        if call.compressed and call.two_level is not None and e.paths and (
+                call.two_level not in e.paths):
+            e.other_tried = True
         if not call.compressed:
             if e.measure_raw:
                 e.measure_raw, e.raw_asked = False, True
@@ -166,12 +200,15 @@ class Feedback:
             # A re-probe: until its time is known (two calls on), wait as if it lost.
             self._demote(e)
 
-    def _apply(self, key: Any, compressed: bool, t: float) -> None:
+    def _apply(self, key: Any, compressed: bool, t: float,
+               two_level: bool | None = None) -> None:
         """Take in the agreed seconds of an earlier call of ``key``."""
         e = self._entries.get(key)
         if e is None:  # forgotten meanwhile (the table was cleared)
             return
         _push(e.compressed if compressed else e.raw, t)
+        if compressed and two_level is not None:
+            _push(e.paths.setdefault(two_level, []), t)
         comp, ref = e.compressed_s, e.raw_ref()
         if comp is None or ref is None:
             return
@@ -195,7 +232,10 @@ class Feedback:
         """Return the state per key, for logs and ``ccoll bench --json``."""
         return {_name(k): {"compressed_s": e.compressed_s, "raw_s": e.raw_s,
                           "model_raw_s": e.model_raw_s, "demoted": e.demoted,
-                          "level": e.level, "wait": e.wait}
+                          "level": e.level, "wait": e.wait,
+                          **({"two_level_s": min(e.paths.get(True, []), default=None),
+                              "flat_ring_s": min(e.paths.get(False, []), default=None)}
+                             if e.paths else {})}
                 for k, e in self._entries.items()}
 
 
