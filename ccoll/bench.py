@@ -313,6 +313,8 @@ def bench(
             times = {a: np.zeros(nit) for a in algos}
             sent = {a: 0.0 for a in algos}
             compressed = {a: 0 for a in algos}
+            # Per timed call of a ccoll row: T two levels, C the flat compressed ring, R raw.
+            paths = {a: "" for a in algos}
             outs: dict[str, np.ndarray] = {}
             for it in range(nit):
                 for a in algos:
@@ -325,6 +327,10 @@ def bench(
                     if st is not None:
                         sent[a] += st.bytes_sent - s0[0]
                         compressed[a] += st.compressed_calls - s0[1]
+                        rep = ccs[a].last_call
+                        if rep is not None:
+                            paths[a] += ("T" if rep.hierarchical else
+                                         "C" if rep.compressed else "R")
                     if it == nit - 1:
                         outs[a] = y
             errs: dict[str, float | None] = {}
@@ -389,6 +395,7 @@ def bench(
                     speedup=None, compressed_calls=(compressed[a] / nit) if a in ccs else None,
                     model_us=model_us, floor_us=floor_us,
                     of_floor=avg * 1e6 / floor_us if floor_us else None,
+                    extra={"calls": paths[a]} if a in ccs else {},
                 ))
             for row in rows[-len(algos):]:
                 if mpi_avg is not None and row.avg_us > 0:
@@ -408,6 +415,9 @@ def bench(
             auto_policy = ccs[autos[0]]._auto.get("sync")
             if auto_policy is not None:
                 meta["auto_feedback"] = auto_policy.feedback.describe()
+            meta["auto_feedback_by_row"] = {
+                a: pol.feedback.describe() for a in autos
+                if (pol := ccs[a]._auto.get("sync")) is not None}
         if trace and r == 0:
             meta["trace"] = _trace.chrome(traced, {k: meta[k] for k in (
                 "collective", "ranks", "eb", "host", "loadavg", "date_utc", "argv")})

@@ -88,7 +88,8 @@ def test_model_picks_the_flat_ring_when_the_node_phases_cost_more():
     assert flat.homomorphic < two.homomorphic
     d = choose(count, 4, k * r, slow_node, 20.0, 3.0, hier=(k, r))
     assert d.compress and not d.two_level and d.prediction == flat
-    assert d.chunk_elems == -(-(-(-count // (k * r))) // flat.chunks)
+    block = -(-count // (k * r))
+    assert d.chunk_elems == -(-block // flat.chunks)
     assert "two levels" not in d.reason
     # The default node phases: two levels are faster and chosen, and the reason says so.
     d2 = choose(count, 4, k * r, SLOW, 20.0, 3.0, hier=(k, r))

@@ -881,6 +881,8 @@ class Communicator:
             wait_all([node.comm.Ibarrier()], p.deadline, "node barrier (inputs written)",
                      poll=True)
             sum_slots(p.flat, slots[:r], g.local, lo, share)
+            # What the other ranks read of this rank's input (an MPI ring's bytes).
+            node.stats.bytes_sent += (p.flat.size - (hi - lo)) * p.dtype.itemsize
         else:
             wide = p.flat.astype(np.float64)  # the node sums in float64: one rounding at the end
             exact.reduce_scatter(node, wide, counts, share, p.deadline)
@@ -906,6 +908,7 @@ class Communicator:
             wait_all([node.comm.Ibarrier()], p.deadline, "node barrier (result written)",
                      poll=True)
             np.copyto(yflat, result[:p.flat.size])
+            node.stats.bytes_sent += (r - 1) * (hi - lo) * p.dtype.itemsize
         else:
             mine = reduced.astype(p.dtype)  # the one rounding to the dtype, before sharing
             displs = [a for a, _ in bounds]
