@@ -11,7 +11,13 @@ from __future__ import annotations
 import pytest
 
 from ccoll.collectives.policy.auto import DECISION_MARGIN, AutoPolicy
-from ccoll.collectives.policy.feedback import MAX_LEVEL, WINDOW, Feedback, FeedbackCall
+from ccoll.collectives.policy.feedback import (
+    FIRST_PATH_LEVEL,
+    MAX_LEVEL,
+    WINDOW,
+    Feedback,
+    FeedbackCall,
+)
 
 KEY = (1 << 24, "float32", "allreduce", "homomorphic", "REL", 1e-3)
 
@@ -282,3 +288,33 @@ def test_without_two_paths_nothing_changes():
     sim = Sim(lambda c: 0.2 if c else 1.0)
     sim.run(5)
     assert sim.fb.path(KEY, True) == (True, "") and sim.fb.path(KEY, False) == (False, "")
+
+
+def test_the_slower_path_is_tried_again_after_doubling_waits():
+    # After the first exploration, the slower path runs again after 8, then 16, ... calls
+    # of the faster one (FIRST_PATH_LEVEL = 3), at most 2**MAX_LEVEL.
+    sim = PathSim({"T": 0.75, "F": 0.2, "R": 0.8}.get)
+    k = FIRST_PATH_LEVEL
+    want = "TTFT" + "F" * (1 << k) + "T" + "F" * (1 << (k + 1)) + "T" + "F" * (1 << (k + 2))
+    assert sim.run(len(want)) == want
+    assert sim.fb.path(KEY, False) == (
+        True, "two levels tried again (two levels 750 ms, flat ring 200 ms)")
+
+
+def test_one_slowed_exploration_does_not_decide_for_good():
+    # The flat ring's first call was slowed to 3 s by something else; two levels take
+    # 0.75 s, the flat ring really 0.2 s: its next try (after 8 calls) wins it back.
+    flat_calls = []
+
+    def clock(mode):
+        if mode == "F":
+            flat_calls.append(1)
+            return 3.0 if len(flat_calls) == 1 else 0.2
+        return {"T": 0.75, "R": 0.8}[mode]
+
+    sim = PathSim(clock)
+    modes = sim.run(4 + 8 + 1 + 2 + 6)
+    assert modes[:13] == "TTFT" + "T" * 8 + "F"
+    assert modes[-6:] == "F" * 6
+    two, why = sim.fb.path(KEY, True)
+    assert not two and "flat ring: measured faster" in why

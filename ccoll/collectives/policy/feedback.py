@@ -19,6 +19,13 @@ nor brings it back; a truly changed time takes over after ``WINDOW`` calls):
   model's own error) while no raw call of the key has been measured sends the next call
   raw once, so that the comparison is between two measurements.
 
+On a hierarchical grouping a compressed allreduce can run the flat ring or two levels:
+:meth:`Feedback.path` keeps the model's path until it is measured, runs the other path
+once, then the one whose least time is lower, and tries the slower one again after
+``2**k`` calls (``k`` from :data:`FIRST_PATH_LEVEL`, one more each time, at most
+:data:`MAX_LEVEL`), so that one slowed call does not decide for good; "compressed" above
+is the least time of either path.
+
 **Every rank takes the same decision.** A call's seconds differ by rank, so they are not
 used where they are measured: each rank puts its seconds of its latest call into the
 *next* call's agreement vector (:attr:`ccoll.collectives.agreement.Call.elapsed`), which
@@ -38,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Feedback", "FeedbackCall", "MAX_LEVEL", "WINDOW"]
+__all__ = ["Feedback", "FeedbackCall", "FIRST_PATH_LEVEL", "MAX_LEVEL", "WINDOW"]
 
 # The longest wait between re-probes is 2**MAX_LEVEL raw calls of the key: a job that
 # repeats a size once a step still tries compressing again about every thousand steps.
@@ -48,6 +55,9 @@ MAX_LEVEL = 10
 # alone once brought a losing size back to compressing for good (the outlier stayed the
 # reference while only compressed calls followed).
 WINDOW = 3
+# Hierarchical groupings: the slower compressed path is tried again after 2**k calls of the
+# faster, k from FIRST_PATH_LEVEL up to MAX_LEVEL (at most 1 call in 8 on the slower path).
+FIRST_PATH_LEVEL = 3
 _MAX_KEYS = 4096  # keys kept (a job uses a few sizes; one that never repeats starts over)
 
 
@@ -81,6 +91,17 @@ class _Entry:
     # (True: two levels, False: the flat ring), and whether the other path was tried.
     paths: dict[bool, list[float]] = field(default_factory=dict)
     other_tried: bool = False
+    # Compressed calls of the faster path left before the slower one is tried again (one
+    # noisy call must not decide for good), and its level: the wait is 2**path_level.
+    path_wait: int = 0
+    path_level: int = FIRST_PATH_LEVEL - 1
+
+    def best_path(self) -> bool | None:
+        """Return the path whose least time is lower (True: two levels), None unless both ran."""
+        t2, tf = self.paths.get(True), self.paths.get(False)
+        if not t2 or not tf:
+            return None
+        return min(t2) <= min(tf)
 
     @property
     def compressed_s(self) -> float | None:
@@ -169,14 +190,16 @@ class Feedback:
         if e is None or not e.paths:
             return model_two_level, ""
         best = {p: min(t) for p, t in e.paths.items() if t}
-        if len(best) == 2:
-            two = best[True] <= best[False]
-            return two, (f"{'two levels' if two else 'flat ring'}: measured faster "
-                         f"(two levels {_ms(best[True])}, flat ring {_ms(best[False])})")
+        two = e.best_path()
+        if two is not None:
+            times = f"(two levels {_ms(best[True])}, flat ring {_ms(best[False])})"
+            if e.path_wait <= 0:
+                return not two, f"{_path_name(not two)} tried again {times}"
+            return two, f"{_path_name(two)}: measured faster {times}"
         (known, t), = best.items()
         if not e.other_tried:
-            return (not known, f"{'flat ring' if known else 'two levels'} measured once "
-                    f"({'two levels' if known else 'flat ring'} {_ms(t)})")
+            return (not known, f"{_path_name(not known)} measured once "
+                    f"({_path_name(known)} {_ms(t)})")
         return known, ""
 
     def _count(self, call: FeedbackCall) -> None:
@@ -188,9 +211,15 @@ class Feedback:
             e = self._entries[call.key] = _Entry()
         if call.model_raw_s is not None:
             e.model_raw_s = call.model_raw_s
-        if call.compressed and call.two_level is not None and e.paths and (
-                call.two_level not in e.paths):
-            e.other_tried = True
+        if call.compressed and call.two_level is not None and e.paths:
+            if not e.other_tried and call.two_level not in e.paths:
+                e.other_tried = True  # the first call of the other path
+                self._path_again(e)
+            elif (best := e.best_path()) is not None:
+                if call.two_level == best:
+                    e.path_wait = max(e.path_wait - 1, 0)
+                else:  # the slower path was tried again
+                    self._path_again(e)
         if not call.compressed:
             if e.measure_raw:
                 e.measure_raw, e.raw_asked = False, True
@@ -223,6 +252,11 @@ class Feedback:
             e.measure_raw = True
 
     @staticmethod
+    def _path_again(e: _Entry) -> None:
+        e.path_level = min(e.path_level + 1, MAX_LEVEL)
+        e.path_wait = 1 << e.path_level
+
+    @staticmethod
     def _demote(e: _Entry) -> None:
         e.demoted = True
         e.level = min(e.level + 1, MAX_LEVEL)
@@ -245,6 +279,10 @@ def _name(key: Any) -> str:
         count, dtype, collective, algorithm, kind, value = key
         return f"{collective} {algorithm} {dtype}[{count}] {kind.__name__}({value:g})"
     return repr(key)
+
+
+def _path_name(two_level: bool) -> str:
+    return "two levels" if two_level else "flat ring"
 
 
 def _push(times: list[float], t: float) -> None:
