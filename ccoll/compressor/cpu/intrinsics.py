@@ -15,6 +15,7 @@ from numba.extending import intrinsic, overload
 __all__ = [
     "_bitlen",
     "_popcount",
+    "_tzcnt",
     "_f64_from_bits",
     "_bits_from_f64",
     "_f32_from_bits",
@@ -43,6 +44,17 @@ def _popcount(typingctx, x):  # type: ignore[no-untyped-def]
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         return builder.ctpop(args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def _tzcnt(typingctx, x):  # type: ignore[no-untyped-def]
+    """Index of the lowest set bit of a non-zero int64 (``cttz``)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
 
     return sig, codegen
 
