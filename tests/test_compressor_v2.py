@@ -376,3 +376,23 @@ def test_every_header_byte_mutation_is_a_format_error_or_decodes():
                 b[off] = val
                 _decode_or_format_error(b)
     assert math.isfinite(header(V2["f32"]).eb)
+
+
+def test_pext_pdep_match_their_definition_and_the_portable_loops():
+    from numba import njit
+
+    from ccoll.compressor.cpu import intrinsics as it
+
+    @njit
+    def both(x, m):  # type: ignore[no-untyped-def]
+        return it._pext64(x, m), it._pdep64(x, m), it._pext_sw(x, m), it._pdep_sw(x, m)
+
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        x, m = (int(v) for v in rng.integers(-(2**63), 2**63 - 1, 2, dtype=np.int64))
+        m &= int(rng.integers(0, 2**63 - 1))  # sparse and dense masks
+        bits = [i for i in range(64) if (m >> i) & 1]
+        pext = sum(((x >> b) & 1) << i for i, b in enumerate(bits))
+        pdep = sum(((x >> i) & 1) << b for i, b in enumerate(bits))
+        got = [v & (2**64 - 1) for v in both(x, m)]
+        assert got == [pext, pdep & (2**64 - 1), pext, pdep & (2**64 - 1)]

@@ -152,6 +152,7 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
     for c in prange(chunk_k.size):
         q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
         ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
         ppos, pacc, pnb = _writer_at(chunk_o[c])
         r = chunk_r[c]
@@ -183,7 +184,7 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
                                 qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
                             q[l] = qi
                             mag[l] = abs(qi)
-                    ppos, pacc, pnb, M = _emit_q(pay, ppos, pacc, pnb, code, q, mag)
+                    ppos, pacc, pnb, M = _emit_q(pay, ppos, pacc, pnb, code, q, mag, tmp)
                     if (code >> 10) == KIND_PP:
                         masks[r] = M
                         r += 1
@@ -449,6 +450,7 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
     for c in prange(chunk_k.size):
         qv = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
+        hi = np.empty(BLOCK, np.uint32)
         rb = np.empty(BLOCK, np.int64)
         ipos, iacc, inb = _reader_at(idx, chunk_k[c] * ib)
         pos, acc, nb = _reader_at(W, chunk_o[c])
@@ -472,7 +474,7 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                 if kind == KIND_PP:
                     M = np.int64(masks[r])
                     r += 1
-                pos, acc, nb, err = _read_q(W, pos, acc, nb, code, M, qv, lo)
+                pos, acc, nb, err = _read_q(W, pos, acc, nb, code, M, qv, lo, hi)
                 if err:
                     errs[c] = 1
                     break
@@ -554,11 +556,11 @@ def _sum_q(qa, qb, qs, mag, m):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _read_side(W, pos, acc, nb, code, M, is32, qv, lo, rv):  # type: ignore[no-untyped-def]
+def _read_side(W, pos, acc, nb, code, M, is32, qv, lo, hi, rv):  # type: ignore[no-untyped-def]
     """Decode one operand's block: quantized into ``qv`` or raw bit patterns into ``rv``."""
     kind = code >> 10
     if kind <= 1:
-        return _read_q(W, pos, acc, nb, code, M, qv, lo)
+        return _read_q(W, pos, acc, nb, code, M, qv, lo, hi)
     pos, acc, nb = _read_raw(W, pos, acc, nb, kind == KIND_RAW64 or not is32, rv)
     return pos, acc, nb, np.int64(0)
 
@@ -582,6 +584,7 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
         rb = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
         mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
         aip, aia, ain = _reader_at(ia, cka[c] * iba)
         ap, aa, an = _reader_at(Wa, coa[c])
         ar = cra[c]
@@ -632,8 +635,8 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                 bp, ba, bn, sp, sa, sn = _copy_bits(Wb, bp, ba, bn, S, sp, sa, sn,
                                                     _code_bits(codeb, Mb, is32))
             else:
-                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, ra)
-                bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, rb)
+                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
+                bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
                 if e1 or e2:
                     errs[c] = 1
                     break
@@ -647,7 +650,7 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                         raw = True
                     elif orq != 0:
                         code, _ = _choose(qs, mag)
-                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag)
+                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
                 if raw:
                     code = rawsum
                     sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,
@@ -783,6 +786,7 @@ def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, s
         rb = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
         mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
         aip, aia, ain = _reader_at(ia, cka[c] * iba)
         ap, aa, an = _reader_at(Wa, coa[c])
         ar = cra[c]
@@ -844,9 +848,9 @@ def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, s
                     for l in range(BLOCK):
                         mag[l] = abs(qb[l])
                     code, _ = _choose(qb, mag)
-                    sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qb, mag)
+                    sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qb, mag, tmp)
             else:
-                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, ra)
+                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
                 if e1:
                     errs[c] = 1
                     break
@@ -858,7 +862,7 @@ def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, s
                         raw = True
                     elif orq != 0:
                         code, _ = _choose(qs, mag)
-                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag)
+                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
                 if raw:
                     code = rawsum
                     sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,

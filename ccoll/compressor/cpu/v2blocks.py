@@ -16,7 +16,15 @@ import numpy as np
 from numba import njit
 
 from ccoll.compressor.cpu.blocks import BLOCK
-from ccoll.compressor.cpu.intrinsics import _bitlen, _or_plane, _plane_of, _popcount, _tzcnt
+from ccoll.compressor.cpu.intrinsics import (
+    _bitlen,
+    _or_plane,
+    _pdep64,
+    _pext64,
+    _plane_of,
+    _popcount,
+    _tzcnt,
+)
 
 KIND_PP = 0
 KIND_SP = 1
@@ -27,6 +35,21 @@ CODE_RAW64_V2 = KIND_RAW64 << 10
 NO_BLOCK = -1  # code array entry of a zero block (code 0 is PP(0, 0))
 NCODES = 4096  # 12-bit code space of the presence and rank tables
 BIG_COST = 1 << 40
+
+
+def _rep_table() -> np.ndarray:
+    """``REP[h]``: bit ``i*h`` set for every ``i*h < 64``, the first bit of each h-bit field."""
+    rep = np.zeros(33, np.uint64)
+    for h in range(1, 33):
+        rep[h] = sum(1 << i for i in range(0, 64, h))
+    return rep.view(np.int64)
+
+
+# The high parts of a patched-planes block are p fields of h bits in lane order. When
+# p*h <= 64 they are moved between that layout and bit-planes over the lanes with one
+# pext and one pdep per plane (bit j of every field: the set bits of REP[h] << j), so no
+# loop runs over the high lanes.
+REP = _rep_table()
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -143,9 +166,10 @@ def _choose(q, mag):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _emit_q(W, pos, acc, nb, code, q, mag):  # type: ignore[no-untyped-def]
+def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
     """Write the payload of quantized block ``q`` (``mag = |q|``) with ``code``.
 
+    ``tmp`` is scratch (32 uint32).
     Returns the writer state and the mask word (0 for a sparse block).
     """
     sign = np.int64(0)
@@ -181,21 +205,28 @@ def _emit_q(W, pos, acc, nb, code, q, mag):  # type: ignore[no-untyped-def]
     M = np.int64(0)
     for l in range(BLOCK):
         M |= np.int64(mag[l] >= thr) << l
+    p = _popcount(M)
     if k == 0:
-        g = np.int64(0)
-        gi = np.int64(0)
-        mm = M
-        while mm:
-            l = _tzcnt(mm)
-            g |= ((sign >> l) & 1) << gi
-            gi += 1
-            mm &= mm - 1
-        pos, acc, nb = _put(W, pos, acc, nb, g, gi)
+        pos, acc, nb = _put(W, pos, acc, nb, _pext64(sign, M), p)
     else:
         pos, acc, nb = _put(W, pos, acc, nb, sign, 32)
     for j in range(k):
         pos, acc, nb = _put(W, pos, acc, nb, np.int64(_plane_of(mag, j)), 32)
-    if h:
+    nbh = p * h
+    if h and nbh <= 64:
+        for l in range(BLOCK):
+            f = (M >> l) & 1
+            tmp[l] = ((np.int64(mag[l]) >> k) - 1) & -f
+        hb = np.int64(0)
+        rep = REP[h]
+        for j in range(h):
+            hb |= _pdep64(_pext64(np.int64(_plane_of(tmp, j)), M), rep << j)
+        if nbh > 32:
+            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _put(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+        else:
+            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+    elif h:
         mm = M
         while mm:
             l = _tzcnt(mm)
@@ -218,9 +249,10 @@ def _emit_raw_bits(W, pos, acc, nb, bb, m, wide):  # type: ignore[no-untyped-def
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _read_q(W, pos, acc, nb, code, M, qv, lo):  # type: ignore[no-untyped-def]
+def _read_q(W, pos, acc, nb, code, M, qv, lo, hi):  # type: ignore[no-untyped-def]
     """Read a quantized block (kind 0 or 1) into ``qv[0:32]`` (int64, signed).
 
+    ``lo`` and ``hi`` are scratch (32 uint32 each).
     Returns the reader state and 0, or -1 for sparse positions that are not strictly
     increasing. Magnitudes of a hostile stream stay below ``2^62``.
     """
@@ -244,16 +276,10 @@ def _read_q(W, pos, acc, nb, code, M, qv, lo):  # type: ignore[no-untyped-def]
         return pos, acc, nb, -bad
     k = a
     h = b
+    p = _popcount(M)
     if k == 0:
-        g, pos, acc, nb = _get(W, pos, acc, nb, _popcount(M))
-        sign = np.int64(0)
-        mm = M
-        i = np.int64(0)
-        while mm:
-            l = _tzcnt(mm)
-            sign |= ((g >> i) & 1) << l
-            i += 1
-            mm &= mm - 1
+        g, pos, acc, nb = _get(W, pos, acc, nb, p)
+        sign = _pdep64(g, M)
     else:
         sign, pos, acc, nb = _get(W, pos, acc, nb, 32)
     for l in range(BLOCK):
@@ -261,6 +287,25 @@ def _read_q(W, pos, acc, nb, code, M, qv, lo):  # type: ignore[no-untyped-def]
     for j in range(k):
         pl, pos, acc, nb = _get(W, pos, acc, nb, 32)
         _or_plane(lo, pl, j)
+    nbh = p * h
+    if nbh <= 64:
+        if nbh > 32:
+            h0, pos, acc, nb = _get(W, pos, acc, nb, 32)
+            h1, pos, acc, nb = _get(W, pos, acc, nb, nbh - 32)
+            hb = h0 | (h1 << 32)
+        else:
+            hb, pos, acc, nb = _get(W, pos, acc, nb, nbh)
+        for l in range(BLOCK):
+            hi[l] = 0
+        rep = REP[h] if h else np.int64(0)
+        for j in range(h):
+            _or_plane(hi, _pdep64(_pext64(hb, rep << j), M), j)
+        for l in range(BLOCK):
+            f = (M >> l) & 1
+            v = np.int64(lo[l]) + (((np.int64(hi[l]) + 1) << k) & -f)
+            s = (sign >> l) & 1
+            qv[l] = (v ^ -s) + s
+        return pos, acc, nb, np.int64(0)
     for l in range(BLOCK):
         qv[l] = np.int64(lo[l])
     mm = M
