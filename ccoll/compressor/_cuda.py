@@ -363,7 +363,14 @@ def _enqueue_prefix(buf8: Any, s: Any, host_row: np.ndarray) -> int:
 
 
 def _parse(host_row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
-    return fmt.parse_header(np.array(host_row[:m], copy=True), total_nbytes=total)
+    hdr = fmt.parse_header(np.array(host_row[:m], copy=True), total_nbytes=total)
+    if hdr.version != fmt.VERSION:
+        # The kernels here read version 1 only; reading v2 sections as v1 would be garbage.
+        raise FormatError(
+            f"a device stream of format version {hdr.version}: the CUDA backend reads "
+            "version 1 only for now; decode a host copy of it, or compress with version=1"
+        )
+    return hdr
 
 
 def _aligned(buf8: Any, s: Any) -> Any:
