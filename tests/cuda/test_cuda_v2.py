@@ -101,6 +101,23 @@ def test_float64_stream_equals_reference(n):
     check(x, 0.125)
 
 
+@pytest.mark.slow  # ~1 min in the simulator on the loaded 2-core machine
+def test_many_tiles_and_index_lookback():
+    # 8193 elements: 9 compress tiles, 2 index thread blocks (whose three look-backs chain
+    # across them), a partial last block; mostly zero, which is cheap in the simulator.
+    x = np.zeros(8193, np.float32)
+    x[::509] = np.linspace(-1.0, 1.0, x[::509].size)
+    x[4000:4100] = np.linspace(0.0, 0.3, 100)
+    x[-1] = 0.25
+    g = check(x, 1e-3)
+    capped = _cuda.compress_abs(cuda.to_device(x), 1e-3, version=2, max_blocks=2)
+    assert capped.copy_to_host().tobytes() == g  # persistent thread blocks: same bytes
+    y = np.zeros_like(x)
+    y[4050:4300] = 0.125
+    b = gpu_compress(y, 1e-3)
+    assert gpu_add(g, b) == v2ref.add_v2(g, b)
+
+
 def test_every_kind_and_table_size():
     """Tables of 1 code (no index bits), 2 codes (1-bit index) and many codes."""
     one = np.zeros(96, np.float32)
