@@ -190,6 +190,14 @@ def test_add_float64_and_lossless():
     s = gpu_add(a0, b0)
     assert s == v2ref.add_v2(a0, b0)
     np.testing.assert_array_equal(gpu_decode(s), x + y)
+    # into a caller's buffer, and decoding into a caller's array
+    buf = cuda.device_array(len(s) + 40, np.uint8)
+    got = _cuda.add(cuda.to_device(np.frombuffer(a0, np.uint8)),
+                    cuda.to_device(np.frombuffer(b0, np.uint8)), out=buf)
+    assert got.copy_to_host().tobytes() == s
+    out = cuda.device_array(70, np.float64)
+    _cuda.decompress(cuda.to_device(np.frombuffer(s, np.uint8)), out=out)
+    np.testing.assert_array_equal(out.copy_to_host(), x + y)
 
 
 def test_add_rejects_mixed_versions():
@@ -266,6 +274,23 @@ def test_malformed_stream_raises_format_error(name):
     bad = _mut(mut)
     assert_clear_error(FormatError, match, _cuda.decompress,
                        cuda.to_device(np.frombuffer(bad, np.uint8)))
+
+
+def test_add_refuses_unordered_sparse_positions():
+    bad = _mut(MUTATIONS["sparse positions"][0])
+    good = bytes(_stream())
+    d = cuda.to_device
+    assert_clear_error(FormatError, "sparse", _cuda.add, d(np.frombuffer(bad, np.uint8)),
+                       d(np.frombuffer(good, np.uint8)))
+
+
+def test_header_of_a_v2_stream():
+    h = _cuda.header(cuda.to_device(np.frombuffer(SPEC_EXAMPLE, np.uint8)))
+    assert (h.version, h.dtype, h.shape, h.n, h.eb, h.bound, h.nnz, h.payload_words,
+            h.nterms, h.nmask, h.ntab, h.ib) == (2, np.float32, (70,), 70, 0.5, 0.5, 3, 4, 1,
+                                                 1, 3, 2)
+    assert (h.table_offset, h.index_offset, h.mask_offset, h.payload_offset, h.nbytes) == (
+        76, 84, 88, 92, 108)
 
 
 def test_malformed_headers_raise_format_error():
