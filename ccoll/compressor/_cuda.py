@@ -24,7 +24,6 @@ scratch) live per (device, stream) and are reused and grown, never freed per cal
 from __future__ import annotations
 
 import math
-import struct
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -67,146 +66,6 @@ _BAD2_REASONS = {
     7: "stream table holds an invalid block code or is not strictly increasing",
     8: "stream bitmap has bits set beyond its last block",
 }
-
-
-# ------------------------------------------------------------------ version-2 header
-
-_V2_MAX_N = 1 << 37
-_V2_MAX_TAB = 1122
-
-
-@dataclass(frozen=True)
-class Header2:
-    """Parsed header of a version-2 stream (docs/format.md, "Header (version 2)")."""
-
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    eb: float
-    bound: float
-    nnz: int
-    payload_words: int
-    nterms: int = 1
-    nmask: int = 0
-    ntab: int = 0
-    version: int = 2
-
-    @property
-    def n(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nblocks(self) -> int:
-        return (self.n + fmt.BLOCK - 1) // fmt.BLOCK
-
-    @property
-    def bitmap_words(self) -> int:
-        return (self.nblocks + 31) // 32
-
-    @property
-    def bitmap_offset(self) -> int:
-        return fmt.HEADER_NBYTES + 8 * self.ndim
-
-    @property
-    def table_offset(self) -> int:
-        return self.bitmap_offset + 4 * self.bitmap_words
-
-    @property
-    def ib(self) -> int:
-        """Width of an index field: bitlen(ntab - 1), 0 when ntab <= 1."""
-        return max(self.ntab - 1, 0).bit_length()
-
-    @property
-    def index_offset(self) -> int:
-        return self.table_offset + 4 * ((self.ntab + 1) // 2)
-
-    @property
-    def mask_offset(self) -> int:
-        return self.index_offset + 4 * ((self.nnz * self.ib + 31) // 32)
-
-    @property
-    def payload_offset(self) -> int:
-        return self.mask_offset + 4 * self.nmask
-
-    @property
-    def nbytes(self) -> int:
-        return self.payload_offset + 4 * self.payload_words
-
-    def pack(self) -> np.ndarray:
-        """Pack the 64-byte header and the shape into a uint8 array."""
-        fixed = struct.pack(
-            "<4sBBBBIIQddQQII", fmt.MAGIC, 2, fmt.dtype_code(self.dtype), self.ndim, 0,
-            fmt.BLOCK, self.nmask, self.n, float(self.eb), float(self.bound), self.nnz,
-            self.payload_words, self.nterms, self.ntab,
-        )
-        shape = struct.pack(f"<{self.ndim}Q", *self.shape)
-        return np.frombuffer(fixed + shape, dtype=np.uint8).copy()
-
-
-def _is_v2(row: np.ndarray, m: int) -> bool:
-    """Whether the first bytes are those of a version-2 stream (magic, then version 2)."""
-    return m > 4 and row[:4].tobytes() == fmt.MAGIC and int(row[4]) == 2
-
-
-def parse_header2(buf: np.ndarray, total_nbytes: int) -> Header2:
-    """Parse and validate a version-2 header, checks in the order docs/format.md gives."""
-    if buf.size < fmt.HEADER_NBYTES:
-        raise FormatError(
-            f"stream too short: {buf.size} bytes, a header alone is {fmt.HEADER_NBYTES} bytes"
-        )
-    raw = buf.tobytes()
-    (magic, version, dcode, ndim, r0, block, nmask, n, eb, bound, nnz, pwords, nterms,
-     ntab) = struct.unpack_from("<4sBBBBIIQddQQII", raw, 0)
-    if magic != fmt.MAGIC:
-        raise FormatError(f"not a ccoll stream: magic is {magic!r}, expected {fmt.MAGIC!r}")
-    if version != 2:
-        raise FormatError(f"unsupported ccoll stream version {version}")
-    if dcode not in (1, 2):
-        raise FormatError(f"unknown dtype code {dcode} in stream header (1=float32, 2=float64)")
-    if ndim > fmt.MAX_NDIM:
-        raise FormatError(f"stream header says ndim={ndim}, at most {fmt.MAX_NDIM} is allowed")
-    if r0:
-        raise FormatError("reserved header fields are not zero")
-    if block != fmt.BLOCK:
-        raise FormatError(f"block size {block} in stream header, version 2 uses {fmt.BLOCK}")
-    prefix = fmt.HEADER_NBYTES + 8 * ndim
-    if buf.size < prefix:
-        raise FormatError(f"stream truncated inside its header ({buf.size} < {prefix} bytes)")
-    shape = struct.unpack_from(f"<{ndim}Q", raw, fmt.HEADER_NBYTES)
-    if math.prod(shape) != n:
-        raise FormatError(f"stream header count {n} does not match its shape {shape}")
-    if n >= _V2_MAX_N or any(d >= _V2_MAX_N for d in shape):
-        raise FormatError(f"element count {n} in a version-2 stream header is not below 2^37")
-    if not (math.isfinite(eb) and eb >= 0.0):
-        raise FormatError(f"stream header error bound {eb!r} is not finite and >= 0")
-    if not (math.isfinite(bound) and bound >= 0.0):
-        raise FormatError(f"stream header bound {bound!r} is not finite and >= 0")
-    if nterms < 1:
-        raise FormatError("stream header nterms is 0")
-    hdr = Header2(dtype=np.dtype(np.float32 if dcode == 1 else np.float64),
-                  shape=tuple(int(d) for d in shape), eb=float(eb), bound=float(bound),
-                  nnz=int(nnz), payload_words=int(pwords), nterms=int(nterms),
-                  nmask=int(nmask), ntab=int(ntab))
-    if hdr.nnz > hdr.nblocks:
-        raise FormatError(f"stream says {nnz} non-zero blocks but has only {hdr.nblocks} blocks")
-    if hdr.nmask > hdr.nnz:
-        raise FormatError(f"stream says {nmask} mask words but has only {nnz} non-zero blocks")
-    if (hdr.ntab != 0) if hdr.nnz == 0 else not 1 <= hdr.ntab <= min(hdr.nnz, _V2_MAX_TAB):
-        raise FormatError(f"stream code table size {ntab} is impossible for {nnz} non-zero "
-                          "blocks")
-    if hdr.payload_words > 64 * hdr.nnz:
-        raise FormatError(
-            f"stream payload of {pwords} words exceeds the maximum {64 * nnz} for {nnz} blocks"
-        )
-    if total_nbytes != hdr.nbytes:
-        raise FormatError(
-            f"stream length {total_nbytes} bytes does not match its header ({hdr.nbytes} "
-            "bytes): truncated or trailing data"
-        )
-    return hdr
 
 
 # --------------------------------------------------------------------------- inputs
@@ -566,14 +425,8 @@ def _enqueue_prefix(buf8: Any, s: Any, host_row: np.ndarray) -> int:
 
 
 def _parse(host_row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
-    hdr = fmt.parse_header(np.array(host_row[:m], copy=True), total_nbytes=total)
-    if hdr.version != fmt.VERSION:
-        # The kernels here read version 1 only; reading v2 sections as v1 would be garbage.
-        raise FormatError(
-            f"a device stream of format version {hdr.version}: the CUDA backend reads "
-            "version 1 only for now; decode a host copy of it, or compress with version=1"
-        )
-    return hdr
+    """Parse and validate a stream header of either version from its first ``m`` bytes."""
+    return fmt.parse_header(np.array(host_row[:m], copy=True), total_nbytes=total)
 
 
 def _aligned(buf8: Any, s: Any) -> Any:
@@ -605,7 +458,7 @@ def _raise_if_bad(bad: int, epoch: int, what: str) -> None:
         raise FormatError(f"{what}: {_BAD_REASONS.get(bad & 15, 'malformed stream')}")
 
 
-def _new_stream(hdr: fmt.StreamHeader | Header2, s: Any) -> Any:
+def _new_stream(hdr: fmt.StreamHeader, s: Any) -> Any:
     out = cuda.device_array(hdr.nbytes, np.uint8, stream=s)
     _upload(out, hdr.pack(), s)
     return out
@@ -702,13 +555,14 @@ def _compress2(
 ) -> Any:
     """Version-2 compression: plan, place and write in one kernel, then table and assembly."""
     n = int(flat.size)
-    if n >= _V2_MAX_N:
+    if n >= fmt.MAX_N_V2:
         raise InputError(f"an array of {n} elements (2^37 or more) cannot be written as format "
                          "version 2; compress it with version=1")
     nblocks = (n + fmt.BLOCK - 1) // fmt.BLOCK
     nbw = (nblocks + 31) // 32
     if nblocks == 0:
-        hdr = Header2(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=0, payload_words=0)
+        hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=dtype, shape=shape, eb=eb, bound=eb,
+                               nnz=0, payload_words=0)
         return _export(_new_stream(hdr, s), src)
     work = _work(s)
     with work.lock:
@@ -729,7 +583,8 @@ def _compress2(
         w2.totals.copy_to_host(w2.h_tot[:4], stream=s)
         s.synchronize()
         nnz, nmask, nbits, ntab = (int(v) for v in w2.h_tot[:4])
-        hdr = Header2(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=nnz,
+        hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=dtype, shape=shape, eb=eb, bound=eb,
+                           nnz=nnz,
                       payload_words=(nbits + 31) // 32, nmask=nmask, ntab=ntab)
         out = _new_stream(hdr, s)
         _assemble2(work, w2, out, hdr, s)
@@ -740,17 +595,17 @@ def _zero(arr: Any, n: int, s: Any) -> None:
     K2.zero_kernel[min(_grid(n, K.TPB), 4096), K.TPB, s](arr, n)
 
 
-def _assemble2(work: _Work, w2: _Work2, out: Any, hdr: Header2, s: Any) -> None:
+def _assemble2(work: _Work, w2: _Work2, out: Any, hdr: fmt.StreamHeader, s: Any) -> None:
     nbw = hdr.bitmap_words
-    total = (nbw + (hdr.ntab + 1) // 2 + (hdr.nnz * hdr.ib + 31) // 32 + hdr.nmask
+    total = (nbw + (hdr.ntab + 1) // 2 + (hdr.nnz * hdr.index_bits + 31) // 32 + hdr.nmask
              + hdr.payload_words)
     K2.assemble2_kernel[min(_grid(total, K.TPB), 65536), K.TPB, s](
         out.view(np.uint32), hdr.bitmap_offset // 4, nbw, work.bitmap, hdr.ntab, w2.tab,
-        hdr.nnz, hdr.ib, w2.codes, w2.rank, hdr.nmask, w2.masks, hdr.payload_words, w2.pay,
+        hdr.nnz, hdr.index_bits, w2.codes, w2.rank, hdr.nmask, w2.masks, hdr.payload_words, w2.pay,
     )
 
 
-def _index2(work: _Work, w2: _Work2, slot: int, buf8: Any, hdr: Header2, s: Any
+def _index2(work: _Work, w2: _Work2, slot: int, buf8: Any, hdr: fmt.StreamHeader, s: Any
             ) -> tuple[Any, int]:
     """Launch validation + indexing of a v2 stream; returns (word view, validation epoch)."""
     nbw = hdr.bitmap_words
@@ -759,7 +614,7 @@ def _index2(work: _Work, w2: _Work2, slot: int, buf8: Any, hdr: Header2, s: Any
     ntiles = _grid(nbw, K.WARPS)
     K2.index2_kernel[ntiles, K.TPB, s](
         buf8, buf32, hdr.bitmap_offset // 4, hdr.table_offset, hdr.index_offset // 4,
-        hdr.mask_offset // 4, hdr.payload_offset // 4, hdr.nnz, hdr.ntab, hdr.ib, hdr.nmask,
+        hdr.mask_offset // 4, hdr.payload_offset // 4, hdr.nnz, hdr.ntab, hdr.index_bits, hdr.nmask,
         hdr.payload_words, hdr.nblocks, nbw, int(hdr.dtype == np.float32), ntiles, work.ctr,
         work.flags_a, work.vals_a, work.flags_b, work.vals_b, w2.flags_c, w2.vals_c, epoch,
         w2.pre[slot], work.bad, slot,
@@ -772,10 +627,8 @@ def _raise_if_bad2(bad: int, epoch: int, what: str) -> None:
         raise FormatError(f"{what}: {_BAD2_REASONS.get(bad & 15, 'malformed stream')}")
 
 
-def _parse_any(row: np.ndarray, m: int, total: int) -> fmt.StreamHeader | Header2:
+def _parse_any(row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
     """Parse a stream header of either version from its first ``m`` bytes."""
-    if _is_v2(row, m):
-        return parse_header2(np.array(row[:m], copy=True), total)
     return _parse(row, m, total)
 
 
@@ -795,10 +648,10 @@ def _launch_compress(
     )
 
 
-def header(buf: Any, stream: Any = None) -> fmt.StreamHeader | Header2:
+def header(buf: Any, stream: Any = None) -> fmt.StreamHeader:
     """Parse and validate the header of a device stream (copies its first bytes back).
 
-    A version-2 stream gives a :class:`Header2`.
+    Both versions give a :class:`ccoll.compressor.format.StreamHeader` (``version`` says which).
     """
     src = _import(buf, "stream")
     with _device_ctx(src.device):
@@ -810,7 +663,7 @@ def header(buf: Any, stream: Any = None) -> fmt.StreamHeader | Header2:
         return _parse_any(host, m, int(b8.size))
 
 
-def _check_out_array(out: Any, hdr: fmt.StreamHeader | Header2) -> tuple[_Dev, Any]:
+def _check_out_array(out: Any, hdr: fmt.StreamHeader) -> tuple[_Dev, Any]:
     src = _import(out, "out")
     arr = src.arr
     if np.dtype(arr.dtype) != hdr.dtype:
@@ -846,7 +699,7 @@ def decompress(buf: Any, out: Any = None, stream: Any = None) -> Any:
                 res_src = src
             else:
                 res_src, flat = _check_out_array(out, hdr)
-            if hdr.n and isinstance(hdr, Header2):
+            if hdr.n and hdr.version == fmt.VERSION2:
                 _decode2(work, b8, hdr, flat, s)
             elif hdr.n and isinstance(hdr, fmt.StreamHeader):
                 b8 = _aligned(b8, s)
@@ -867,7 +720,7 @@ def decompress(buf: Any, out: Any = None, stream: Any = None) -> Any:
     return _export(flat, res_src, hdr.shape)
 
 
-def _decode2(work: _Work, b8: Any, hdr: Header2, flat: Any, s: Any) -> None:
+def _decode2(work: _Work, b8: Any, hdr: fmt.StreamHeader, flat: Any, s: Any) -> None:
     """Validate, index and decode a v2 stream into ``flat``; FormatError if malformed."""
     b8 = _aligned(b8, s)
     w2 = _v2(work)
@@ -878,7 +731,7 @@ def _decode2(work: _Work, b8: Any, hdr: Header2, flat: Any, s: Any) -> None:
     bits = flat.view(np.uint32 if is32 else np.int64)
     K2.decode2_kernel[_grid(hdr.bitmap_words, K.WARPS), K.TPB, s](
         b8, buf32, hdr.table_offset, hdr.index_offset // 4, hdr.mask_offset // 4,
-        hdr.payload_offset // 4, hdr.ib, hdr.n, hdr.bitmap_words, int(is32), 2.0 * hdr.eb,
+        hdr.payload_offset // 4, hdr.index_bits, hdr.n, hdr.bitmap_words, int(is32), 2.0 * hdr.eb,
         w2.pre[0], work.bad, 0, vep, hdr.bitmap_offset // 4, flat, bits,
     )
     work.bad.copy_to_host(work.h_tot[:2], stream=s)
@@ -910,12 +763,11 @@ def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
             s.synchronize()
             ha2 = _parse_any(work.h_hdr[0], ma, int(a8.size))
             hb2 = _parse_any(work.h_hdr[1], mb, int(b8.size))
-            if isinstance(ha2, Header2) != isinstance(hb2, Header2):
+            if ha2.version != hb2.version:
                 raise FormatError("streams of format versions 1 and 2 cannot be added; "
                                   "compress both with the same version")
-            if isinstance(ha2, Header2) and isinstance(hb2, Header2):
+            if ha2.version == fmt.VERSION2 and hb2.version == fmt.VERSION2:
                 return _add2(work, sa, a8, b8, ha2, hb2, out, s)
-            assert isinstance(ha2, fmt.StreamHeader) and isinstance(hb2, fmt.StreamHeader)
             ha, hb = ha2, hb2
             _check_addable(ha, hb)
             bound = sum_bound(ha.bound, hb.bound)
@@ -955,7 +807,8 @@ def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
             return _finish_add(hdr, out, s, sa, work)
 
 
-def _add2(work: _Work, sa: _Dev, a8: Any, b8: Any, ha: Header2, hb: Header2, out: Any,
+def _add2(work: _Work, sa: _Dev, a8: Any, b8: Any, ha: fmt.StreamHeader,
+          hb: fmt.StreamHeader, out: Any,
           s: Any) -> Any:
     """Homomorphic sum of two v2 streams (format.md, "Homomorphic add (version 2)")."""
     from ccoll.compressor.cpu.add import sum_bound
@@ -969,7 +822,8 @@ def _add2(work: _Work, sa: _Dev, a8: Any, b8: Any, ha: Header2, hb: Header2, out
         raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
     nbw = ha.bitmap_words
     if ha.nblocks == 0:
-        hdr = Header2(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound, nnz=0,
+        hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=ha.dtype, shape=ha.shape, eb=ha.eb,
+                               bound=bound, nnz=0,
                       payload_words=0, nterms=nterms)
         return _finish_add2(hdr, out, s, sa, None, None)
     a8 = _aligned(a8, s)
@@ -985,9 +839,9 @@ def _add2(work: _Work, sa: _Dev, a8: Any, b8: Any, ha: Header2, hb: Header2, out
     epoch = work.next_epoch()
     K2.add2_kernel[nbw, K.TPB, s](
         a8, a32, ha.table_offset, ha.index_offset // 4, ha.mask_offset // 4,
-        ha.payload_offset // 4, ha.bitmap_offset // 4, ha.ib, w2.pre[0],
+        ha.payload_offset // 4, ha.bitmap_offset // 4, ha.index_bits, w2.pre[0],
         b8, b32, hb.table_offset, hb.index_offset // 4, hb.mask_offset // 4,
-        hb.payload_offset // 4, hb.bitmap_offset // 4, hb.ib, w2.pre[1],
+        hb.payload_offset // 4, hb.bitmap_offset // 4, hb.index_bits, w2.pre[1],
         work.bad, vea, veb, ha.n, int(is32), 2.0 * ha.eb, nbw, work.ctr, work.flags_a,
         work.vals_a, epoch, work.bitmap, w2.codes, w2.masks, w2.pay, w2.pres, w2.totals,
     )
@@ -998,12 +852,13 @@ def _add2(work: _Work, sa: _Dev, a8: Any, b8: Any, ha: Header2, hb: Header2, out
     _raise_if_bad2(int(w2.h_tot[4]), vea, "a")
     _raise_if_bad2(int(w2.h_tot[5]), veb, "b")
     nnz, nmask, nbits, ntab = (int(v) for v in w2.h_tot[:4])
-    hdr = Header2(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound, nnz=nnz,
+    hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=ha.dtype, shape=ha.shape, eb=ha.eb,
+                           bound=bound, nnz=nnz,
                   payload_words=(nbits + 31) // 32, nterms=nterms, nmask=nmask, ntab=ntab)
     return _finish_add2(hdr, out, s, sa, work, w2)
 
 
-def _finish_add2(hdr: Header2, out: Any, s: Any, like: _Dev, work: _Work | None,
+def _finish_add2(hdr: fmt.StreamHeader, out: Any, s: Any, like: _Dev, work: _Work | None,
                  w2: _Work2 | None) -> Any:
     if out is None:
         res = _new_stream(hdr, s)
@@ -1017,7 +872,7 @@ def _finish_add2(hdr: Header2, out: Any, s: Any, like: _Dev, work: _Work | None,
     return _export(res, like)
 
 
-def _check_addable(ha: fmt.StreamHeader | Header2, hb: fmt.StreamHeader | Header2) -> None:
+def _check_addable(ha: fmt.StreamHeader, hb: fmt.StreamHeader) -> None:
     """Check that two streams can be added (same checks and messages as the CPU backend)."""
     if ha.dtype != hb.dtype:
         raise MismatchError(f"cannot add a {ha.dtype} stream to a {hb.dtype} stream")

@@ -151,16 +151,11 @@ def _device_range(x: Any, stream: Any) -> tuple[float, float]:
 
 
 def _check_version(version: object, x: Any) -> int:
-    """Check ``version=`` (1 or 2); version 2 is written by the CPU backend only for now."""
+    """Check ``version=`` (1 or 2)."""
     if (isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer))
             or version not in (1, 2)):
         raise InputError(
             f"version={version!r} is not a ccoll stream format: pass version=1 or version=2"
-        )
-    if version == 2 and _backend.backend_of(x) == "cuda":
-        raise InputError(
-            "stream format version 2 is not written by the CUDA backend yet: pass version=1 "
-            "for device data (or compress a host copy with version=2)"
         )
     return int(version)
 
@@ -179,8 +174,8 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
     :func:`decompress`). A tensor that requires grad is read through ``x.detach()`` (a
     stream is no part of an autograd graph; the collectives, whose results replace data,
     refuse such tensors instead). ``version`` is the stream format (docs/format.md): 1 (the
-    default) or 2, which codes the same quantized values in fewer bytes; host data only
-    for now, and arrays of fewer than 2^37 elements. ``decompress``, ``add`` and ``header``
+    default) or 2, which codes the same quantized values in fewer bytes (arrays of fewer
+    than 2^37 elements; both backends write the same bytes). ``decompress``, ``add`` and ``header``
     read the version from the stream; two streams to add must have the same version.
     """
     version = _check_version(version, x)
@@ -192,7 +187,7 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
             eb_abs = bound.resolve(*_device_range(x, stream))
         else:
             eb_abs = bound.value
-        return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream)
+        return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream, version=version)
     arr = _host_array(x)
     if isinstance(bound, REL):
         eb_abs = bound.resolve(*cpu.finite_range(arr))
@@ -222,7 +217,8 @@ def compress_abs(
     if _backend.backend_of(x) == "cuda":
         x = _device_input(x, stream)
         _device_dtype(x)
-        return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks)
+        return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks,
+                                                    version=version)
     return cpu.compress_abs(_host_array(x), eb, version)
 
 

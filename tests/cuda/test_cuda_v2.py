@@ -287,8 +287,8 @@ def test_add_refuses_unordered_sparse_positions():
 def test_header_of_a_v2_stream():
     h = _cuda.header(cuda.to_device(np.frombuffer(SPEC_EXAMPLE, np.uint8)))
     assert (h.version, h.dtype, h.shape, h.n, h.eb, h.bound, h.nnz, h.payload_words,
-            h.nterms, h.nmask, h.ntab, h.ib) == (2, np.float32, (70,), 70, 0.5, 0.5, 3, 4, 1,
-                                                 1, 3, 2)
+            h.nterms, h.nmask, h.ntab, h.index_bits) == (
+        2, np.float32, (70,), 70, 0.5, 0.5, 3, 4, 1, 1, 3, 2)
     assert (h.table_offset, h.index_offset, h.mask_offset, h.payload_offset, h.nbytes) == (
         76, 84, 88, 92, 108)
 
@@ -302,8 +302,8 @@ def test_malformed_headers_raise_format_error():
         struct.pack_into(fmt_, b, off, v)
         return d(np.frombuffer(bytes(b), np.uint8))
 
-    assert_clear_error(FormatError, "table size", _cuda.decompress, hdr(60, "<I", 0))
-    assert_clear_error(FormatError, "mask words", _cuda.decompress, hdr(12, "<I", 4))
+    assert_clear_error(FormatError, "ntab 0", _cuda.decompress, hdr(60, "<I", 0))
+    assert_clear_error(FormatError, "nmask 4", _cuda.decompress, hdr(12, "<I", 4))
     big = bytearray(good)
     struct.pack_into("<QQ", big, 16, 1 << 37, 0)
     struct.pack_into("<Q", big, 64, 1 << 37)
