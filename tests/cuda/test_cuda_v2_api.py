@@ -12,12 +12,12 @@ from ccoll.compressor import cpu as _cpu
 from ccoll.errors import FormatError, InputError
 
 
-def _data(n: int = 300) -> np.ndarray:
+def _data(n: int = 100) -> np.ndarray:
     rng = np.random.default_rng(7)
     x = (rng.standard_normal(n) * 1e-2).astype(np.float32)
     x[n // 3 : n // 2] = 0.0
     x[5] = np.nan
-    x[40] = -np.inf
+    x[70] = -np.inf
     return x
 
 
