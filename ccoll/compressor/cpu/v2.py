@@ -25,6 +25,7 @@ from ccoll.compressor.cpu.blocks import (
     BLOCK,
     CANONICAL_NAN64,
     CHUNK_BLOCKS,
+    QLIM,
     QMAX_ADD,
     _nchunks,
     _quantize,
@@ -34,7 +35,12 @@ from ccoll.compressor.cpu.blocks import (
     _threads_for,
 )
 from ccoll.compressor.cpu.decode import _count_bitmap
-from ccoll.compressor.cpu.intrinsics import _bits_from_f64, _f32_from_bits, _f64_from_bits
+from ccoll.compressor.cpu.intrinsics import (
+    _bits_from_f64,
+    _f32_from_bits,
+    _f64_from_bits,
+    _round_like,
+)
 from ccoll.compressor.cpu.v2blocks import (
     CODE_RAW64_V2,
     CODE_RAW_V2,
@@ -44,6 +50,7 @@ from ccoll.compressor.cpu.v2blocks import (
     NCODES,
     NO_BLOCK,
     _choose,
+    _choose_mc,
     _code_bits,
     _copy_bits,
     _emit_q,
@@ -64,6 +71,50 @@ __all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validat
 # ----------------------------------------------------------------------------- compression
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
+    """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
+
+    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``mag`` receives ``|q|`` (padding
+    lanes 0).
+    """
+    m = xb.size
+    bad = np.int64(0)
+    mx = np.int64(0)
+    c = np.int64(0)
+    if m == BLOCK:
+        for l in range(BLOCK):  # constant trip count, branch-free: vectorized
+            xd = np.float64(xb[l])
+            v = xd / step
+            inr = abs(v) < QLIM
+            vv = v if inr else 0.0
+            qi = np.int64(np.floor(vv + 0.5))
+            yd = _round_like(np.float64(qi) * step, xb)
+            ok = inr & (abs(yd - xd) < eb)
+            bad += np.int64(not ok)
+            a = abs(qi)
+            mag[l] = a
+            mx = max(mx, a)
+            c += np.int64(a != 0)
+    else:
+        for l in range(BLOCK):
+            a = np.int64(0)
+            if l < m:
+                xd = np.float64(xb[l])
+                v = xd / step
+                inr = abs(v) < QLIM
+                vv = v if inr else 0.0
+                qi = np.int64(np.floor(vv + 0.5))
+                yd = _round_like(np.float64(qi) * step, xb)
+                ok = inr & (abs(yd - xd) < eb)
+                bad += np.int64(not ok)
+                a = abs(qi)
+            mag[l] = a
+            mx = max(mx, a)
+            c += np.int64(a != 0)
+    return bad, mx, c
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
     """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums."""
@@ -72,7 +123,6 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits): 
     is32 = x.itemsize == 4
     rawbits = 1024 if is32 else 2048
     for c in prange(chunk_nnz.size):
-        q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
@@ -89,15 +139,15 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits): 
                 if tiny:
                     codes[b] = NO_BLOCK
                     continue
-            bad, orq, _ = _quantize(xb, eb, step, q)
+            bad, mx, nzc = _quantize_v2(xb, eb, step, mag)
             if bad:
                 code = CODE_RAW_V2
                 size = rawbits
-            elif orq == 0:
+            elif mx == 0:
                 codes[b] = NO_BLOCK
                 continue
             else:
-                code, size = _choose(q, mag)
+                code, size = _choose_mc(mag, mx, nzc)
                 nm += (code >> 10) == KIND_PP
             codes[b] = code
             nz += 1

@@ -139,6 +139,12 @@ def _choose(q, mag):  # type: ignore[no-untyped-def]
         mag[l] = a
         m = max(m, a)
         c += np.int64(a != 0)
+    return _choose_mc(mag, m, c)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _choose_mc(mag, m, c):  # type: ignore[no-untyped-def]
+    """:func:`_choose` given ``mag = |q|``, its maximum ``m`` and non-zero count ``c``."""
     w = _bitlen(m)
     best = np.int64(BIG_COST)
     bk = np.int64(0)
