@@ -111,6 +111,11 @@ def ccoll_codec(eb: float) -> tuple[Callable, Callable]:
     return (lambda x: compress_abs(x, eb), lambda buf, like: decompress(buf))
 
 
+def ccoll_v2_codec(eb: float) -> tuple[Callable, Callable]:
+    """Stream format version 2 (docs/format.md): v1's values in fewer bytes."""
+    return (lambda x: compress_abs(x, eb, version=2), lambda buf, like: decompress(buf))
+
+
 def ccoll_zstd_codec(eb: float) -> tuple[Callable, Callable]:
     import zstandard
 
@@ -122,11 +127,12 @@ def ccoll_zstd_codec(eb: float) -> tuple[Callable, Callable]:
 
 CODECS: dict[str, Callable[[float], tuple[Callable, Callable]]] = {
     "ccoll": ccoll_codec,
+    "ccoll v2": ccoll_v2_codec,
     "ccoll+zstd": ccoll_zstd_codec,
     "SZ3": sz3_codec,
     "ZFP": zfp_codec,
 }
-THREADED = {"ccoll", "ccoll+zstd"}
+THREADED = {"ccoll", "ccoll v2", "ccoll+zstd"}
 
 
 def nbytes(buf: Any) -> int:

@@ -1,7 +1,8 @@
 """Registers, spills, stack and shared memory of every compressor kernel, from ptxas -v.
 
 No GPU needed: each kernel is compiled to PTX with numba-cuda for the signatures that
-ccoll.compressor._cuda launches (ccoll.compressor._cuda_kernels.signatures) and assembled
+ccoll.compressor._cuda launches (``signatures()`` of ccoll.compressor._cuda_kernels for
+format v1 and of ccoll.compressor._cuda_kernels_v2 for format v2) and assembled
 with ptxas for each architecture. Prints a markdown table; with --update FILE, replaces the
 table between the markers ``<!-- ptx-report:begin -->`` and ``<!-- ptx-report:end -->``.
 
@@ -25,9 +26,10 @@ END = "<!-- ptx-report:end -->"
 
 def report(archs: list[tuple[int, int]]) -> str:
     import numba
-    from ptxkit import assemble, compile_for, ptxas
+    from ptxkit import ptxas
 
     from ccoll.compressor import _cuda_kernels as K
+    from ccoll.compressor import _cuda_kernels_v2 as K2
 
     exe = ptxas()
     ver = "?"
@@ -45,17 +47,24 @@ def report(archs: list[tuple[int, int]]) -> str:
         "shared memory |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for name, sigs in K.signatures().items():
-        for label, sig in sigs:
-            for cc in archs:
-                info = assemble(compile_for(K.KERNELS[name], sig, cc), cc)
-                stack = _max_int(r"(\d+) bytes stack frame", info.text)
-                smem = _max_int(r"(\d+) bytes smem", info.text)
-                rows.append(
-                    f"| {name} | {label} | sm_{cc[0]}{cc[1]} | {info.registers} | "
-                    f"{info.spill_stores} B | {info.spill_loads} B | {stack} B | {smem} B |"
-                )
+    for mod in (K, K2):
+        for name, sigs in mod.signatures().items():
+            for label, sig in sigs:
+                for cc in archs:
+                    rows.append(_row(mod.KERNELS[name], name, label, sig, cc))
     return "\n".join(rows) + "\n"
+
+
+def _row(kernel: object, name: str, label: str, sig: tuple, cc: tuple[int, int]) -> str:
+    from ptxkit import assemble, compile_for
+
+    info = assemble(compile_for(kernel, sig, cc), cc)
+    stack = _max_int(r"(\d+) bytes stack frame", info.text)
+    smem = _max_int(r"(\d+) bytes smem", info.text)
+    return (
+        f"| {name} | {label} | sm_{cc[0]}{cc[1]} | {info.registers} | "
+        f"{info.spill_stores} B | {info.spill_loads} B | {stack} B | {smem} B |"
+    )
 
 
 def _max_int(pattern: str, text: str) -> int:

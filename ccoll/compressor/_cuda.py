@@ -1,4 +1,4 @@
-"""CUDA backend of the ccoll compressor (numba-cuda), stream format v1 (docs/format.md).
+"""CUDA backend of the ccoll compressor (numba-cuda), stream formats v1 and v2 (docs/format.md).
 
 Entry points, all taking an optional ``stream`` (a numba stream, a CuPy or PyTorch stream,
 or a raw ``cudaStream_t`` as int) on which every copy and kernel is enqueued:
@@ -34,6 +34,7 @@ from numba import cuda
 from numba.core import config
 
 from ccoll.compressor import _cuda_kernels as K
+from ccoll.compressor import _cuda_kernels_v2 as K2
 from ccoll.compressor import format as fmt
 from ccoll.errors import DTypeError, ErrorBoundError, FormatError, InputError, MismatchError
 
@@ -52,6 +53,18 @@ _BAD_REASONS = {
     3: "stream bitmap's count of non-zero blocks does not match its header",
     4: "stream holds an invalid block code byte",
     5: "stream bitmap has bits set beyond its last block",
+}
+
+# The same for version-2 streams (index2_kernel, decode2_kernel).
+_BAD2_REASONS = {
+    1: "stream padding bits (table, index or payload tail) are not zero",
+    2: "stream block sizes do not add up to the payload length in its header",
+    3: "stream count of patched-planes blocks does not match its mask count nmask",
+    4: "stream bitmap's count of non-zero blocks does not match its header",
+    5: "stream sparse block positions are not strictly increasing",
+    6: "stream index field points past the end of its code table",
+    7: "stream table holds an invalid block code or is not strictly increasing",
+    8: "stream bitmap has bits set beyond its last block",
 }
 
 
@@ -261,6 +274,7 @@ class _Work:
         self.h_tot = cuda.pinned_array(4, np.int64)
         self.h_hdr = cuda.pinned_array((2, _PREFIX), np.uint8)
         self.event: Any = None if _SIM else cuda.event(timing=False)  # type: ignore[call-arg]
+        self.v2: _Work2 | None = None  # version-2 buffers, made on first use
         self.cap_t = 0
         self.cap_codes = 0
         self.cap_pay = 0
@@ -307,8 +321,56 @@ class _Work:
             self.flags_a = self._zeros(self.cap_t, np.uint32)
             self.flags_b = self._zeros(self.cap_t, np.uint32)
             self.bad = self._zeros(2, np.int64)
+            if self.v2 is not None:
+                self.v2.flags_c = self._zeros(self.v2.cap_t, np.uint32)
             self.epoch = 1
         return self.epoch
+
+
+class _Work2:
+    """Version-2 buffers of a work set: a third look-back, codes, masks, bit payload, table."""
+
+    def __init__(self, work: _Work) -> None:
+        s = self.stream = work.stream
+        self.pres = cuda.to_device(np.zeros(K2.NCODES_SET // 32, np.uint32), stream=s)
+        self.tab = cuda.device_array(K2.NCODES_SET, np.int32, stream=s)
+        self.rank = cuda.device_array(K2.NCODES_SET, np.int32, stream=s)
+        self.totals = cuda.device_array(4, np.int64, stream=s)
+        self.h_tot = cuda.pinned_array(8, np.int64)
+        self.cap_t = self.cap_b = self.cap_p = 0
+        self._tiles(1)
+        self._blocks(1)
+        self._pay(1)
+
+    def _tiles(self, n: int) -> None:
+        s = self.stream
+        self.flags_c = cuda.to_device(np.zeros(n, np.uint32), stream=s)
+        self.vals_c = cuda.device_array(4 * n, np.int64, stream=s)
+        self.pre = [cuda.device_array(3 * (n + 1), np.int64, stream=s) for _ in range(2)]
+        self.cap_t = n
+
+    def _blocks(self, n: int) -> None:
+        self.codes = cuda.device_array(n, np.int32, stream=self.stream)
+        self.masks = cuda.device_array(n, np.uint32, stream=self.stream)
+        self.cap_b = n
+
+    def _pay(self, n: int) -> None:
+        self.pay = cuda.device_array(n, np.uint32, stream=self.stream)
+        self.cap_p = n
+
+    def ensure(self, tiles: int, blocks: int = 0, pay_words: int = 0) -> None:
+        if tiles > self.cap_t:
+            self._tiles(_grow(tiles))
+        if blocks > self.cap_b:
+            self._blocks(_grow(blocks))
+        if pay_words > self.cap_p:
+            self._pay(_grow(pay_words))
+
+
+def _v2(work: _Work) -> _Work2:
+    if work.v2 is None:
+        work.v2 = _Work2(work)
+    return work.v2
 
 
 def _grow(n: int) -> int:
@@ -363,6 +425,7 @@ def _enqueue_prefix(buf8: Any, s: Any, host_row: np.ndarray) -> int:
 
 
 def _parse(host_row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
+    """Parse and validate a stream header of either version from its first ``m`` bytes."""
     return fmt.parse_header(np.array(host_row[:m], copy=True), total_nbytes=total)
 
 
@@ -431,16 +494,19 @@ def _check_out_stream(out: Any, nbytes: int) -> Any:
 
 
 def compress_abs(
-    x: Any, eb_abs: float, stream: Any = None, *, max_blocks: int | None = None
+    x: Any, eb_abs: float, stream: Any = None, *, max_blocks: int | None = None,
+    version: int = 1,
 ) -> Any:
     """Compress a float32/float64 device array with absolute bound ``eb_abs`` (0: lossless).
 
-    Returns a uint8 device array of the input's kind holding a format-v1 stream,
-    byte-identical to the CPU backend's for the same data and bound. ``max_blocks`` (an
-    int >= 1, e.g. ``Scheduler.grid_limit("compress")``) caps the thread blocks of the
-    compression kernel, leaving the other SMs to concurrent work; the stream is the same
-    bytes for any cap. ``None``: one thread block per tile of 1024 elements.
+    Returns a uint8 device array of the input's kind holding a stream of format
+    ``version`` (1 or 2), byte-identical to the CPU backend's for the same data and bound.
+    ``max_blocks`` (an int >= 1, e.g. ``Scheduler.grid_limit("compress")``) caps the thread
+    blocks of the compression kernel, leaving the other SMs to concurrent work; the stream
+    is the same bytes for any cap. ``None``: one thread block per tile of 1024 elements.
     """
+    if isinstance(version, bool) or version not in (1, 2):
+        raise InputError(f"version must be 1 or 2, got {version!r}")
     eb = float(eb_abs) + 0.0  # -0.0 becomes +0.0, as in the CPU backend's headers
     if not (math.isfinite(eb) and eb >= 0.0):
         raise ErrorBoundError(f"absolute error bound must be finite and >= 0, got {eb_abs!r}")
@@ -460,6 +526,8 @@ def compress_abs(
         n = int(flat.size)
         nblocks = (n + fmt.BLOCK - 1) // fmt.BLOCK
         nbw = (nblocks + 31) // 32
+        if version == 2:
+            return _compress2(src, flat, shape, dtype, eb, s, max_blocks)
         if nblocks == 0:
             hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=0,
                                    payload_words=0)
@@ -481,6 +549,89 @@ def compress_abs(
         return _export(out, src)
 
 
+def _compress2(
+    src: _Dev, flat: Any, shape: tuple[int, ...], dtype: np.dtype, eb: float, s: Any,
+    max_blocks: int | None,
+) -> Any:
+    """Version-2 compression: plan, place and write in one kernel, then table and assembly."""
+    n = int(flat.size)
+    if n >= fmt.MAX_N_V2:
+        raise InputError(f"an array of {n} elements (2^37 or more) cannot be written as format "
+                         "version 2; compress it with version=1")
+    nblocks = (n + fmt.BLOCK - 1) // fmt.BLOCK
+    nbw = (nblocks + 31) // 32
+    if nblocks == 0:
+        hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=dtype, shape=shape, eb=eb, bound=eb,
+                               nnz=0, payload_words=0)
+        return _export(_new_stream(hdr, s), src)
+    work = _work(s)
+    with work.lock:
+        _after_producer(src, s, work)
+        raw = 32 if dtype == np.float32 else 64
+        w2 = _v2(work)
+        work.ensure(nbw)
+        pay_max = nblocks * raw + 2  # every block raw, and a word of slack at each end
+        w2.ensure(nbw, nblocks, pay_max)
+        _zero(w2.pay, pay_max, s)
+        grid = nbw if max_blocks is None else max(1, min(nbw, int(max_blocks)))
+        K2.compress2_kernel[grid, K.TPB, s](
+            flat.view(np.int32 if raw == 32 else np.int64), n, eb, 2.0 * eb, nbw, work.ctr,
+            work.flags_a, work.vals_a, work.next_epoch(), work.bitmap, w2.codes, w2.masks,
+            w2.pay, w2.pres, w2.totals,
+        )
+        K2.table_kernel[1, K2.NCODES_SET // 32, s](w2.pres, w2.tab, w2.rank, w2.totals)
+        w2.totals.copy_to_host(w2.h_tot[:4], stream=s)
+        s.synchronize()
+        nnz, nmask, nbits, ntab = (int(v) for v in w2.h_tot[:4])
+        hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=dtype, shape=shape, eb=eb, bound=eb,
+                           nnz=nnz,
+                      payload_words=(nbits + 31) // 32, nmask=nmask, ntab=ntab)
+        out = _new_stream(hdr, s)
+        _assemble2(work, w2, out, hdr, s)
+    return _export(out, src)
+
+
+def _zero(arr: Any, n: int, s: Any) -> None:
+    K2.zero_kernel[min(_grid(n, K.TPB), 4096), K.TPB, s](arr, n)
+
+
+def _assemble2(work: _Work, w2: _Work2, out: Any, hdr: fmt.StreamHeader, s: Any) -> None:
+    nbw = hdr.bitmap_words
+    total = (nbw + (hdr.ntab + 1) // 2 + (hdr.nnz * hdr.index_bits + 31) // 32 + hdr.nmask
+             + hdr.payload_words)
+    K2.assemble2_kernel[min(_grid(total, K.TPB), 65536), K.TPB, s](
+        out.view(np.uint32), hdr.bitmap_offset // 4, nbw, work.bitmap, hdr.ntab, w2.tab,
+        hdr.nnz, hdr.index_bits, w2.codes, w2.rank, hdr.nmask, w2.masks, hdr.payload_words, w2.pay,
+    )
+
+
+def _index2(work: _Work, w2: _Work2, slot: int, buf8: Any, hdr: fmt.StreamHeader, s: Any
+            ) -> tuple[Any, int]:
+    """Launch validation + indexing of a v2 stream; returns (word view, validation epoch)."""
+    nbw = hdr.bitmap_words
+    buf32 = buf8.view(np.uint32)
+    epoch = work.next_epoch()
+    ntiles = _grid(nbw, K.WARPS)
+    K2.index2_kernel[ntiles, K.TPB, s](
+        buf8, buf32, hdr.bitmap_offset // 4, hdr.table_offset, hdr.index_offset // 4,
+        hdr.mask_offset // 4, hdr.payload_offset // 4, hdr.nnz, hdr.ntab, hdr.index_bits, hdr.nmask,
+        hdr.payload_words, hdr.nblocks, nbw, int(hdr.dtype == np.float32), ntiles, work.ctr,
+        work.flags_a, work.vals_a, work.flags_b, work.vals_b, w2.flags_c, w2.vals_c, epoch,
+        w2.pre[slot], work.bad, slot,
+    )
+    return buf32, epoch
+
+
+def _raise_if_bad2(bad: int, epoch: int, what: str) -> None:
+    if bad >> 4 == epoch:
+        raise FormatError(f"{what}: {_BAD2_REASONS.get(bad & 15, 'malformed stream')}")
+
+
+def _parse_any(row: np.ndarray, m: int, total: int) -> fmt.StreamHeader:
+    """Parse a stream header of either version from its first ``m`` bytes."""
+    return _parse(row, m, total)
+
+
 def _launch_compress(
     work: _Work, xb: Any, n: int, eb: float, s: Any, max_blocks: int | None = None
 ) -> None:
@@ -498,7 +649,10 @@ def _launch_compress(
 
 
 def header(buf: Any, stream: Any = None) -> fmt.StreamHeader:
-    """Parse and validate the header of a device stream (copies its first bytes back)."""
+    """Parse and validate the header of a device stream (copies its first bytes back).
+
+    Both versions give a :class:`ccoll.compressor.format.StreamHeader` (``version`` says which).
+    """
     src = _import(buf, "stream")
     with _device_ctx(src.device):
         s = _resolve_stream(stream, src)
@@ -506,7 +660,7 @@ def header(buf: Any, stream: Any = None) -> fmt.StreamHeader:
         host = np.empty(_PREFIX, np.uint8)
         m = _enqueue_prefix(b8, s, host)
         s.synchronize()
-        return _parse(host, m, int(b8.size))
+        return _parse_any(host, m, int(b8.size))
 
 
 def _check_out_array(out: Any, hdr: fmt.StreamHeader) -> tuple[_Dev, Any]:
@@ -539,13 +693,15 @@ def decompress(buf: Any, out: Any = None, stream: Any = None) -> Any:
             _after_producer(src, s, work)
             m = _enqueue_prefix(b8, s, work.h_hdr[0])
             s.synchronize()
-            hdr = _parse(work.h_hdr[0], m, int(b8.size))
+            hdr = _parse_any(work.h_hdr[0], m, int(b8.size))
             if out is None:
                 flat = cuda.device_array(hdr.n, hdr.dtype, stream=s)
                 res_src = src
             else:
                 res_src, flat = _check_out_array(out, hdr)
-            if hdr.n:
+            if hdr.n and hdr.version == fmt.VERSION2:
+                _decode2(work, b8, hdr, flat, s)
+            elif hdr.n and isinstance(hdr, fmt.StreamHeader):
                 b8 = _aligned(b8, s)
                 work.ensure(hdr.bitmap_words)
                 buf32, vep = _index(work, 0, b8, hdr, s)
@@ -562,6 +718,25 @@ def decompress(buf: Any, out: Any = None, stream: Any = None) -> Any:
     if out is not None:
         return out
     return _export(flat, res_src, hdr.shape)
+
+
+def _decode2(work: _Work, b8: Any, hdr: fmt.StreamHeader, flat: Any, s: Any) -> None:
+    """Validate, index and decode a v2 stream into ``flat``; FormatError if malformed."""
+    b8 = _aligned(b8, s)
+    w2 = _v2(work)
+    work.ensure(hdr.bitmap_words)
+    w2.ensure(hdr.bitmap_words)
+    buf32, vep = _index2(work, w2, 0, b8, hdr, s)
+    is32 = hdr.dtype == np.float32
+    bits = flat.view(np.uint32 if is32 else np.int64)
+    K2.decode2_kernel[_grid(hdr.bitmap_words, K.WARPS), K.TPB, s](
+        b8, buf32, hdr.table_offset, hdr.index_offset // 4, hdr.mask_offset // 4,
+        hdr.payload_offset // 4, hdr.index_bits, hdr.n, hdr.bitmap_words, int(is32), 2.0 * hdr.eb,
+        w2.pre[0], work.bad, 0, vep, hdr.bitmap_offset // 4, flat, bits,
+    )
+    work.bad.copy_to_host(work.h_tot[:2], stream=s)
+    s.synchronize()
+    _raise_if_bad2(int(work.h_tot[0]), vep, "stream")
 
 
 def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
@@ -586,8 +761,14 @@ def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
             ma = _enqueue_prefix(a8, s, work.h_hdr[0])
             mb = _enqueue_prefix(b8, s, work.h_hdr[1])
             s.synchronize()
-            ha = _parse(work.h_hdr[0], ma, int(a8.size))
-            hb = _parse(work.h_hdr[1], mb, int(b8.size))
+            ha2 = _parse_any(work.h_hdr[0], ma, int(a8.size))
+            hb2 = _parse_any(work.h_hdr[1], mb, int(b8.size))
+            if ha2.version != hb2.version:
+                raise FormatError("streams of format versions 1 and 2 cannot be added; "
+                                  "compress both with the same version")
+            if ha2.version == fmt.VERSION2 and hb2.version == fmt.VERSION2:
+                return _add2(work, sa, a8, b8, ha2, hb2, out, s)
+            ha, hb = ha2, hb2
             _check_addable(ha, hb)
             bound = sum_bound(ha.bound, hb.bound)
             if not math.isfinite(bound):
@@ -624,6 +805,71 @@ def add(a: Any, b: Any, out: Any = None, stream: Any = None) -> Any:
                                    nnz=int(work.h_tot[2]), payload_words=int(work.h_tot[3]),
                                    nterms=nterms)
             return _finish_add(hdr, out, s, sa, work)
+
+
+def _add2(work: _Work, sa: _Dev, a8: Any, b8: Any, ha: fmt.StreamHeader,
+          hb: fmt.StreamHeader, out: Any,
+          s: Any) -> Any:
+    """Homomorphic sum of two v2 streams (format.md, "Homomorphic add (version 2)")."""
+    from ccoll.compressor.cpu.add import sum_bound
+
+    _check_addable(ha, hb)
+    bound = sum_bound(ha.bound, hb.bound)
+    if not math.isfinite(bound):
+        raise MismatchError(f"the sum of bounds {ha.bound!r} + {hb.bound!r} overflows")
+    nterms = ha.nterms + hb.nterms
+    if nterms >= 1 << 32:
+        raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
+    nbw = ha.bitmap_words
+    if ha.nblocks == 0:
+        hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=ha.dtype, shape=ha.shape, eb=ha.eb,
+                               bound=bound, nnz=0,
+                      payload_words=0, nterms=nterms)
+        return _finish_add2(hdr, out, s, sa, None, None)
+    a8 = _aligned(a8, s)
+    b8 = _aligned(b8, s)
+    is32 = ha.dtype == np.float32
+    w2 = _v2(work)
+    pay_max = 64 * min(ha.nnz + hb.nnz, ha.nblocks) + 2
+    work.ensure(nbw)
+    w2.ensure(nbw, ha.nblocks, pay_max)
+    _zero(w2.pay, pay_max, s)
+    a32, vea = _index2(work, w2, 0, a8, ha, s)
+    b32, veb = _index2(work, w2, 1, b8, hb, s)
+    epoch = work.next_epoch()
+    K2.add2_kernel[nbw, K.TPB, s](
+        a8, a32, ha.table_offset, ha.index_offset // 4, ha.mask_offset // 4,
+        ha.payload_offset // 4, ha.bitmap_offset // 4, ha.index_bits, w2.pre[0],
+        b8, b32, hb.table_offset, hb.index_offset // 4, hb.mask_offset // 4,
+        hb.payload_offset // 4, hb.bitmap_offset // 4, hb.index_bits, w2.pre[1],
+        work.bad, vea, veb, ha.n, int(is32), 2.0 * ha.eb, nbw, work.ctr, work.flags_a,
+        work.vals_a, epoch, work.bitmap, w2.codes, w2.masks, w2.pay, w2.pres, w2.totals,
+    )
+    K2.table_kernel[1, K2.NCODES_SET // 32, s](w2.pres, w2.tab, w2.rank, w2.totals)
+    work.bad.copy_to_host(w2.h_tot[4:6], stream=s)
+    w2.totals.copy_to_host(w2.h_tot[:4], stream=s)
+    s.synchronize()
+    _raise_if_bad2(int(w2.h_tot[4]), vea, "a")
+    _raise_if_bad2(int(w2.h_tot[5]), veb, "b")
+    nnz, nmask, nbits, ntab = (int(v) for v in w2.h_tot[:4])
+    hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=ha.dtype, shape=ha.shape, eb=ha.eb,
+                           bound=bound, nnz=nnz,
+                  payload_words=(nbits + 31) // 32, nterms=nterms, nmask=nmask, ntab=ntab)
+    return _finish_add2(hdr, out, s, sa, work, w2)
+
+
+def _finish_add2(hdr: fmt.StreamHeader, out: Any, s: Any, like: _Dev, work: _Work | None,
+                 w2: _Work2 | None) -> Any:
+    if out is None:
+        res = _new_stream(hdr, s)
+    else:
+        res = _check_out_stream(out, hdr.nbytes)
+        _upload(res, hdr.pack(), s)
+    if work is not None and w2 is not None:
+        _assemble2(work, w2, res, hdr, s)
+    if out is not None:
+        return _export_prefix(out, hdr.nbytes)
+    return _export(res, like)
 
 
 def _check_addable(ha: fmt.StreamHeader, hb: fmt.StreamHeader) -> None:

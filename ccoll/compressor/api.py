@@ -150,7 +150,17 @@ def _device_range(x: Any, stream: Any) -> tuple[float, float]:
     return cpu.finite_range(host if host.flags.c_contiguous else host.copy(order="C"))
 
 
-def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
+def _check_version(version: object, x: Any) -> int:
+    """Check ``version=`` (1 or 2)."""
+    if (isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer))
+            or version not in (1, 2)):
+        raise InputError(
+            f"version={version!r} is not a ccoll stream format: pass version=1 or version=2"
+        )
+    return int(version)
+
+
+def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any:
     """Compress ``x`` (float16/bfloat16/float32/float64, any shape) within the bound ``eb``.
 
     ``eb`` is ``ccoll.ABS(v)``, ``ccoll.REL(v)`` (``v * (max - min)`` of the finite values;
@@ -163,8 +173,12 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
     ``decompress(buf, like=x)`` rounds the decoded float32 once back to ``x``'s dtype (see
     :func:`decompress`). A tensor that requires grad is read through ``x.detach()`` (a
     stream is no part of an autograd graph; the collectives, whose results replace data,
-    refuse such tensors instead).
+    refuse such tensors instead). ``version`` is the stream format (docs/format.md): 1 (the
+    default) or 2, which codes the same quantized values in fewer bytes (arrays of fewer
+    than 2^37 elements; both backends write the same bytes). ``decompress``, ``add`` and ``header``
+    read the version from the stream; two streams to add must have the same version.
     """
+    version = _check_version(version, x)
     bound = as_bound(eb)
     if _backend.backend_of(x) == "cuda":
         x = _device_input(x, stream)
@@ -173,13 +187,13 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
             eb_abs = bound.resolve(*_device_range(x, stream))
         else:
             eb_abs = bound.value
-        return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream)
+        return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream, version=version)
     arr = _host_array(x)
     if isinstance(bound, REL):
         eb_abs = bound.resolve(*cpu.finite_range(arr))
     else:
         eb_abs = bound.value
-    buf = cpu.compress_abs(arr, _check_eb_abs(eb_abs))
+    buf = cpu.compress_abs(arr, _check_eb_abs(eb_abs), version)
     if _backend.is_torch(x):
         import torch
 
@@ -188,20 +202,24 @@ def compress(x: Any, eb: object, *, stream: Any = None) -> Any:
 
 
 def compress_abs(
-    x: Any, eb_abs: float, *, stream: Any = None, max_blocks: int | None = None
+    x: Any, eb_abs: float, *, version: int = 1, stream: Any = None,
+    max_blocks: int | None = None
 ) -> Any:
     """Compress ``x`` with an absolute bound already resolved (finite, ``>= 0``; 0 = lossless).
 
-    ``stream`` is a CUDA stream and ``max_blocks`` a cap on the compression kernel's thread
-    blocks (e.g. ``Scheduler.grid_limit("compress")``; the stream bytes do not depend on
-    it) for device data; both are ignored for host data.
+    ``version`` is the stream format, as in :func:`compress`. ``stream`` is a CUDA stream
+    and ``max_blocks`` a cap on the compression kernel's thread blocks (e.g.
+    ``Scheduler.grid_limit("compress")``; the stream bytes do not depend on it) for device
+    data; both are ignored for host data.
     """
+    version = _check_version(version, x)
     eb = _check_eb_abs(eb_abs)
     if _backend.backend_of(x) == "cuda":
         x = _device_input(x, stream)
         _device_dtype(x)
-        return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks)
-    return cpu.compress_abs(_host_array(x), eb)
+        return _backend.cuda_module().compress_abs(x, eb, stream=stream, max_blocks=max_blocks,
+                                                    version=version)
+    return cpu.compress_abs(_host_array(x), eb, version)
 
 
 def _host_stream(buf: Any) -> np.ndarray:
@@ -385,7 +403,8 @@ def add(a: Any, b: Any, out: Any = None, *, stream: Any = None) -> Any:
     The result decodes to the sum of what ``a`` and ``b`` decode to (exactly for ordinary
     blocks) and its header bound is the sum of theirs. With ``out`` (uint8, at least
     ``max_nbytes`` bytes) the stream is written there and the used prefix is returned.
-    Streams that cannot be added raise :class:`ccoll.MismatchError`.
+    Streams that cannot be added raise :class:`ccoll.MismatchError`; a version-1 and a
+    version-2 stream raise :class:`ccoll.FormatError` (compress both with one version).
     """
     where = _backend.backend_of(a)
     if _backend.backend_of(b) != where or (out is not None and _backend.backend_of(out) != where):

@@ -1,4 +1,4 @@
-"""Header of the ccoll stream, format version 1 (docs/format.md specifies every byte).
+"""Header of the ccoll stream, format versions 1 and 2 (docs/format.md specifies every byte).
 
 This module is pure Python and numpy: it packs, parses and validates headers and computes
 the layout of the sections. Both backends use it, so the layout is defined once.
@@ -17,6 +17,11 @@ from ccoll.errors import FormatError
 __all__ = [
     "MAGIC",
     "VERSION",
+    "VERSION2",
+    "VERSIONS",
+    "MAX_N_V2",
+    "NCODES_V2",
+    "bitlen",
     "BLOCK",
     "HEADER_NBYTES",
     "MAX_NDIM",
@@ -32,18 +37,22 @@ __all__ = [
 
 MAGIC = b"CCOL"
 VERSION = 1
+VERSION2 = 2
+VERSIONS = (VERSION, VERSION2)
 BLOCK = 32
 HEADER_NBYTES = 64
 MAX_NDIM = 32
 MAX_N = 1 << 48
+MAX_N_V2 = 1 << 37  # version 2: block and mask counts fit u32
+NCODES_V2 = 1122  # valid 16-bit block codes of version 2 (docs/format.md, "Block codes")
 CODE_RAW = 32
 CODE_RAW64 = 33
 LORENZO_BIT = 0x80
 
 _DTYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
 _CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
-# magic, version, dtype, ndim, reserved, block_size, reserved, n, eb, bound, nnz,
-# payload_words, nterms, reserved
+# magic, version, dtype, ndim, reserved, block_size, reserved (v2: nmask), n, eb, bound,
+# nnz, payload_words, nterms, reserved (v2: ntab)
 _FIXED = struct.Struct("<4sBBBBIIQddQQII")
 assert _FIXED.size == HEADER_NBYTES
 
@@ -60,6 +69,11 @@ def _roundup4(k: int) -> int:
     return (k + 3) & ~3
 
 
+def bitlen(v: int) -> int:
+    """Return the number of bits of the non-negative integer ``v`` (``bitlen(0) = 0``)."""
+    return int(v).bit_length()
+
+
 @dataclass(frozen=True)
 class StreamHeader:
     """Parsed header of a stream, with the offsets of its sections."""
@@ -71,6 +85,9 @@ class StreamHeader:
     nnz: int
     payload_words: int
     nterms: int = 1
+    version: int = VERSION
+    nmask: int = 0  # version 2: patched-planes blocks (words of the mask section)
+    ntab: int = 0  # version 2: codes in the table
 
     @property
     def n(self) -> int:
@@ -99,12 +116,39 @@ class StreamHeader:
 
     @property
     def codes_offset(self) -> int:
-        """Byte offset of the code bytes."""
+        """Byte offset of the section after the bitmap: v1's code bytes, v2's table."""
         return self.bitmap_offset + 4 * self.bitmap_words
+
+    @property
+    def table_offset(self) -> int:
+        """Version 2: byte offset of the code table (``ntab`` u16, padded to 4 bytes)."""
+        return self.codes_offset
+
+    @property
+    def index_bits(self) -> int:
+        """Version 2: width ``ib`` of an index field, ``bitlen(ntab - 1)`` (0 if ntab <= 1)."""
+        return bitlen(self.ntab - 1) if self.ntab > 1 else 0
+
+    @property
+    def index_offset(self) -> int:
+        """Version 2: byte offset of the index bit stream."""
+        return self.table_offset + 4 * ((self.ntab + 1) // 2)
+
+    @property
+    def index_words(self) -> int:
+        """Version 2: length of the index section in words."""
+        return (self.nnz * self.index_bits + 31) // 32
+
+    @property
+    def mask_offset(self) -> int:
+        """Version 2: byte offset of the mask words (``nmask`` of them)."""
+        return self.index_offset + 4 * self.index_words
 
     @property
     def payload_offset(self) -> int:
         """Byte offset of the payload (a multiple of 4)."""
+        if self.version == VERSION2:
+            return self.mask_offset + 4 * self.nmask
         return self.codes_offset + _roundup4(self.nnz)
 
     @property
@@ -114,21 +158,22 @@ class StreamHeader:
 
     def pack(self) -> np.ndarray:
         """Pack the 64-byte header and the shape into a uint8 array (nothing after them)."""
+        v2 = self.version == VERSION2
         fixed = _FIXED.pack(
             MAGIC,
-            VERSION,
+            self.version,
             dtype_code(self.dtype),
             self.ndim,
             0,
             BLOCK,
-            0,
+            self.nmask if v2 else 0,
             self.n,
             float(self.eb),
             float(self.bound),
             self.nnz,
             self.payload_words,
             self.nterms,
-            0,
+            self.ntab if v2 else 0,
         )
         shape = struct.pack(f"<{self.ndim}Q", *self.shape)
         return np.frombuffer(fixed + shape, dtype=np.uint8).copy()
@@ -144,9 +189,9 @@ def _check_magic_and_version(buf: np.ndarray) -> None:
     if head != MAGIC[: len(head)] or buf.size == 0:
         what = f"starts with {head!r}" if head else "is empty"
         raise FormatError(f"not a ccoll stream: it {what}, expected the magic {MAGIC!r}")
-    if buf.size > 4 and int(buf[4]) != VERSION:
+    if buf.size > 4 and int(buf[4]) not in VERSIONS:
         raise FormatError(
-            f"unsupported ccoll stream version {int(buf[4])} (this build reads version {VERSION})"
+            f"unsupported ccoll stream version {int(buf[4])} (this build reads versions 1 and 2)"
         )
 
 
@@ -188,21 +233,27 @@ def parse_header(
     )
     if magic != MAGIC:
         raise FormatError(f"not a ccoll stream: magic is {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
+    if version not in VERSIONS:
         raise FormatError(
-            f"unsupported ccoll stream version {version} (this build reads {VERSION})"
+            f"unsupported ccoll stream version {version} (this build reads versions 1 and 2)"
         )
+    v2 = version == VERSION2
     if dcode not in _DTYPES:
         raise FormatError(f"unknown dtype code {dcode} in stream header (1=float32, 2=float64)")
-    if r0 or r1 or r2:
+    if r0 or (not v2 and (r1 or r2)):
         raise FormatError("reserved header fields are not zero")
     if block != BLOCK:
-        raise FormatError(f"block size {block} in stream header, version 1 uses {BLOCK}")
+        raise FormatError(f"block size {block} in stream header, version {version} uses {BLOCK}")
     shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)
     if n >= MAX_N or any(d >= MAX_N for d in shape):
         raise FormatError(f"element count {n} in stream header is implausibly large")
     if math.prod(shape) != n:
         raise FormatError(f"stream header count {n} does not match its shape {shape}")
+    if v2 and n >= MAX_N_V2:
+        raise FormatError(
+            f"element count {n} in a version-2 stream header: version 2 holds fewer than "
+            f"2^37 elements"
+        )
     if not (math.isfinite(eb) and eb >= 0.0):
         raise FormatError(f"stream header error bound {eb!r} is not finite and >= 0")
     if not (math.isfinite(bound) and bound >= 0.0):
@@ -217,9 +268,23 @@ def parse_header(
         nnz=int(nnz),
         payload_words=int(pwords),
         nterms=int(nterms),
+        version=int(version),
+        nmask=int(r1) if v2 else 0,
+        ntab=int(r2) if v2 else 0,
     )
     if hdr.nnz > hdr.nblocks:
         raise FormatError(f"stream says {nnz} non-zero blocks but has only {hdr.nblocks} blocks")
+    if v2:
+        if hdr.nmask > hdr.nnz:
+            raise FormatError(
+                f"stream header nmask {hdr.nmask} exceeds its {nnz} non-zero blocks"
+            )
+        top = min(hdr.nnz, NCODES_V2)
+        if (hdr.ntab != 0) if hdr.nnz == 0 else not (1 <= hdr.ntab <= top):
+            raise FormatError(
+                f"stream header ntab {hdr.ntab} is not allowed for {nnz} non-zero blocks "
+                f"(0 without any, else 1..{top})"
+            )
     max_words = hdr.nnz * 64
     if hdr.payload_words > max_words:
         raise FormatError(
@@ -234,14 +299,19 @@ def parse_header(
     return hdr
 
 
-def max_nbytes(n: int, dtype: np.dtype | type, ndim: int = 1) -> int:
+def max_nbytes(n: int, dtype: np.dtype | type, ndim: int = 1, version: int = VERSION) -> int:
     """Largest possible stream for ``n`` elements of ``dtype`` with ``ndim`` dimensions.
 
     Every block raw, and float32 blocks possibly raw float64 (after a homomorphic add).
-    Used to size receive buffers without exchanging sizes.
+    Used to size receive buffers without exchanging sizes. ``version`` is the stream
+    format (2 adds the table and an 11-bit index field per block; no block of version 2
+    is longer than 2048 payload bits, and a patched-planes block with its mask word stays
+    below that).
     """
     dtype_code(np.dtype(dtype))
     nblocks = (n + BLOCK - 1) // BLOCK
-    return (
-        HEADER_NBYTES + 8 * ndim + 4 * ((nblocks + 31) // 32) + _roundup4(nblocks) + 256 * nblocks
-    )
+    head = HEADER_NBYTES + 8 * ndim + 4 * ((nblocks + 31) // 32)
+    if version == VERSION2:
+        ntab = min(nblocks, NCODES_V2)
+        return head + 4 * ((ntab + 1) // 2) + 4 * ((nblocks * 11 + 31) // 32) + 256 * nblocks
+    return head + _roundup4(nblocks) + 256 * nblocks

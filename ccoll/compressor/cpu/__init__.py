@@ -1,9 +1,11 @@
-"""CPU backend of the ccoll compressor: numba kernels for stream format v1 (docs/format.md).
+"""CPU backend of the ccoll compressor: numba kernels for stream formats v1 and v2 (docs/format.md).
 
 The modules, by job: :mod:`.intrinsics` (LLVM-level bit operations), :mod:`.blocks` (the
 per-block codec, chunking and kernel launches), :mod:`.encode` (``compress_abs``,
 ``finite_range``), :mod:`.decode` (``decompress``, ``header``, ``as_stream``) and
-:mod:`.add` (``add``, ``add_data``, ``sum_bound``).
+:mod:`.add` (``add``, ``add_data``, ``sum_bound``); format version 2 is in :mod:`.v2blocks`
+(bit streams, the block codec) and :mod:`.v2` (its kernels; the functions above dispatch on
+the version).
 
 The arithmetic is exactly the one of docs/format.md (float64 division, ``floor(v + 0.5)``,
 one float64 multiplication, rounding to the dtype). The kernels are compiled without

@@ -14,6 +14,7 @@ import numpy as np
 from numba import njit, prange
 
 from ccoll.compressor import format as fmt
+from ccoll.compressor.cpu import v2
 from ccoll.compressor.cpu.blocks import (
     BLOCK,
     CANONICAL_NAN64,
@@ -38,7 +39,7 @@ from ccoll.compressor.cpu.blocks import (
 )
 from ccoll.compressor.cpu.decode import _validate, as_stream
 from ccoll.compressor.cpu.intrinsics import _bits_from_f64
-from ccoll.errors import ErrorBoundError, MismatchError
+from ccoll.errors import ErrorBoundError, FormatError, MismatchError
 
 __all__ = ["add", "add_data", "sum_bound"]
 
@@ -443,15 +444,8 @@ def sum_bound(a: float, b: float) -> float:
     return s
 
 
-def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
-    """Homomorphic sum of two host streams (docs/format.md, "Homomorphic add").
-
-    With ``out`` (a writable contiguous uint8 array, ``max_nbytes`` always suffices) the
-    stream is written there and the used prefix is returned.
-    """
-    la = _validate(as_stream(a))
-    lb = _validate(as_stream(b))
-    ha, hb = la.hdr, lb.hdr
+def _sum_header(ha: fmt.StreamHeader, hb: fmt.StreamHeader) -> tuple[float, int]:
+    """Check that two streams add (dtype, count, eb) and return the sum's bound and nterms."""
     if ha.dtype != hb.dtype:
         raise MismatchError(f"cannot add a {ha.dtype} stream to a {hb.dtype} stream")
     if ha.n != hb.n:
@@ -466,6 +460,30 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
     nterms = ha.nterms + hb.nterms
     if nterms >= 1 << 32:
         raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
+    return bound, nterms
+
+
+def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
+    """Homomorphic sum of two host streams (docs/format.md, "Homomorphic add").
+
+    With ``out`` (a writable contiguous uint8 array, ``max_nbytes`` always suffices) the
+    stream is written there and the used prefix is returned.
+    """
+    sa, sb = as_stream(a), as_stream(b)
+    va, vb = fmt.parse_header(sa).version, fmt.parse_header(sb).version
+    if va != vb:
+        raise FormatError(
+            "streams of format versions 1 and 2 cannot be added; compress both with the "
+            "same version"
+        )
+    if va == fmt.VERSION2:
+        l2a, l2b = v2.validate_v2(sa), v2.validate_v2(sb)
+        bound, nterms = _sum_header(l2a.hdr, l2b.hdr)
+        return v2.add_v2(l2a, l2b, bound, nterms, out)
+    la = _validate(sa)
+    lb = _validate(sb)
+    ha, hb = la.hdr, lb.hdr
+    bound, nterms = _sum_header(ha, hb)
     is32 = ha.dtype == np.float32
     n = ha.n
     nblocks = ha.nblocks
@@ -533,17 +551,8 @@ def _scratch(nwords: int) -> np.ndarray:
     return buf[:nwords]
 
 
-def add_data(a: object, x: np.ndarray, eb: float | None = None) -> np.ndarray:
-    """``add(a, compress_abs(x, eb))`` in one pass, ``eb`` being the stream's own.
-
-    Byte for byte the same stream (docs/format.md, "Homomorphic add"), without encoding
-    ``x``'s blocks to bit-planes and decoding them again: what a homomorphic ring step does
-    with its own share of a block. ``x`` is a contiguous float array of the stream's dtype
-    and element count; a given ``eb`` must equal the stream's bit for bit, as :func:`add`
-    requires of two streams.
-    """
-    la = _validate(as_stream(a))
-    ha = la.hdr
+def _data_header(ha: fmt.StreamHeader, x: object, eb: float | None) -> tuple[float, int]:
+    """Check that data ``x`` adds to a stream (eb, dtype, count); the sum's bound and nterms."""
     if eb is not None and np.float64(eb).view(np.uint64) != np.float64(ha.eb).view(np.uint64):
         raise MismatchError(
             f"cannot add data quantized with eb={eb!r} to a stream with eb={ha.eb!r}"
@@ -560,6 +569,26 @@ def add_data(a: object, x: np.ndarray, eb: float | None = None) -> np.ndarray:
     nterms = ha.nterms + 1
     if nterms >= 1 << 32:
         raise MismatchError(f"a sum of {nterms} streams does not fit the header's nterms")
+    return bound, nterms
+
+
+def add_data(a: object, x: np.ndarray, eb: float | None = None) -> np.ndarray:
+    """``add(a, compress_abs(x, eb))`` in one pass, ``eb`` being the stream's own.
+
+    Byte for byte the same stream (docs/format.md, "Homomorphic add"), without encoding
+    ``x``'s blocks to bit-planes and decoding them again: what a homomorphic ring step does
+    with its own share of a block. ``x`` is a contiguous float array of the stream's dtype
+    and element count; a given ``eb`` must equal the stream's bit for bit, as :func:`add`
+    requires of two streams.
+    """
+    sa = as_stream(a)
+    if fmt.parse_header(sa).version == fmt.VERSION2:
+        l2 = v2.validate_v2(sa)
+        bound, nterms = _data_header(l2.hdr, x, eb)
+        return v2.add_data_v2(l2, x, bound, nterms)
+    la = _validate(sa)
+    ha = la.hdr
+    bound, nterms = _data_header(ha, x, eb)
     flat = _readonly(np.ascontiguousarray(x).reshape(-1))
     is32 = ha.dtype == np.float32
     n = ha.n

@@ -190,16 +190,27 @@ def _check_out(out: object, hdr: fmt.StreamHeader) -> np.ndarray:
     return out.reshape(-1)
 
 
-def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
-    """Decode a host stream; ``out`` (matching dtype and shape or size) receives the values."""
-    lay = _validate(as_stream(buf))
-    hdr = lay.hdr
+def _result_of(out: np.ndarray | None, hdr: fmt.StreamHeader) -> tuple[np.ndarray, np.ndarray]:
+    """Return the result array and its flat view: a new array, or the checked ``out``."""
     if out is None:
         result = np.empty(hdr.shape, hdr.dtype)
-        flat = result.reshape(-1)
-    else:
-        flat = _check_out(out, hdr)
-        result = out
+        return result, result.reshape(-1)
+    return out, _check_out(out, hdr)
+
+
+def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode a host stream; ``out`` (matching dtype and shape or size) receives the values."""
+    stream = as_stream(buf)
+    hdr = fmt.parse_header(stream)
+    if hdr.version == fmt.VERSION2:
+        from ccoll.compressor.cpu import v2  # v2 builds on this module
+
+        lay2 = v2.validate_v2(stream, hdr)
+        result, flat = _result_of(out, hdr)
+        v2.decode_into(lay2, flat)
+        return result
+    lay = _validate(stream)
+    result, flat = _result_of(out, hdr)
     if hdr.n:
         outbits = flat.view(np.uint32) if hdr.dtype == np.float32 else flat.view(np.int64)
         with _threads_for(hdr.n):
@@ -247,13 +258,19 @@ def decompress_wide(buf: object, out: np.ndarray | None = None) -> np.ndarray:
     float64 stream). The requantizing allreduce starts from these values, so that the
     rounding to the dtype happens once, at the end (docs/error-bound.md, "Split bound").
     """
-    lay = _validate(as_stream(buf))
-    hdr = lay.hdr
+    stream = as_stream(buf)
+    hdr = fmt.parse_header(stream)
     if out is None:
         out = np.empty(hdr.n, np.float64)
     elif out.dtype != np.float64 or out.size != hdr.n or not out.flags.c_contiguous:
         raise MismatchError(f"out must be a C-contiguous float64 array of {hdr.n} elements")
     flat = out.reshape(-1)
+    if hdr.version == fmt.VERSION2:
+        from ccoll.compressor.cpu import v2
+
+        v2.decode_into(v2.validate_v2(stream, hdr), flat)
+        return out
+    lay = _validate(stream)
     if hdr.n:
         with _threads_for(hdr.n):
             _decode_wide(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos,

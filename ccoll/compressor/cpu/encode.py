@@ -188,11 +188,16 @@ def _write_stream(x, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W): 
                 word = 0
 
 
-def compress_abs(x: np.ndarray, eb: float) -> np.ndarray:
+def compress_abs(x: np.ndarray, eb: float, version: int = fmt.VERSION) -> np.ndarray:
     """Compress a contiguous native float32/float64 host array with an absolute bound ``eb``.
 
     ``eb`` must be finite and ``>= 0`` (checked by the caller); ``eb = 0`` is lossless.
+    ``version`` is the stream format, 1 or 2 (docs/format.md).
     """
+    if version == fmt.VERSION2:
+        from ccoll.compressor.cpu import v2  # v2 builds on the v1 modules
+
+        return v2.compress_abs_v2(x, eb)
     flat = _readonly(x.reshape(-1))
     n = flat.size
     is32 = flat.dtype == np.float32

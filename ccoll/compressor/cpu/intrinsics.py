@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.extending import intrinsic, overload
 
 __all__ = [
     "_bitlen",
     "_popcount",
+    "_tzcnt",
+    "_pext64",
+    "_pdep64",
+    "HAVE_BMI2",
     "_f64_from_bits",
     "_bits_from_f64",
     "_f32_from_bits",
@@ -43,6 +47,17 @@ def _popcount(typingctx, x):  # type: ignore[no-untyped-def]
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         return builder.ctpop(args[0])
+
+    return sig, codegen
+
+
+@intrinsic
+def _tzcnt(typingctx, x):  # type: ignore[no-untyped-def]
+    """Index of the lowest set bit of a non-zero int64 (``cttz``)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
 
     return sig, codegen
 
@@ -80,6 +95,92 @@ def _f32_from_bits(typingctx, x):  # type: ignore[no-untyped-def]
         return builder.fpext(f, ir.DoubleType())
 
     return sig, codegen
+
+
+def _host_has_bmi2() -> bool:
+    try:
+        from llvmlite import binding as llb
+
+        return bool(llb.get_host_cpu_features().get("bmi2", False))
+    except Exception:  # noqa: BLE001 - no feature list: the portable loops
+        return False
+
+
+# pext/pdep are one instruction with BMI2 (x86 since 2013); elsewhere a loop over the mask.
+HAVE_BMI2 = _host_has_bmi2()
+
+
+def _bmi2(name):  # type: ignore[no-untyped-def]
+    @intrinsic
+    def op(typingctx, x, m):  # type: ignore[no-untyped-def]
+        sig = types.int64(types.int64, types.int64)
+
+        def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+            i64 = ir.IntType(64)
+            fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(i64, [i64, i64]))
+            return builder.call(fn, args)
+
+        return sig, codegen
+
+    return op
+
+
+_pext_hw = _bmi2("llvm.x86.bmi.pext.64")
+_pdep_hw = _bmi2("llvm.x86.bmi.pdep.64")
+
+
+def _pext64(x, m):  # type: ignore[no-untyped-def]
+    """Gather the bits of ``x`` at the set bits of ``m`` into the low bits (BMI2 ``pext``)."""
+    raise NotImplementedError  # only called from numba code, see the overload below
+
+
+def _pdep64(x, m):  # type: ignore[no-untyped-def]
+    """Scatter the low bits of ``x`` to the set bits of ``m`` (BMI2 ``pdep``)."""
+    raise NotImplementedError
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _pext_sw(x, m):  # type: ignore[no-untyped-def]
+    """Portable ``pext``: one step per set bit of ``m``."""
+    r = np.int64(0)
+    i = 0
+    mm = np.int64(m)
+    while mm:
+        low = mm & -mm
+        if x & low:
+            r |= np.int64(1) << i
+        i += 1
+        mm &= mm - 1
+    return r
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _pdep_sw(x, m):  # type: ignore[no-untyped-def]
+    """Portable ``pdep``: one step per set bit of ``m``."""
+    r = np.int64(0)
+    i = 0
+    mm = np.int64(m)
+    while mm:
+        low = mm & -mm
+        if (x >> i) & 1:
+            r |= low
+        i += 1
+        mm &= mm - 1
+    return r
+
+
+@overload(_pext64)
+def _pext64_impl(x, m):  # type: ignore[no-untyped-def]
+    if HAVE_BMI2:
+        return lambda x, m: _pext_hw(np.int64(x), np.int64(m))
+    return lambda x, m: _pext_sw(np.int64(x), np.int64(m))
+
+
+@overload(_pdep64)
+def _pdep64_impl(x, m):  # type: ignore[no-untyped-def]
+    if HAVE_BMI2:
+        return lambda x, m: _pdep_hw(np.int64(x), np.int64(m))
+    return lambda x, m: _pdep_sw(np.int64(x), np.int64(m))
 
 
 _I32 = ir.IntType(32)

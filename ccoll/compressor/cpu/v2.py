@@ -1,0 +1,970 @@
+"""Stream format version 2 on the CPU: compress, validate, decompress, add, add_data.
+
+The work is split into chunks of ``CHUNK_BLOCKS`` blocks as in version 1, and ``prange``
+runs over chunks. Compression is a plan pass (every block's code and payload bits, per
+chunk: non-zero blocks, patched-planes blocks and bits), the code table from the codes
+present, three exclusive scans over the chunks (index field, mask word, payload bit), and
+a write pass that quantizes again and packs each chunk at its offsets. Neighbouring chunks
+share at most one word of the index and one of the payload; each chunk returns its last,
+partial word, and those are OR'd in afterwards (docs/format.md, "Offsets (version 2)"),
+so the bytes do not depend on the number of threads.
+
+Decompression validates header, bitmap, table, index, mask count and sizes (docs/format.md,
+"Robustness (version 2)") before a pass reads the payload. The homomorphic sum writes each
+chunk's payload into its own region of a scratch buffer, then moves every chunk to its bit
+offset.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ccoll.compressor import format as fmt
+from ccoll.compressor.cpu.blocks import (
+    BLOCK,
+    CANONICAL_NAN64,
+    CHUNK_BLOCKS,
+    QLIM,
+    QMAX_ADD,
+    _nchunks,
+    _quantize,
+    _readonly,
+    _scan,
+    _small,
+    _threads_for,
+)
+from ccoll.compressor.cpu.decode import _count_bitmap
+from ccoll.compressor.cpu.intrinsics import (
+    _bits_from_f64,
+    _f32_from_bits,
+    _f64_from_bits,
+    _round_like,
+)
+from ccoll.compressor.cpu.v2blocks import (
+    CODE_RAW64_V2,
+    CODE_RAW_V2,
+    KIND_PP,
+    KIND_RAW,
+    KIND_RAW64,
+    NCODES,
+    NO_BLOCK,
+    _choose,
+    _choose_mc,
+    _code_bits,
+    _copy_bits,
+    _emit_q,
+    _emit_raw_bits,
+    _get,
+    _put,
+    _read_q,
+    _read_raw,
+    _reader_at,
+    _writer_at,
+    code_valid,
+)
+from ccoll.errors import FormatError, InputError, MismatchError
+
+__all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validate_v2"]
+
+
+# ----------------------------------------------------------------------------- compression
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
+    """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
+
+    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``mag`` receives ``|q|`` (padding
+    lanes 0).
+    """
+    m = xb.size
+    bad = np.int64(0)
+    mx = np.int64(0)
+    c = np.int64(0)
+    if m == BLOCK:
+        for l in range(BLOCK):  # constant trip count, branch-free: vectorized
+            xd = np.float64(xb[l])
+            v = xd / step
+            inr = abs(v) < QLIM
+            vv = v if inr else 0.0
+            qi = np.int64(np.floor(vv + 0.5))
+            yd = _round_like(np.float64(qi) * step, xb)
+            ok = inr & (abs(yd - xd) < eb)
+            bad += np.int64(not ok)
+            a = abs(qi)
+            mag[l] = a
+            mx = max(mx, a)
+            c += np.int64(a != 0)
+    else:
+        for l in range(BLOCK):
+            a = np.int64(0)
+            if l < m:
+                xd = np.float64(xb[l])
+                v = xd / step
+                inr = abs(v) < QLIM
+                vv = v if inr else 0.0
+                qi = np.int64(np.floor(vv + 0.5))
+                yd = _round_like(np.float64(qi) * step, xb)
+                ok = inr & (abs(yd - xd) < eb)
+                bad += np.int64(not ok)
+                a = abs(qi)
+            mag[l] = a
+            mx = max(mx, a)
+            c += np.int64(a != 0)
+    return bad, mx, c
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+    """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums."""
+    n = x.size
+    nblocks = codes.size
+    is32 = x.itemsize == 4
+    rawbits = 1024 if is32 else 2048
+    for c in prange(chunk_nnz.size):
+        mag = np.empty(BLOCK, np.uint32)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        nm = 0
+        bits = 0
+        for b in range(b0, b1):
+            base = b * BLOCK
+            xb = x[base : min(base + BLOCK, n)]
+            if xb.size == BLOCK:
+                tiny = True
+                for l in range(BLOCK):
+                    tiny &= abs(xb[l]) <= small
+                if tiny:
+                    codes[b] = NO_BLOCK
+                    continue
+            bad, mx, nzc = _quantize_v2(xb, eb, step, mag)
+            if bad:
+                code = CODE_RAW_V2
+                size = rawbits
+            elif mx == 0:
+                codes[b] = NO_BLOCK
+                continue
+            else:
+                code, size = _choose_mc(mag, mx, nzc)
+                nm += (code >> 10) == KIND_PP
+            codes[b] = code
+            nz += 1
+            bits += size
+        chunk_nnz[c] = nz
+        chunk_nmask[c] = nm
+        chunk_bits[c] = bits
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _plan_lossless(bits_, mask, is32, codes, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+    """Pass 1 of ``eb = 0``: a zero block iff every element is +-0.0, else raw."""
+    n = bits_.size
+    nblocks = codes.size
+    rawbits = 1024 if is32 else 2048
+    for c in prange(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        for b in range(b0, b1):
+            base = b * BLOCK
+            bb = bits_[base : min(base + BLOCK, n)]
+            acc = np.uint64(0)
+            for l in range(bb.size):
+                acc |= np.uint64(bb[l]) & mask
+            if acc == 0:
+                codes[b] = NO_BLOCK
+            else:
+                codes[b] = CODE_RAW_V2
+                nz += 1
+        chunk_nnz[c] = nz
+        chunk_nmask[c] = 0
+        chunk_bits[c] = nz * rawbits
+
+
+@njit(nogil=True, cache=True)
+def _presence(codes, present):  # type: ignore[no-untyped-def]
+    """Mark the codes that occur (the table is the marked codes, increasing)."""
+    for b in range(codes.size):
+        code = codes[b]
+        if code >= 0:
+            present[code] = 1
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap, idx, masks,
+              pay, last_idx, last_pay):  # type: ignore[no-untyped-def]
+    """Pass 2: bitmap, index fields, mask words and payload of every chunk."""
+    n = x.size
+    nblocks = codes.size
+    wide = x.itemsize == 8
+    for c in prange(chunk_k.size):
+        q = np.empty(BLOCK, np.int64)
+        mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
+        ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
+        ppos, pacc, pnb = _writer_at(chunk_o[c])
+        r = chunk_r[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        word = np.int64(0)
+        for b in range(b0, b1):
+            code = np.int64(codes[b])
+            if code >= 0:
+                word |= np.int64(1) << (b & 31)
+                ipos, iacc, inb = _put(idx, ipos, iacc, inb, rank[code], ib)
+                base = b * BLOCK
+                e = min(base + BLOCK, n)
+                m = e - base
+                if (code >> 10) == KIND_RAW:
+                    ppos, pacc, pnb = _emit_raw_bits(pay, ppos, pacc, pnb, bits_[base:e], m, wide)
+                else:
+                    xb = x[base:e]
+                    if m == BLOCK:
+                        for l in range(BLOCK):
+                            # The arithmetic of _quantize; the block is known to be accepted.
+                            qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
+                            q[l] = qi
+                            mag[l] = abs(qi)
+                    else:
+                        for l in range(BLOCK):
+                            qi = np.int64(0)
+                            if l < m:
+                                qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
+                            q[l] = qi
+                            mag[l] = abs(qi)
+                    ppos, pacc, pnb, M = _emit_q(pay, ppos, pacc, pnb, code, q, mag, tmp)
+                    if (code >> 10) == KIND_PP:
+                        masks[r] = M
+                        r += 1
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+        last_idx[c] = iacc if inb else 0
+        last_pay[c] = pacc if pnb else 0
+
+
+def _merge_last(W: np.ndarray, ends: np.ndarray, last: np.ndarray) -> None:
+    """OR each chunk's last, partial word into the word where its bits end."""
+    sel = (ends & 31) != 0
+    if sel.any():
+        np.bitwise_or.at(W, ends[sel] >> 5, last[sel].astype(np.uint32))
+
+
+def _zero_last(W: np.ndarray, ends: np.ndarray) -> None:
+    """Zero the words that chunks' last, partial words will be OR'd into."""
+    sel = (ends & 31) != 0
+    W[ends[sel] >> 5] = 0
+
+
+def _table_of(present: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    table = np.flatnonzero(present).astype(np.uint16)
+    rank = np.zeros(NCODES, np.int64)
+    rank[table] = np.arange(table.size)
+    ib = fmt.bitlen(table.size - 1) if table.size > 1 else 0
+    return table, rank, ib
+
+
+def _new_stream(hdr: fmt.StreamHeader, table: np.ndarray, out: np.ndarray | None = None
+                ) -> np.ndarray:
+    """Allocate (or check ``out``) and fill header, shape and table of a v2 stream."""
+    if out is None:
+        res = np.empty(hdr.nbytes, np.uint8)
+    else:
+        if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1):
+            raise MismatchError("out for a stream must be a 1-D uint8 numpy array")
+        if not (out.flags.writeable and out.flags.c_contiguous):
+            raise MismatchError("out for a stream must be writable and contiguous")
+        if out.size < hdr.nbytes:
+            raise MismatchError(
+                f"out holds {out.size} bytes, the sum needs {hdr.nbytes} "
+                "(size it with max_nbytes(..., version=2))"
+            )
+        if out.ctypes.data % 4:
+            raise MismatchError("out for a stream must be 4-byte aligned")
+        res = out[: hdr.nbytes]
+    head = hdr.pack()
+    res[: head.size] = head
+    tab = res[hdr.table_offset : hdr.index_offset]
+    tab[:] = 0
+    tab[: 2 * table.size] = table.astype("<u2").view(np.uint8)
+    return res
+
+
+def _sections(res: np.ndarray, hdr: fmt.StreamHeader
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    bitmap = res[hdr.bitmap_offset : hdr.table_offset].view(np.uint32)
+    idx = res[hdr.index_offset : hdr.mask_offset].view(np.uint32)
+    masks = res[hdr.mask_offset : hdr.payload_offset].view(np.uint32)
+    pay = res[hdr.payload_offset : hdr.nbytes].view(np.uint32)
+    return bitmap, idx, masks, pay
+
+
+def check_v2_size(n: int) -> None:
+    """Refuse arrays that version 2 cannot hold (``n >= 2^37``)."""
+    if n >= fmt.MAX_N_V2:
+        raise InputError(
+            f"an array of {n} elements is too large for stream format version 2 (fewer than "
+            "2^37 elements): compress it with version=1, which holds up to 2^48"
+        )
+
+
+def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
+    """Compress a contiguous native float32/float64 host array as a version-2 stream.
+
+    ``eb`` must be finite and ``>= 0`` (checked by the caller); ``eb = 0`` is lossless.
+    """
+    flat = _readonly(x.reshape(-1))
+    n = flat.size
+    check_v2_size(n)
+    is32 = flat.dtype == np.float32
+    nblocks = (n + BLOCK - 1) // BLOCK
+    nch = _nchunks(nblocks)
+    codes = np.empty(nblocks, np.int16)
+    chunk_nnz = np.empty(nch, np.int64)
+    chunk_nmask = np.empty(nch, np.int64)
+    chunk_bits = np.empty(nch, np.int64)
+    bits_ = flat.view(np.uint32) if is32 else flat.view(np.uint64)
+    step = 2.0 * eb
+    present = np.zeros(NCODES, np.uint8)
+    if nblocks:
+        with _threads_for(n):
+            if eb == 0.0:
+                mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
+                _plan_lossless(bits_, mask, is32, codes, chunk_nnz, chunk_nmask, chunk_bits)
+            else:
+                _plan_lossy(flat, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
+                            chunk_nmask, chunk_bits)
+        _presence(codes, present)
+    table, rank, ib = _table_of(present)
+    chunk_k, nnz = _scan(chunk_nnz)
+    chunk_r, nmask = _scan(chunk_nmask)
+    chunk_o, nbits = _scan(chunk_bits)
+    hdr = fmt.StreamHeader(dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb, nnz=nnz,
+                           payload_words=(nbits + 31) // 32, version=fmt.VERSION2,
+                           nmask=nmask, ntab=int(table.size))
+    res = _new_stream(hdr, table)
+    if nblocks:
+        bitmap, idx, masks, pay = _sections(res, hdr)
+        iends = (chunk_k + chunk_nnz) * ib
+        pends = chunk_o + chunk_bits
+        _zero_last(idx, iends)
+        _zero_last(pay, pends)
+        last_idx = np.empty(nch, np.int64)
+        last_pay = np.empty(nch, np.int64)
+        with _threads_for(n):
+            _write_v2(flat, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap,
+                      idx, masks, pay, last_idx, last_pay)
+        _merge_last(idx, iends, last_idx)
+        _merge_last(pay, pends, last_pay)
+    return res
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+class LayoutV2:
+    """A validated version-2 stream: header, section views and per-chunk offsets."""
+
+    __slots__ = ("hdr", "bitmap", "table", "idx", "masks", "W", "ib", "chunk_k", "chunk_r",
+                 "chunk_o")
+
+    def __init__(self, hdr: fmt.StreamHeader, bitmap: np.ndarray, table: np.ndarray,
+                 idx: np.ndarray, masks: np.ndarray, W: np.ndarray, chunk_k: np.ndarray,
+                 chunk_r: np.ndarray, chunk_o: np.ndarray) -> None:
+        self.hdr = hdr
+        self.bitmap = bitmap
+        self.table = table
+        self.idx = idx
+        self.masks = masks
+        self.W = W
+        self.ib = hdr.index_bits
+        self.chunk_k = chunk_k
+        self.chunk_r = chunk_r
+        self.chunk_o = chunk_o
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _index_pass(idx, ib, ntab, kind0, chunk_k, chunk_nnz, chunk_nmask):  # type: ignore[no-untyped-def]
+    """Patched-planes blocks of each chunk; -1 for a chunk with an index field >= ntab."""
+    for c in prange(chunk_k.size):
+        pos, acc, nb = _reader_at(idx, chunk_k[c] * ib)
+        nm = 0
+        for _ in range(chunk_nnz[c]):
+            i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
+            if i >= ntab:
+                nm = -1
+                break
+            nm += kind0[i]
+        chunk_nmask[c] = nm
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _size_pass(idx, ib, table, masks, is32, chunk_k, chunk_nnz, chunk_r, chunk_bits):  # type: ignore[no-untyped-def]
+    """Payload bits of each chunk (index fields and mask count already checked)."""
+    for c in prange(chunk_k.size):
+        pos, acc, nb = _reader_at(idx, chunk_k[c] * ib)
+        r = chunk_r[c]
+        bits = np.int64(0)
+        for _ in range(chunk_nnz[c]):
+            i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
+            code = np.int64(table[i])
+            M = np.int64(0)
+            if (code >> 10) == KIND_PP:
+                M = np.int64(masks[r])
+                r += 1
+            bits += _code_bits(code, M, is32)
+        chunk_bits[c] = bits
+
+
+def _stream_words(buf: np.ndarray) -> np.ndarray:
+    """Read-only, 4-byte aligned view (or copy) of a stream."""
+    return _readonly(buf if buf.ctypes.data % 4 == 0 else buf.copy())
+
+
+def validate_v2(buf: np.ndarray, hdr: fmt.StreamHeader | None = None) -> LayoutV2:
+    """Check a version-2 stream before its payload is read (docs/format.md, "Robustness")."""
+    if hdr is None:
+        hdr = fmt.parse_header(buf)
+    is32 = hdr.dtype == np.float32
+    nblocks = hdr.nblocks
+    raw = _stream_words(buf)
+    bitmap = raw[hdr.bitmap_offset : hdr.table_offset].view(np.uint32)
+    tail = nblocks % 32
+    if tail and int(bitmap[-1]) >> tail:
+        raise FormatError(f"stream bitmap has bits set beyond its {nblocks} blocks")
+    nch = _nchunks(nblocks)
+    chunk_nnz = np.zeros(nch, np.int64)
+    if nch:
+        with _threads_for(hdr.n):
+            _count_bitmap(bitmap, chunk_nnz)
+    chunk_k, total = _scan(chunk_nnz)
+    if total != hdr.nnz:
+        raise FormatError(f"stream bitmap has {total} non-zero blocks, its header says {hdr.nnz}")
+    tabbytes = raw[hdr.table_offset : hdr.index_offset]
+    table = tabbytes[: 2 * hdr.ntab].view("<u2").astype(np.int64)
+    if tabbytes[2 * hdr.ntab :].any():
+        raise FormatError("stream code table padding is not zero")
+    for code in table.tolist():
+        if not code_valid(code, is32):
+            raise FormatError(f"stream code table holds the invalid code {code:#x}")
+    if table.size > 1 and not (np.diff(table) > 0).all():
+        raise FormatError("stream code table is not strictly increasing")
+    idx = raw[hdr.index_offset : hdr.mask_offset].view(np.uint32)
+    ib = hdr.index_bits
+    used = hdr.nnz * ib
+    if used & 31 and int(idx[-1]) >> (used & 31):
+        raise FormatError("stream index padding bits are not zero")
+    kind0 = ((table >> 10) == KIND_PP).astype(np.int64)
+    chunk_nmask = np.zeros(nch, np.int64)
+    if nch:
+        with _threads_for(hdr.n):
+            _index_pass(idx, ib, hdr.ntab, kind0, chunk_k, chunk_nnz, chunk_nmask)
+    if (chunk_nmask < 0).any():
+        raise FormatError(f"stream index field is not below ntab = {hdr.ntab}")
+    chunk_r, nmask = _scan(chunk_nmask)
+    if nmask != hdr.nmask:
+        raise FormatError(
+            f"stream has {nmask} patched-planes blocks, its header says nmask = {hdr.nmask}"
+        )
+    masks = raw[hdr.mask_offset : hdr.payload_offset].view(np.uint32)
+    chunk_bits = np.zeros(nch, np.int64)
+    if nch:
+        with _threads_for(hdr.n):
+            _size_pass(idx, ib, table, masks, is32, chunk_k, chunk_nnz, chunk_r, chunk_bits)
+    chunk_o, nbits = _scan(chunk_bits)
+    if (nbits + 31) // 32 != hdr.payload_words:
+        raise FormatError(
+            f"stream block sizes add up to {nbits} payload bits, its header says "
+            f"{hdr.payload_words} words"
+        )
+    W = raw[hdr.payload_offset : hdr.nbytes].view(np.uint32)
+    if nbits & 31 and int(W[-1]) >> (nbits & 31):
+        raise FormatError("stream payload bits after the last block are not zero")
+    return LayoutV2(hdr, bitmap, table, idx, masks, W, chunk_k, chunk_r, chunk_o)
+
+
+# ---------------------------------------------------------------------------- decompression
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step, n, is32,
+               out, outbits, errs):  # type: ignore[no-untyped-def]
+    """Decode every block of a validated stream into ``out`` (float32, or float64 = wide).
+
+    ``errs[c]`` is set for a chunk holding a sparse block with positions out of order.
+    """
+    nblocks = (n + BLOCK - 1) // BLOCK
+    same = (out.itemsize == 4) == is32
+    for c in prange(chunk_k.size):
+        qv = np.empty(BLOCK, np.int64)
+        lo = np.empty(BLOCK, np.uint32)
+        hi = np.empty(BLOCK, np.uint32)
+        rb = np.empty(BLOCK, np.int64)
+        ipos, iacc, inb = _reader_at(idx, chunk_k[c] * ib)
+        pos, acc, nb = _reader_at(W, chunk_o[c])
+        r = chunk_r[c]
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            ob = out[base:e]
+            m = e - base
+            if (np.int64(bitmap[b >> 5]) >> (b & 31)) & 1 == 0:
+                for l in range(m):
+                    ob[l] = 0.0
+                continue
+            i, ipos, iacc, inb = _get(idx, ipos, iacc, inb, ib)
+            code = np.int64(table[i])
+            kind = code >> 10
+            if kind <= 1:
+                M = np.int64(0)
+                if kind == KIND_PP:
+                    M = np.int64(masks[r])
+                    r += 1
+                pos, acc, nb, err = _read_q(W, pos, acc, nb, code, M, qv, lo, hi)
+                if err:
+                    errs[c] = 1
+                    break
+                for l in range(m):
+                    ob[l] = np.float64(qv[l]) * step
+            elif kind == KIND_RAW:
+                pos, acc, nb = _read_raw(W, pos, acc, nb, not is32, rb)
+                obits = outbits[base:e]
+                if same:
+                    for l in range(m):
+                        obits[l] = rb[l]
+                else:
+                    for l in range(m):
+                        ob[l] = _f32_from_bits(rb[l])
+            else:
+                pos, acc, nb = _read_raw(W, pos, acc, nb, True, rb)
+                for l in range(m):
+                    ob[l] = _f64_from_bits(rb[l])
+
+
+def decode_into(lay: LayoutV2, flat: np.ndarray) -> None:
+    """Decode a validated stream into the flat float32/float64 array ``flat``."""
+    hdr = lay.hdr
+    if not hdr.n:
+        return
+    outbits = flat.view(np.uint32) if flat.dtype == np.float32 else flat.view(np.int64)
+    errs = np.zeros(lay.chunk_k.size, np.uint8)
+    with _threads_for(hdr.n):
+        _decode_v2(lay.W, lay.bitmap, lay.table, lay.idx, lay.ib, lay.masks, lay.chunk_k,
+                   lay.chunk_r, lay.chunk_o, 2.0 * hdr.eb, hdr.n, hdr.dtype == np.float32,
+                   flat, outbits, errs)
+    if errs.any():
+        raise FormatError("stream holds a sparse block whose positions are not increasing")
+
+
+def decompress_v2(buf: np.ndarray, hdr: fmt.StreamHeader, flat: np.ndarray) -> None:
+    """Validate a version-2 stream and decode it into ``flat``."""
+    decode_into(validate_v2(buf, hdr), flat)
+
+
+# ------------------------------------------------------------------------ homomorphic sum
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _lane_value(kind, qv, rb, l, step, is32):  # type: ignore[no-untyped-def]
+    """float64 value of lane ``l`` of a decoded block (quantized: ``q * step``, unrounded)."""
+    if kind <= 1:
+        return np.float64(qv[l]) * step
+    if kind == KIND_RAW and is32:
+        return _f32_from_bits(rb[l])
+    return _f64_from_bits(rb[l])
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _emit_raw_sum(S, pos, acc, nb, ka, qa, ra, kb, qb, rb, m, step, is32):  # type: ignore[no-untyped-def]
+    """Write ``float64(a) + float64(b)`` per lane as 64-bit fields (one fixed NaN)."""
+    for l in range(BLOCK):
+        bits = np.int64(0)
+        if l < m:
+            s = _lane_value(ka, qa, ra, l, step, is32) + _lane_value(kb, qb, rb, l, step, is32)
+            bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
+        pos, acc, nb = _put(S, pos, acc, nb, bits & 0xFFFFFFFF, 32)
+        pos, acc, nb = _put(S, pos, acc, nb, (bits >> 32) & 0xFFFFFFFF, 32)
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _sum_q(qa, qb, qs, mag, m):  # type: ignore[no-untyped-def]
+    """``qs = qa + qb`` on valid lanes (padding 0); (overflow to raw, OR of ``|qs|``)."""
+    big = np.int64(0)
+    orq = np.int64(0)
+    for l in range(BLOCK):
+        t = qa[l] + qb[l] if l < m else np.int64(0)
+        a = abs(t)
+        big |= np.int64(a >= QMAX_ADD)
+        orq |= a
+        qs[l] = t
+    return big, orq
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_side(W, pos, acc, nb, code, M, is32, qv, lo, hi, rv):  # type: ignore[no-untyped-def]
+    """Decode one operand's block: quantized into ``qv`` or raw bit patterns into ``rv``."""
+    kind = code >> 10
+    if kind <= 1:
+        return _read_q(W, pos, acc, nb, code, M, qv, lo, hi)
+    pos, acc, nb = _read_raw(W, pos, acc, nb, kind == KIND_RAW64 or not is32, rv)
+    return pos, acc, nb, np.int64(0)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib_b, mb, ckb,
+                   crb, cob, n, is32, step, ocodes, omasks, bitmap, reg, S, chunk_nnz,
+                   chunk_nmask, chunk_bits, errs):  # type: ignore[no-untyped-def]
+    """Pass 1 of an add: each chunk's sum, packed from bit ``32 * reg[c]`` of ``S``.
+
+    Codes go to ``ocodes[b0:]`` and mask words to ``omasks[b0:]`` (``b0`` the chunk's first
+    block), bitmap words in place.
+    """
+    nblocks = ocodes.size
+    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
+    for c in prange(chunk_nnz.size):
+        qa = np.empty(BLOCK, np.int64)
+        qb = np.empty(BLOCK, np.int64)
+        qs = np.empty(BLOCK, np.int64)
+        ra = np.empty(BLOCK, np.int64)
+        rb = np.empty(BLOCK, np.int64)
+        lo = np.empty(BLOCK, np.uint32)
+        mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
+        aip, aia, ain = _reader_at(ia, cka[c] * iba)
+        ap, aa, an = _reader_at(Wa, coa[c])
+        ar = cra[c]
+        bip, bia, bin_ = _reader_at(ib_, ckb[c] * ib_b)
+        bp, ba, bn = _reader_at(Wb, cob[c])
+        br = crb[c]
+        s0 = reg[c] * 32
+        sp, sa, sn = _writer_at(s0)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        nm = 0
+        word = np.int64(0)
+        for b in range(b0, b1):
+            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
+            zb = (np.int64(bmb[b >> 5]) >> (b & 31)) & 1
+            if za == 0 and zb == 0:
+                if (b & 31) == 31 or b == b1 - 1:
+                    bitmap[b >> 5] = word
+                    word = 0
+                continue
+            codea = np.int64(-1)
+            Ma = np.int64(0)
+            if za:
+                i, aip, aia, ain = _get(ia, aip, aia, ain, iba)
+                codea = np.int64(ta[i])
+                if (codea >> 10) == KIND_PP:
+                    Ma = np.int64(ma[ar])
+                    ar += 1
+            codeb = np.int64(-1)
+            Mb = np.int64(0)
+            if zb:
+                i, bip, bia, bin_ = _get(ib_, bip, bia, bin_, ib_b)
+                codeb = np.int64(tb[i])
+                if (codeb >> 10) == KIND_PP:
+                    Mb = np.int64(mb[br])
+                    br += 1
+            code = np.int64(NO_BLOCK)
+            M = np.int64(0)
+            if not zb:
+                code = codea
+                M = Ma
+                ap, aa, an, sp, sa, sn = _copy_bits(Wa, ap, aa, an, S, sp, sa, sn,
+                                                    _code_bits(codea, Ma, is32))
+            elif not za:
+                code = codeb
+                M = Mb
+                bp, ba, bn, sp, sa, sn = _copy_bits(Wb, bp, ba, bn, S, sp, sa, sn,
+                                                    _code_bits(codeb, Mb, is32))
+            else:
+                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
+                bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
+                if e1 or e2:
+                    errs[c] = 1
+                    break
+                m = min(BLOCK, n - b * BLOCK)
+                ka = codea >> 10
+                kb = codeb >> 10
+                raw = ka > 1 or kb > 1
+                if not raw:
+                    big, orq = _sum_q(qa, qb, qs, mag, m)
+                    if big:
+                        raw = True
+                    elif orq != 0:
+                        code, _ = _choose(qs, mag)
+                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
+                if raw:
+                    code = rawsum
+                    sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,
+                                               is32)
+            if code >= 0:
+                word |= np.int64(1) << (b & 31)
+                ocodes[b0 + nz] = code
+                nz += 1
+                if (code >> 10) == KIND_PP:
+                    omasks[b0 + nm] = M
+                    nm += 1
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+        if sn:
+            S[sp] = sa
+        chunk_nnz[c] = nz
+        chunk_nmask[c] = nm
+        chunk_bits[c] = (sp * 32 + sn) - s0
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _place_v2(ocodes, omasks, S, reg, rank, ib, chunk_nnz, chunk_nmask, chunk_bits, chunk_k,
+              chunk_r, chunk_o, idx, masks, pay, last_idx, last_pay):  # type: ignore[no-untyped-def]
+    """Pass 2 of an add: index fields, mask words and payload bits of each chunk in place."""
+    for c in prange(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        ip, ia, inb = _writer_at(chunk_k[c] * ib)
+        for i in range(chunk_nnz[c]):
+            ip, ia, inb = _put(idx, ip, ia, inb, rank[ocodes[b0 + i]], ib)
+        r = chunk_r[c]
+        for i in range(chunk_nmask[c]):
+            masks[r + i] = omasks[b0 + i]
+        rp, ra, rn = _reader_at(S, reg[c] * 32)
+        wp, wa, wn = _writer_at(chunk_o[c])
+        rp, ra, rn, wp, wa, wn = _copy_bits(S, rp, ra, rn, pay, wp, wa, wn, chunk_bits[c])
+        last_idx[c] = ia if inb else 0
+        last_pay[c] = wa if wn else 0
+
+
+def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float, nterms: int,
+                nblocks: int, ocodes: np.ndarray, omasks: np.ndarray, bitmap_t: np.ndarray,
+                S: np.ndarray, reg: np.ndarray, chunk_nnz: np.ndarray, chunk_nmask: np.ndarray,
+                chunk_bits: np.ndarray, n: int, out: np.ndarray | None) -> np.ndarray:
+    """Build the summed stream from the chunks' scratch regions (pass 2 of add/add_data)."""
+    present = np.zeros(NCODES, np.uint8)
+    nch = chunk_nnz.size
+    for c in range(nch):  # a chunk's codes are packed at the start of its blocks
+        b0 = c * CHUNK_BLOCKS
+        present[ocodes[b0 : b0 + chunk_nnz[c]]] = 1
+    table, rank, ib = _table_of(present)
+    chunk_k, nnz = _scan(chunk_nnz)
+    chunk_r, nmask = _scan(chunk_nmask)
+    chunk_o, nbits = _scan(chunk_bits)
+    hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=bound, nnz=nnz,
+                           payload_words=(nbits + 31) // 32, nterms=nterms,
+                           version=fmt.VERSION2, nmask=nmask, ntab=int(table.size))
+    res = _new_stream(hdr, table, out)
+    if nch:
+        bitmap, idx, masks, pay = _sections(res, hdr)
+        bitmap[:] = bitmap_t
+        iends = (chunk_k + chunk_nnz) * ib
+        pends = chunk_o + chunk_bits
+        _zero_last(idx, iends)
+        _zero_last(pay, pends)
+        last_idx = np.empty(nch, np.int64)
+        last_pay = np.empty(nch, np.int64)
+        with _threads_for(n):
+            _place_v2(ocodes, omasks, S, reg, rank, ib, chunk_nnz, chunk_nmask, chunk_bits,
+                      chunk_k, chunk_r, chunk_o, idx, masks, pay, last_idx, last_pay)
+        _merge_last(idx, iends, last_idx)
+        _merge_last(pay, pends, last_pay)
+    return res
+
+
+def _chunk_sums(counts_at: np.ndarray, nch: int) -> np.ndarray:
+    """Per-chunk difference of a prefix array sampled at chunk starts (length nch + 1)."""
+    return counts_at[1 : nch + 1] - counts_at[:nch]
+
+
+def add_v2(la: LayoutV2, lb: LayoutV2, bound: float, nterms: int,
+           out: np.ndarray | None = None) -> np.ndarray:
+    """Homomorphic sum of two validated version-2 streams (docs/format.md)."""
+    ha = la.hdr
+    is32 = ha.dtype == np.float32
+    n = ha.n
+    nblocks = ha.nblocks
+    nch = _nchunks(nblocks)
+    # Scratch region of each chunk: a copied block keeps its size, a raw sum is at most
+    # twice its raw operand, and a quantized sum costs at most C_0 - 32 <= 1024 bits.
+    abits = np.append(la.chunk_o, 32 * ha.payload_words)
+    bbits = np.append(lb.chunk_o, 32 * lb.hdr.payload_words)
+    ak = np.append(la.chunk_k, ha.nnz)
+    bk = np.append(lb.chunk_k, lb.hdr.nnz)
+    both = np.minimum(_chunk_sums(ak, nch), _chunk_sums(bk, nch))
+    need = (2 * (_chunk_sums(abits, nch) + _chunk_sums(bbits, nch)) + 1024 * both + 31) // 32 + 1
+    reg, total = _scan(need)
+    S = np.empty(max(total, 1), np.uint32)
+    ocodes = np.empty(nblocks, np.int16)
+    omasks = np.empty(nblocks, np.uint32)
+    bitmap_t = np.empty((nblocks + 31) // 32, np.uint32)
+    chunk_nnz = np.zeros(nch, np.int64)
+    chunk_nmask = np.zeros(nch, np.int64)
+    chunk_bits = np.zeros(nch, np.int64)
+    errs = np.zeros(nch, np.uint8)
+    if nch:
+        with _threads_for(n):
+            _add_v2_chunks(la.W, la.bitmap, la.table, la.idx, la.ib, la.masks, la.chunk_k,
+                           la.chunk_r, la.chunk_o, lb.W, lb.bitmap, lb.table, lb.idx, lb.ib,
+                           lb.masks, lb.chunk_k, lb.chunk_r, lb.chunk_o, n, is32, 2.0 * ha.eb,
+                           ocodes, omasks, bitmap_t, reg, S, chunk_nnz, chunk_nmask,
+                           chunk_bits, errs)
+    if errs.any():
+        raise FormatError("stream holds a sparse block whose positions are not increasing")
+    return _finish_sum(ha.dtype, ha.shape, ha.eb, bound, nterms, nblocks, ocodes, omasks,
+                       bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, out)
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, step, small,
+                        lmask, ocodes, omasks, bitmap, reg, S, chunk_nnz, chunk_nmask,
+                        chunk_bits, errs):  # type: ignore[no-untyped-def]
+    """Pass 1 of add_data: the stream's blocks plus ``x``'s, each as ``compress_abs`` codes it."""
+    n = x.size
+    nblocks = ocodes.size
+    is32 = x.itemsize == 4
+    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
+    for c in prange(chunk_nnz.size):
+        qa = np.empty(BLOCK, np.int64)
+        qb = np.empty(BLOCK, np.int64)
+        qs = np.empty(BLOCK, np.int64)
+        ra = np.empty(BLOCK, np.int64)
+        rb = np.empty(BLOCK, np.int64)
+        lo = np.empty(BLOCK, np.uint32)
+        mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
+        aip, aia, ain = _reader_at(ia, cka[c] * iba)
+        ap, aa, an = _reader_at(Wa, coa[c])
+        ar = cra[c]
+        s0 = reg[c] * 32
+        sp, sa, sn = _writer_at(s0)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        nm = 0
+        word = np.int64(0)
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            m = e - base
+            xb = x[base:e]
+            # x's block, decided exactly as compress_abs decides it: kb = -1 for a zero block.
+            if eb == 0.0:
+                bb = bits_[base:e]
+                acc = np.uint64(0)
+                for l in range(m):
+                    acc |= np.uint64(bb[l]) & lmask
+                kb = np.int64(-1) if acc == 0 else np.int64(KIND_RAW)
+            else:
+                tiny = m == BLOCK
+                if tiny:
+                    for l in range(BLOCK):
+                        tiny &= abs(xb[l]) <= small
+                if tiny:
+                    kb = np.int64(-1)
+                else:
+                    bad, orq, _ = _quantize(xb, eb, step, qb)
+                    kb = np.int64(KIND_RAW) if bad else (np.int64(-1) if orq == 0
+                                                          else np.int64(0))
+            if kb == KIND_RAW:
+                for l in range(BLOCK):
+                    rb[l] = np.int64(bits_[base + l]) if l < m else np.int64(0)
+            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
+            codea = np.int64(-1)
+            Ma = np.int64(0)
+            if za:
+                i, aip, aia, ain = _get(ia, aip, aia, ain, iba)
+                codea = np.int64(ta[i])
+                if (codea >> 10) == KIND_PP:
+                    Ma = np.int64(ma[ar])
+                    ar += 1
+            code = np.int64(NO_BLOCK)
+            M = np.int64(0)
+            if kb < 0:
+                if za:
+                    code = codea
+                    M = Ma
+                    ap, aa, an, sp, sa, sn = _copy_bits(Wa, ap, aa, an, S, sp, sa, sn,
+                                                        _code_bits(codea, Ma, is32))
+            elif not za:
+                if kb == KIND_RAW:
+                    code = np.int64(CODE_RAW_V2)
+                    sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, rb, m, not is32)
+                else:
+                    for l in range(BLOCK):
+                        mag[l] = abs(qb[l])
+                    code, _ = _choose(qb, mag)
+                    sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qb, mag, tmp)
+            else:
+                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
+                if e1:
+                    errs[c] = 1
+                    break
+                ka = codea >> 10
+                raw = ka > 1 or kb > 1
+                if not raw:
+                    big, orq = _sum_q(qa, qb, qs, mag, m)
+                    if big:
+                        raw = True
+                    elif orq != 0:
+                        code, _ = _choose(qs, mag)
+                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
+                if raw:
+                    code = rawsum
+                    sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,
+                                               is32)
+            if code >= 0:
+                word |= np.int64(1) << (b & 31)
+                ocodes[b0 + nz] = code
+                nz += 1
+                if (code >> 10) == KIND_PP:
+                    omasks[b0 + nm] = M
+                    nm += 1
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+        if sn:
+            S[sp] = sa
+        chunk_nnz[c] = nz
+        chunk_nmask[c] = nm
+        chunk_bits[c] = (sp * 32 + sn) - s0
+
+
+def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int) -> np.ndarray:
+    """``add(a, compress_abs(x, eb, version=2))`` in one pass (``x`` checked by the caller)."""
+    ha = la.hdr
+    flat = _readonly(np.ascontiguousarray(x).reshape(-1))
+    is32 = ha.dtype == np.float32
+    n = ha.n
+    nblocks = ha.nblocks
+    nch = _nchunks(nblocks)
+    eb = ha.eb
+    abits = np.append(la.chunk_o, 32 * ha.payload_words)
+    nb_chunk = np.minimum(CHUNK_BLOCKS, nblocks - np.arange(nch, dtype=np.int64) * CHUNK_BLOCKS)
+    # A block of the sum is at most its stream block plus 2048 bits.
+    need = (_chunk_sums(abits, nch) + 2048 * nb_chunk + 31) // 32 + 1
+    reg, total = _scan(need)
+    S = np.empty(max(total, 1), np.uint32)
+    ocodes = np.empty(nblocks, np.int16)
+    omasks = np.empty(nblocks, np.uint32)
+    bitmap_t = np.empty((nblocks + 31) // 32, np.uint32)
+    chunk_nnz = np.zeros(nch, np.int64)
+    chunk_nmask = np.zeros(nch, np.int64)
+    chunk_bits = np.zeros(nch, np.int64)
+    errs = np.zeros(nch, np.uint8)
+    bits_ = flat.view(np.uint32) if is32 else flat.view(np.uint64)
+    lmask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
+    if nch:
+        with _threads_for(n):
+            _add_data_v2_chunks(la.W, la.bitmap, la.table, la.idx, la.ib, la.masks,
+                                la.chunk_k, la.chunk_r, la.chunk_o, flat, bits_, eb, 2.0 * eb,
+                                _small(eb, flat.dtype), lmask, ocodes, omasks, bitmap_t, reg,
+                                S, chunk_nnz, chunk_nmask, chunk_bits, errs)
+    if errs.any():
+        raise FormatError("stream holds a sparse block whose positions are not increasing")
+    return _finish_sum(ha.dtype, ha.shape, eb, bound, nterms, nblocks, ocodes, omasks,
+                       bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, None)

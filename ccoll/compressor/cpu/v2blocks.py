@@ -1,0 +1,358 @@
+"""Block codec of stream format version 2 on the CPU (docs/format.md, "Format version 2").
+
+The index and the payload are bit streams. Writers and readers keep their state in
+scalars (``pos`` the next word, ``acc`` the pending bits, ``nb`` how many) that the inline
+helpers take and return, so a field costs a shift, an OR and a predictable branch; a
+field is at most 32 bits wide, so ``acc`` stays below ``2^63`` in an int64.
+
+A writer stores every word it completes; the last, partial word of a chunk is handed back
+to the caller (the next chunk's stream may start inside it), who ORs it in after all
+chunks are written, so the bytes do not depend on how chunks are scheduled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ccoll.compressor.cpu.blocks import BLOCK
+from ccoll.compressor.cpu.intrinsics import (
+    _bitlen,
+    _or_plane,
+    _pdep64,
+    _pext64,
+    _plane_of,
+    _popcount,
+    _tzcnt,
+)
+
+KIND_PP = 0
+KIND_SP = 1
+KIND_RAW = 2
+KIND_RAW64 = 3
+CODE_RAW_V2 = KIND_RAW << 10
+CODE_RAW64_V2 = KIND_RAW64 << 10
+NO_BLOCK = -1  # code array entry of a zero block (code 0 is PP(0, 0))
+NCODES = 4096  # 12-bit code space of the presence and rank tables
+BIG_COST = 1 << 40
+
+
+def _rep_table() -> np.ndarray:
+    """``REP[h]``: bit ``i*h`` set for every ``i*h < 64``, the first bit of each h-bit field."""
+    rep = np.zeros(33, np.uint64)
+    for h in range(1, 33):
+        rep[h] = sum(1 << i for i in range(0, 64, h))
+    return rep.view(np.int64)
+
+
+# The high parts of a patched-planes block are p fields of h bits in lane order. When
+# p*h <= 64 they are moved between that layout and bit-planes over the lanes with one
+# pext and one pdep per plane (bit j of every field: the set bits of REP[h] << j), so no
+# loop runs over the high lanes.
+REP = _rep_table()
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _put(W, pos, acc, nb, val, w):  # type: ignore[no-untyped-def]
+    """Append the ``w``-bit field ``val`` (``w <= 32``, ``nb < 32``)."""
+    acc |= val << nb
+    nb += w
+    if nb >= 32:
+        W[pos] = acc & 0xFFFFFFFF
+        pos += 1
+        acc >>= 32
+        nb -= 32
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _get(W, pos, acc, nb, w):  # type: ignore[no-untyped-def]
+    """Read a ``w``-bit field (``w <= 32``); a word is loaded only when its bits are needed."""
+    if nb < w:
+        acc |= np.int64(W[pos]) << nb
+        pos += 1
+        nb += 32
+    val = acc & ((np.int64(1) << w) - 1)
+    acc >>= w
+    nb -= w
+    return val, pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _reader_at(W, bit):  # type: ignore[no-untyped-def]
+    """Reader state at bit offset ``bit`` (reads the word only if ``bit`` is inside it)."""
+    pos = bit >> 5
+    r = bit & 31
+    if r:
+        return pos + 1, np.int64(W[pos]) >> r, 32 - r
+    return pos, np.int64(0), np.int64(0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _writer_at(bit):  # type: ignore[no-untyped-def]
+    """Writer state at bit offset ``bit``: the bits before it in its word stay 0 here."""
+    return bit >> 5, np.int64(0), bit & 31
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _code_bits(code, mask, is32):  # type: ignore[no-untyped-def]
+    """Payload bits of a valid code; ``mask`` is the block's mask word for kind 0."""
+    kind = code >> 10
+    a = (code >> 5) & 31
+    b = code & 31
+    if kind == KIND_PP:
+        p = _popcount(mask)
+        return (p if a == 0 else 32) + 32 * a + p * b
+    if kind == KIND_SP:
+        return (a + 1) * (6 + b)
+    if kind == KIND_RAW and is32:
+        return 1024
+    return 2048
+
+
+def code_valid(code: int, is32: bool) -> bool:
+    """Tell whether a 16-bit value is a valid version-2 code (docs/format.md)."""
+    if code >> 12:
+        return False
+    kind, a, b = code >> 10, (code >> 5) & 31, code & 31
+    if kind == KIND_PP:
+        return a <= 30
+    if kind == KIND_SP:
+        return a <= 3
+    if kind == KIND_RAW:
+        return a == 0 and b == 0
+    return a == 0 and b == 0 and is32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _choose(q, mag):  # type: ignore[no-untyped-def]
+    """Code and payload bits of a non-zero quantized block (rules 3-4); fills ``mag``.
+
+    ``q`` holds 32 lanes (padding 0) with ``|q| < 2^31 - 1``. The cost of ``k >= 1`` is at
+    least ``64 + 32k``, so the search stops once that reaches the best cost: a later ``k``
+    cannot be cheaper, and ties keep the smallest ``k``.
+    """
+    m = np.int64(0)
+    c = np.int64(0)
+    for l in range(BLOCK):
+        a = abs(q[l])
+        mag[l] = a
+        m = max(m, a)
+        c += np.int64(a != 0)
+    return _choose_mc(mag, m, c)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _choose_mc(mag, m, c):  # type: ignore[no-untyped-def]
+    """:func:`_choose` given ``mag = |q|``, its maximum ``m`` and non-zero count ``c``."""
+    w = _bitlen(m)
+    best = np.int64(BIG_COST)
+    bk = np.int64(0)
+    bh = np.int64(0)
+    for k in range(w):
+        if k == 0:
+            p = c
+            cost = 32 + p + p * _bitlen(m - 1)
+        else:
+            if 64 + 32 * k >= best:
+                break
+            thr = np.uint32(1) << np.uint32(k)
+            p = np.int64(0)
+            for l in range(BLOCK):
+                p += np.int64(mag[l] >= thr)
+            cost = 64 + 32 * k + p * _bitlen((m >> k) - 1)
+        if cost < best:
+            best = cost
+            bk = k
+            bh = _bitlen((m >> k) - 1)
+    v = _bitlen(m - 1)
+    if c <= 4 and c * (6 + v) <= best:
+        return (KIND_SP << 10) | ((c - 1) << 5) | v, c * (6 + v)
+    return (bk << 5) | bh, best - 32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
+    """Write the payload of quantized block ``q`` (``mag = |q|``) with ``code``.
+
+    ``tmp`` is scratch (32 uint32).
+    Returns the writer state and the mask word (0 for a sparse block).
+    """
+    sign = np.int64(0)
+    for l in range(BLOCK):
+        sign |= np.int64(q[l] < 0) << l
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        nzm = np.int64(0)
+        for l in range(BLOCK):
+            nzm |= np.int64(mag[l] != 0) << l
+        c = a + 1
+        posf = np.int64(0)
+        sg = np.int64(0)
+        mm = nzm
+        for i in range(c):
+            l = _tzcnt(mm)
+            posf |= l << (5 * i)
+            sg |= ((sign >> l) & 1) << i
+            mm &= mm - 1
+        pos, acc, nb = _put(W, pos, acc, nb, posf, 5 * c)
+        pos, acc, nb = _put(W, pos, acc, nb, sg, c)
+        if b:
+            mm = nzm
+            for _ in range(c):
+                l = _tzcnt(mm)
+                pos, acc, nb = _put(W, pos, acc, nb, np.int64(mag[l]) - 1, b)
+                mm &= mm - 1
+        return pos, acc, nb, np.int64(0)
+    k = a
+    h = b
+    thr = np.uint32(1) << np.uint32(k)
+    M = np.int64(0)
+    for l in range(BLOCK):
+        M |= np.int64(mag[l] >= thr) << l
+    p = _popcount(M)
+    if k == 0:
+        pos, acc, nb = _put(W, pos, acc, nb, _pext64(sign, M), p)
+    else:
+        pos, acc, nb = _put(W, pos, acc, nb, sign, 32)
+    for j in range(k):
+        pos, acc, nb = _put(W, pos, acc, nb, np.int64(_plane_of(mag, j)), 32)
+    nbh = p * h
+    if h and nbh <= 64:
+        for l in range(BLOCK):
+            f = (M >> l) & 1
+            tmp[l] = ((np.int64(mag[l]) >> k) - 1) & -f
+        hb = np.int64(0)
+        rep = REP[h]
+        for j in range(h):
+            hb |= _pdep64(_pext64(np.int64(_plane_of(tmp, j)), M), rep << j)
+        if nbh > 32:
+            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _put(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+        else:
+            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+    elif h:
+        mm = M
+        while mm:
+            l = _tzcnt(mm)
+            pos, acc, nb = _put(W, pos, acc, nb, (np.int64(mag[l]) >> k) - 1, h)
+            mm &= mm - 1
+    return pos, acc, nb, M
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _emit_raw_bits(W, pos, acc, nb, bb, m, wide):  # type: ignore[no-untyped-def]
+    """Write a raw block of the ``m`` valid lanes' bit patterns ``bb`` (32 or 64 bits each)."""
+    for l in range(BLOCK):
+        v = np.int64(bb[l]) if l < m else np.int64(0)
+        if wide:
+            pos, acc, nb = _put(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
+            pos, acc, nb = _put(W, pos, acc, nb, (v >> 32) & 0xFFFFFFFF, 32)
+        else:
+            pos, acc, nb = _put(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_q(W, pos, acc, nb, code, M, qv, lo, hi):  # type: ignore[no-untyped-def]
+    """Read a quantized block (kind 0 or 1) into ``qv[0:32]`` (int64, signed).
+
+    ``lo`` and ``hi`` are scratch (32 uint32 each).
+    Returns the reader state and 0, or -1 for sparse positions that are not strictly
+    increasing. Magnitudes of a hostile stream stay below ``2^62``.
+    """
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        for l in range(BLOCK):
+            qv[l] = 0
+        c = a + 1
+        posf, pos, acc, nb = _get(W, pos, acc, nb, 5 * c)
+        sg, pos, acc, nb = _get(W, pos, acc, nb, c)
+        prev = np.int64(-1)
+        bad = np.int64(0)
+        for i in range(c):
+            l = (posf >> (5 * i)) & 31
+            bad |= np.int64(l <= prev)
+            prev = l
+            val, pos, acc, nb = _get(W, pos, acc, nb, b)
+            s = (sg >> i) & 1
+            qv[l] = ((val + 1) ^ -s) + s
+        return pos, acc, nb, -bad
+    k = a
+    h = b
+    p = _popcount(M)
+    if k == 0:
+        g, pos, acc, nb = _get(W, pos, acc, nb, p)
+        sign = _pdep64(g, M)
+    else:
+        sign, pos, acc, nb = _get(W, pos, acc, nb, 32)
+    for l in range(BLOCK):
+        lo[l] = 0
+    for j in range(k):
+        pl, pos, acc, nb = _get(W, pos, acc, nb, 32)
+        _or_plane(lo, pl, j)
+    nbh = p * h
+    if nbh <= 64:
+        if nbh > 32:
+            h0, pos, acc, nb = _get(W, pos, acc, nb, 32)
+            h1, pos, acc, nb = _get(W, pos, acc, nb, nbh - 32)
+            hb = h0 | (h1 << 32)
+        else:
+            hb, pos, acc, nb = _get(W, pos, acc, nb, nbh)
+        for l in range(BLOCK):
+            hi[l] = 0
+        rep = REP[h] if h else np.int64(0)
+        for j in range(h):
+            _or_plane(hi, _pdep64(_pext64(hb, rep << j), M), j)
+        for l in range(BLOCK):
+            f = (M >> l) & 1
+            v = np.int64(lo[l]) + (((np.int64(hi[l]) + 1) << k) & -f)
+            s = (sign >> l) & 1
+            qv[l] = (v ^ -s) + s
+        return pos, acc, nb, np.int64(0)
+    for l in range(BLOCK):
+        qv[l] = np.int64(lo[l])
+    mm = M
+    while mm:
+        l = _tzcnt(mm)
+        hi, pos, acc, nb = _get(W, pos, acc, nb, h)
+        qv[l] += (hi + 1) << k
+        mm &= mm - 1
+    for l in range(BLOCK):
+        s = (sign >> l) & 1
+        qv[l] = (qv[l] ^ -s) + s
+    return pos, acc, nb, np.int64(0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_raw(W, pos, acc, nb, wide, rb):  # type: ignore[no-untyped-def]
+    """Read a raw block's 32 fields (64-bit if ``wide``) into the int64 array ``rb``."""
+    for l in range(BLOCK):
+        lo_, pos, acc, nb = _get(W, pos, acc, nb, 32)
+        if wide:
+            hi_, pos, acc, nb = _get(W, pos, acc, nb, 32)
+            rb[l] = lo_ | (hi_ << 32)
+        else:
+            rb[l] = lo_
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_bits(Wi, rpos, racc, rnb, Wo, wpos, wacc, wnb, nbits):  # type: ignore[no-untyped-def]
+    """Copy ``nbits`` bits from a reader to a writer (a block moved unchanged)."""
+    while nbits >= 32:
+        v, rpos, racc, rnb = _get(Wi, rpos, racc, rnb, 32)
+        wpos, wacc, wnb = _put(Wo, wpos, wacc, wnb, v, 32)
+        nbits -= 32
+    if nbits:
+        v, rpos, racc, rnb = _get(Wi, rpos, racc, rnb, nbits)
+        wpos, wacc, wnb = _put(Wo, wpos, wacc, wnb, v, nbits)
+    return rpos, racc, rnb, wpos, wacc, wnb
+
+
+__all__ = [
+    "KIND_PP", "KIND_SP", "KIND_RAW", "KIND_RAW64", "CODE_RAW_V2", "CODE_RAW64_V2", "NO_BLOCK",
+    "NCODES", "code_valid",
+]

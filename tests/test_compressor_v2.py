@@ -1,0 +1,398 @@
+"""Format version 2 (docs/format.md, "Format version 2"): headers, kernels, add, robustness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ccoll.compressor import format as fmt
+from ccoll.errors import FormatError
+
+# The worked example of docs/format.md, "Example (version 2)".
+EXAMPLE_HEX = (
+    "43434f4c020101002000000001000000" "4600000000000000000000000000e03f"
+    "000000000000e03f0300000000000000" "04000000000000000100000003000000"
+    "46000000000000000700000022002104" "40040000210000005040800823 1a1182"
+    "208831a3440ac04014010000"
+).replace(" ", "")
+EXAMPLE = np.frombuffer(bytes.fromhex(EXAMPLE_HEX), np.uint8)
+
+
+def example_q() -> np.ndarray:
+    q = np.zeros(70, np.int64)
+    q[3], q[17] = 2, -1
+    q[32:64] = [0, 1, -1, 0, 2, 0, -3, 1, 0, 0, 1, -1, 0, 0, 2, 1,
+                0, -1, 0, 0, 1, 0, 0, -2, 1, 0, 0, 9, 0, -1, 0, 0]
+    q[64:70] = [1, 0, -1, 0, 0, 1]
+    return q
+
+
+def test_example_header_fields_and_section_offsets():
+    h = fmt.parse_header(EXAMPLE)
+    assert (h.version, h.nmask, h.ntab, h.nnz, h.payload_words) == (2, 1, 3, 3, 4)
+    assert h.index_bits == 2
+    assert (h.table_offset, h.index_offset, h.mask_offset, h.payload_offset) == (76, 84, 88, 92)
+    assert h.nbytes == EXAMPLE.size == 108
+    assert np.array_equal(h.pack(), EXAMPLE[:72])
+
+
+def _edit_v2(buf: np.ndarray, off: int, fmtc: str, val) -> np.ndarray:
+    import struct
+
+    out = bytearray(buf.tobytes())
+    struct.pack_into(fmtc, out, off, val)
+    return np.frombuffer(bytes(out), np.uint8)
+
+
+@pytest.mark.parametrize("off, fmtc, val, match", [
+    (12, "<I", 4, "nmask"),
+    (60, "<I", 0, "ntab"),
+    (60, "<I", 4, "ntab"),
+    (7, "<B", 1, "reserved"),
+    (16, "<Q", 1 << 37, "shape|2\\^37"),
+])
+def test_v2_header_fields_are_checked(off, fmtc, val, match):
+    with pytest.raises(FormatError, match=match):
+        fmt.parse_header(_edit_v2(EXAMPLE, off, fmtc, val))
+
+
+def test_v2_refuses_2_to_the_37_elements():
+    import struct
+
+    n = 1 << 37
+    raw = bytearray(EXAMPLE[:72].tobytes())
+    struct.pack_into("<Q", raw, 16, n)
+    struct.pack_into("<Q", raw, 64, n)
+    with pytest.raises(FormatError, match="2\\^37"):
+        fmt.parse_header(np.frombuffer(bytes(raw), np.uint8), exact=False, total_nbytes=1 << 50)
+
+
+# ------------------------------------------------------------------------------ kernels
+
+import math  # noqa: E402
+
+import numba  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+import ccoll  # noqa: E402
+from ccoll.compressor import add, add_data, compress_abs, decompress, header  # noqa: E402
+from ccoll.compressor.cpu import blocks as cpu_blocks  # noqa: E402
+from ccoll.errors import CCollError, InputError, MismatchError  # noqa: E402
+
+
+def test_worked_example_is_encoded_and_decoded_byte_for_byte():
+    x = example_q().astype(np.float32)  # eb = 0.5: step 1, q is the value
+    assert compress_abs(x, 0.5, version=2).tobytes() == EXAMPLE.tobytes()
+    assert np.array_equal(decompress(EXAMPLE), x)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    hnp.arrays(st.sampled_from([np.float32, np.float64]), st.integers(0, 300),
+               elements=st.floats(-1e6, 1e6, width=32)),
+    st.sampled_from([1e-6, 1e-3, 0.1, 7.0, 1e4]),
+)
+def test_round_trip_within_the_strict_bound(x, eb):
+    y = decompress(compress_abs(x, eb, version=2))
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert np.all(np.abs(y.astype(np.float64) - x.astype(np.float64)) < eb)
+
+
+def test_specials_are_kept_bit_for_bit():
+    for dt in (np.float32, np.float64):
+        x = np.linspace(-3, 3, 200).astype(dt)
+        x[[3, 50, 51, 199]] = [np.nan, np.inf, -np.inf, -0.0]
+        x[100] = np.frombuffer(np.array(0x7FC00123 if dt == np.float32 else 0x7FF0000000000123,
+                                        np.uint64 if dt == np.float64 else np.uint32).tobytes(),
+                               dt)[0]
+        y = decompress(compress_abs(x, 1e-3, version=2))
+        raw = [3, 50, 51, 100]  # blocks 0, 1 and 3 are raw: specials come back as they were
+        assert y[raw].tobytes() == x[raw].tobytes()
+        z = decompress(compress_abs(x, 0.0, version=2))  # lossless: every bit
+        assert z.tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(0,), (0, 4), (), (1,), (31,), (33,), (5, 7, 3)])
+def test_shapes_empty_zero_d_and_partial_blocks(shape):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape).astype(np.float32)
+    buf = compress_abs(x, 1e-2, version=2)
+    h = header(buf)
+    assert (h.version, h.shape) == (2, shape)
+    y = decompress(buf)
+    assert y.shape == shape and np.all(np.abs(y - x) < 1e-2)
+
+
+def test_float16_and_bfloat16_go_through_float32():
+    x = np.linspace(-2, 2, 100).astype(np.float16)
+    buf = ccoll.compress(x, ccoll.ABS(1e-3), version=2)
+    assert header(buf).version == 2 and header(buf).dtype == np.float32
+    y = decompress(buf, like=x)
+    assert y.dtype == np.float16
+    assert np.array_equal(y, decompress(ccoll.compress(x, ccoll.ABS(1e-3)), like=x))
+
+
+def test_compress_default_is_version_1_and_rel_works_for_2():
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    assert header(ccoll.compress(x, ccoll.REL(1e-3))).version == 1
+    b2 = ccoll.compress(x, ccoll.REL(1e-3), version=2)
+    assert header(b2).version == 2
+    assert decompress(b2).tobytes() == decompress(ccoll.compress(x, ccoll.REL(1e-3))).tobytes()
+
+
+@pytest.mark.parametrize("version", [0, 3, "2", True, 2.0])
+def test_bad_version_is_an_input_error(version):
+    with pytest.raises(InputError, match="version=1 or version=2"):
+        ccoll.compress(np.zeros(4, np.float32), ccoll.ABS(1e-3), version=version)
+
+
+def test_v2_refuses_arrays_of_2_to_the_37_elements():
+    from ccoll.compressor.cpu import v2
+
+    with pytest.raises(InputError, match="version=1"):
+        v2.check_v2_size(1 << 37)
+    v2.check_v2_size((1 << 37) - 1)
+
+
+def test_mixed_versions_do_not_add():
+    x = np.arange(100, dtype=np.float32)
+    a1, a2 = compress_abs(x, 0.1), compress_abs(x, 0.1, version=2)
+    for p, q in ((a1, a2), (a2, a1)):
+        with pytest.raises(FormatError, match="versions 1 and 2 cannot be added; compress both "
+                                              "with the same version"):
+            add(p, q)
+    assert header(add(a1, a1)).version == 1
+    assert header(add(a2, a2)).version == 2
+
+
+def _decoded_q(buf: np.ndarray, eb: float) -> np.ndarray:
+    return np.round(decompress(buf).astype(np.float64) / (2 * eb)).astype(np.int64)
+
+
+def test_add_is_an_exact_integer_sum_and_copies_one_sided_blocks():
+    rng = np.random.default_rng(7)
+    eb = 1e-3
+    x = (rng.standard_normal(5000) * 0.05)
+    z = (rng.standard_normal(5000) * 0.05)
+    x[:1024] = 0.0  # blocks zero on one side are copied bit-exact
+    z[2048:3072] = 0.0
+    a, b = compress_abs(x, eb, version=2), compress_abs(z, eb, version=2)
+    s = add(a, b)
+    assert np.array_equal(_decoded_q(s, eb), _decoded_q(a, eb) + _decoded_q(b, eb))
+    assert header(s).nterms == 2 and header(s).bound == 2 * eb
+    # the copied blocks: the sum of a and a zero stream is a itself, byte for byte
+    zero = compress_abs(np.zeros(5000), eb, version=2)
+    assert add(a, zero).tobytes()[64:] == a.tobytes()[64:]
+    assert add(zero, a).tobytes()[64:] == a.tobytes()[64:]
+
+
+def test_add_overflow_and_raw_give_raw_float64_blocks():
+    eb = 0.5
+    x = np.full(64, 2.0**30, np.float32)  # |q| = 2^30: the sum of two reaches 2^31 - 1
+    x[40] = np.nan
+    a = compress_abs(x, eb, version=2)
+    s = add(a, a)
+    h = header(s)
+    from ccoll.compressor.cpu.v2 import validate_v2
+
+    lay = validate_v2(s)
+    assert list(lay.table) == [3 << 10]  # both blocks raw float64 (kind 3)
+    y = decompress(s)
+    assert y[0] == np.float32(2.0**31) and np.isnan(y[40])
+    assert h.nterms == 2
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]),
+       st.sampled_from([0.0, 1e-4, 0.1]), st.integers(0, 700))
+def test_add_data_equals_add_of_the_compressed_data(seed, dt, eb, n):
+    rng = np.random.default_rng(seed)
+    x = np.where(rng.random(n) < 0.5, 0.0, rng.standard_normal(n)).astype(dt)
+    z = np.where(rng.random(n) < 0.5, 0.0, rng.standard_normal(n) * 10).astype(dt)
+    if n > 3:
+        z[n // 2] = np.nan
+    a = compress_abs(x, eb, version=2)
+    assert add_data(a, z).tobytes() == add(a, compress_abs(z, eb, version=2)).tobytes()
+
+
+def test_bytes_do_not_depend_on_the_thread_count():
+    rng = np.random.default_rng(2)
+    n = 3 * cpu_blocks.SERIAL_BELOW + 1234  # many chunks, run in parallel
+    x = (rng.standard_normal(n) * np.exp(rng.standard_normal(n) * 3)).astype(np.float32)
+    x[rng.random(n) < 0.3] = 0.0
+    x[rng.random(n) < 1e-3] = np.nan
+    z = rng.standard_normal(n).astype(np.float32)
+    outs = []
+    prev = numba.get_num_threads()
+    try:
+        for t in sorted({1, numba.config.NUMBA_NUM_THREADS}):
+            numba.set_num_threads(t)
+            a = compress_abs(x, 1e-3, version=2)
+            b = compress_abs(z, 1e-3, version=2)
+            outs.append((a.tobytes(), add(a, b).tobytes(), add_data(a, z).tobytes(),
+                         decompress(a).tobytes()))
+    finally:
+        numba.set_num_threads(prev)
+    assert all(o == outs[0] for o in outs)
+    # and the chunks' shared words are right: the reference reader agrees
+    from test_compressor_reference import ref_compress_v2
+
+    assert outs[0][0] == ref_compress_v2(x, 1e-3)
+
+
+# ------------------------------------------------------------------------- robustness
+
+def _v2_streams():
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(300) * 1e-2).astype(np.float32)
+    x[5] = np.nan
+    x[100:140] = 0.0
+    x[200:204] = [0, 3e-3, 0, -5e-3]  # sparse blocks
+    y = rng.standard_normal((3, 37))
+    a = compress_abs(x, 1e-4, version=2)
+    return {
+        "f32": a,
+        "f64": compress_abs(y, 1e-3, version=2),
+        "sum32": add(a, compress_abs(x * 1e6, 1e-4, version=2)),
+        "lossless": compress_abs(y, 0.0, version=2),
+        "empty": compress_abs(np.zeros((0, 4), np.float32), 1e-3, version=2),
+        "example": EXAMPLE.copy(),
+    }
+
+
+V2 = _v2_streams()
+
+
+def _decode_or_format_error(buf) -> None:
+    try:
+        h = header(buf)
+    except FormatError:
+        with pytest.raises(FormatError):
+            decompress(buf)
+        return
+    try:
+        y = decompress(buf)
+    except FormatError:
+        return
+    assert y.shape == h.shape and y.dtype == h.dtype
+
+
+@pytest.mark.parametrize("name", sorted(V2))
+def test_every_truncation_and_extension_is_rejected(name):
+    buf = V2[name]
+    for cut in range(buf.size):
+        with pytest.raises(FormatError):
+            decompress(buf[:cut])
+    with pytest.raises(FormatError, match="truncated or trailing"):
+        decompress(np.concatenate([buf, np.zeros(4, np.uint8)]))
+
+
+def _put32(buf: np.ndarray, off: int, val: int) -> np.ndarray:
+    out = buf.copy()
+    out[off : off + 4] = np.frombuffer(np.uint32(val).tobytes(), np.uint8)
+    return out
+
+
+def test_section_checks_name_the_problem():
+    h = header(EXAMPLE)
+    cases = [
+        (_put32(EXAMPLE, h.table_offset, 0x0022_0421), "increasing"),  # swapped codes
+        (_put32(EXAMPLE, h.table_offset, 0x0421_03E0), "invalid code"),  # k = 31
+        (_put32(EXAMPLE, h.table_offset + 4, 0x0001_0440), "padding"),
+        (_put32(EXAMPLE, h.index_offset, 0x23), "ntab"),  # index 3 >= ntab
+        (_put32(EXAMPLE, h.index_offset, 0x121), "index padding"),
+        (_put32(EXAMPLE, h.index_offset, 0x16), "nmask"),  # no patched-planes block
+        (_put32(EXAMPLE, h.mask_offset, 0xFFFFFFFF), "payload"),  # 32 high lanes
+        (_put32(EXAMPLE, h.payload_offset + 12, 0x00400114), "after the last block"),
+        (_put32(EXAMPLE, h.payload_offset, 0x82111A23 & ~0x3FF | (17 | 3 << 5)),
+         "not increasing"),  # sparse positions 17, 3
+    ]
+    for buf, match in cases:
+        with pytest.raises(FormatError, match=match):
+            decompress(buf)
+
+
+mutations = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10**6), st.integers(0, 7)),
+    st.tuples(st.just("byte"), st.integers(0, 10**6), st.integers(0, 255)),
+    st.tuples(st.just("cut"), st.integers(0, 10**6), st.just(0)),
+    st.tuples(st.just("field"), st.integers(0, 63), st.integers(0, 255)),
+    st.tuples(st.just("word"), st.integers(0, 10**6), st.integers(0, 2**32 - 1)),
+)
+
+
+def _mutate(buf: np.ndarray, muts) -> np.ndarray:
+    import struct
+
+    b = bytearray(buf.tobytes())
+    for kind, pos, val in muts:
+        if not b:
+            break
+        if kind == "flip":
+            b[pos % len(b)] ^= 1 << val
+        elif kind == "byte":
+            b[pos % len(b)] = val
+        elif kind == "cut":
+            del b[pos % len(b) :]
+        elif kind == "field":
+            if pos < len(b):
+                b[pos] = val
+        else:
+            i = (pos % max(1, len(b) // 4)) * 4
+            b[i : i + 4] = struct.pack("<I", val)
+    return np.frombuffer(bytes(b), np.uint8)
+
+
+def _fuzz_one(name, muts):
+    bad = _mutate(V2[name], muts)
+    _decode_or_format_error(bad)
+    for other in (V2[name], bad):
+        try:
+            add(bad, other)
+        except CCollError as exc:
+            assert isinstance(exc, (FormatError, MismatchError, ccoll.ErrorBoundError))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(V2)), st.lists(mutations, min_size=1, max_size=4))
+def test_mutated_v2_streams(name, muts):
+    _fuzz_one(name, muts)
+
+
+@pytest.mark.slow
+@settings(max_examples=12000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sorted(V2)), st.lists(mutations, min_size=1, max_size=6))
+def test_mutated_v2_streams_long(name, muts):
+    _fuzz_one(name, muts)
+
+
+def test_every_header_byte_mutation_is_a_format_error_or_decodes():
+    for buf in V2.values():
+        for off in range(min(64, buf.size)):
+            for val in (0, 1, 0x7F, 0xFF):
+                b = buf.copy()
+                b[off] = val
+                _decode_or_format_error(b)
+    assert math.isfinite(header(V2["f32"]).eb)
+
+
+def test_pext_pdep_match_their_definition_and_the_portable_loops():
+    from numba import njit
+
+    from ccoll.compressor.cpu import intrinsics as it
+
+    @njit
+    def both(x, m):  # type: ignore[no-untyped-def]
+        return it._pext64(x, m), it._pdep64(x, m), it._pext_sw(x, m), it._pdep_sw(x, m)
+
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        x, m = (int(v) for v in rng.integers(-(2**63), 2**63 - 1, 2, dtype=np.int64))
+        m &= int(rng.integers(0, 2**63 - 1))  # sparse and dense masks
+        bits = [i for i in range(64) if (m >> i) & 1]
+        pext = sum(((x >> b) & 1) << i for i, b in enumerate(bits))
+        pdep = sum(((x >> i) & 1) << b for i, b in enumerate(bits))
+        got = [v & (2**64 - 1) for v in both(x, m)]
+        assert got == [pext, pdep & (2**64 - 1), pext, pdep & (2**64 - 1)]
