@@ -18,6 +18,7 @@ from ccoll.compressor.cpu.blocks import (
     CODE_RAW64,
     _block_words,
     _code_valid,
+    _count_bitmap,
     _decode_to,
     _nchunks,
     _raw_value,
@@ -25,7 +26,6 @@ from ccoll.compressor.cpu.blocks import (
     _scan,
     _threads_for,
 )
-from ccoll.compressor.cpu.intrinsics import _popcount
 from ccoll.errors import FormatError, MismatchError
 
 __all__ = ["decompress", "decompress_wide", "header", "as_stream"]
@@ -44,18 +44,6 @@ class _Layout:
         self.W = W
         self.chunk_k = chunk_k
         self.chunk_pos = chunk_pos
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _count_bitmap(bitmap, chunk_nnz):  # type: ignore[no-untyped-def]
-    """Set bits of the bitmap words of each chunk."""
-    per = CHUNK_BLOCKS // 32
-    nw = bitmap.size
-    for c in prange(chunk_nnz.size):
-        s = 0
-        for i in range(c * per, min(c * per + per, nw)):
-            s += _popcount(np.int64(bitmap[i]))
-        chunk_nnz[c] = s
 
 
 @njit(parallel=True, nogil=True, cache=True)

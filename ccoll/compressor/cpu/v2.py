@@ -27,6 +27,7 @@ from ccoll.compressor.cpu.blocks import (
     CHUNK_BLOCKS,
     QLIM,
     QMAX_ADD,
+    _count_bitmap,
     _nchunks,
     _quantize,
     _readonly,
@@ -34,7 +35,6 @@ from ccoll.compressor.cpu.blocks import (
     _small,
     _threads_for,
 )
-from ccoll.compressor.cpu.decode import _count_bitmap
 from ccoll.compressor.cpu.intrinsics import (
     _bits_from_f64,
     _f32_from_bits,
