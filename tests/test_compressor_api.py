@@ -137,8 +137,10 @@ def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
     calls = []
     fake = types.ModuleType("ccoll.compressor._cuda")
     caps = []
-    fake.compress_abs = lambda x, eb, stream=None, max_blocks=None: (
-        calls.append(("compress_abs", eb, stream)) or caps.append(max_blocks) or "s"
+    versions = []
+    fake.compress_abs = lambda x, eb, stream=None, max_blocks=None, version=1: (
+        calls.append(("compress_abs", eb, stream)) or caps.append(max_blocks)
+        or versions.append(version) or "s"
     )
     fake.decompress = lambda buf, out=None, stream=None: calls.append(("decompress", out)) or "y"
     fake.add = lambda a, b, out=None, stream=None: calls.append(("add", out)) or "sum"
@@ -152,6 +154,8 @@ def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
     assert compress_abs(dev, 0.0) == "s"
     assert compress_abs(dev, 0.0, max_blocks=3) == "s"
     assert caps == [None, None, None, 3]  # the grid cap reaches the CUDA backend
+    assert ccoll.compress(dev, ccoll.ABS(0.5), version=2) == "s"
+    assert versions == [1, 1, 1, 1, 2]  # and so does the stream format
     assert ccoll.decompress(dev) == "y"
     assert add(dev, dev) == "sum"
     assert header(dev) == "h"
