@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -e ".[mpich,cuda,test,torch,lint]"
-	$(VPY) -m ccoll.warmup  # compile the CPU kernels into numba's cache once, now
+	$(VPY) -m ccoll.warmup --v2 --jobs 2  # compile the CPU kernels (formats 1 and 2) into numba's cache once, now
 	@touch $(STAMP)
 
 venv: $(STAMP)

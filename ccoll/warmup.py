@@ -7,11 +7,17 @@ that no training step, test or MPI rank waits for the compiler (four ranks that 
 cold compile the same kernels side by side). A kernel compiled here or at any other first
 call says so on stderr (:mod:`ccoll.compressor.cpu.notice`); with a warm cache the run is
 silent and takes a second or two.
+
+``--v2`` also compiles the kernels of stream format version 2 (``compress(...,
+version=2)``, docs/format.md), which inline their block helpers and take about three
+minutes for float32 and two for float64; ``--jobs 2`` compiles the dtypes side by side in
+two processes (numba compiles on one core).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -23,20 +29,24 @@ __all__ = ["main", "warm", "build_parser"]
 DTYPES = ("float32", "float64")
 
 
-def warm(dtype: str) -> float:
-    """Run every CPU kernel once on a small array of ``dtype``; return the seconds taken."""
+def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
+    """Run every CPU kernel of the stream ``versions`` once on a small array of ``dtype``.
+
+    Returns the seconds taken.
+    """
     from ccoll.compressor import cpu
 
     t0 = time.perf_counter()
     x = np.random.default_rng(0).standard_normal(4096).astype(dtype)
     lo, hi = cpu.finite_range(x)
     eb = 1e-3 * (hi - lo)
-    a = cpu.compress_abs(x, eb)  # lossy
-    cpu.decompress(a, out=np.empty_like(x))
-    b = cpu.compress_abs(x[::-1].copy(), eb)
-    cpu.decompress(cpu.add(a, b))
-    cpu.add_data(a, x)
-    cpu.decompress(cpu.compress_abs(x, 0.0))  # lossless
+    for v in versions:
+        a = cpu.compress_abs(x, eb, version=v)  # lossy
+        cpu.decompress(a, out=np.empty_like(x))
+        b = cpu.compress_abs(x[::-1].copy(), eb, version=v)
+        cpu.decompress(cpu.add(a, b))
+        cpu.add_data(a, x)
+        cpu.decompress(cpu.compress_abs(x, 0.0, version=v))  # lossless
     return time.perf_counter() - t0
 
 
@@ -50,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("dtypes", nargs="*", default=list(DTYPES), metavar="DTYPE",
                     help=f"dtypes whose kernels to compile, of {', '.join(DTYPES)}")
+    ap.add_argument("--v2", action="store_true",
+                    help="also compile the kernels of stream format version 2 "
+                         "(compress(..., version=2)); minutes more")
+    ap.add_argument("-j", "--jobs", type=int, default=1, metavar="N",
+                    help="compile up to N dtypes side by side, each in its own process")
     return ap
 
 
@@ -60,10 +75,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     for dt in args.dtypes:
         if dt not in DTYPES:
             ap.error(f"unknown dtype {dt!r}: ccoll's CPU kernels take {' or '.join(DTYPES)}")
+    if args.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {args.jobs}")
+    if args.jobs > 1 and len(args.dtypes) > 1:
+        return _side_by_side(args.dtypes, args.v2, args.jobs)
+    versions = (1, 2) if args.v2 else (1,)
     for dt in args.dtypes:
-        s = warm(dt)
+        s = warm(dt, versions)
         print(f"ccoll kernels for {dt}: ready ({s:.1f} s)", file=sys.stderr)
     return 0
+
+
+def _side_by_side(dtypes: Sequence[str], v2: bool, jobs: int) -> int:
+    """One ``python -m ccoll.warmup DTYPE`` process per dtype, ``jobs`` at a time."""
+    pending = list(dtypes)
+    running: list[subprocess.Popen[bytes]] = []
+    rc = 0
+    while pending or running:
+        while pending and len(running) < jobs:
+            cmd = [sys.executable, "-m", "ccoll.warmup", pending.pop(0)] + (["--v2"] * v2)
+            running.append(subprocess.Popen(cmd))
+        p = running.pop(0)
+        rc = max(rc, p.wait())
+    return rc
 
 
 if __name__ == "__main__":
