@@ -43,7 +43,7 @@ test-unit: $(STAMP)
 	$(VPY) -m pytest tests -m "not slow" --ignore=tests/mpi --ignore=tests/cuda
 
 test-cuda: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(VPY) -m pytest tests/cuda -m "not slow"
+	NUMBA_ENABLE_CUDASIM=1 $(VPY) -m pytest tests/cuda -m "not slow" -n 2  # simulated kernels, one core each
 	NUMBA_ENABLE_CUDASIM=1 timeout 900 $(MPIEXEC) -n 2 $(VPY) -m mpi4py -m pytest \
 	  tests/mpi/test_collectives_gpu_sim.py -q -p no:cacheprovider --timeout=300 \
 	  --timeout-method=thread
