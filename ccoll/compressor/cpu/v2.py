@@ -29,7 +29,6 @@ from ccoll.compressor.cpu.blocks import (
     QMAX_ADD,
     _count_bitmap,
     _nchunks,
-    _quantize,
     _readonly,
     _scan,
     _small,
@@ -819,152 +818,14 @@ def add_v2(la: LayoutV2, lb: LayoutV2, bound: float, nterms: int,
                        bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, out)
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, step, small,
-                        lmask, ocodes, omasks, bitmap, reg, S, chunk_nnz, chunk_nmask,
-                        chunk_bits, errs):  # type: ignore[no-untyped-def]
-    """Pass 1 of add_data: the stream's blocks plus ``x``'s, each as ``compress_abs`` codes it."""
-    n = x.size
-    nblocks = ocodes.size
-    is32 = x.itemsize == 4
-    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
-    for c in prange(chunk_nnz.size):
-        qa = np.empty(BLOCK, np.int64)
-        qb = np.empty(BLOCK, np.int64)
-        qs = np.empty(BLOCK, np.int64)
-        ra = np.empty(BLOCK, np.int64)
-        rb = np.empty(BLOCK, np.int64)
-        lo = np.empty(BLOCK, np.uint32)
-        mag = np.empty(BLOCK, np.uint32)
-        tmp = np.empty(BLOCK, np.uint32)
-        aip, aia, ain = _reader_at(ia, cka[c] * iba)
-        ap, aa, an = _reader_at(Wa, coa[c])
-        ar = cra[c]
-        s0 = reg[c] * 32
-        sp, sa, sn = _writer_at(s0)
-        b0 = c * CHUNK_BLOCKS
-        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
-        nz = 0
-        nm = 0
-        word = np.int64(0)
-        for b in range(b0, b1):
-            base = b * BLOCK
-            e = min(base + BLOCK, n)
-            m = e - base
-            xb = x[base:e]
-            # x's block, decided exactly as compress_abs decides it: kb = -1 for a zero block.
-            if eb == 0.0:
-                bb = bits_[base:e]
-                acc = np.uint64(0)
-                for l in range(m):
-                    acc |= np.uint64(bb[l]) & lmask
-                kb = np.int64(-1) if acc == 0 else np.int64(KIND_RAW)
-            else:
-                tiny = m == BLOCK
-                if tiny:
-                    for l in range(BLOCK):
-                        tiny &= abs(xb[l]) <= small
-                if tiny:
-                    kb = np.int64(-1)
-                else:
-                    bad, orq, _ = _quantize(xb, eb, step, qb)
-                    kb = np.int64(KIND_RAW) if bad else (np.int64(-1) if orq == 0
-                                                          else np.int64(0))
-            if kb == KIND_RAW:
-                for l in range(BLOCK):
-                    rb[l] = np.int64(bits_[base + l]) if l < m else np.int64(0)
-            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
-            codea = np.int64(-1)
-            Ma = np.int64(0)
-            if za:
-                i, aip, aia, ain = _get(ia, aip, aia, ain, iba)
-                codea = np.int64(ta[i])
-                if (codea >> 10) == KIND_PP:
-                    Ma = np.int64(ma[ar])
-                    ar += 1
-            code = np.int64(NO_BLOCK)
-            M = np.int64(0)
-            if kb < 0:
-                if za:
-                    code = codea
-                    M = Ma
-                    ap, aa, an, sp, sa, sn = _copy_bits(Wa, ap, aa, an, S, sp, sa, sn,
-                                                        _code_bits(codea, Ma, is32))
-            elif not za:
-                if kb == KIND_RAW:
-                    code = np.int64(CODE_RAW_V2)
-                    sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, rb, m, not is32)
-                else:
-                    for l in range(BLOCK):
-                        mag[l] = abs(qb[l])
-                    code, _ = _choose(qb, mag)
-                    sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qb, mag, tmp)
-            else:
-                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
-                if e1:
-                    errs[c] = 1
-                    break
-                ka = codea >> 10
-                raw = ka > 1 or kb > 1
-                if not raw:
-                    big, orq = _sum_q(qa, qb, qs, mag, m)
-                    if big:
-                        raw = True
-                    elif orq != 0:
-                        code, _ = _choose(qs, mag)
-                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
-                if raw:
-                    code = rawsum
-                    sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,
-                                               is32)
-            if code >= 0:
-                word |= np.int64(1) << (b & 31)
-                ocodes[b0 + nz] = code
-                nz += 1
-                if (code >> 10) == KIND_PP:
-                    omasks[b0 + nm] = M
-                    nm += 1
-            if (b & 31) == 31 or b == b1 - 1:
-                bitmap[b >> 5] = word
-                word = 0
-        if sn:
-            S[sp] = sa
-        chunk_nnz[c] = nz
-        chunk_nmask[c] = nm
-        chunk_bits[c] = (sp * 32 + sn) - s0
-
-
 def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int) -> np.ndarray:
-    """``add(a, compress_abs(x, eb, version=2))`` in one pass (``x`` checked by the caller)."""
+    """``add(a, compress_abs(x, eb, version=2))``, ``x`` checked by the caller.
+
+    It compresses ``x`` with the stream's ``eb`` and adds the two streams. A fused kernel
+    (quantize ``x``'s block beside decoding ``a``'s) gave the same bytes but took a minute
+    to compile per dtype; the collectives, which need ``add_data`` in the ring's hot loop,
+    write version 1, whose ``add_data`` is fused (:func:`ccoll.compressor.cpu.add.add_data`).
+    """
     ha = la.hdr
-    flat = _readonly(np.ascontiguousarray(x).reshape(-1))
-    is32 = ha.dtype == np.float32
-    n = ha.n
-    nblocks = ha.nblocks
-    nch = _nchunks(nblocks)
-    eb = ha.eb
-    abits = np.append(la.chunk_o, 32 * ha.payload_words)
-    nb_chunk = np.minimum(CHUNK_BLOCKS, nblocks - np.arange(nch, dtype=np.int64) * CHUNK_BLOCKS)
-    # A block of the sum is at most its stream block plus 2048 bits.
-    need = (_chunk_sums(abits, nch) + 2048 * nb_chunk + 31) // 32 + 1
-    reg, total = _scan(need)
-    S = np.empty(max(total, 1), np.uint32)
-    ocodes = np.empty(nblocks, np.int16)
-    omasks = np.empty(nblocks, np.uint32)
-    bitmap_t = np.empty((nblocks + 31) // 32, np.uint32)
-    chunk_nnz = np.zeros(nch, np.int64)
-    chunk_nmask = np.zeros(nch, np.int64)
-    chunk_bits = np.zeros(nch, np.int64)
-    errs = np.zeros(nch, np.uint8)
-    bits_ = flat.view(np.uint32) if is32 else flat.view(np.uint64)
-    lmask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
-    if nch:
-        with _threads_for(n):
-            _add_data_v2_chunks(la.W, la.bitmap, la.table, la.idx, la.ib, la.masks,
-                                la.chunk_k, la.chunk_r, la.chunk_o, flat, bits_, eb, 2.0 * eb,
-                                _small(eb, flat.dtype), lmask, ocodes, omasks, bitmap_t, reg,
-                                S, chunk_nnz, chunk_nmask, chunk_bits, errs)
-    if errs.any():
-        raise FormatError("stream holds a sparse block whose positions are not increasing")
-    return _finish_sum(ha.dtype, ha.shape, eb, bound, nterms, nblocks, ocodes, omasks,
-                       bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, None)
+    b = compress_abs_v2(np.ascontiguousarray(x).reshape(ha.shape), ha.eb)
+    return add_v2(la, validate_v2(b), bound, nterms)
