@@ -40,7 +40,8 @@ test: $(STAMP)
 	$(MAKE) --no-print-directory test-unit test-cuda test-mpi
 
 test-unit: $(STAMP)
-	$(VPY) -m pytest tests -m "not slow" --ignore=tests/mpi --ignore=tests/cuda
+	$(VPY) -m pytest tests -m "not slow" --ignore=tests/mpi --ignore=tests/cuda --ignore=tests/ptx
+	$(VPY) -m pytest tests/ptx -m "not slow" -n 2  # PTX compiles of the CUDA kernels, one core each
 
 test-cuda: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(VPY) -m pytest tests/cuda -m "not slow" -n 2  # simulated kernels, one core each
