@@ -51,3 +51,40 @@ def test_empty_cache_prints_the_notice_once_before_the_first_call_returns(
 def test_warm_cache_prints_nothing(cold_then_warm: tuple[str, str]) -> None:
     _, warm = cold_then_warm
     assert "ccoll:" not in warm, warm
+
+
+def test_format_2_kernels_get_a_notice_of_their_own(monkeypatch, capsys):
+    # The listener on fake compile events: v1 and v2 kernels are announced once per dtype
+    # each, a kernel without float arrays is covered by its format's notice, and a helper
+    # compiled inside a kernel (nested event) says nothing.
+    import types
+
+    from numba import types as nt
+
+    from ccoll.compressor.cpu import notice
+
+    monkeypatch.setattr(notice, "_announced", set())
+
+    def event(module: str, *args: object) -> types.SimpleNamespace:
+        disp = types.SimpleNamespace(py_func=types.SimpleNamespace(__module__=module))
+        return types.SimpleNamespace(data={"dispatcher": disp, "args": args})
+
+    f32 = nt.Array(nt.float32, 1, "C")
+    u32 = nt.Array(nt.uint32, 1, "C")
+    listener = notice._Notice()
+    calls = [event("ccoll.compressor.cpu.encode", f32), event("ccoll.compressor.cpu.v2", f32),
+             event("ccoll.compressor.cpu.v2", u32), event("ccoll.compressor.cpu.encode", f32),
+             event("ccoll.compressor.cpu.v2", f32), event("numpy.other", f32)]
+    for ev in calls:
+        listener.on_start(ev)
+        listener.on_end(ev)
+    outer = event("ccoll.compressor.cpu.v2", nt.Array(nt.float64, 1, "C"))
+    listener.on_start(outer)
+    listener.on_start(event("ccoll.compressor.cpu.v2blocks", f32))  # nested helper
+    listener.on_end(outer)
+    listener.on_end(outer)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [notice.message("float32"), notice.message("float32", 2),
+                     notice.message("float64", 2)]
+    assert "format-2 kernels for float32" in lines[1] and "minutes" in lines[1]
+    assert lines[0].startswith(NOTICE)

@@ -9,9 +9,11 @@ real compilation of a ccoll kernel in a process prints::
     ccoll: compiling kernels for float32, once, about 30 s on 2 idle cores; later runs load
     them from numba's cache
 
-once per dtype (cache hits print nothing). The listener is numba's ``"numba:compile"``
-event, which numba triggers only on a cache miss; it is registered at the first kernel
-launch (:func:`watch`), not at import, and ignores every function outside ccoll.
+once per dtype (cache hits print nothing), and once more per dtype for the kernels of stream
+format version 2 (``compress(..., version=2)``), which take minutes to compile. The
+listener is numba's ``"numba:compile"`` event, which numba triggers only on a cache miss;
+it is registered at the first kernel launch (:func:`watch`), not at import, and ignores
+every function outside ccoll.
 ``python -m ccoll.warmup`` (run by ``make venv`` and ``make demo``) fills the cache ahead.
 """
 
@@ -27,15 +29,23 @@ __all__ = ["watch", "message"]
 
 _lock = threading.Lock()
 _registered = False
-_announced: set[str] = set()  # dtypes announced ("": a kernel without float arrays)
+# (format, dtype) pairs announced; format 2 for the version-2 kernels, dtype "" for a kernel
+# without float arrays (the homomorphic add), which any notice of its format covers.
+_announced: set[tuple[int, str]] = set()
+_V2_MODULES = ("ccoll.compressor.cpu.v2", "ccoll.compressor.cpu.v2blocks")
 _depth = threading.local()  # nesting of ccoll compilations on this thread
 
 
-def message(dtype: str | None) -> str:
-    """Return the notice for ``dtype`` (None: a kernel without float arrays, as the add)."""
-    what = f"kernels for {dtype}" if dtype else "kernels"
+def message(dtype: str | None, version: int = 1) -> str:
+    """Return the notice for ``dtype`` (None: a kernel without float arrays, as the add).
+
+    ``version`` 2 names the kernels of stream format version 2 and their longer compile.
+    """
+    what = "kernels" if version == 1 else "format-2 kernels"
+    what += f" for {dtype}" if dtype else ""
+    took = "about 30 s" if version == 1 else "about 2-3 minutes"
     return (
-        f"ccoll: compiling {what}, once, about 30 s on 2 idle cores; "
+        f"ccoll: compiling {what}, once, {took} on 2 idle cores; "
         "later runs load them from numba's cache"
     )
 
@@ -49,10 +59,13 @@ def _dtype_of(args: Any) -> str | None:
     return None
 
 
-def _is_ccoll(ev: Any) -> bool:
+def _module_of(ev: Any) -> str:
     disp = (ev.data or {}).get("dispatcher")
-    module = getattr(getattr(disp, "py_func", None), "__module__", "") or ""
-    return module.startswith("ccoll.")
+    return getattr(getattr(disp, "py_func", None), "__module__", "") or ""
+
+
+def _is_ccoll(ev: Any) -> bool:
+    return _module_of(ev).startswith("ccoll.")
 
 
 class _Notice(event.Listener):  # type: ignore[misc]
@@ -64,12 +77,13 @@ class _Notice(event.Listener):  # type: ignore[misc]
         if depth:  # a helper compiled inside a kernel: the kernel's dtype was announced
             return
         dtype = _dtype_of((ev.data or {}).get("args"))
+        version = 2 if _module_of(ev) in _V2_MODULES else 1
         with _lock:
-            # A kernel without float arrays (the homomorphic add) is covered by any notice.
-            if dtype in _announced or (dtype is None and _announced):
+            done = {d for v, d in _announced if v == version}
+            if (dtype or "") in done or (dtype is None and done):
                 return
-            _announced.add(dtype or "")
-        print(message(dtype), file=sys.stderr, flush=True)
+            _announced.add((version, dtype or ""))
+        print(message(dtype, version), file=sys.stderr, flush=True)
 
     def on_end(self, ev: Any) -> None:
         if _is_ccoll(ev):
