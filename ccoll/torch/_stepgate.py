@@ -1,0 +1,122 @@
+"""Whole-step check of the DDP hook's ``policy="auto"``: compress only while steps are faster.
+
+The collectives' own policy (ccoll.collectives.policy) prices each bucket's allreduce and
+measures it against raw calls, but not what compressing costs the rest of the step: on a
+machine whose cores the backward pass also needs, the compressor's CPU comes out of the
+backward pass, and a bucket whose allreduce got faster can still make the step slower
+(docs/training.md measured this at 10 Gbit/s). :class:`StepGate` compares whole steps:
+
+- the first ``warmup + probe`` gated steps run ``"auto"`` (the collectives' policy decides
+  per bucket; the first ``warmup`` steps compile and calibrate and are not measured), the
+  next ``probe`` steps run ``"raw"`` (every bucket averaged exactly, plain MPI);
+- the mode whose median step time over its latest ``probe`` steps is lower wins and runs for
+  ``probe * 2**level`` steps, then the other mode is tried again for ``probe`` steps; a try
+  that loses raises ``level`` (at most ``max_level``), one that wins takes over at the
+  first level;
+- a try whose step took more than ``abort`` times the winner's median ends at once (one
+  step shows a loss that large; a slow link then costs one raw step per try, not ``probe``).
+
+A step's time, as the hook measures it, runs from the queuing of its first bucket to the
+end of its last bucket's average: the backward pass from the first gradient on, with the
+averaging it hid and the part it did not. The time is each rank's; the gate takes the
+maximum over ranks (the hook agrees on it), so every rank switches at the same step.
+
+Pure and local: the hook feeds it agreed times and asks for the next step's mode.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from statistics import median
+
+__all__ = ["StepGate"]
+
+AUTO = "auto"
+RAW = "raw"
+
+
+class StepGate:
+    """Choose per step between the hook's ``"auto"`` compression and ``"raw"`` averaging.
+
+    Call :meth:`next` once at the start of every gated step with the agreed seconds of the
+    previous gated step (``None`` for the first); it returns that step's mode.
+    """
+
+    def __init__(self, probe: int = 3, warmup: int = 1, first_level: int = 1,
+                 max_level: int = 7, abort: float = 1.5) -> None:
+        if probe < 1 or warmup < 0 or not 0 <= first_level <= max_level or abort <= 1.0:
+            raise ValueError("StepGate needs probe >= 1, warmup >= 0, "
+                             "0 <= first_level <= max_level and abort > 1")
+        self.probe = probe
+        self.first_level = first_level
+        self.max_level = max_level
+        self.abort = abort
+        self.level = first_level
+        self.times: dict[str, deque[float]] = {AUTO: deque(maxlen=probe),
+                                               RAW: deque(maxlen=probe)}
+        self.steps = {AUTO: 0, RAW: 0}  # steps run in each mode
+        self.switches = 0  # times the winner changed
+        self.winner: str | None = None
+        self._skip = warmup  # first auto steps, not measured
+        self._running: str | None = None  # mode of the step whose time comes next
+        # Current block: its mode, steps left, and whether it tries the loser.
+        self._mode = AUTO
+        self._left = warmup + probe
+        self._trial = True
+
+    @property
+    def mode(self) -> str:
+        """The mode of the step in progress (of the next step before the first call)."""
+        return self._running or self._mode
+
+    def next(self, seconds: float | None) -> str:
+        """Record the previous gated step's agreed ``seconds``; return this step's mode."""
+        if seconds is not None and self._running is not None:
+            if self._running == AUTO and self._skip > 0:
+                self._skip -= 1
+            else:
+                self.times[self._running].append(float(seconds))
+                self._check_abort(float(seconds))
+        if self._left == 0:
+            self._end_block()
+        self._left -= 1
+        self._running = self._mode
+        self.steps[self._mode] += 1
+        return self._mode
+
+    def _median(self, mode: str) -> float | None:
+        t = self.times[mode]
+        return median(t) if t else None
+
+    def _check_abort(self, seconds: float) -> None:
+        other = RAW if self._running == AUTO else AUTO
+        ref = self._median(other)
+        if self._trial and self._running == self._mode and ref is not None \
+                and seconds > self.abort * ref:
+            self._left = 0  # this try has lost already
+
+    def _end_block(self) -> None:
+        auto, raw = self._median(AUTO), self._median(RAW)
+        if self.winner is None and raw is None:  # the first auto block: now try raw
+            self._try(RAW)
+            return
+        if auto is None or raw is None:  # a mode without a measured step: try it
+            self._try(AUTO if auto is None else RAW)
+            return
+        best = RAW if raw < auto else AUTO
+        if self._trial:
+            if self.winner is not None and best != self.winner:
+                self.switches += 1
+                self.level = self.first_level
+            elif self.winner is not None:
+                self.level = min(self.level + 1, self.max_level)
+            self.winner = best
+            self._mode, self._left, self._trial = best, self.probe << self.level, False
+        else:  # the winner's run is over: try the other mode again
+            self._try(RAW if self.winner == AUTO else AUTO)
+
+    def _try(self, mode: str) -> None:
+        # A try is judged on its own steps only (an older, luckier time of the mode must
+        # not outvote a step that was aborted for being slow).
+        self.times[mode].clear()
+        self._mode, self._left, self._trial = mode, self.probe, True

@@ -1,0 +1,107 @@
+"""The DDP hook's step check (ccoll/torch/_stepgate.py) as a state machine on stand-in step times.
+
+Each simulated step goes as the hook runs it: at the step's first bucket the gate gets the
+previous step's (agreed) seconds and returns this step's mode; the step's seconds come
+from a stand-in clock that knows what each mode costs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ccoll.torch._stepgate import AUTO, RAW, StepGate
+
+
+def run(gate: StepGate, cost, steps: int) -> list[str]:
+    """Drive ``gate`` for ``steps`` steps; ``cost(mode, i)`` is step i's seconds."""
+    modes: list[str] = []
+    prev = None
+    for i in range(steps):
+        mode = gate.next(prev)
+        modes.append(mode)
+        prev = cost(mode, i)
+    return modes
+
+
+def flat(auto: float, raw: float):
+    return lambda mode, i: auto if mode == AUTO else raw
+
+
+def test_first_steps_compress_then_try_raw() -> None:
+    modes = run(StepGate(probe=3, warmup=1), flat(1.0, 1.2), 7)
+    assert modes == [AUTO] * 4 + [RAW] * 3
+
+
+def test_compression_that_slows_steps_is_dropped() -> None:
+    # 10 Gbit/s: compressing makes the step 8% slower. After the tries, raw runs, and the
+    # tries of auto come at growing intervals.
+    gate = StepGate(probe=3, warmup=1)
+    modes = run(gate, flat(1.08, 1.0), 400)
+    assert gate.winner == RAW
+    assert modes[7:13] == [RAW] * 6  # the first run of the winner: probe << first_level
+    assert modes.count(AUTO) < 0.15 * len(modes)
+    # Tries of auto get rarer: each lost try doubles the run before the next one.
+    starts = [i for i in range(8, len(modes)) if modes[i] == AUTO and modes[i - 1] == RAW]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
+
+
+def test_compression_that_pays_keeps_running() -> None:
+    gate = StepGate(probe=3, warmup=1)
+    modes = run(gate, flat(1.0, 1.76), 400)
+    assert gate.winner == AUTO
+    assert modes.count(RAW) < 0.1 * len(modes)
+
+
+def test_a_much_slower_try_ends_after_one_step() -> None:
+    # 100 Mbit/s: a raw step costs 7x; each try of raw costs one step, not three.
+    gate = StepGate(probe=3, warmup=1, abort=1.5)
+    modes = run(gate, flat(1.0, 7.0), 200)
+    runs_of_raw = [len(r) for r in "".join("r" if m == RAW else "a" for m in modes).split("a")
+                   if r]
+    assert runs_of_raw and all(n == 1 for n in runs_of_raw)
+    assert gate.winner == AUTO
+
+
+def test_warmup_steps_are_not_measured() -> None:
+    # The first auto step compiles (100 s); without the warm-up skip it would decide.
+    gate = StepGate(probe=3, warmup=1)
+    modes = run(gate, lambda mode, i: 100.0 if i == 0 else (1.0 if mode == AUTO else 1.5), 20)
+    assert gate.winner == AUTO and modes[7:13] == [AUTO] * 6
+
+
+def test_one_slow_step_does_not_decide() -> None:
+    # An evaluation or a stall in one step of a try: the median of the try ignores it.
+    slow = {2}
+    gate = StepGate(probe=3, warmup=1)
+    run(gate, lambda mode, i: (5.0 if i in slow else 1.0) if mode == AUTO else 1.2, 8)
+    assert gate.winner == AUTO
+
+
+def test_a_change_in_the_link_is_followed() -> None:
+    # Compression pays for 100 steps, then the link gets fast and it stops paying.
+    gate = StepGate(probe=3, warmup=1, max_level=3)
+    modes = run(gate, lambda mode, i: (1.0 if mode == AUTO else 2.0) if i < 100
+                else (1.2 if mode == AUTO else 1.0), 300)
+    assert gate.winner == RAW and gate.switches == 1
+    assert modes[250:].count(AUTO) < 0.2 * 50
+
+
+def test_identical_inputs_give_identical_modes() -> None:
+    # Every rank feeds the same agreed times, so every rank switches at the same step.
+    cost = lambda mode, i: 1.0 + 0.3 * ((i * 7919) % 13) / 13 + (0.05 if mode == AUTO else 0.0)  # noqa: E731
+    assert run(StepGate(), cost, 300) == run(StepGate(), cost, 300)
+
+
+def test_steps_are_counted() -> None:
+    gate = StepGate()
+    modes = run(gate, flat(1.0, 1.2), 50)
+    assert gate.steps == {AUTO: modes.count(AUTO), RAW: modes.count(RAW)}
+    assert gate.mode == modes[-1]
+
+
+@pytest.mark.parametrize("kw", [{"probe": 0}, {"warmup": -1}, {"abort": 1.0},
+                                {"first_level": 5, "max_level": 4}])
+def test_bad_settings_raise(kw) -> None:
+    with pytest.raises(ValueError):
+        StepGate(**kw)
