@@ -556,6 +556,10 @@ def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
             log["step_time_s"].append(dt_max)
             log["exposed_comm_s"].append(comm.allreduce(exposed, MPI.MAX))
             log["hook_busy_s"].append(None if busy is None else comm.allreduce(busy, MPI.MAX))
+            gate = getattr(state, "gate", None)  # ccoll auto: how the step check ran this step
+            if gate is not None:
+                log.setdefault("step_mode", []).append(
+                    gate.mode if step >= state.start_iter else "exact")
             if rank == 0 and (step % 25 == 0 or step == args.steps - 1):
                 print(f"step {step:5d}  loss {mean_loss:.4f}  {dt_max * 1e3:7.1f} ms", flush=True)
     net1 = net_counters()
@@ -590,6 +594,10 @@ def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
         log["buckets_compressed"] = state.compressed
         log["buckets_exact"] = state.exact
         log["hook_busy_s_per_step"] = state.busy_s / args.steps
+        gate = getattr(state, "gate", None)  # the step check of policy="auto"
+        if gate is not None:
+            log["step_check_steps"] = dict(gate.steps)
+            log["step_check_winner"] = gate.winner
         st = state.communicator.stats
         # A ring allreduce of raw floats puts 2 (N - 1) / N of its input on the wire per rank.
         raw_wire = st.bytes_input * 2 * (size - 1) / size

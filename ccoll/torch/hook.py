@@ -12,7 +12,9 @@ What a bucket goes through (docs/training.md has the reasoning and the bound):
 2. otherwise the bucket goes through the homomorphic ring of ``ccoll.allreduce`` with
    ``op="avg"`` and the hook's bound (which that function puts on the average), so the
    averaged bucket is within ``eb`` of the exact average on every element, up to the
-   roundings to float32, and bitwise identical on every rank;
+   roundings to float32, and bitwise identical on every rank; with ``policy="auto"`` the
+   collective may send it raw, and the hook's step check averages a whole step's buckets
+   exactly while steps measure faster that way (ccoll/torch/_stepgate.py);
 3. float16 / bfloat16 buckets are upcast to a float32 copy, reduced and bounded in float32,
    and cast back: the bound then holds up to one rounding to the bucket's precision.
    CUDA buckets go to ccoll's device path (compressed, added and decoded on the GPU);
@@ -51,6 +53,7 @@ from ccoll.torch._state import (
     check_version,
     start_call,
 )
+from ccoll.torch._stepgate import RAW, StepGate
 
 __all__ = ["CCollHookState", "comm_hook"]
 
@@ -91,6 +94,10 @@ class CCollHookState:
             (never: plain MPI through the same path, for comparisons).
         timeout: seconds a bucket's collective may wait for its peers before it fails with
             :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
+        process_group: the ``torch.distributed`` process group of the DDP model, through
+            whose allreduce the step check's exact steps go (as DDP averages without a
+            hook). Default: the default group when it is initialised and ``comm`` spans
+            ``MPI.COMM_WORLD``; otherwise those steps take ccoll's plain MPI path.
 
     Creating the state is collective over ``comm`` and checks that every rank passed the
     same ``eb``, ``error_feedback``, ``start_iter``, ``min_numel`` and ``policy`` (they
@@ -129,6 +136,14 @@ class CCollHookState:
             be placed (parameters of equal shape in a bucket, saved without the model).
         communicator: the :class:`ccoll.Communicator` the buckets go through (its ``stats``
             count bytes in and out).
+        gate: with ``policy="auto"``, the step check (:class:`ccoll.torch._stepgate.StepGate`):
+            besides the collectives' choice per bucket, the hook times whole steps (from the
+            first bucket queued to the last one averaged, the slowest rank's time, agreed
+            over the ranks at the next step's first bucket) with compression and without
+            (``"raw"``: every bucket of the step through the process group's allreduce),
+            and runs the faster way, trying the other again after 6, 12, 24, ... steps;
+            ``gate.steps`` counts the steps of each way, ``gate.mode`` is the current
+            step's. ``None`` with the other policies.
 
     """
 
@@ -150,6 +165,13 @@ class CCollHookState:
         "_pending",
         "_seen",
         "residuals_reset",
+        "gate",
+        "process_group",
+        "_gate_comm",
+        "_fresh",
+        "_gate_t0",
+        "_gate_done",
+        "_gate_open",
         "__weakref__",
     )
 
@@ -163,6 +185,7 @@ class CCollHookState:
         comm: Any = None,
         policy: str = "auto",
         timeout: float | None = None,
+        process_group: Any = None,
     ) -> None:
         # A bad argument on one rank is recorded, not raised: the agreement raises it on
         # every rank, so the others never wait in a collective this rank skipped.
@@ -195,7 +218,6 @@ class CCollHookState:
             base, call, policy, timeout, "CCollHookState",
             split=0.0 if self.error_feedback else None,
             ranks_per_node=1 if self.error_feedback else None)
-        self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
         self.compressed = 0
@@ -207,6 +229,29 @@ class CCollHookState:
         self._pending: dict[Any, np.ndarray] = {}
         self._seen: set[int] = set()  # buckets queued in the current iteration
         self.residuals_reset = 0
+        # policy="auto" also compares whole steps with and without compression (the
+        # collectives' policy prices each allreduce, not what compressing costs the backward
+        # pass): ccoll/torch/_stepgate.py. The steps' times are agreed on a communicator of
+        # their own, from the training thread, while the engine thread uses self.comm.
+        self.gate = StepGate() if policy == "auto" else None
+        self.process_group = process_group
+        self._gate_comm = None
+        if self.gate is not None:
+            from ccoll.collectives.communicator import dup_comm
+            from ccoll.collectives.waiting import Deadline
+
+            try:
+                self._gate_comm = dup_comm(self.comm, Deadline(self.communicator.timeout,
+                                                               "creating a CCollHookState"))
+            except BaseException:
+                _close_state(self.comm, self.communicator)
+                raise
+        self._fresh = True  # the next bucket queued is the first of an iteration
+        self._gate_t0 = 0.0  # when the current gated step's first bucket was queued
+        self._gate_done: float | None = None  # when its last bucket was averaged
+        self._gate_open = False  # a gated step was started and not yet measured
+        self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
+                                           self._gate_comm)
 
     def __repr__(self) -> str:
         return (
@@ -363,29 +408,36 @@ class CCollHookState:
 
         if isinstance(self.eb, ABS):
             return self.eb.value
-        from ccoll.collectives.waiting import Deadline, wait_all
-
         lo, hi = finite_range(x)
         ext = np.array([lo, -hi], dtype=np.float64)
-        deadline = Deadline(self.communicator.timeout, "the value range of a gradient bucket")
+        self._agree(ext, MPI.MIN, "the value range of a gradient bucket", "range")
+        return self.eb.resolve(float(ext[0]), float(-ext[1]))
+
+    def _agree(self, values: np.ndarray, op: Any, what: str, name: str) -> None:
+        """Reduce ``values`` in place over :attr:`comm` with ``op`` (engine thread)."""
+        from mpi4py import MPI
+
+        from ccoll.collectives.waiting import Deadline, wait_all
+
+        deadline = Deadline(self.communicator.timeout, what)
         try:
-            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, ext, op=MPI.MIN)], deadline,
+            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, values, op=op)], deadline,
                      "MPI_Iallreduce")
         except BaseException as exc:
             # The bucket's peers are left waiting: later buckets must not run.
-            self.communicator._sync.fail(f"the hook's range allreduce raised {type(exc).__name__}")
+            self.communicator._sync.fail(f"the hook's {name} allreduce raised {type(exc).__name__}")
             raise
-        return self.eb.resolve(float(ext[0]), float(-ext[1]))
 
 
-def _close_state(comm: Any, communicator: Any) -> None:
+def _close_state(comm: Any, communicator: Any, gate_comm: Any = None) -> None:
     # close(), or garbage collection of a state never closed: no collective call here
     # (MPI_Comm_free is local in MPICH).
     from mpi4py import MPI
 
     communicator.close()
-    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
-        comm.Free()
+    for c in (comm, gate_comm):
+        if c is not None and c != MPI.COMM_NULL and not MPI.Is_finalized():
+            c.Free()
 
 
 def _named_params(model: Any) -> list[tuple[str, Any]]:
@@ -611,8 +663,6 @@ def comm_hook(
     tensor itself, overwritten). Every rank must register the hook with equal settings:
     DDP fires buckets in index order on every rank, and the engine runs them in that order.
     """
-    from ccoll.runtime.progress import submit
-
     if not isinstance(state, CCollHookState):
         raise InputError(f"state must be a ccoll.torch.CCollHookState, got {type(state).__name__}")
     tensor = bucket.buffer()
@@ -622,6 +672,37 @@ def comm_hook(
             "float64, float16 or bfloat16"
         )
     compress = state.iter >= state.start_iter and tensor.numel() >= state.min_numel
+    if state.error_feedback:
+        _place_residuals(state, bucket)
+    first, last = state._fresh, bucket.is_last()
+    state._fresh = last
+    gated = state.gate is not None and state.iter >= state.start_iter
+    if gated and first:
+        _gate_step(state)
+    if last:
+        state.iter += 1
+    raw_step = gated and state.gate is not None and state.gate.mode == RAW
+    group = _raw_group(state) if raw_step else None
+    if group is not None:
+        # The step check chose exact averaging for this step: DDP's own allreduce (the
+        # process group's, as DDP runs it without a hook), not ccoll's MPI path, which
+        # spins on a core the backward pass needs (docs/training.md).
+        state.exact += 1
+        tensor.div_(group.size())  # first, as DDP does (no overflow in float16)
+        out = dist.all_reduce(tensor, group=group, async_op=True).get_future().then(
+            lambda f: f.value()[0])
+    else:
+        out = _queue(state, tensor, bucket.index(), compress and not raw_step)
+    if gated and last:
+        return out.then(lambda f: _step_done(state, f))
+    return out
+
+
+def _queue(state: CCollHookState, tensor: torch.Tensor, index: int,
+           compress: bool) -> torch.futures.Future[torch.Tensor]:
+    """Queue the bucket on ccoll's engine; return its Future."""
+    from ccoll.runtime.progress import submit
+
     ready = None
     if tensor.is_cuda:
         ready = torch.cuda.Event()
@@ -637,16 +718,61 @@ def comm_hook(
         else:
             fut.set_result(req.wait())
 
-    if state.error_feedback:
-        _place_residuals(state, bucket)
-    req = submit(_average, state, tensor, bucket.index(), compress, ready, comm=state.comm)
-    if bucket.is_last():
-        state.iter += 1
+    req = submit(_average, state, tensor, index, compress, ready, comm=state.comm)
     req.add_done_callback(complete)
     # Chaining makes a failure a real error of the returned future: DDP then raises a
     # RuntimeError that names ccoll's exception and message ("MismatchError: ranks disagree
     # ..."), where a bare set_exception would surface as "Unable to cast ... to Tensor".
     return fut.then(_value)
+
+
+def _raw_group(state: CCollHookState) -> Any:
+    """Return the process group for the step check's exact steps (None: ccoll's MPI path).
+
+    ``state.process_group`` if given; else torch's default group when it is initialised and
+    spans the ranks of the state's communicator (``MPI.COMM_WORLD``, as DDP's default).
+    """
+    from mpi4py import MPI
+
+    if state.process_group is not None:
+        return state.process_group
+    if not dist.is_initialized() or dist.get_world_size() != state.comm.Get_size():
+        return None
+    if MPI.Comm.Compare(state.comm, MPI.COMM_WORLD) not in (MPI.IDENT, MPI.CONGRUENT):
+        return None
+    return dist.group.WORLD
+
+
+def _gate_step(state: CCollHookState) -> None:
+    """Start a gated step: agree on the previous one's time and set this one's mode.
+
+    Runs on the training thread at the step's first bucket. Every rank runs the same gated
+    steps, so every rank makes the same reduction here (one float: the slowest rank's time,
+    the same on every rank) and the gate takes the same decision everywhere.
+    """
+    from mpi4py import MPI
+
+    from ccoll.collectives.waiting import Deadline, wait_all
+
+    assert state.gate is not None and state._gate_comm is not None
+    agreed = None
+    if state._gate_open:
+        done = state._gate_done
+        t = np.array([0.0 if done is None else done - state._gate_t0], dtype=np.float64)
+        deadline = Deadline(state.communicator.timeout, "the step time of the hook's step check")
+        wait_all([state._gate_comm.Iallreduce(MPI.IN_PLACE, t, op=MPI.MAX)], deadline,
+                 "MPI_Iallreduce")
+        agreed = float(t[0])
+    state._gate_t0 = time.perf_counter()
+    state._gate_done = None
+    state._gate_open = True
+    state.gate.next(agreed)
+
+
+def _step_done(state: CCollHookState, fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+    value = fut.wait()  # raises the bucket's error, if any
+    state._gate_done = time.perf_counter()
+    return value
 
 
 def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:

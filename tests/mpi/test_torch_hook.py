@@ -19,6 +19,7 @@ from torchkit import Net, process_group  # noqa: E402, F401
 
 import ccoll  # noqa: E402
 import ccoll.torch as ct  # noqa: E402
+from ccoll.torch._stepgate import AUTO, RAW, StepGate  # noqa: E402
 
 DTYPES = {
     "float32": torch.float32,
@@ -313,3 +314,76 @@ def test_error_from_the_collective_reaches_backward_on_every_rank(comm, state_fa
     # DDP turns the hook's failure into a RuntimeError that names ccoll's exception.
     with pytest.raises(RuntimeError, match="MismatchError: ranks disagree .*error-bound"):
         ddp(rank_input(torch.float32)).sum().backward()
+
+
+class ScriptedGate(StepGate):
+    """A step check whose modes are fixed (raw every other step); it records what it is fed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fed: list[float | None] = []
+        self.modes: list[str] = []
+
+    def next(self, seconds: float | None) -> str:
+        self.fed.append(seconds)
+        self.modes.append(RAW if len(self.fed) % 2 == 0 else AUTO)
+        self._running = self.modes[-1]
+        return self.modes[-1]
+
+
+@pytest.mark.parametrize("raw_path", ["process group", "ccoll MPI"])
+def test_step_check_runs_the_same_mode_on_every_rank(comm, state_factory, monkeypatch,
+                                                     raw_path) -> None:
+    # The hook feeds its step check the slowest rank's step time (the same number on every
+    # rank) and runs each step's buckets as the check says: a raw step compresses nothing
+    # and gives the exact average, through the process group's allreduce (DDP's own) or,
+    # without a process group over the same ranks, through ccoll's plain MPI path.
+    import ccoll.torch.hook as hook_module
+
+    if raw_path == "ccoll MPI":
+        monkeypatch.setattr(hook_module, "_raw_group", lambda state: None)
+    state = state_factory(eb=ccoll.REL(1e-2), start_iter=1, min_numel=0, policy="auto")
+    assert isinstance(state.gate, StepGate)
+    state.gate = gate = ScriptedGate()
+    # The collectives' own policy would send these small buckets raw: under the check's
+    # "auto" steps they compress here, so that the raw steps show.
+    state.communicator.policy = "compress"
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    compressed, exact = [], []
+    for step in range(7):
+        x = rank_input(torch.float32, step)
+        every = comm.allgather(local_grads(_copy(model), x))
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+        compressed.append(state.compressed)
+        exact.append(state.exact)
+        got = [p.grad.numpy() for p in model.parameters()]
+        assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
+        if step > 0 and gate.modes[step - 1] == RAW:
+            for i, g in enumerate(got):
+                # Float32 sums of the ranks' gradients divided by N: a few roundings of
+                # the summands' magnitudes, as any exact allreduce makes.
+                parts = [e[i] for e in every]
+                slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
+                assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
+    # Step 0 is before start_iter: not gated. Steps 1-6 are, the first with no time before it.
+    assert len(gate.fed) == 6 and gate.fed[0] is None
+    assert all(t is not None and t > 0 for t in gate.fed[1:])
+    assert comm.allgather(gate.fed) == [gate.fed] * comm.size
+    for i, mode in enumerate(gate.modes, start=1):
+        assert (compressed[i] > compressed[i - 1]) == (mode == AUTO), (i, mode, compressed)
+        assert (exact[i] > exact[i - 1]) == (mode == RAW), (i, mode, exact)
+
+
+def _copy(model: torch.nn.Module) -> torch.nn.Module:
+    twin = Net()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def test_step_check_only_with_policy_auto(state_factory) -> None:
+    assert state_factory(policy="compress").gate is None
+    assert state_factory(policy="raw").gate is None
