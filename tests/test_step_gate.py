@@ -12,15 +12,23 @@ import pytest
 from ccoll.torch._stepgate import AUTO, RAW, StepGate
 
 
-def run(gate: StepGate, cost, steps: int) -> list[str]:
-    """Drive ``gate`` for ``steps`` steps; ``cost(mode, i)`` is step i's seconds."""
+def run(gate: StepGate, cost, steps: int, lag: int = 1) -> list[str]:
+    """Drive ``gate`` for ``steps`` steps; ``cost(mode, i)`` is step i's seconds.
+
+    Step i's time reaches the gate at the start of step ``i + lag`` (the hook: 1 when the
+    time is agreed at the next step's first bucket, 2 when that agreement completes a
+    step later).
+    """
     modes: list[str] = []
-    prev = None
+    times: list[float] = []
     for i in range(steps):
-        mode = gate.next(prev)
+        mode = gate.next(times[i - lag] if i >= lag else None)
         modes.append(mode)
-        prev = cost(mode, i)
+        times.append(cost(mode, i))
     return modes
+
+
+LAGS = pytest.mark.parametrize("lag", [1, 2])
 
 
 def flat(auto: float, raw: float):
@@ -32,11 +40,12 @@ def test_first_steps_compress_then_try_raw() -> None:
     assert modes == [AUTO] * 4 + [RAW] * 3
 
 
-def test_compression_that_slows_steps_is_dropped() -> None:
+@LAGS
+def test_compression_that_slows_steps_is_dropped(lag) -> None:
     # 10 Gbit/s: compressing makes the step 8% slower. After the tries, raw runs, and the
     # tries of auto come at growing intervals.
     gate = StepGate(probe=3, warmup=1)
-    modes = run(gate, flat(1.08, 1.0), 400)
+    modes = run(gate, flat(1.08, 1.0), 400, lag)
     assert gate.winner == RAW
     assert modes[7:13] == [RAW] * 6  # the first run of the winner: probe << first_level
     assert modes.count(AUTO) < 0.15 * len(modes)
@@ -46,56 +55,68 @@ def test_compression_that_slows_steps_is_dropped() -> None:
     assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
 
 
-def test_compression_that_pays_keeps_running() -> None:
+@LAGS
+def test_compression_that_pays_keeps_running(lag) -> None:
     gate = StepGate(probe=3, warmup=1)
-    modes = run(gate, flat(1.0, 1.76), 400)
+    modes = run(gate, flat(1.0, 1.76), 400, lag)
     assert gate.winner == AUTO
     assert modes.count(RAW) < 0.1 * len(modes)
 
 
-def test_a_much_slower_try_ends_after_one_step() -> None:
-    # 100 Mbit/s: a raw step costs 7x; each try of raw costs one step, not three.
+@LAGS
+def test_a_much_slower_try_ends_after_one_step(lag) -> None:
+    # 100 Mbit/s: a raw step costs 7x; each try of raw costs one step (a step more for
+    # each step of lag), not three.
     gate = StepGate(probe=3, warmup=1, abort=1.5)
-    modes = run(gate, flat(1.0, 7.0), 200)
+    modes = run(gate, flat(1.0, 7.0), 200, lag)
     runs_of_raw = [len(r) for r in "".join("r" if m == RAW else "a" for m in modes).split("a")
                    if r]
-    assert runs_of_raw and all(n == 1 for n in runs_of_raw)
+    assert runs_of_raw and all(n == lag for n in runs_of_raw)
     assert gate.winner == AUTO
 
 
-def test_warmup_steps_are_not_measured() -> None:
+@LAGS
+def test_warmup_steps_are_not_measured(lag) -> None:
     # The first auto step compiles (100 s); without the warm-up skip it would decide.
     gate = StepGate(probe=3, warmup=1)
-    modes = run(gate, lambda mode, i: 100.0 if i == 0 else (1.0 if mode == AUTO else 1.5), 20)
-    assert gate.winner == AUTO and modes[7:13] == [AUTO] * 6
+    modes = run(gate, lambda mode, i: 100.0 if i == 0 else (1.0 if mode == AUTO else 1.5), 20,
+                lag)
+    first_raw = modes.index(RAW)
+    back = modes.index(AUTO, first_raw)
+    assert gate.winner == AUTO and modes[back:back + 6] == [AUTO] * 6
+    assert back - first_raw == 3 + lag - 1  # one try of raw, not decided by step 0
 
 
-def test_one_slow_step_does_not_decide() -> None:
+@LAGS
+def test_one_slow_step_does_not_decide(lag) -> None:
     # An evaluation or a stall in one step of a try: the median of the try ignores it.
     slow = {2}
     gate = StepGate(probe=3, warmup=1)
-    run(gate, lambda mode, i: (5.0 if i in slow else 1.0) if mode == AUTO else 1.2, 8)
+    run(gate, lambda mode, i: (5.0 if i in slow else 1.0) if mode == AUTO else 1.2, 8 + lag, lag)
     assert gate.winner == AUTO
 
 
-def test_a_change_in_the_link_is_followed() -> None:
+@LAGS
+def test_a_change_in_the_link_is_followed(lag) -> None:
     # Compression pays for 100 steps, then the link gets fast and it stops paying.
     gate = StepGate(probe=3, warmup=1, max_level=3)
     modes = run(gate, lambda mode, i: (1.0 if mode == AUTO else 2.0) if i < 100
-                else (1.2 if mode == AUTO else 1.0), 300)
+                else (1.2 if mode == AUTO else 1.0), 300, lag)
     assert gate.winner == RAW and gate.switches == 1
     assert modes[250:].count(AUTO) < 0.2 * 50
 
 
-def test_identical_inputs_give_identical_modes() -> None:
+@LAGS
+def test_identical_inputs_give_identical_modes(lag) -> None:
     # Every rank feeds the same agreed times, so every rank switches at the same step.
     cost = lambda mode, i: 1.0 + 0.3 * ((i * 7919) % 13) / 13 + (0.05 if mode == AUTO else 0.0)  # noqa: E731
-    assert run(StepGate(), cost, 300) == run(StepGate(), cost, 300)
+    assert run(StepGate(), cost, 300, lag) == run(StepGate(), cost, 300, lag)
 
 
-def test_steps_are_counted() -> None:
+@LAGS
+def test_steps_are_counted(lag) -> None:
     gate = StepGate()
-    modes = run(gate, flat(1.0, 1.2), 50)
+    modes = run(gate, flat(1.0, 1.2), 50, lag)
     assert gate.steps == {AUTO: modes.count(AUTO), RAW: modes.count(RAW)}
     assert gate.mode == modes[-1]
 

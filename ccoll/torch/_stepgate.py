@@ -19,7 +19,8 @@ backward pass, and a bucket whose allreduce got faster can still make the step s
 A step's time, as the hook measures it, runs from the queuing of its first bucket to the
 end of its last bucket's average: the backward pass from the first gradient on, with the
 averaging it hid and the part it did not. The time is each rank's; the gate takes the
-maximum over ranks (the hook agrees on it), so every rank switches at the same step.
+maximum over ranks (the hook agrees on it, and the agreed time reaches the gate one or two
+steps later), so every rank switches at the same step.
 
 Pure and local: the hook feeds it agreed times and asks for the next step's mode.
 """
@@ -38,8 +39,10 @@ RAW = "raw"
 class StepGate:
     """Choose per step between the hook's ``"auto"`` compression and ``"raw"`` averaging.
 
-    Call :meth:`next` once at the start of every gated step with the agreed seconds of the
-    previous gated step (``None`` for the first); it returns that step's mode.
+    Call :meth:`next` once at the start of every gated step; it returns that step's mode.
+    Pass it the agreed seconds of the oldest gated step not yet measured, or ``None`` when
+    no time has come in (the hook's times arrive one or two steps late: the gate keeps the
+    started steps in order and counts a block's steps as their times arrive).
     """
 
     def __init__(self, probe: int = 3, warmup: int = 1, first_level: int = 1,
@@ -58,10 +61,15 @@ class StepGate:
         self.switches = 0  # times the winner changed
         self.winner: str | None = None
         self._skip = warmup  # first auto steps, not measured
-        self._running: str | None = None  # mode of the step whose time comes next
-        # Current block: its mode, steps left, and whether it tries the loser.
+        # Started steps whose time has not come: (mode, counted, block).
+        self._pending: deque[tuple[str, bool, int]] = deque()
+        self._running: str | None = None
+        # Current block: its number, mode, measured steps it needs and has, and whether it
+        # tries the loser (or, before a winner, a mode not measured yet).
+        self._block = 0
         self._mode = AUTO
-        self._left = warmup + probe
+        self._need = probe
+        self._got = 0
         self._trial = True
 
     @property
@@ -70,16 +78,20 @@ class StepGate:
         return self._running or self._mode
 
     def next(self, seconds: float | None) -> str:
-        """Record the previous gated step's agreed ``seconds``; return this step's mode."""
-        if seconds is not None and self._running is not None:
-            if self._running == AUTO and self._skip > 0:
-                self._skip -= 1
-            else:
-                self.times[self._running].append(float(seconds))
-                self._check_abort(float(seconds))
-        if self._left == 0:
+        """Record the oldest unmeasured step's agreed ``seconds``; return this step's mode."""
+        if seconds is not None and self._pending:
+            mode, counted, block = self._pending.popleft()
+            if counted:
+                self.times[mode].append(float(seconds))
+                if block == self._block:
+                    self._got += 1
+                    self._check_abort(mode, float(seconds))
+        if self._got >= self._need:
             self._end_block()
-        self._left -= 1
+        counted = not (self._mode == AUTO and self._skip > 0)
+        if not counted:
+            self._skip -= 1
+        self._pending.append((self._mode, counted, self._block))
         self._running = self._mode
         self.steps[self._mode] += 1
         return self._mode
@@ -88,18 +100,15 @@ class StepGate:
         t = self.times[mode]
         return median(t) if t else None
 
-    def _check_abort(self, seconds: float) -> None:
-        other = RAW if self._running == AUTO else AUTO
-        ref = self._median(other)
-        if self._trial and self._running == self._mode and ref is not None \
-                and seconds > self.abort * ref:
-            self._left = 0  # this try has lost already
+    def _check_abort(self, mode: str, seconds: float) -> None:
+        ref = self._median(RAW if mode == AUTO else AUTO)
+        if self._trial and ref is not None and seconds > self.abort * ref:
+            self._got = self._need  # this try has lost already
 
     def _end_block(self) -> None:
         auto, raw = self._median(AUTO), self._median(RAW)
-        if self.winner is None and raw is None:  # the first auto block: now try raw
-            self._try(RAW)
-            return
+        self._block += 1
+        self._got = 0
         if auto is None or raw is None:  # a mode without a measured step: try it
             self._try(AUTO if auto is None else RAW)
             return
@@ -111,7 +120,7 @@ class StepGate:
             elif self.winner is not None:
                 self.level = min(self.level + 1, self.max_level)
             self.winner = best
-            self._mode, self._left, self._trial = best, self.probe << self.level, False
+            self._mode, self._need, self._trial = best, self.probe << self.level, False
         else:  # the winner's run is over: try the other mode again
             self._try(RAW if self.winner == AUTO else AUTO)
 
@@ -119,4 +128,4 @@ class StepGate:
         # A try is judged on its own steps only (an older, luckier time of the mode must
         # not outvote a step that was aborted for being slow).
         self.times[mode].clear()
-        self._mode, self._left, self._trial = mode, self.probe, True
+        self._mode, self._need, self._trial = mode, self.probe, True

@@ -139,7 +139,8 @@ class CCollHookState:
         gate: with ``policy="auto"``, the step check (:class:`ccoll.torch._stepgate.StepGate`):
             besides the collectives' choice per bucket, the hook times whole steps (from the
             first bucket queued to the last one averaged, the slowest rank's time, agreed
-            over the ranks at the next step's first bucket) with compression and without
+            over the ranks in the background while the next step runs) with compression and
+            without
             (``"raw"``: every bucket of the step through the process group's allreduce),
             and runs the faster way, trying the other again after 6, 12, 24, ... steps;
             ``gate.steps`` counts the steps of each way, ``gate.mode`` is the current
@@ -172,6 +173,7 @@ class CCollHookState:
         "_gate_t0",
         "_gate_done",
         "_gate_open",
+        "_gate_work",
         "__weakref__",
     )
 
@@ -250,6 +252,7 @@ class CCollHookState:
         self._gate_t0 = 0.0  # when the current gated step's first bucket was queued
         self._gate_done: float | None = None  # when its last bucket was averaged
         self._gate_open = False  # a gated step was started and not yet measured
+        self._gate_work: Any = None  # the process group's reduction of a step time in flight
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
                                            self._gate_comm)
 
@@ -744,29 +747,55 @@ def _raw_group(state: CCollHookState) -> Any:
 
 
 def _gate_step(state: CCollHookState) -> None:
-    """Start a gated step: agree on the previous one's time and set this one's mode.
+    """Start a gated step: agree on an earlier step's time and set this one's mode.
 
-    Runs on the training thread at the step's first bucket. Every rank runs the same gated
-    steps, so every rank makes the same reduction here (one float: the slowest rank's time,
-    the same on every rank) and the gate takes the same decision everywhere.
+    Runs on the training thread at the step's first bucket; every rank runs the same gated
+    steps, so every rank makes the same reductions here and feeds the gate the same
+    maximum over ranks. With a process group, the previous step's time goes into an
+    asynchronous ``all_reduce`` that the next gated step collects (the group's own threads
+    complete it meanwhile: no rank waits for another here, and none spins on a core);
+    without one, into a one-float ``MPI_Iallreduce`` on a communicator of the hook's own,
+    polled with sleeps.
     """
-    from mpi4py import MPI
-
-    from ccoll.collectives.waiting import Deadline, wait_all
-
-    assert state.gate is not None and state._gate_comm is not None
-    agreed = None
+    assert state.gate is not None
+    prev = None
     if state._gate_open:
         done = state._gate_done
-        t = np.array([0.0 if done is None else done - state._gate_t0], dtype=np.float64)
-        deadline = Deadline(state.communicator.timeout, "the step time of the hook's step check")
-        wait_all([state._gate_comm.Iallreduce(MPI.IN_PLACE, t, op=MPI.MAX)], deadline,
-                 "MPI_Iallreduce")
-        agreed = float(t[0])
+        prev = 0.0 if done is None else done - state._gate_t0
+    group = _raw_group(state)
+    agreed = None
+    if group is not None:
+        if state._gate_work is not None:
+            work, buf = state._gate_work
+            work.wait()
+            agreed = float(buf[0])
+            state._gate_work = None
+        if prev is not None:
+            backend = dist.get_backend(group)
+            device = torch.device("cuda", torch.cuda.current_device()) \
+                if backend == "nccl" else torch.device("cpu")
+            buf = torch.tensor([prev], dtype=torch.float64, device=device)
+            work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
+            state._gate_work = (work, buf)
+    elif prev is not None:
+        agreed = _agree_max_mpi(state, prev)
     state._gate_t0 = time.perf_counter()
     state._gate_done = None
     state._gate_open = True
     state.gate.next(agreed)
+
+
+def _agree_max_mpi(state: CCollHookState, seconds: float) -> float:
+    from mpi4py import MPI
+
+    from ccoll.collectives.waiting import Deadline, wait_all
+
+    assert state._gate_comm is not None
+    t = np.array([seconds], dtype=np.float64)
+    deadline = Deadline(state.communicator.timeout, "the step time of the hook's step check")
+    wait_all([state._gate_comm.Iallreduce(MPI.IN_PLACE, t, op=MPI.MAX)], deadline,
+             "MPI_Iallreduce", poll=True)
+    return float(t[0])
 
 
 def _step_done(state: CCollHookState, fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
