@@ -64,6 +64,17 @@ def test_compression_that_pays_keeps_running(lag) -> None:
 
 
 @LAGS
+def test_compression_must_win_by_the_margin(lag) -> None:
+    # 2% faster with compression is within the steps' spread: the safe side, raw, runs.
+    gate = StepGate(margin=0.05)
+    modes = run(gate, flat(0.98, 1.0), 200, lag)
+    assert gate.winner == RAW and modes.count(AUTO) < 0.2 * len(modes)
+    gate = StepGate(margin=0.05)
+    run(gate, flat(0.94, 1.0), 200, lag)
+    assert gate.winner == AUTO
+
+
+@LAGS
 def test_a_much_slower_try_ends_after_one_step(lag) -> None:
     # 100 Mbit/s: a raw step costs 7x; each try of raw costs one step (a step more for
     # each step of lag), not three.
@@ -122,7 +133,8 @@ def test_steps_are_counted(lag) -> None:
 
 
 @pytest.mark.parametrize("kw", [{"probe": 0}, {"warmup": -1}, {"abort": 1.0},
-                                {"first_level": 5, "max_level": 4}])
+                                {"first_level": 5, "max_level": 4}, {"margin": 1.0},
+                                {"margin": -0.1}])
 def test_bad_settings_raise(kw) -> None:
     with pytest.raises(ValueError):
         StepGate(**kw)

@@ -8,8 +8,10 @@ backward pass, and a bucket whose allreduce got faster can still make the step s
 
 - the first ``warmup + probe`` gated steps run ``"auto"`` (the collectives' policy decides
   per bucket; the first ``warmup`` steps compile and calibrate and are not measured), the
-  next ``probe`` steps run ``"raw"`` (every bucket averaged exactly, plain MPI);
-- the mode whose median step time over its latest ``probe`` steps is lower wins and runs for
+  next ``probe`` steps run ``"raw"`` (every bucket averaged exactly, by the hook through
+  DDP's own allreduce);
+- the mode whose median step time over its latest ``probe`` steps is lower (``"auto"`` by
+  at least ``margin``, 5%: otherwise ``"raw"``, the safe side) wins and runs for
   ``probe * 2**level`` steps, then the other mode is tried again for ``probe`` steps; a try
   that loses raises ``level`` (at most ``max_level``), one that wins takes over at the
   first level;
@@ -46,10 +48,12 @@ class StepGate:
     """
 
     def __init__(self, probe: int = 3, warmup: int = 1, first_level: int = 1,
-                 max_level: int = 7, abort: float = 1.5) -> None:
-        if probe < 1 or warmup < 0 or not 0 <= first_level <= max_level or abort <= 1.0:
+                 max_level: int = 7, abort: float = 1.5, margin: float = 0.05) -> None:
+        if probe < 1 or warmup < 0 or not 0 <= first_level <= max_level or abort <= 1.0 \
+                or not 0.0 <= margin < 1.0:
             raise ValueError("StepGate needs probe >= 1, warmup >= 0, "
-                             "0 <= first_level <= max_level and abort > 1")
+                             "0 <= first_level <= max_level, abort > 1 and 0 <= margin < 1")
+        self.margin = margin
         self.probe = probe
         self.first_level = first_level
         self.max_level = max_level
@@ -112,7 +116,10 @@ class StepGate:
         if auto is None or raw is None:  # a mode without a measured step: try it
             self._try(AUTO if auto is None else RAW)
             return
-        best = RAW if raw < auto else AUTO
+        # Compression must win by the margin: step times spread by more than the
+        # differences that matter here, and a wrong "auto" costs more than a wrong "raw"
+        # (ccoll is never to be slower than plain averaging; a little speed may be lost).
+        best = AUTO if auto < raw * (1.0 - self.margin) else RAW
         if self._trial:
             if self.winner is not None and best != self.winner:
                 self.switches += 1
