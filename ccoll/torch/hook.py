@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from ccoll.compressor.precision import widen
 from ccoll.errorbound import ABS, ErrorBound, finite_range
-from ccoll.errors import InputError
+from ccoll.errors import InputError, MismatchError
 from ccoll.torch._state import (
     STATE_VERSION,
     agreed_communicator,
@@ -174,6 +174,7 @@ class CCollHookState:
         "_gate_done",
         "_gate_open",
         "_gate_work",
+        "_gate_group",
         "__weakref__",
     )
 
@@ -253,6 +254,7 @@ class CCollHookState:
         self._gate_done: float | None = None  # when its last bucket was averaged
         self._gate_open = False  # a gated step was started and not yet measured
         self._gate_work: Any = None  # the process group's reduction of a step time in flight
+        self._gate_group: Any = None  # the group of raw steps (None: ccoll's MPI path)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
                                            self._gate_comm)
 
@@ -685,7 +687,7 @@ def comm_hook(
     if last:
         state.iter += 1
     raw_step = gated and state.gate is not None and state.gate.mode == RAW
-    group = _raw_group(state) if raw_step else None
+    group = state._gate_group if raw_step else None
     if group is not None:
         # The step check chose exact averaging for this step: DDP's own allreduce (the
         # process group's, as DDP runs it without a hook), not ccoll's MPI path, which
@@ -762,7 +764,9 @@ def _gate_step(state: CCollHookState) -> None:
     if state._gate_open:
         done = state._gate_done
         prev = 0.0 if done is None else done - state._gate_t0
-    group = _raw_group(state)
+    if not state._gate_open:  # the first gated step: agree on the path of raw steps
+        state._gate_group = _agreed_raw_group(state)
+    group = state._gate_group
     agreed = None
     if group is not None:
         if state._gate_work is not None:
@@ -783,6 +787,32 @@ def _gate_step(state: CCollHookState) -> None:
     state._gate_done = None
     state._gate_open = True
     state.gate.next(agreed)
+
+
+def _agreed_raw_group(state: CCollHookState) -> Any:
+    """Return :func:`_raw_group`, checked to be a group on every rank or on none.
+
+    Collective over the hook's step-check communicator (once, at the first gated step): a
+    rank whose raw steps went through the process group while another's took MPI would
+    wait in a collective the other never enters.
+    """
+    from mpi4py import MPI
+
+    from ccoll.collectives.waiting import Deadline, wait_all
+
+    assert state._gate_comm is not None
+    group = _raw_group(state)
+    mine = 1 if group is not None else 0
+    both = np.array([mine, -mine], dtype=np.int64)
+    deadline = Deadline(state.communicator.timeout, "the step check's process-group check")
+    wait_all([state._gate_comm.Iallreduce(MPI.IN_PLACE, both, op=MPI.MIN)], deadline,
+             "MPI_Iallreduce", poll=True)
+    if both[0] != -both[1]:
+        raise MismatchError(
+            "ranks disagree on the process group of the step check's exact steps: some have "
+            "one (process_group=, or torch's default group over MPI.COMM_WORLD's ranks), "
+            "others none; pass the same process_group to CCollHookState on every rank")
+    return group
 
 
 def _agree_max_mpi(state: CCollHookState, seconds: float) -> float:

@@ -390,3 +390,21 @@ def _copy(model: torch.nn.Module) -> torch.nn.Module:
 def test_step_check_only_with_policy_auto(state_factory) -> None:
     assert state_factory(policy="compress").gate is None
     assert state_factory(policy="raw").gate is None
+
+
+def test_step_check_ranks_that_disagree_on_the_process_group(comm, state_factory,
+                                                            monkeypatch) -> None:
+    # Rank 0 finds no process group for its raw steps, the others do: every rank gets the
+    # MismatchError at the first gated step instead of waiting in different collectives.
+    import ccoll.torch.hook as hook_module
+
+    if comm.rank == 0:
+        monkeypatch.setattr(hook_module, "_raw_group", lambda state: None)
+    state = state_factory(start_iter=0, min_numel=0, policy="auto")
+    ddp = DDP(Net())
+    ddp.register_comm_hook(state, ct.comm_hook)
+    if comm.size == 1:  # one rank agrees with itself
+        ddp(rank_input(torch.float32)).square().mean().backward()
+        return
+    with pytest.raises(Exception, match="disagree on the process group"):
+        ddp(rank_input(torch.float32)).square().mean().backward()
