@@ -140,8 +140,8 @@ class CCollHookState:
             besides the collectives' choice per bucket, the hook times whole steps (from the
             first bucket queued to the last one averaged, the slowest rank's time, agreed
             over the ranks in the background while the next step runs) with compression and
-            without
-            (``"raw"``: every bucket of the step through the process group's allreduce),
+            without (``"raw"``: every bucket of the step through the process group's
+            allreduce),
             and runs the faster way, trying the other again after 6, 12, 24, ... steps;
             ``gate.steps`` counts the steps of each way, ``gate.mode`` is the current
             step's. ``None`` with the other policies.
@@ -413,25 +413,19 @@ class CCollHookState:
 
         if isinstance(self.eb, ABS):
             return self.eb.value
-        lo, hi = finite_range(x)
-        ext = np.array([lo, -hi], dtype=np.float64)
-        self._agree(ext, MPI.MIN, "the value range of a gradient bucket", "range")
-        return self.eb.resolve(float(ext[0]), float(-ext[1]))
-
-    def _agree(self, values: np.ndarray, op: Any, what: str, name: str) -> None:
-        """Reduce ``values`` in place over :attr:`comm` with ``op`` (engine thread)."""
-        from mpi4py import MPI
-
         from ccoll.collectives.waiting import Deadline, wait_all
 
-        deadline = Deadline(self.communicator.timeout, what)
+        lo, hi = finite_range(x)
+        ext = np.array([lo, -hi], dtype=np.float64)
+        deadline = Deadline(self.communicator.timeout, "the value range of a gradient bucket")
         try:
-            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, values, op=op)], deadline,
+            wait_all([self.comm.Iallreduce(MPI.IN_PLACE, ext, op=MPI.MIN)], deadline,
                      "MPI_Iallreduce")
         except BaseException as exc:
             # The bucket's peers are left waiting: later buckets must not run.
-            self.communicator._sync.fail(f"the hook's {name} allreduce raised {type(exc).__name__}")
+            self.communicator._sync.fail(f"the hook's range allreduce raised {type(exc).__name__}")
             raise
+        return self.eb.resolve(float(ext[0]), float(-ext[1]))
 
 
 def _close_state(comm: Any, communicator: Any, gate_comm: Any = None) -> None:
