@@ -15,8 +15,12 @@ backward pass, and a bucket whose allreduce got faster can still make the step s
   ``probe * 2**level`` steps, then the other mode is tried again for ``probe`` steps; a try
   that loses raises ``level`` (at most ``max_level``), one that wins takes over at the
   first level;
-- a try whose step took more than ``abort`` times the winner's median ends at once (one
-  step shows a loss that large; a slow link then costs one raw step per try, not ``probe``).
+- a try whose step took more than ``abort`` times the winner's median ends as soon as that
+  step's time arrives (one step shows a loss that large; a slow link then costs one raw
+  step per try, plus the steps of lag, not ``probe``).
+
+Blocks are counted in measured steps: the times arrive one or two steps late, so a block
+runs that many steps past its measured ones.
 
 A step's time, as the hook measures it, runs from the queuing of its first bucket to the
 end of its last bucket's average: the backward pass from the first gradient on, with the
