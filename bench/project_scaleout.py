@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ccoll.collectives import model
+from ccoll.collectives.policy.auto import DECISION_MARGIN
 
 HERE = Path(__file__).resolve().parent
 MEASURED = HERE.parent / "docs" / "bench" / "scaleout.json"
@@ -45,6 +46,8 @@ GPU = {"compress": 300e9, "add": 500e9, "decompress": 500e9}
 # handicapped by the host's 4 GB/s sum.
 GPU_REDUCE = 1000e9
 COMPRESSORS = ("cpu", "gpu")
+# Schedules between nodes each side may use (its faster one at every point).
+SCHEDULES = ("ring", "halving")
 
 
 @dataclass(frozen=True)
@@ -61,10 +64,19 @@ class Point:
     chunks: int
     mpi_s: float
     ccoll_s: float
+    # How the ccoll and MPI times move data between nodes: "ring" or "halving".
+    schedule: str = "ring"
+    mpi_schedule: str = "ring"
 
     @property
     def speedup(self) -> float:
         return self.mpi_s / self.ccoll_s
+
+    @property
+    def auto_speedup(self) -> float:
+        """What ``policy="auto"`` gets: the speedup where the model compresses (predicted
+        ``DECISION_MARGIN`` faster), else 1 (the call goes to MPI)."""
+        return self.speedup if self.speedup > 1 + DECISION_MARGIN else 1.0
 
 
 def wire_ratio(ratio: float, ranks: int, share: float) -> float:
@@ -88,16 +100,40 @@ def params(link_gbit: float, compressor: str) -> model.Params:
     return p
 
 
-def project(ratio: float, nodes: int, link_gbit: float, compressor: str, size: str) -> Point:
-    """Predict MPI's and ccoll's two-level allreduce at one point with model.predict."""
+def project(ratio: float, nodes: int, link_gbit: float, compressor: str, size: str,
+            schedules: tuple[str, ...] = SCHEDULES) -> Point:
+    """Predict MPI's and ccoll's two-level allreduce at one point with the model.
+
+    The ring between nodes is ``model.predict``'s two-level prediction; with ``"halving"``
+    in ``schedules`` both sides may also move data between nodes by recursive halving and
+    doubling (ccoll: ``model.predict_halving`` on the node's share, MPI: Rabenseifner's
+    ``model.predict_raw_halving``), each taking its faster schedule.
+    """
     share = model.split_fraction(nodes)
     r_rs, r_ag = model.split_ratios(ratio, nodes, share)
     p = params(link_gbit, compressor)
-    pr = model.predict(SIZES[size], nodes * RANKS_PER_NODE, p, r_rs, ratio_sum=r_ag,
+    total = SIZES[size]
+    pr = model.predict(total, nodes * RANKS_PER_NODE, p, r_rs, ratio_sum=r_ag,
                        hier=(nodes, RANKS_PER_NODE))
-    return Point(size=size, nodes=nodes, link_gbit=int(link_gbit), compressor=compressor,
-                 split=share, ratio_rs=r_rs, ratio_ag=r_ag, chunks=pr.chunks, mpi_s=pr.raw,
-                 ccoll_s=pr.homomorphic)
+    pt = Point(size=size, nodes=nodes, link_gbit=int(link_gbit), compressor=compressor,
+               split=share, ratio_rs=r_rs, ratio_ag=r_ag, chunks=pr.chunks, mpi_s=pr.raw,
+               ccoll_s=pr.homomorphic)
+    if "halving" not in schedules:
+        return pt
+    # The rings between nodes: one per local rank, on its share, each with beta / R.
+    part = total / RANKS_PER_NODE
+    pi = replace(p, beta=p.beta / RANKS_PER_NODE)
+    intra = model.predict_node_phases(total, RANKS_PER_NODE, p)
+    k = model.best_halving_chunks(part, nodes, pi, ratio, share=share)
+    halv = intra + model.predict_halving(part, nodes, pi, ratio, share=share, chunks=k)
+    raw_halv = intra + model.predict_raw_halving(part, nodes, pi)
+    # The Communicator's rule (model.choose_schedule): halving from HALVING_MIN_RANKS ring
+    # members on, where it is predicted faster; each schedule with its best chunks.
+    if nodes >= model.HALVING_MIN_RANKS and halv < pt.ccoll_s:
+        pt = replace(pt, ccoll_s=halv, chunks=k, schedule="halving")
+    if raw_halv < pt.mpi_s:
+        pt = replace(pt, mpi_s=raw_halv, mpi_schedule="halving")
+    return pt
 
 
 def project_all(ratio: float) -> list[Point]:
@@ -106,13 +142,14 @@ def project_all(ratio: float) -> list[Point]:
 
 
 def monotone(points: list[Point]) -> dict[tuple[str, int, str], bool]:
-    """Per (size, link, compressor): whether the speedup never falls as nodes grow."""
+    """Per (size, link, compressor): whether ``policy="auto"``'s speedup never falls as
+    nodes grow (:attr:`Point.auto_speedup`)."""
     series: dict[tuple[str, int, str], list[Point]] = {}
     for pt in points:
         series.setdefault((pt.size, pt.link_gbit, pt.compressor), []).append(pt)
     out = {}
     for key, pts in series.items():
-        sp = [pt.speedup for pt in sorted(pts, key=lambda pt: pt.nodes)]
+        sp = [pt.auto_speedup for pt in sorted(pts, key=lambda pt: pt.nodes)]
         out[key] = all(b >= a * (1 - 1e-12) for a, b in zip(sp, sp[1:], strict=False))
     return out
 
@@ -203,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.md).write_text(text)
     if args.json_out:
         doc = {"ratio": ratio, "alpha": ALPHA, "ranks_per_node": RANKS_PER_NODE,
-               "points": [{**asdict(pt), "speedup": pt.speedup} for pt in points]}
+               "points": [{**asdict(pt), "speedup": pt.speedup, "auto_speedup": pt.auto_speedup}
+                           for pt in points]}
         Path(args.json_out).write_text(json.dumps(doc, indent=1) + "\n")
     if args.png:
         plot(points, args.png)

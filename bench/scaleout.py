@@ -18,7 +18,8 @@ Columns, all from the same run:
 
 Run: ``.venv/bin/python bench/scaleout.py --ranks 2 3 4 6 8`` (starts ``mpiexec -n N`` per
 count; writes a markdown table and, with ``--png``, a plot). A rank count above the cores
-oversubscribes them, which is fine for bytes.
+oversubscribes them, which is fine for bytes. ``--schedule halving`` measures recursive
+halving and doubling instead of the ring (``Communicator(schedule=...)``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ DATA = HERE.parent / "datasets" / "minilm.h5"
 SPLITS = {"off": 0.0, "auto": None}
 
 
-def worker(path: str, rel: float, share: float | None) -> None:
+def worker(path: str, rel: float, share: float | None, schedule: str = "ring") -> None:
     """One rank count: run under mpiexec; rank 0 prints one JSON line."""
     from mpi4py import MPI
 
@@ -53,14 +54,14 @@ def worker(path: str, rel: float, share: float | None) -> None:
     raw = 2 * (n - 1) * x.nbytes  # all ranks together
     total = np.empty(x.size, np.float64)
     comm.Allreduce(x.astype(np.float64), total, op=MPI.SUM)
-    row: dict[str, float] = {"ranks": n, "elements": x.size,
-                             "auto_share": model.split_fraction(n)}
+    row: dict[str, float | str] = {"ranks": n, "elements": x.size,
+                                   "auto_share": model.split_fraction(n), "schedule": schedule}
     splits = dict(SPLITS)
     if share is not None:
         splits["fixed"] = share
         row["fixed_share"] = share
     for name, split in splits.items():
-        with ccoll.Communicator(comm, policy="compress", split=split) as c:
+        with ccoll.Communicator(comm, policy="compress", split=split, schedule=schedule) as c:
             for op in ("avg", "sum"):
                 y = c.allreduce(x, ccoll.REL(rel), op=op)
                 rep = c.last_call
@@ -75,12 +76,13 @@ def worker(path: str, rel: float, share: float | None) -> None:
         print("ROW " + json.dumps(row), flush=True)
 
 
-def run(ranks: list[int], rel: float, path: str, share: float | None) -> list[dict[str, float]]:
+def run(ranks: list[int], rel: float, path: str, share: float | None,
+        schedule: str = "ring") -> list[dict[str, float]]:
     rows = []
     mpiexec = str(Path(sys.executable).with_name("mpiexec"))
     for n in ranks:
         cmd = [mpiexec, "-n", str(n), sys.executable, "-m", "mpi4py", __file__, "--worker",
-               "--rel", repr(rel), "--data", path]
+               "--rel", repr(rel), "--data", path, "--schedule", schedule]
         if share is not None:
             cmd += ["--share", repr(share)]
         env = dict(os.environ, CCOLL_THREADS="1")
@@ -147,14 +149,17 @@ def main() -> None:
     p.add_argument("--data", default=str(DATA))
     p.add_argument("--share", type=float, default=None,
                    help="also measure this fixed split share (a column 'avg, split X')")
+    p.add_argument("--schedule", choices=("ring", "halving"), default="ring",
+                   help="the Communicators' schedule (default: ring, as measured before "
+                        "halving existed)")
     p.add_argument("--png", default=None, help="write the plot here")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        worker(args.data, args.rel, args.share)
+        worker(args.data, args.rel, args.share, args.schedule)
         return
-    rows = run(args.ranks, args.rel, args.data, args.share)
+    rows = run(args.ranks, args.rel, args.data, args.share, args.schedule)
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")

@@ -248,3 +248,70 @@ def test_model_command_cached_starts_from_the_cache(monkeypatch) -> None:
     with pytest.raises(InputError, match="no calibration in the cache"):
         _model_cmd("--cached")
 
+
+
+# -- recursive halving and doubling (model.predict_halving, docs/model.md) ------------------
+
+
+@pytest.mark.parametrize("n, shape", [(1, (0, 0)), (2, (1, 0)), (3, (1, 1)), (4, (2, 0)),
+                                      (5, (2, 1)), (8, (3, 0)), (12, (3, 4)), (512, (9, 0))])
+def test_halving_shape(n: int, shape: tuple[int, int]) -> None:
+    assert model.halving_shape(n) == shape
+
+
+def test_halving_power_of_two_term_by_term() -> None:
+    n, size, ratio, w, g = 8, 64 * MiB, 10.0, model.DEFAULT_WIDTH, model.SUM_GROWTH
+    per_word = size / (ratio * (1 + w) * P.beta)
+    rs_words = sum(0.5 ** (j + 1) * (1 + w + g * j) for j in range(3))
+    ag_words = 1 + w + g * 3  # the full sum of 8 streams, no split
+    compute = size / P.compress + 7 / 8 * size / P.add
+    network = 3 * P.alpha + rs_words * per_word
+    rs = max(compute, network) + min(compute, network) / 4  # k Q/2 = 4 pieces
+    wire = 3 * P.alpha + 7 / 8 * ag_words * per_word
+    ag = max(wire, size / 8 / P.decompress) + 7 / 8 * size / P.decompress
+    assert model.predict_halving(size, n, P, ratio) == pytest.approx(P.overhead + rs + ag,
+                                                                     rel=1e-12)
+
+
+def test_halving_fold_costs_a_whole_message_each_way() -> None:
+    size, ratio = 64 * MiB, 10.0
+    fast = replace(P, compress=1e15, add=1e15, decompress=1e15, alpha=0.0, overhead=0.0)
+    four = model.predict_halving(size, 4, fast, ratio)
+    five = model.predict_halving(size, 5, fast, ratio)
+    per_word = size / (ratio * (1 + model.DEFAULT_WIDTH) * fast.beta)
+    assert five - four > 2 * (1 + model.DEFAULT_WIDTH) * per_word * 0.99
+
+
+def test_halving_partial_sums_stay_narrow() -> None:
+    # The ring's reduce-scatter forwards sums of up to N-1 streams; halving sends half of
+    # its bytes at step 0 (one stream) and a quarter at step 1 (sums of two) ...
+    steps, _ = model.halving_words(512)
+    mean = sum(f * w for f, w in steps) / sum(f for f, _ in steps)
+    rs, _ = model._split_words(512, 0.0, model.DEFAULT_WIDTH, model.SUM_GROWTH)
+    assert mean < 1 + model.DEFAULT_WIDTH + model.SUM_GROWTH * 1.01
+    assert rs / 511 > 1 + model.DEFAULT_WIDTH + model.SUM_GROWTH * 6
+
+
+def test_raw_halving_formula() -> None:
+    n, size = 16, 64 * MiB
+    want = 2 * 4 * P.alpha + 2 * 15 / 16 * size / P.beta + 15 / 16 * size / P.reduce
+    assert model.predict_raw_halving(size, n, P) == pytest.approx(want, rel=1e-12)
+    assert model.predict_raw_halving(size, 1, P) == 0.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7])
+def test_few_ranks_keep_the_ring(n: int) -> None:
+    slow = replace(P, alpha=1e-2)  # latency that halving would save
+    assert model.choose_schedule(64 * MiB, n, slow, 10.0) == "ring"
+
+
+def test_many_ranks_on_a_latency_bound_link_halve() -> None:
+    slow = replace(P, alpha=1e-3)
+    assert model.choose_schedule(1 * MiB, 64, slow, 10.0) == "halving"
+    # Without latency and with the compressor far faster than the link the bytes decide:
+    # halving's partial sums are narrower, so it still sends fewer.
+    fast = replace(P, alpha=0.0, compress=1e15, add=1e15, decompress=1e15, overhead=0.0)
+    rs, ag = model.split_ratios(10.0, 64, model.split_fraction(64))
+    ring = model.predict_homomorphic(64 * MiB, 64, fast, rs, ratio_sum=ag)
+    halv = model.predict_halving(64 * MiB, 64, fast, 10.0, share=model.split_fraction(64))
+    assert halv < ring

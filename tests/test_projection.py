@@ -22,8 +22,9 @@ ps = importlib.util.module_from_spec(_spec)
 sys.modules["project_scaleout"] = ps  # its dataclasses look their module up
 _spec.loader.exec_module(ps)
 
-# docs/model.md claims a non-decreasing speedup from 2 up to this many nodes in every series.
-MONOTONE_UP_TO = 16
+# docs/model.md claims a non-decreasing speedup (policy="auto"'s) from 2 up to this many
+# nodes in every series.
+MONOTONE_UP_TO = 512
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_calibrated_ratio_reproduces_the_measured_wire_ratio(ratio: float) -> No
 
 def test_one_point_equals_the_model_functions(ratio: float) -> None:
     k, r, size = 64, 8, 1 << 30
-    pt = ps.project(ratio, k, 100, "gpu", "1 GiB")
+    pt = ps.project(ratio, k, 100, "gpu", "1 GiB", schedules=("ring",))
     share = model.split_fraction(k)
     assert share == 0.5
     # Words per block by the split, written out from docs/model.md "Split bound".
@@ -61,15 +62,38 @@ def test_one_point_equals_the_model_functions(ratio: float) -> None:
     assert pt.mpi_s == pytest.approx(intra + ring, rel=1e-12)
 
 
+def test_halving_point_equals_the_model_functions(ratio: float) -> None:
+    # Past HALVING_MIN_RANKS nodes both sides may halve: ccoll's time is then the node
+    # phases plus predict_halving on the share, MPI's the node phases plus Rabenseifner's.
+    k, r, size = 512, 8, 64 << 20
+    pt = ps.project(ratio, k, 25, "gpu", "64 MiB")
+    assert (pt.schedule, pt.mpi_schedule) == ("halving", "halving")
+    share = model.split_fraction(k)
+    p = replace(model.DEFAULTS, alpha=5e-6, beta=25e9 / 8, compress=300e9, add=500e9,
+                decompress=500e9, reduce=1000e9)
+    pi = replace(p, beta=p.beta / r)
+    intra = model.predict_node_phases(size, r, p)
+    chunks = model.best_halving_chunks(size / r, k, pi, ratio, share=share)
+    assert pt.ccoll_s == pytest.approx(
+        intra + model.predict_halving(size / r, k, pi, ratio, share=share, chunks=chunks),
+        rel=1e-12)
+    assert pt.mpi_s == pytest.approx(intra + model.predict_raw_halving(size / r, k, pi),
+                                     rel=1e-12)
+    ring = ps.project(ratio, k, 25, "gpu", "64 MiB", schedules=("ring",))
+    assert pt.ccoll_s < ring.ccoll_s and pt.mpi_s < ring.mpi_s
+
+
 def test_speedup_does_not_fall_where_the_doc_says(ratio: float) -> None:
     points = ps.project_all(ratio)
     series: dict[tuple[str, int, str], list[float]] = {}
     for pt in points:
         if pt.nodes <= MONOTONE_UP_TO:
-            series.setdefault((pt.size, pt.link_gbit, pt.compressor), []).append(pt.speedup)
+            series.setdefault((pt.size, pt.link_gbit, pt.compressor), []).append(
+                pt.auto_speedup)
     assert len(series) == len(ps.SIZES) * len(ps.LINKS_GBIT) * len(ps.COMPRESSORS)
     for key, sp in series.items():
-        assert len(sp) == 4 and all(b >= a for a, b in zip(sp, sp[1:], strict=False)), (key, sp)
+        assert len(sp) == len(ps.NODES) and all(
+            b >= a for a, b in zip(sp, sp[1:], strict=False)), (key, sp)
     doc = (REPO / "docs" / "model.md").read_text()
     assert f"from 2 to {MONOTONE_UP_TO} nodes" in doc
 
@@ -77,6 +101,7 @@ def test_speedup_does_not_fall_where_the_doc_says(ratio: float) -> None:
 def test_monotone_flags_a_fall() -> None:
     pts = [ps.Point("x", k, 25, "cpu", 0.0, 1.0, 1.0, 1, mpi, 1.0)
            for k, mpi in ((2, 2.0), (4, 3.0), (8, 2.5))]
+    assert [pt.auto_speedup for pt in pts] == [2.0, 3.0, 2.5]
     assert ps.monotone(pts) == {("x", 25, "cpu"): False}
 
 

@@ -55,7 +55,7 @@ from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = [
     "Call", "Agreed", "agree", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES",
-    "ENV_SETTINGS", "PLACES", "env_code", "shape_code",
+    "SCHEDULES", "ENV_SETTINGS", "PLACES", "env_code", "shape_code",
 ]
 
 COLLECTIVES = {
@@ -68,6 +68,7 @@ DTYPES = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4}
 OPS = {"sum": 1, "avg": 2}
 ALGORITHMS = {"homomorphic": 1, "dar": 2}
 POLICIES = {"compress": 1, "raw": 2, "auto": 3}
+SCHEDULES = {"auto": 1, "ring": 2, "halving": 3}
 BOUND_KINDS = {"exact": 0, "abs": 1, "rel": 2}
 PLACES = {"host": 0, "device": 1}
 # Environment overrides of policy="auto" that skip calibration collectives (or change
@@ -104,6 +105,7 @@ _FIELDS = (
     "split",
     "nodes",
     "ranks per node",
+    "schedule",
     "x is None",
     "previous call's seconds",
     "data started",
@@ -150,6 +152,8 @@ class Call:
     # (-1: MPI's shared-memory domains) and nodes 0; per call the grouping in use.
     nodes: int = 0
     rpn: int = -1
+    # The Communicator's schedule of compressed allreduces (SCHEDULES; 0 for calls).
+    schedule: int = 0
     lo: float = math.inf
     hi: float = -math.inf
     # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
@@ -192,6 +196,7 @@ class Call:
             self.split,
             self.nodes,
             self.rpn,
+            self.schedule,
             1 if self.wild else 0,
             self.elapsed,
             1 if self.started else 0,

@@ -36,6 +36,7 @@ from ccoll.collectives.agreement import (
     OPS,
     PLACES,
     POLICIES,
+    SCHEDULES,
     Call,
     agree,
     env_code,
@@ -53,6 +54,7 @@ from ccoll.collectives.devices import (
     device_lanes,
     is_device,
 )
+from ccoll.collectives.halving import halving_allreduce
 from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.node import Grouping, node_comms, node_threads, rpn_problem
@@ -163,6 +165,14 @@ class Communicator:
       local rank, on its share) and shares the result inside the node (docs/collectives.md,
       "Hierarchical collectives"); else every call is flat. The grouping is the attribute
       ``grouping`` (:class:`~ccoll.collectives.node.Grouping`).
+    - ``schedule``: how a homomorphic allreduce of host data moves its streams between
+      ranks (between nodes, for a hierarchical call): ``"ring"`` (``2(N-1)`` steps,
+      pipelined chunk by chunk), ``"halving"`` (recursive halving and doubling,
+      ``2 log2 N`` steps, partial sums of ``1, 2, 4, ...`` streams;
+      :mod:`ccoll.collectives.halving`) or ``"auto"`` (default: the cost model picks per
+      call, :func:`ccoll.collectives.model.predict_halving`). Both give the same bound and
+      identical results on every rank; ``dar``, device data and ``reduce_scatter`` use the
+      ring.
 
     Creating one also sets the threads of ccoll's CPU kernels in this process (the
     attribute ``threads``, also in the repr): the rank's share of the cores it may run on
@@ -186,6 +196,7 @@ class Communicator:
         timeout: float | None = None,
         split: float | None = None,
         ranks_per_node: int | None = None,
+        schedule: str = "auto",
     ) -> None:
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -194,6 +205,7 @@ class Communicator:
         call = Call("Communicator")
         call.algorithm = _check_option(call, "algorithm", algorithm, ALGORITHMS)
         call.policy = _check_option(call, "policy", policy, POLICIES)
+        call.schedule = _check_option(call, "schedule", schedule, SCHEDULES)
         if chunk_elems is not None and (
             isinstance(chunk_elems, bool) or not isinstance(chunk_elems, (int, np.integer))
             or chunk_elems < 1
@@ -237,9 +249,11 @@ class Communicator:
                            "chunk size": "chosen per call" if chunk_elems is None else chunk_elems,
                            "split": "chosen by the model" if split is None else split,
                            "ranks per node": ("MPI's shared-memory domains"
-                                              if ranks_per_node is None else ranks_per_node)})
+                                              if ranks_per_node is None else ranks_per_node),
+                           "schedule": schedule})
         self.algorithm = algorithm
         self.policy = policy
+        self.schedule = schedule
         self.chunk_elems: int | None = None if chunk_elems is None else int(chunk_elems)
         self.timeout = None if timeout is None else float(timeout)
         self._comm = comm
@@ -330,6 +344,7 @@ class Communicator:
             f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
             f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout} "
             f"split={self.split} ranks_per_node={self.ranks_per_node} "
+            f"schedule={self.schedule!r} "
             f"nodes={self.grouping.nodes} threads={self.threads} "
             f"lanes={any(ch.worker.used_lanes for ch in self._channels)}>"
         )
@@ -819,14 +834,44 @@ class Communicator:
             # The ring bounds the sum; avg's bound is on the sum divided by N.
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 p.dev is not None)
-            ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
-                           chunk_elems=p.chunk_elems, deadline=p.deadline,
-                           place=p.place, requant=requant)
+            if self._halving(ch, p, p.flat.size, n_ranks, requant):
+                halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb,
+                                  chunk_elems=p.chunk_elems, deadline=p.deadline,
+                                  requant=requant)
+            else:
+                ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
+                               chunk_elems=p.chunk_elems, deadline=p.deadline,
+                               place=p.place, requant=requant)
             if requant is not None:  # the owners divided before they requantized
                 return _result(p, y, p.out)
         if p.avg:
             _divide(p, yflat, n_ranks)
         return _result(p, y, p.out)
+
+    def _halving(self, ch: Channel, p: _Prepared, count: int, n_ranks: int,
+                 requant: Requant | None) -> bool:
+        """Whether this compressed allreduce moves its streams by halving, not the ring.
+
+        ``schedule="halving"`` or ``"ring"`` decide; ``"auto"`` asks the cost model
+        (:func:`model.choose_schedule`) with the channel's calibrations and last sampled
+        ratio (``policy="auto"``'s, else the defaults). Host data and the homomorphic
+        algorithm only. Every input is agreed, so every rank takes the same schedule.
+        """
+        if p.algorithm != "homomorphic" or p.dev is not None or n_ranks < 2:
+            return False
+        if self.schedule != "auto":
+            return self.schedule == "halving"
+        pol = self._auto.get(ch.name) or self._auto.get(self._sync.name)
+        if pol is not None:
+            params, ratio = pol.model_params(count, p.dtype)
+        else:
+            params, ratio = model.DEFAULTS, model.DEFAULT_RATIO
+        share = 0.0 if requant is None else requant.bound / p.eb_abs  # e2 = share * eb
+        size = float(count * p.dtype.itemsize)
+        block = -(-count // n_ranks)
+        chunks = max(1, -(-block // max(1, p.chunk_elems)))
+        return model.choose_schedule(size, n_ranks, params, ratio, share=share,
+                                     chunks=chunks) == "halving"
 
     def split_share(self, n_ranks: int, algorithm: str, device: bool) -> float:
         """Share of an allreduce's bound that its allgather phase gets (0: no split).
@@ -893,9 +938,14 @@ class Communicator:
         if share.size:  # the same size on every node's rank l: all skip, or none
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 ring_ranks=g.nodes)
-            ring_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
-                           algorithm=p.algorithm, chunk_elems=p.chunk_elems,
-                           deadline=p.deadline, requant=requant)
+            if self._halving(inter, p, share.size, g.nodes, requant):
+                halving_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
+                                  chunk_elems=p.chunk_elems, deadline=p.deadline,
+                                  requant=requant)
+            else:
+                ring_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
+                               algorithm=p.algorithm, chunk_elems=p.chunk_elems,
+                               deadline=p.deadline, requant=requant)
             if requant is None and p.avg:  # requant's owners divided before requantizing
                 np.divide(reduced, float(n_ranks), out=reduced)
         t2 = rec.clock() if rec is not None else 0.0

@@ -32,6 +32,13 @@ __all__ = [
     "predict_raw",
     "predict_homomorphic",
     "predict_dar",
+    "predict_halving",
+    "predict_raw_halving",
+    "halving_shape",
+    "halving_words",
+    "choose_schedule",
+    "best_halving_chunks",
+    "predict_node_phases",
     "predict",
     "predict_raw_reduce_scatter",
     "predict_raw_allgather",
@@ -347,6 +354,110 @@ def predict_dar(
             + _gather_and_decode(size, n, p, r_final))
 
 
+def halving_shape(ranks: int) -> tuple[int, int]:
+    """``(m, rest)`` of recursive halving on ``ranks``: ``2**m`` ranks halve, ``rest`` fold."""
+    m = max(1, int(ranks)).bit_length() - 1
+    return m, int(ranks) - (1 << m)
+
+
+def halving_words(ranks: int, share: float = 0.0, width: float = DEFAULT_WIDTH,
+                  growth: float = SUM_GROWTH) -> tuple[list[tuple[float, float]], float]:
+    """Words per non-zero block of recursive halving's messages, by step.
+
+    Returns ``([(fraction of S, words), ...], ag_words)``: the reduce-scatter's messages
+    (the fold of an extra rank, then step ``j`` sending ``S / 2**(j+1)`` of partial sums of
+    ``2**j`` streams, ``2**(j+1)`` on folded ranks, ``g log2`` of that wider) and the words
+    of the allgather's blocks (the full sum, or requantized at ``share`` as in
+    :func:`split_bits`).
+    """
+    m, rest = halving_shape(ranks)
+    f = 1 if rest else 0
+    finer = 0.0 if share <= 0 else -log2(1.0 - share)
+    base = 1.0 + width + finer
+    steps = [(1.0, base)] if f else []
+    steps += [(0.5 ** (j + 1), base + growth * (j + f)) for j in range(m)]
+    if share <= 0:
+        ag = 1.0 + width + growth * log2(ranks)
+    else:
+        ag = 1.0 + max(0.0, width + (growth - 1.0) * log2(ranks) - log2(share))
+    return steps, ag
+
+
+def predict_halving(
+    size: float, ranks: int, p: Params, ratio: float, *, share: float = 0.0,
+    chunks: int = 1, width: float = DEFAULT_WIDTH, growth: float = SUM_GROWTH,
+) -> float:
+    """Homomorphic recursive halving and doubling (:mod:`ccoll.collectives.halving`).
+
+    ``Q = 2**m <= N`` ranks, ``rest = N - Q`` folded into them (``f = 1`` if any: one
+    more message of the whole ``S`` each way). Reduce-scatter: compute as the ring's,
+    ``S/compress + (Q-1)/Q * S/add`` (plus ``S/add`` for the fold); network
+    ``(m + f) alpha`` (one latency per step: a step's chunks follow each other to one
+    peer) plus the bytes of :func:`halving_words` over ``beta``, where ``ratio`` is one
+    rank's fresh stream (``1 + width`` words a block); overlapped as the ring's over the
+    ``k Q / 2`` chunks of the first step. Allgather: ``(m + f) alpha`` plus
+    ``((Q-1)/Q + f) S`` of final blocks, this rank's own block decoded meanwhile, then
+    the others. Fixed costs as the ring's.
+    """
+    n = int(ranks)
+    if n <= 1:
+        return p.overhead
+    m, rest = halving_shape(n)
+    q = 1 << m
+    f = 1 if rest else 0
+    k = max(1, int(chunks))
+    steps, ag_words = halving_words(n, share, width, growth)
+    per_word = size / (ratio * (1.0 + width) * p.beta)
+    compute = size / p.compress + (q - 1) / q * size / p.add + f * size / p.add
+    network = (m + f) * p.alpha + sum(frac * w for frac, w in steps) * per_word
+    rs = _overlap(compute, network, k * max(1, q // 2))
+    wire = (m + f) * p.alpha + ((q - 1) / q + f) * ag_words * per_word
+    ag = max(wire, size / q / p.decompress) + (q - 1) / q * size / p.decompress
+    return p.overhead + (k - 1) * p.chunk_overhead + rs + ag
+
+
+def predict_raw_halving(size: float, ranks: int, p: Params) -> float:
+    """Raw recursive halving and doubling (Rabenseifner's allreduce, as MPI libraries run it).
+
+    ``2 (m + f) alpha + 2 ((Q-1)/Q + f) S/(e beta) + ((Q-1)/Q + f) S/reduce`` with the
+    :func:`halving_shape` of ``N``.
+    """
+    n = int(ranks)
+    if n <= 1:
+        return 0.0
+    m, rest = halving_shape(n)
+    q = 1 << m
+    f = 1 if rest else 0
+    part = (q - 1) / q + f
+    bw = p.beta * p.raw_efficiency
+    return 2 * (m + f) * p.alpha + 2 * part * size / bw + part * size / p.reduce
+
+
+# Fewest ranks for which schedule="auto" considers recursive halving (choose_schedule).
+HALVING_MIN_RANKS = 8
+
+
+def choose_schedule(size: float, ranks: int, p: Params, ratio: float, *, share: float = 0.0,
+                    chunks: int = 1, width: float = DEFAULT_WIDTH) -> str:
+    """``"halving"`` where it is predicted faster than the ring, else ``"ring"``.
+
+    Below :data:`HALVING_MIN_RANKS` ranks always the ring: at 2 ranks both are one
+    exchange, and at 3-7 the schedules differ by a few latency steps and a bit or two of
+    width, which the model prices within its own error, while the ring's pipeline is the
+    one measured there (docs/model.md, "Recursive halving"). From there the ring's
+    prediction uses the same word count (:func:`split_ratios`), so the two differ in
+    their latency terms, the widths of their partial sums and the fold. Pure arithmetic
+    on agreed numbers: every rank gets the same answer.
+    """
+    n = int(ranks)
+    if n < HALVING_MIN_RANKS:
+        return "ring"
+    rs, ag = split_ratios(ratio, n, share, width)
+    ring = predict_homomorphic(size, n, p, rs, ratio_sum=ag, chunks=chunks, width=width)
+    halv = predict_halving(size, n, p, ratio, share=share, chunks=chunks, width=width)
+    return "halving" if halv < ring else "ring"
+
+
 def predict_raw_reduce_scatter(size: float, ranks: int, p: Params) -> float:
     """Raw ring reduce-scatter: ``(N-1) alpha + (N-1)/N * S (1/(e beta) + 1/reduce)``."""
     n = ranks
@@ -426,6 +537,28 @@ def hierarchical_applies(hier: tuple[int, int] | None, collective: str = "allred
     return hier is not None and collective == "allreduce" and hier[0] >= 2 and hier[1] >= 2
 
 
+def predict_node_phases(size: float, ranks_per_node: int, p: Params) -> float:
+    """Time the node phases of a two-level allreduce: ``2 (R-1)/R S/shm + (R-1)/R S/reduce``."""
+    r = int(ranks_per_node)
+    return 2 * (r - 1) / r * size / p.shm + (r - 1) / r * size / p.reduce
+
+
+def best_halving_chunks(size: float, ranks: int, p: Params, ratio: float, *,
+                        share: float = 0.0, width: float = DEFAULT_WIDTH,
+                        max_chunks: int = 64, min_chunk_bytes: int = MIN_CHUNK_BYTES) -> int:
+    """:func:`best_chunks` for :func:`predict_halving` (chunks per block of ``S/2**m``)."""
+    m, _ = halving_shape(ranks)
+    block = size / (1 << m)
+    best_k, best_t = 1, math.inf
+    k = 1
+    while k <= max_chunks and (k == 1 or block / k >= min_chunk_bytes):
+        t = predict_halving(size, ranks, p, ratio, share=share, chunks=k, width=width)
+        if t < best_t * (1 - 1e-9):
+            best_k, best_t = k, t
+        k *= 2
+    return best_k
+
+
 def predict_hierarchical(size: float, nodes: int, ranks_per_node: int, p: Params,
                          ratio: float, *, ratio_sum: float | None = None,
                          chunks: int | None = None, width: float = DEFAULT_WIDTH,
@@ -443,7 +576,7 @@ def predict_hierarchical(size: float, nodes: int, ranks_per_node: int, p: Params
     k_nodes, r = int(nodes), int(ranks_per_node)
     share = size / r
     pi = replace(p, beta=p.beta / r)
-    intra = 2 * (r - 1) / r * size / p.shm + (r - 1) / r * size / p.reduce
+    intra = predict_node_phases(size, r, p)
     rs = ratio_of_sum(ratio, k_nodes, width) if ratio_sum is None else ratio_sum
     k = (best_chunks(share, k_nodes, pi, ratio, ratio_sum=rs, width=width,
                      max_chunks=max_chunks) if chunks is None else max(1, int(chunks)))

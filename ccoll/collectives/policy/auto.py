@@ -558,6 +558,17 @@ class AutoPolicy:
         defaults where none was made) and the ratio last sampled here (else the default).
         """
         dt = np.dtype(dtype)
+        p, ratio = self.model_params(count, dt)
+        return model.chunk_elems_for(count, dt.itemsize, ranks, p, ratio)
+
+    def model_params(self, count: int, dtype: Any) -> tuple[model.Params, float]:
+        """Return the model's constants and one rank's ratio for ``count`` ``dtype`` elements.
+
+        Local: the calibrations this channel already made (agreed, the same on every rank;
+        the defaults where none was made) and the ratio last sampled here (else the
+        default).
+        """
+        dt = np.dtype(dtype)
         p = model.DEFAULTS
         link = self._link
         if link is not None:
@@ -567,7 +578,7 @@ class AutoPolicy:
                 p = replace(p, compress=comp.compress, add=comp.add,
                             decompress=comp.decompress, chunk_overhead=comp.chunk_overhead)
         ratio = self._ratio if self._ratio is not None else model.DEFAULT_RATIO
-        return model.chunk_elems_for(count, dt.itemsize, ranks, p, ratio)
+        return p, ratio
 
     def _done(self, d: AutoDecision) -> AutoDecision:
         self.last = d

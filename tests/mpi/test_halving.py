@@ -1,0 +1,122 @@
+"""Recursive halving and doubling (``schedule="halving"``), run with 1..5 ranks.
+
+Power-of-two rank counts halve and double directly; 3 and 5 fold their extra ranks into a
+partner first. Checked exactly: the bound on every element against the exact sum, bitwise
+identical results on every rank, the same output bytes as the ring (integer sums of codes
+do not depend on the order they are added in), the requantized split, two levels between
+nodes, and the agreement on ``schedule`` (docs/collectives.md, "Schedules").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collkit import allreduce_reference, global_eb, gradient_like, roundings
+from kit import assert_same_on_every_rank, assert_within
+from mpi4py import MPI
+
+import ccoll
+from ccoll.collectives import trace
+from ccoll.errors import InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+
+
+@pytest.mark.parametrize("chunk", [None, 997])
+@pytest.mark.parametrize("split", [None, 0.0, 0.5])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_halving_within_bound_and_identical(comm, op, dtype, eb, split, chunk):
+    x = gradient_like(comm.rank, 20_011, dtype)
+    x[7] = np.nan if comm.rank == 0 else x[7]
+    x[100] = 1e30 if comm.rank == SIZE - 1 else x[100]  # a raw lane in the sums
+    x[101] = -np.inf if comm.rank == SIZE // 2 else x[101]
+    with ccoll.Communicator(comm, policy="compress", schedule="halving", split=split,
+                            chunk_elems=chunk) as c:
+        y = c.allreduce(x, eb, op=op)
+        rnd = roundings(c, op)
+    ref = allreduce_reference(comm, x, op)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert np.isnan(y[7]) and y[101] == -np.inf
+    assert_within(y, ref, global_eb(comm, x, eb), roundings=rnd)
+    assert_same_on_every_rank(comm, y)
+
+
+@pytest.mark.parametrize("split", [0.0, 0.5])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_halving_gives_the_rings_bytes(comm, op, split):
+    # The reduced codes are exact integer sums: the order of the additions (a ring, a
+    # tree) cannot change them, so both schedules decode (and requantize) the same values.
+    x = gradient_like(comm.rank, 30_000, np.float32, seed=3)
+    out = {}
+    for schedule in ("ring", "halving"):
+        with ccoll.Communicator(comm, policy="compress", schedule=schedule, split=split,
+                                chunk_elems=1500) as c:
+            out[schedule] = c.allreduce(x, ccoll.REL(1e-3), op=op)
+    np.testing.assert_array_equal(out["ring"].view(np.uint32), out["halving"].view(np.uint32))
+
+
+@pytest.mark.parametrize("count", [0, 1, SIZE - 1, 3 * SIZE + 1])
+def test_halving_tiny_counts(comm, count):
+    # Fewer elements than blocks: empty blocks take part in no message on any rank.
+    x = gradient_like(comm.rank, count, np.float64)
+    with ccoll.Communicator(comm, policy="compress", schedule="halving", timeout=60) as c:
+        y = c.allreduce(x, ccoll.ABS(1e-4))
+    assert_within(y, allreduce_reference(comm, x, "sum"), global_eb(comm, x, ccoll.ABS(1e-4)))
+    assert_same_on_every_rank(comm, y)
+
+
+def test_halving_runs_in_log_steps(comm):
+    # The trace names the schedule, its steps and the folded ranks.
+    x = gradient_like(comm.rank, 40_000, np.float32)
+    with ccoll.Communicator(comm, policy="compress", schedule="halving") as c:
+        with trace.tracing() as rec:
+            c.allreduce(x, ccoll.REL(1e-3))
+    spans = [e[5] for e in rec.events if e[0] == "halving allreduce"]
+    if SIZE == 1:  # one rank: nothing to exchange, no schedule runs
+        assert spans == []
+        return
+    m = SIZE.bit_length() - 1
+    assert spans == [{"steps": m, "fold": SIZE - (1 << m)}]
+
+
+@pytest.mark.skipif(SIZE != 4, reason="two nodes of two ranks need 4 ranks")
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_halving_between_nodes(comm, op):
+    x = gradient_like(comm.rank, 25_000, np.float32)
+    with ccoll.Communicator(comm, policy="compress", schedule="halving",
+                            ranks_per_node=2) as c:
+        assert c.grouping.hierarchical
+        y = c.allreduce(x, ccoll.REL(1e-3), op=op)
+        rnd = roundings(c, op)
+    assert_within(y, allreduce_reference(comm, x, op), global_eb(comm, x, ccoll.REL(1e-3)),
+                  roundings=rnd)
+    assert_same_on_every_rank(comm, y)
+
+
+def test_reduce_scatter_keeps_the_ring(comm):
+    x = gradient_like(comm.rank, 10_000, np.float32)
+    with ccoll.Communicator(comm, policy="compress", schedule="halving") as c:
+        y = c.reduce_scatter(x, ccoll.ABS(1e-3))
+    assert y.size == np.array_split(x, SIZE)[comm.rank].size
+
+
+@pytest.mark.parametrize("bad", ["tree", "", None, 2])
+def test_bad_schedule_raises_on_every_rank(comm, bad):
+    with pytest.raises(InputError, match="schedule"):
+        ccoll.Communicator(comm, schedule=bad)
+    comm.Barrier()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a mismatch needs two ranks")
+def test_mismatched_schedule(comm):
+    mine = "ring" if comm.rank == 0 else "halving"
+    with pytest.raises(MismatchError, match="schedule"):
+        ccoll.Communicator(comm, schedule=mine)
+    comm.Barrier()
+
+
+def test_schedule_in_repr(comm):
+    with ccoll.Communicator(comm, schedule="ring") as c:
+        assert "schedule='ring'" in repr(c) and c.schedule == "ring"
