@@ -223,6 +223,7 @@ def bench(
     log: Callable[[str], None] | None = None,
     trace: bool = False,
     ranks_per_node: int | None | Sequence[int | None] = None,
+    schedule: str = "auto",
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
 
@@ -231,7 +232,8 @@ def bench(
     them: every ccoll algorithm then runs once per grouping, its rows named
     ``homomorphic/rpn=1``, ``homomorphic/shm``, ... The meta's ``nodes``,
     ``ranks_per_node``, ``grouping`` and ``hierarchical`` say what the first (or only)
-    grouping had; ``groupings`` gives every ccoll row's.
+    grouping had; ``groupings`` gives every ccoll row's. ``schedule`` is the ccoll
+    Communicators' (``"auto"``, ``"ring"`` or ``"halving"``; the meta's ``schedule``).
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -267,7 +269,7 @@ def bench(
             algorithm, policy = ("dar", "compress") if a == "dar" else (
                 "homomorphic", "auto" if a == "auto" else "compress")
             ccs[name] = Communicator(comm, algorithm=algorithm, policy=policy,
-                                     ranks_per_node=rpn)
+                                     ranks_per_node=rpn, schedule=schedule)
             named.append(name)
             base_of[name] = a
             rpn_of[name] = rpn
@@ -408,6 +410,7 @@ def bench(
                     hierarchical=hier_of_rpn[rpns[0]] is not None)
         # Every ccoll row's node grouping (the same on every rank: agreed by its Communicator).
         meta["groupings"] = {a: str(cc.grouping) for a, cc in ccs.items()}
+        meta["schedule"] = schedule
         if model_policy is not None:
             meta["calibration"] = describe(model_policy)
         autos = [a for a in ccs if base_of[a] == "auto"]
@@ -633,6 +636,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "every rank its own node, a flat allreduce); a comma-separated list runs "
                    "every ccoll algorithm once per grouping, rows named e.g. "
                    "homomorphic/rpn=1, homomorphic/shm (default shm)")
+    p.add_argument("--schedule", choices=("auto", "ring", "halving"), default="auto",
+                   help="how ccoll's homomorphic allreduce moves streams between ranks (or "
+                   "nodes): the ring, recursive halving and doubling, or auto (the ring "
+                   "below 8, else the model's choice; default auto)")
     p.add_argument("--data", default=str(_DEFAULT_DATA),
                    help="HDF5 gradient dump (default datasets/minilm.h5)")
     p.add_argument("--no-check", action="store_true", help="skip the error check")
@@ -693,6 +700,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         algos=algos, data=args.data, check=not args.no_check, predict=not args.no_model,
         log=(lambda s: print(s, flush=True)) if live else None,
         trace=bool(args.trace or args.trace_png), ranks_per_node=rpns,
+        schedule=args.schedule,
     )
     timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}

@@ -188,3 +188,27 @@ def test_sweep_per_node_grouping(tmp_path: Path) -> None:
     assert rows["mpi"]["model_us"] > 0 and rows["mpi"]["floor_us"] > 0
     assert rows["homomorphic/rpn=1"]["model_us"] != rows["homomorphic/rpn=2"]["model_us"]
     assert "homomorphic/rpn=2" in p.stdout
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_sweep_with_halving(tmp_path: Path) -> None:
+    # 3 ranks: recursive halving with one rank folded; the result holds, the meta says so.
+    out = tmp_path / "b.json"
+    cmd = [str(MPIEXEC), "-n", "3", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           "allreduce", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1", "--algorithms",
+           "mpi,homomorphic", "--schedule", "halving", "--no-model", "--json", str(out)]
+    env = {k: v for k, v in os.environ.items() if k != "CCOLL_THREADS"}
+    env["CCOLL_CACHE_DIR"] = str(tmp_path / "cache")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["schedule"] == "halving"
+    rows = {r["algorithm"]: r for r in doc["rows"]}
+    assert rows["homomorphic"]["err_over_eb"] <= 1.0
+
+
+def test_schedule_must_be_known() -> None:
+    ap = argparse.ArgumentParser()
+    bench.add_parser(ap.add_subparsers())
+    with pytest.raises(SystemExit):
+        ap.parse_args(["bench", "allreduce", "--schedule", "tree"])
