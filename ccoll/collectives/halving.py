@@ -151,6 +151,8 @@ class _Halving:
         self.sends: list[_SendQueue] = []
         # Receives in posting order: (tag, source, item, kind).
         self.plan: list[tuple[int, int, int, str]] = []
+        # Position of an item in its step's message order, for the task keys: (tag, item).
+        self.pos_in: dict[tuple[int, int], int] = {}
         self.decodes_left = nitems
         self._build(r, q)
         nbuf = min(len(self.plan), max(8, 2 * layout.max_chunks))
@@ -171,17 +173,19 @@ class _Halving:
         every = list(range(len(self.span)))
         out_tag = 2 * m + 1
         if v < 0:  # fold in, then receive the results
-            for i in every:
+            for p, i in enumerate(every):
                 self.events[i].append(("send", 0))
                 self.plan.append((out_tag, r + 1, i, "out"))
+                self.pos_in[(0, i)] = p
             self.sends.append(_SendQueue(r + 1, 0, every, self._can_send, self._own_stream,
                                          "fold"))
             return
         folded = v < self.rest
         if folded:  # add the even rank's streams first
-            for i in every:
+            for p, i in enumerate(every):
                 self.events[i].append(("combine", 0))
                 self.plan.append((0, r - 1, i, "combine"))
+                self.pos_in[(0, i)] = p
         lo, size = 0, q
         for j in range(m):
             mask = q >> (j + 1)
@@ -191,11 +195,13 @@ class _Halving:
             keep, give = (high, low) if v & mask else (low, high)
             kept = [i for b in keep for i in self.block_items[b]]
             given = [i for b in give for i in self.block_items[b]]
-            for i in given:
+            for p, i in enumerate(given):
                 self.events[i].append(("send", j + 1))
-            for i in kept:
+                self.pos_in[(j + 1, i)] = p
+            for p, i in enumerate(kept):
                 self.events[i].append(("combine", j + 1))
                 self.plan.append((j + 1, peer, i, "combine"))
+                self.pos_in[(j + 1, i)] = p
             self.sends.append(_SendQueue(peer, j + 1, given, self._can_send, self._own_stream,
                                          "send"))
             lo = keep[0]
@@ -255,6 +261,15 @@ class _Halving:
             return self._api.add_data(received, self.flat[lo:hi], self.eb_rank)
         return self._api.add(received, part)
 
+    def _key(self, tag: int, i: int, combine: int) -> tuple[int, int, int]:
+        """Return a task's priority key: step by step, and within a step interleaved.
+
+        The ``p``-th compression of what a step sends and the ``p``-th addition of what it
+        receives alternate, so additions start as soon as the partner's first streams
+        arrive instead of after every compression.
+        """
+        return (0, tag, 2 * self.pos_in[(tag, i)] + combine)
+
     def advance(self, i: int) -> None:
         """Start item ``i``'s next event if what it needs is there."""
         if self.busy[i]:
@@ -270,13 +285,14 @@ class _Halving:
             buf, nb = got
             self.busy[i] = True
             view = self.bufs[buf][:nb]
-            self.submit((0, 1 + tag, i), partial(self._combine, i, view),
+            self.submit(self._key(tag, i, 1), partial(self._combine, i, view),
                         ("combine", tag, i, buf), "combine", {"step": tag, "item": i,
                                                               "bytes": nb}, "reduce")
         elif what == "send":
             if self.part[i] is None:
                 self.busy[i] = True
-                self.submit((0, 0, i), partial(self._compress, i), ("compress", tag, i, -1),
+                self.submit(self._key(tag, i, 0), partial(self._compress, i),
+                            ("compress", tag, i, -1),
                             "compress", {"item": i}, "compress")
         else:  # final: this rank's block
             self.pos[i] += 1
