@@ -834,7 +834,7 @@ class Communicator:
             # The ring bounds the sum; avg's bound is on the sum divided by N.
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 p.dev is not None)
-            if self._halving(ch, p, p.flat.size, n_ranks, requant):
+            if self._halving(ch, p, p.flat.size, n_ranks, requant, p.dtype.itemsize):
                 halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb,
                                   chunk_elems=p.chunk_elems, deadline=p.deadline,
                                   requant=requant)
@@ -849,7 +849,7 @@ class Communicator:
         return _result(p, y, p.out)
 
     def _halving(self, ch: Channel, p: _Prepared, count: int, n_ranks: int,
-                 requant: Requant | None) -> bool:
+                 requant: Requant | None, itemsize: int) -> bool:
         """Whether this compressed allreduce moves its streams by halving, not the ring.
 
         ``schedule="halving"`` or ``"ring"`` decide; ``"auto"`` asks the cost model
@@ -867,7 +867,7 @@ class Communicator:
         else:
             params, ratio = model.DEFAULTS, model.DEFAULT_RATIO
         share = 0.0 if requant is None else requant.bound / p.eb_abs  # e2 = share * eb
-        size = float(count * p.dtype.itemsize)
+        size = float(count * itemsize)
         block = -(-count // n_ranks)
         chunks = max(1, -(-block // max(1, p.chunk_elems)))
         return model.choose_schedule(size, n_ranks, params, ratio, share=share,
@@ -938,7 +938,7 @@ class Communicator:
         if share.size:  # the same size on every node's rank l: all skip, or none
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 ring_ranks=g.nodes)
-            if self._halving(inter, p, share.size, g.nodes, requant):
+            if self._halving(inter, p, share.size, g.nodes, requant, share.itemsize):
                 halving_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
                                   chunk_elems=p.chunk_elems, deadline=p.deadline,
                                   requant=requant)

@@ -51,7 +51,7 @@ from ccoll.collectives.homomorphic import rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.model import halving_shape
 from ccoll.collectives.ring import Requant, _decode_one, _requant_one
-from ccoll.collectives.waiting import Deadline, poll_pause
+from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
 from ccoll.errors import FormatError
 
 __all__ = ["halving_allreduce"]
@@ -402,29 +402,10 @@ class _Halving:
             self._decode(i, raw, nb, buf)
 
     def pump_mpi(self) -> bool:
-        reqs = self.reqs
-        if not reqs:
-            return False
-        statuses = self.statuses
-        while len(statuses) < len(reqs):
-            statuses.append(MPI.Status())
-        idx = MPI.Request.Testsome(reqs, statuses)
-        if not idx:
-            return False
-        for k, i in enumerate(idx):
-            self.on_mpi(i, statuses[k])
-        for i in sorted(idx, reverse=True):
-            del reqs[i]
-            del self.meta[i]
-        return True
+        return test_some(self.reqs, self.meta, self.statuses, self.on_mpi)
 
     def pump_tasks(self) -> bool:
-        done = self.worker.drain()
-        for tag, result, exc in done:
-            if exc is not None:
-                raise exc
-            self.on_task(tag, result)
-        return bool(done)
+        return drain_tasks(self.worker, self.on_task)
 
     # -- the loop ------------------------------------------------------------------------
 

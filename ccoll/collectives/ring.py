@@ -45,7 +45,7 @@ from ccoll.collectives.dar import DarOps, dar_bound
 from ccoll.collectives.devices import HOST, HostPlace, device_add
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
-from ccoll.collectives.waiting import Deadline, poll_pause
+from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
 from ccoll.errors import FormatError
 
 __all__ = [
@@ -485,31 +485,10 @@ class _Ring:
     # -- the loop ----------------------------------------------------------------------
 
     def pump_tasks(self) -> bool:
-        done = self.worker.drain()
-        for tag, result, exc in done:
-            if exc is not None:
-                raise exc
-            self.on_task(tag, result)
-        return bool(done)
+        return drain_tasks(self.worker, self.on_task)
 
     def pump_mpi(self) -> bool:
-        reqs = self.reqs
-        if not reqs:
-            return False
-        statuses = self.statuses
-        while len(statuses) < len(reqs):  # reused: this runs on every turn of the loop
-            statuses.append(MPI.Status())
-        idx = MPI.Request.Testsome(reqs, statuses)
-        if not idx:
-            return False
-        # MPI fills the statuses in completion order, not request order; the handlers
-        # append new requests, which the deletions below (of the old indices) leave alone.
-        for k, i in enumerate(idx):
-            self.on_mpi(i, statuses[k])
-        for i in sorted(idx, reverse=True):
-            del reqs[i]
-            del self.meta[i]
-        return True
+        return test_some(self.reqs, self.meta, self.statuses, self.on_mpi)
 
     def start(self) -> None:
         r, ops = self.r, self.ops

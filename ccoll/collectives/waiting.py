@@ -12,14 +12,15 @@ docs/collectives.md, "Faults").
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from mpi4py import MPI
 
 from ccoll.collectives import trace as _trace
 from ccoll.errors import CollectiveError
 
-__all__ = ["Deadline", "wait_all", "poll_pause"]
+__all__ = ["Deadline", "wait_all", "poll_pause", "test_some", "drain_tasks"]
 
 # Polling starts fast (a reply usually arrives within microseconds on one node) and backs
 # off so that a rank waiting for a slow peer leaves the CPU to the peer's compressor.
@@ -84,3 +85,41 @@ def poll_pause(pause: float, deadline: Deadline) -> float:
     left = deadline.remaining()
     time.sleep(pause if left is None else min(pause, max(left, 0.0)))
     return min(2 * pause, _POLL_MAX_S)
+
+
+def test_some(reqs: list[MPI.Request], meta: list[Any], statuses: list[MPI.Status],
+              on_done: Callable[[int, MPI.Status], None]) -> bool:
+    """Complete what ``MPI_Testsome`` finds done among ``reqs``; False if nothing was.
+
+    ``meta[i]`` describes ``reqs[i]``; ``on_done(i, status)`` runs for each completed one
+    (it may append new requests and their meta, which the deletions of the completed
+    indices afterwards leave alone). ``statuses`` is a scratch list reused across calls
+    (this runs on every turn of a collective's loop).
+    """
+    if not reqs:
+        return False
+    while len(statuses) < len(reqs):
+        statuses.append(MPI.Status())
+    idx = MPI.Request.Testsome(reqs, statuses)
+    if not idx:
+        return False
+    # MPI fills the statuses in completion order, not request order.
+    for k, i in enumerate(idx):
+        on_done(i, statuses[k])
+    for i in sorted(idx, reverse=True):
+        del reqs[i]
+        del meta[i]
+    return True
+
+
+def drain_tasks(worker: Any, on_task: Callable[[Any, Any], None]) -> bool:
+    """Hand each finished task's ``(tag, result)`` to ``on_task``; raise a task's error.
+
+    ``worker`` is a :class:`~ccoll.collectives.worker.Worker`; False if nothing finished.
+    """
+    done = worker.drain()
+    for tag, result, exc in done:
+        if exc is not None:
+            raise exc
+        on_task(tag, result)
+    return bool(done)
