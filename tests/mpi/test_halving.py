@@ -120,3 +120,30 @@ def test_mismatched_schedule(comm):
 def test_schedule_in_repr(comm):
     with ccoll.Communicator(comm, schedule="ring") as c:
         assert "schedule='ring'" in repr(c) and c.schedule == "ring"
+
+
+@pytest.mark.skipif(SIZE < 2, reason="a failure that others wait for needs two ranks")
+def test_a_rank_failing_midway_times_out_everywhere(comm, monkeypatch):
+    # The last rank's first addition raises after its first messages went out: it raises
+    # that error, every other rank raises CollectiveError after the timeout instead of
+    # waiting forever, and the Communicator refuses further calls on every rank.
+    x = gradient_like(comm.rank, 10_000, np.float32)
+    c = ccoll.Communicator(comm, policy="compress", schedule="halving", timeout=3.0)
+    try:
+        c.allreduce(x, ccoll.ABS(1e-3))  # compiled and warmed up everywhere
+        if comm.rank == SIZE - 1:
+            from ccoll.collectives import halving
+
+            def broken(self, i, received):
+                raise RuntimeError("this rank failed")
+            monkeypatch.setattr(halving._Halving, "_combine", broken)
+            with pytest.raises(RuntimeError, match="this rank failed"):
+                c.allreduce(x, ccoll.ABS(1e-3))
+        else:
+            with pytest.raises(ccoll.CollectiveError, match="timeout"):
+                c.allreduce(x, ccoll.ABS(1e-3))
+        with pytest.raises(ccoll.CollectiveError, match="cannot be used"):
+            c.allreduce(x, ccoll.ABS(1e-3))
+    finally:
+        c.close()
+    comm.Barrier()
