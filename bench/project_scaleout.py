@@ -41,7 +41,9 @@ SIZES = {"64 MiB": 64 << 20, "1 GiB": 1 << 30}
 ALPHA = 5e-6
 # cuSZp-class GPU compressor (bytes of float data per second). The homomorphic add reads
 # two streams and writes one, lighter than a decompression: taken at decompression speed.
-GPU = {"compress": 300e9, "add": 500e9, "decompress": 500e9}
+GPU = {"compress": 300e9, "add": 500e9, "decompress": 500e9,
+       # a compute call on the GPU is a kernel launch or two, not a Python loop turn
+       "chunk_overhead": 10e-6}
 # MPI's sum on GPU data runs at GPU speed too (a memory-bound add), so the baseline is not
 # handicapped by the host's 4 GB/s sum.
 GPU_REDUCE = 1000e9
@@ -124,8 +126,8 @@ def project(ratio: float, nodes: int, link_gbit: float, compressor: str, size: s
     part = total / RANKS_PER_NODE
     pi = replace(p, beta=p.beta / RANKS_PER_NODE)
     intra = model.predict_node_phases(total, RANKS_PER_NODE, p)
-    k = model.best_halving_chunks(part, nodes, pi, ratio, share=share)
-    halv = intra + model.predict_halving(part, nodes, pi, ratio, share=share, chunks=k)
+    k = model.best_halving_pieces(part, nodes, pi, ratio, share=share)
+    halv = intra + model.predict_halving(part, nodes, pi, ratio, share=share, pieces=k)
     raw_halv = intra + model.predict_raw_halving(part, nodes, pi)
     # The Communicator's rule (model.choose_schedule): halving from HALVING_MIN_RANKS ring
     # members on, where it is predicted faster; each schedule with its best chunks.

@@ -266,11 +266,21 @@ def test_halving_power_of_two_term_by_term() -> None:
     ag_words = 1 + w + g * 3  # the full sum of 8 streams, no split
     compute = size / P.compress + 7 / 8 * size / P.add
     network = 3 * P.alpha + rs_words * per_word
-    rs = max(compute, network) + min(compute, network) / 4  # k Q/2 = 4 pieces
+    rs = max(compute, network) + min(compute, network) / 4  # 8 pieces: 4 per half
     wire = 3 * P.alpha + 7 / 8 * ag_words * per_word
     ag = max(wire, size / 8 / P.decompress) + 7 / 8 * size / P.decompress
-    assert model.predict_halving(size, n, P, ratio) == pytest.approx(P.overhead + rs + ag,
-                                                                     rel=1e-12)
+    calls = (8 - 1 + 5 * 3) * P.chunk_overhead  # the pieces, and five calls per step
+    assert model.predict_halving(size, n, P, ratio, pieces=8) == pytest.approx(
+        P.overhead + calls + rs + ag, rel=1e-12)
+
+
+@pytest.mark.parametrize(("count", "chunk", "fixed", "want"), [
+    (1 << 24, 1 << 20, False, 16), (1 << 24, 1000, False, 16), (1 << 24, 1000, True, 256),
+    (10_000, 997, True, 11), (100, 1 << 20, False, 2), (1 << 30, 1 << 20, False, 256),
+])
+def test_halving_pieces(count: int, chunk: int, fixed: bool, want: int) -> None:
+    # About the call's chunk, at least 4 MiB unless fixed by the Communicator, 2 to 256.
+    assert model.halving_pieces(count, 4, chunk, fixed=fixed) == want
 
 
 def test_halving_fold_costs_a_whole_message_each_way() -> None:

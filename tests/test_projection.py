@@ -23,8 +23,10 @@ sys.modules["project_scaleout"] = ps  # its dataclasses look their module up
 _spec.loader.exec_module(ps)
 
 # docs/model.md claims a non-decreasing speedup (policy="auto"'s) from 2 up to this many
-# nodes in every series.
-MONOTONE_UP_TO = 512
+# nodes in every series, and up to 512 in all but these, which fall by under 1.5% past
+# their best.
+MONOTONE_UP_TO = 16
+FALLING = {("64 MiB", 100, "gpu"), ("64 MiB", 400, "gpu")}
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +72,12 @@ def test_halving_point_equals_the_model_functions(ratio: float) -> None:
     assert (pt.schedule, pt.mpi_schedule) == ("halving", "halving")
     share = model.split_fraction(k)
     p = replace(model.DEFAULTS, alpha=5e-6, beta=25e9 / 8, compress=300e9, add=500e9,
-                decompress=500e9, reduce=1000e9)
+                decompress=500e9, reduce=1000e9, chunk_overhead=10e-6)
     pi = replace(p, beta=p.beta / r)
     intra = model.predict_node_phases(size, r, p)
-    chunks = model.best_halving_chunks(size / r, k, pi, ratio, share=share)
+    pieces = model.best_halving_pieces(size / r, k, pi, ratio, share=share)
     assert pt.ccoll_s == pytest.approx(
-        intra + model.predict_halving(size / r, k, pi, ratio, share=share, chunks=chunks),
+        intra + model.predict_halving(size / r, k, pi, ratio, share=share, pieces=pieces),
         rel=1e-12)
     assert pt.mpi_s == pytest.approx(intra + model.predict_raw_halving(size / r, k, pi),
                                      rel=1e-12)
@@ -92,10 +94,15 @@ def test_speedup_does_not_fall_where_the_doc_says(ratio: float) -> None:
                 pt.auto_speedup)
     assert len(series) == len(ps.SIZES) * len(ps.LINKS_GBIT) * len(ps.COMPRESSORS)
     for key, sp in series.items():
-        assert len(sp) == len(ps.NODES) and all(
-            b >= a for a, b in zip(sp, sp[1:], strict=False)), (key, sp)
-    doc = (REPO / "docs" / "model.md").read_text()
-    assert f"from 2 to {MONOTONE_UP_TO} nodes" in doc
+        assert len(sp) == 4 and all(b >= a for a, b in zip(sp, sp[1:], strict=False)), (key, sp)
+    falls = {k for k, ok in ps.monotone(points).items() if not ok}
+    assert falls == FALLING
+    for key in FALLING:
+        sp = [pt.speedup for pt in points if (pt.size, pt.link_gbit, pt.compressor) == key]
+        assert sp[-1] >= 0.985 * max(sp), (key, sp)
+    doc = " ".join((REPO / "docs" / "model.md").read_text().split())
+    assert f"from 2 to {MONOTONE_UP_TO} nodes in any of the twelve series" in doc
+    assert "from 2 to 512 nodes in ten of them" in doc
 
 
 def test_monotone_flags_a_fall() -> None:

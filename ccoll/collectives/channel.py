@@ -55,7 +55,10 @@ class Channel:
         self.failed: str | None = None
         self._pool: list[np.ndarray] = []
         self._pinned: list[np.ndarray] = []
-        self._finalizer = weakref.finalize(self, _release, comm, self.worker)
+        # [failed]: shared with the finalizer, which must not free a failed communicator.
+        self._failed_flag = [False]
+        self._finalizer = weakref.finalize(self, _release, comm, self.worker,
+                                           self._failed_flag)
 
     @property
     def closed(self) -> bool:
@@ -74,8 +77,16 @@ class Channel:
             raise CollectiveError("this ccoll Communicator has been closed (freed)")
 
     def fail(self, reason: str) -> None:
-        """Mark the channel unusable: receives may still land in its buffers."""
+        """Mark the channel unusable: receives may still land in its buffers.
+
+        Its communicator is then never freed: messages of the failed call may still be on
+        their way to it, and MPI reuses a freed communicator's context for the next one
+        made, where they would be matched by that one's receives (seen: a ring receiving
+        a stream of a halving call that had timed out). One leaked communicator per
+        failed call is the price.
+        """
         self.failed = reason
+        self._failed_flag[0] = True
         self._pool = []  # never hand these buffers out again
         self._pinned = []
         self.worker.discard()
@@ -125,8 +136,10 @@ def _process_lanes() -> Scheduler | None:
     return default_scheduler("cpu") if lanes_enabled() else None
 
 
-def _release(comm: MPI.Intracomm, worker: Worker) -> None:
+def _release(comm: MPI.Intracomm, worker: Worker, failed: list[bool]) -> None:
     # Holds no reference to the Channel (weakref.finalize would then never run).
     worker.close()
+    if failed[0]:
+        return  # see Channel.fail: a failed call's messages must not reach a later one
     if comm != MPI.COMM_NULL and not MPI.Is_finalized():
         comm.Free()

@@ -834,10 +834,10 @@ class Communicator:
             # The ring bounds the sum; avg's bound is on the sum divided by N.
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 p.dev is not None)
-            if self._halving(ch, p, p.flat.size, n_ranks, requant, p.dtype.itemsize):
-                halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb,
-                                  chunk_elems=p.chunk_elems, deadline=p.deadline,
-                                  requant=requant)
+            pieces = self._halving(ch, p, p.flat.size, n_ranks, requant, p.dtype.itemsize)
+            if pieces:
+                halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, pieces=pieces,
+                                  deadline=p.deadline, requant=requant)
             else:
                 ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                                chunk_elems=p.chunk_elems, deadline=p.deadline,
@@ -849,18 +849,22 @@ class Communicator:
         return _result(p, y, p.out)
 
     def _halving(self, ch: Channel, p: _Prepared, count: int, n_ranks: int,
-                 requant: Requant | None, itemsize: int) -> bool:
-        """Whether this compressed allreduce moves its streams by halving, not the ring.
+                 requant: Requant | None, itemsize: int) -> int:
+        """First-step pieces if this allreduce moves its streams by halving; 0: the ring.
 
         ``schedule="halving"`` or ``"ring"`` decide; ``"auto"`` asks the cost model
         (:func:`model.choose_schedule`) with the channel's calibrations and last sampled
         ratio (``policy="auto"``'s, else the defaults). Host data and the homomorphic
-        algorithm only. Every input is agreed, so every rank takes the same schedule.
+        algorithm only. The pieces are about the call's chunk (at least
+        ``model.MIN_CHUNK_BYTES`` unless the Communicator fixes ``chunk_elems``). Every
+        input is agreed, so every rank takes the same schedule and pieces.
         """
         if p.algorithm != "homomorphic" or p.dev is not None or n_ranks < 2:
-            return False
+            return 0
+        pieces = model.halving_pieces(count, itemsize, p.chunk_elems,
+                                      fixed=self.chunk_elems is not None)
         if self.schedule != "auto":
-            return self.schedule == "halving"
+            return pieces if self.schedule == "halving" else 0
         pol = self._auto.get(ch.name) or self._auto.get(self._sync.name)
         if pol is not None:
             params, ratio = pol.model_params(count, p.dtype)
@@ -870,8 +874,9 @@ class Communicator:
         size = float(count * itemsize)
         block = -(-count // n_ranks)
         chunks = max(1, -(-block // max(1, p.chunk_elems)))
-        return model.choose_schedule(size, n_ranks, params, ratio, share=share,
-                                     chunks=chunks) == "halving"
+        choice = model.choose_schedule(size, n_ranks, params, ratio, share=share,
+                                       chunks=chunks, pieces=pieces)
+        return pieces if choice == "halving" else 0
 
     def split_share(self, n_ranks: int, algorithm: str, device: bool) -> float:
         """Share of an allreduce's bound that its allgather phase gets (0: no split).
@@ -938,10 +943,10 @@ class Communicator:
         if share.size:  # the same size on every node's rank l: all skip, or none
             ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
                                                 ring_ranks=g.nodes)
-            if self._halving(inter, p, share.size, g.nodes, requant, share.itemsize):
+            pieces = self._halving(inter, p, share.size, g.nodes, requant, share.itemsize)
+            if pieces:
                 halving_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
-                                  chunk_elems=p.chunk_elems, deadline=p.deadline,
-                                  requant=requant)
+                                  pieces=pieces, deadline=p.deadline, requant=requant)
             else:
                 ring_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
                                algorithm=p.algorithm, chunk_elems=p.chunk_elems,

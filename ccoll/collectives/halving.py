@@ -6,37 +6,44 @@ shorten, and the ever wider partial sums that the ring forwards (a sum of ``k`` 
 about ``g log2 k`` bits wider per value, docs/model.md) take over. This schedule is
 Rabenseifner's, on streams:
 
-- **Reduce-scatter by recursive halving.** ``Q = 2**m`` ranks, ``Q`` blocks. At step ``j``
-  (``mask = Q >> (j + 1)``) rank ``v`` holds partial sums of ``2 * mask`` blocks; it sends
-  the half its partner ``v ^ mask`` keeps and adds the partner's streams of its own half to
-  its partial sums (``add_data`` of its own data at step 0, ``add`` of two partial sums
-  later). After ``m`` steps it holds block ``v`` summed over all ranks. A block's messages
-  are sums of ``1, 2, 4, ...`` streams, and most of the bytes go at the first steps, where
-  the sums are narrowest.
-- **Allgather by recursive doubling.** At step ``k`` (``mask = 1 << k``) each rank sends
-  every final stream it holds (``mask`` blocks) to ``v ^ mask`` and receives as many; the
-  streams travel unchanged, so every rank decodes the very bytes each block's owner
-  produced and every rank's output is identical. With a split bound the owner requantizes
-  its block first (as the ring does, :class:`~ccoll.collectives.ring.Requant`).
+- **Reduce-scatter by recursive halving.** ``Q = 2**m`` ranks, ``Q`` owner blocks (the
+  32-element blocks of the format, split as ``numpy.array_split`` does). At step ``j``
+  (``mask = Q >> (j + 1)``) rank ``v`` holds partial sums of ``2 * mask`` owner blocks; it
+  sends the half its partner ``v ^ mask`` keeps and adds the partner's streams of its own
+  half (``add_data`` of its own data at step 0, ``add`` of two partial sums later). After
+  ``m`` steps it holds owner block ``v`` summed over all ranks. Half of the bytes go at
+  step 0, as fresh streams, a quarter as sums of two, and so on.
+- **Allgather by recursive doubling.** At step ``k`` each rank sends the one stream of the
+  ``2**k`` final blocks it holds to ``v ^ 2**k``, decodes the one it receives and joins
+  the two (:func:`~ccoll.compressor.cpu.slices.concat`). The final streams travel
+  unchanged, so every rank decodes the very bytes each block's owner produced and every
+  rank's output is identical. With a split bound the owner requantizes its block first
+  (as the ring does, :class:`~ccoll.collectives.ring.Requant`).
 - **Other rank counts.** With ``N = Q + rest`` (``0 < rest < Q``) the first ``2 rest``
   ranks pair up: each even one sends its compressed input to the odd one after it, which
-  adds it to its own and takes part for both; at the end it sends the ``Q`` final streams
-  back. That costs one full message each way, which the cost model prices.
+  adds it to its own and takes part for both; at the end it sends the result back (one
+  stream). That costs one whole message each way, which the cost model prices.
 
-Each stream is one chunk of a block and one message; a chunk moves on as soon as what it
-needs is done, so steps overlap chunk by chunk. Messages of one step go in a fixed order
-(block, then chunk) on one tag per step, and receives are posted in that order, so MPI's
-in-order matching pairs them without any size or index on the wire. Receive buffers are
-sized for the worst-case stream and come from a bounded pool, handed out in step order
-(which keeps the schedule free of deadlock: the lowest pending step can always move).
+**Pieces.** The data moves in *pieces*: step 0 cuts the array into ``K`` pieces (about
+one pipeline chunk each), one stream and one message each, so that compressing, sending
+and adding overlap. A later step sends and adds the pieces the step before produced, as
+they are; only a piece that straddles the step's halving point is cut there
+(:func:`~ccoll.compressor.cpu.slices.slice_blocks`, no decoding). So a rank makes about
+``K + 3 log2 N`` compress, add, cut, join and decode calls per allreduce whatever ``N``,
+where one call per block and step would make ``O(N)`` (each costs tens of microseconds
+of fixed cost, docs/model.md "Projection to many nodes").
 
-Integer sums of codes are exact and order-free, so the reduced codes, and the bound
-(docs/error-bound.md, "Collectives"), are the ring's. Host data and the homomorphic
-algorithm only.
+Messages of one step go from one rank to one peer in a fixed order on one tag per step,
+and each receive is matched with ``MPI_Improbe`` at the head of its (source, tag) queue,
+so MPI's in-order matching pairs them and every receive gets a buffer of the message's
+exact size. Integer sums of codes are exact and order-free, so the reduced codes, and
+the bound (docs/error-bound.md, "Collectives"), are the ring's: both schedules give the
+same output bytes. Host data, version-1 streams and the homomorphic algorithm only.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -46,18 +53,21 @@ from mpi4py import MPI
 
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
-from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
+from ccoll.collectives.codec import api, check_stream, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound
-from ccoll.collectives.layout import Layout
+from ccoll.collectives.layout import block_bounds
 from ccoll.collectives.model import halving_shape
 from ccoll.collectives.ring import Requant, _decode_one, _requant_one
 from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
+from ccoll.compressor.cpu.slices import concat, slice_blocks
 from ccoll.errors import FormatError
 
 __all__ = ["halving_allreduce"]
 
 _POLL_MAX_S = 1e-3
 _DECODE = (1,)
+BLOCK = 32
+_RAW = "raw"  # a piece whose content is this rank's own data, not compressed yet
 
 
 def halving_allreduce(
@@ -67,7 +77,7 @@ def halving_allreduce(
     dtype: np.dtype,
     eb_abs: float,
     *,
-    chunk_elems: int,
+    pieces: int,
     deadline: Deadline,
     requant: Requant | None = None,
 ) -> None:
@@ -76,40 +86,51 @@ def halving_allreduce(
     Collective over ``ch``; the same contract as
     :func:`~ccoll.collectives.ring.ring_allreduce` with ``algorithm="homomorphic"``
     (within ``eb_abs`` of the sum; with ``requant``, the sum or average within ``eb_abs``
-    (``/ N``) plus ``requant.bound``), host data only.
+    (``/ N``) plus ``requant.bound``), host data only. ``pieces``: how many pieces the
+    first step cuts the array into (:func:`ccoll.collectives.model.halving_pieces`).
     """
-    run = _Halving(ch, flat, flat_out, dtype, eb_abs, chunk_elems, deadline, requant)
+    run = _Halving(ch, flat, flat_out, dtype, eb_abs, pieces, deadline, requant)
     rec = _trace.ACTIVE
     if rec is None:
         run.run()
         return
     t0 = rec.clock()
     run.run()
-    rec.span("halving allreduce", t0, rec.clock(), {"steps": run.m, "fold": run.rest})
+    rec.span("halving allreduce", t0, rec.clock(),
+             {"steps": run.m, "fold": run.rest, "pieces": run.npieces, "calls": run.calls})
 
 
-class _SendQueue:
-    """One step's messages to one peer, sent in item order as each becomes ready."""
+class _Piece:
+    """A range of 32-element blocks ``[c0, c1)`` at one stage, and what it holds.
 
-    __slots__ = ("dest", "tag", "items", "next", "ready", "stream", "kind")
+    ``base``: its content before the stage (``_RAW`` for this rank's own data), derived
+    from ``parent``'s ``out`` (the same range, or cut from it). ``out``: after the stage
+    (a kept piece: the received stream added to ``base``; a piece to send: ``base``,
+    compressed if raw).
+    """
 
-    def __init__(self, dest: int, tag: int, items: list[int], ready: Callable[[int], bool],
-                 stream: Callable[[int], Any], kind: str) -> None:
-        self.dest, self.tag, self.items = dest, tag, items
-        self.next = 0
-        self.ready, self.stream, self.kind = ready, stream, kind
+    __slots__ = ("c0", "c1", "parent", "base", "out", "children", "busy", "stage", "pos")
+
+    def __init__(self, c0: int, c1: int, parent: _Piece | None, stage: int, pos: int) -> None:
+        self.c0, self.c1, self.parent = c0, c1, parent
+        self.base: Any = None
+        self.out: Any = None
+        self.children: list[_Piece] = []
+        self.busy = False
+        self.stage, self.pos = stage, pos
+        if parent is not None:
+            parent.children.append(self)
 
 
 class _Halving:
-    """One call: the stages, the items (chunks of blocks) and the event loop that runs them.
+    """One call: the pieces of every stage and the event loop that runs them.
 
-    Stages, each on its own tag: the fold of an even rank into the odd one after it (tag
-    0), the ``m`` halving steps (tags ``1 .. m``), the ``m`` doubling steps (``m + 1 ..
-    2m``) and the results back to the folded ranks (``2m + 1``).
+    Tags: the fold of an even rank into the odd one after it (0), halving steps
+    ``1 .. m``, doubling steps ``m + 1 .. 2m``, the result back to a folded rank ``2m + 1``.
     """
 
     def __init__(self, ch: Channel, flat: np.ndarray, flat_out: np.ndarray, dtype: np.dtype,
-                 eb_abs: float, chunk_elems: int, deadline: Deadline,
+                 eb_abs: float, pieces: int, deadline: Deadline,
                  requant: Requant | None) -> None:
         self.ch, self.flat, self.flat_out, self.dtype = ch, flat, flat_out, dtype
         self.deadline, self.requant = deadline, requant
@@ -127,279 +148,324 @@ class _Halving:
             self.v = r // 2 if r % 2 else -1  # -1: folds into r + 1
         else:
             self.v = r - rest
-        self.layout = layout = Layout(flat.size, q, chunk_elems)
-        # Items: every chunk of every block, block-major; item order is message order.
-        self.span: list[tuple[int, int]] = []
-        self.block_items: list[list[int]] = []
-        for b in range(q):
-            ids = []
-            for lo, hi in layout.chunks(b):
-                ids.append(len(self.span))
-                self.span.append((lo, hi))
-            self.block_items.append(ids)
-        nitems = len(self.span)
+        self.r, self.n = r, flat.size
+        ncell = -(-self.n // BLOCK)
+        self.owner = block_bounds(ncell, q)  # the cells (32-element blocks) of owner blocks
+        k = max(1, int(pieces))
+        self.npieces = k
         self._api = api()
-        # An item's partial sum (None: this rank's own data, not compressed yet), and its
-        # events in order: ("combine", tag) ... then ("send", tag) or ("final", -1).
-        self.part: list[Any] = [None] * nitems
-        self.events: list[list[tuple[str, int]]] = [[] for _ in range(nitems)]
-        self.pos = [0] * nitems
-        self.busy = [False] * nitems
-        self.arrived: dict[tuple[int, int], tuple[int, int]] = {}
-        # Final streams this rank holds for the allgather (own block's, and received ones).
-        self.held: list[Any] = [None] * nitems
-        self.sends: list[_SendQueue] = []
-        # Receives in posting order: (tag, source, item, kind).
-        self.plan: list[tuple[int, int, int, str]] = []
-        # Position of an item in its step's message order, for the task keys: (tag, item).
-        self.pos_in: dict[tuple[int, int], int] = {}
-        self.decodes_left = nitems
-        self._build(r, q)
-        nbuf = min(len(self.plan), max(8, 2 * layout.max_chunks))
-        nbytes = max(max_nbytes(layout.chunk_elems, dtype),
-                     max_nbytes(layout.chunk_elems, self.ag_dtype))
-        self.bufs = ch.recv_buffers(nbuf, nbytes) if nbuf else []
-        self.free = list(range(nbuf))[::-1]
-        self.posted = 0
+        self.calls = 0
         self.reqs: list[MPI.Request] = []
         self.statuses: list[MPI.Status] = []
-        self.meta: list[tuple[str, int, int, Any]] = []
+        self.meta: list[tuple[str, Any]] = []
+        # Per (source, tag): the messages still to come from there, in order.
+        self.expect: dict[tuple[int, int], deque[tuple[str, Any]]] = {}
+        # Per stage: (destination, tag, pieces to send in order); the next index to send.
+        self.sends: list[tuple[int, int, list[_Piece]]] = []
+        self.sent: list[int] = []
+        self.arrived: dict[int, tuple[Any, int]] = {}  # id(kept piece) -> (stream, bytes)
+        self.decodes_left = 0
+        self.final_pieces: list[_Piece] = []
+        self.final_done = False
+        # The allgather: the one stream of the blocks this rank holds, their cells, the
+        # step, whether its send went, what each step received, a join in flight.
+        self.held: Any = None
+        self.held_range = (0, 0)
+        self.ag_step = 0
+        self.ag_sent = False
+        self.ag_recv: dict[int, Any] = {}
+        self.joining = False
+        self.out_sent = False
+        self._build(r, q, [(a, b) for a, b in block_bounds(ncell, k) if b > a], ncell)
+
+    # -- geometry ------------------------------------------------------------------------
 
     def _real(self, v: int) -> int:
         return 2 * v + 1 if v < self.rest else v + self.rest
 
-    def _build(self, r: int, q: int) -> None:
+    def _cells(self, lo: int, hi: int) -> tuple[int, int]:
+        """Cells of owner blocks ``[lo, hi)``."""
+        return self.owner[lo][0], self.owner[hi - 1][1]
+
+    def _expect(self, src: int, tag: int, kind: str, arg: Any) -> None:
+        self.expect.setdefault((src, tag), deque()).append((kind, arg))
+
+    def _build(self, r: int, q: int, start: list[tuple[int, int]], ncell: int) -> None:
         m, v = self.m, self.v
-        every = list(range(len(self.span)))
-        out_tag = 2 * m + 1
-        if v < 0:  # fold in, then receive the results
-            for p, i in enumerate(every):
-                self.events[i].append(("send", 0))
-                self.plan.append((out_tag, r + 1, i, "out"))
-                self.pos_in[(0, i)] = p
-            self.sends.append(_SendQueue(r + 1, 0, every, self._can_send, self._own_stream,
-                                         "fold"))
+        roots = [_Piece(a, b, None, 0, i) for i, (a, b) in enumerate(start)]
+        if v < 0:  # fold into r + 1, then receive the whole result
+            for p in roots:
+                p.base = _RAW
+            self.sends.append((r + 1, 0, roots))
+            self.sent = [0]
+            if ncell:
+                self._expect(r + 1, 2 * m + 1, "out", (0, ncell))
+                self.decodes_left = 1
             return
-        folded = v < self.rest
-        if folded:  # add the even rank's streams first
-            for p, i in enumerate(every):
-                self.events[i].append(("combine", 0))
-                self.plan.append((0, r - 1, i, "combine"))
-                self.pos_in[(0, i)] = p
-        lo, size = 0, q
+        if v < self.rest:  # add the even rank's streams to this rank's own data first
+            for p in roots:
+                p.base = _RAW
+                self._expect(r - 1, 0, "piece", p)
+        cur, lo = roots, 0
         for j in range(m):
             mask = q >> (j + 1)
+            mid = self.owner[lo + mask][0]
+            left: list[_Piece] = []
+            right: list[_Piece] = []
+            for p in cur:
+                if p.c1 <= mid:
+                    left.append(_Piece(p.c0, p.c1, p, j + 1, len(left)))
+                elif p.c0 >= mid:
+                    right.append(_Piece(p.c0, p.c1, p, j + 1, len(right)))
+                else:  # straddles the halving point: cut there
+                    left.append(_Piece(p.c0, mid, p, j + 1, len(left)))
+                    right.append(_Piece(mid, p.c1, p, j + 1, len(right)))
+            keep, give = (right, left) if v & mask else (left, right)
             peer = self._real(v ^ mask)
-            low = list(range(lo, lo + mask))
-            high = list(range(lo + mask, lo + 2 * mask))
-            keep, give = (high, low) if v & mask else (low, high)
-            kept = [i for b in keep for i in self.block_items[b]]
-            given = [i for b in give for i in self.block_items[b]]
-            for p, i in enumerate(given):
-                self.events[i].append(("send", j + 1))
-                self.pos_in[(j + 1, i)] = p
-            for p, i in enumerate(kept):
-                self.events[i].append(("combine", j + 1))
-                self.plan.append((j + 1, peer, i, "combine"))
-                self.pos_in[(j + 1, i)] = p
-            self.sends.append(_SendQueue(peer, j + 1, given, self._can_send, self._own_stream,
-                                         "send"))
-            lo = keep[0]
-            size = mask
-        assert size == 1 and lo == v
-        for i in self.block_items[v]:
-            self.events[i].append(("final", -1))
-        for k in range(m):
-            mask = 1 << k
-            peer_v = v ^ mask
-            mine = [i for b in range(v & ~(mask - 1), (v & ~(mask - 1)) + mask)
-                    for i in self.block_items[b]]
-            theirs = [i for b in range(peer_v & ~(mask - 1), (peer_v & ~(mask - 1)) + mask)
-                      for i in self.block_items[b]]
-            tag = m + 1 + k
-            self.sends.append(_SendQueue(self._real(peer_v), tag, mine, self._is_held,
-                                         self._held_stream, "ag send"))
-            for i in theirs:
-                self.plan.append((tag, self._real(peer_v), i, "ag"))
-        if folded:
-            self.sends.append(_SendQueue(r - 1, out_tag, every, self._is_held,
-                                         self._held_stream, "out send"))
+            self.sends.append((peer, j + 1, give))
+            for p in keep:
+                self._expect(peer, j + 1, "piece", p)
+            cur = keep
+            lo = lo + mask if v & mask else lo
+        self.sent = [0] * len(self.sends)
+        self.final_pieces = cur
+        self.held_range = self._cells(v, v + 1)
+        if self.held_range[1] > self.held_range[0]:
+            self.decodes_left += 1
+        for kk in range(m):
+            theirs = self._peer_range(kk)
+            if theirs[1] > theirs[0]:
+                self._expect(self._real(v ^ (1 << kk)), m + 1 + kk, "ag", (kk, theirs))
+                self.decodes_left += 1
+        if v >= self.rest:  # this rank's own data is where its pieces start
+            for p in roots:
+                p.out = _RAW
+                self._derive(p)
 
-    # -- readiness -----------------------------------------------------------------------
-
-    def _can_send(self, i: int) -> bool:
-        ev = self.events[i]
-        return (self.pos[i] < len(ev) and ev[self.pos[i]][0] == "send" and not self.busy[i]
-                and self.part[i] is not None)
-
-    def _own_stream(self, i: int) -> Any:
-        return self.part[i]
-
-    def _is_held(self, i: int) -> bool:
-        return self.held[i] is not None
-
-    def _held_stream(self, i: int) -> Any:
-        return self.held[i]
+    def _peer_range(self, kk: int) -> tuple[int, int]:
+        """Cells the partner of doubling step ``kk`` holds (and sends) at that step."""
+        mask = 1 << kk
+        base = (self.v ^ mask) & ~(mask - 1)
+        return self._cells(base, base + mask)
 
     # -- tasks ---------------------------------------------------------------------------
 
     def submit(self, key: Any, fn: Callable[[], Any], tag: Any, name: str,
                args: dict[str, Any], lane: str) -> None:
+        self.calls += 1
         rec = self.rec
         if rec is not None:
             fn = rec.task(fn, name, {**args, "lane": lane})
         self.worker.submit(key, fn, tag, lane=lane)
 
-    def _compress(self, i: int) -> Any:
-        lo, hi = self.span[i]
+    def _elems(self, c0: int, c1: int) -> tuple[int, int]:
+        return BLOCK * c0, min(self.n, BLOCK * c1)
+
+    def _compress(self, p: _Piece) -> Any:
+        lo, hi = self._elems(p.c0, p.c1)
         return self._api.compress_abs(self.flat[lo:hi], self.eb_rank)
 
-    def _combine(self, i: int, received: Any) -> Any:
-        lo, hi = self.span[i]
-        part = self.part[i]
-        if part is None:
+    def _combine(self, p: _Piece, received: Any) -> Any:
+        if p.base is _RAW:
+            lo, hi = self._elems(p.c0, p.c1)
             return self._api.add_data(received, self.flat[lo:hi], self.eb_rank)
-        return self._api.add(received, part)
+        return self._api.add(received, p.base)
 
-    def _key(self, tag: int, i: int, combine: int) -> tuple[int, int, int]:
-        """Return a task's priority key: step by step, and within a step interleaved.
+    @staticmethod
+    def _key(p: _Piece, combine: int) -> tuple[int, int, int]:
+        """Return a task's priority: step by step, and within a step interleaved.
 
-        The ``p``-th compression of what a step sends and the ``p``-th addition of what it
-        receives alternate, so additions start as soon as the partner's first streams
-        arrive instead of after every compression.
+        The ``pos``-th piece sent and the ``pos``-th piece kept alternate, so additions
+        start as soon as the partner's first pieces arrive.
         """
-        return (0, tag, 2 * self.pos_in[(tag, i)] + combine)
+        return (0, p.stage, 2 * p.pos + combine)
 
-    def advance(self, i: int) -> None:
-        """Start item ``i``'s next event if what it needs is there."""
-        if self.busy[i]:
-            return
-        ev = self.events[i]
-        if self.pos[i] >= len(ev):
-            return
-        what, tag = ev[self.pos[i]]
-        if what == "combine":
-            got = self.arrived.pop((tag, i), None)
-            if got is None:
-                return
-            buf, nb = got
-            self.busy[i] = True
-            view = self.bufs[buf][:nb]
-            self.submit(self._key(tag, i, 1), partial(self._combine, i, view),
-                        ("combine", tag, i, buf), "combine", {"step": tag, "item": i,
-                                                              "bytes": nb}, "reduce")
-        elif what == "send":
-            if self.part[i] is None:
-                self.busy[i] = True
-                self.submit(self._key(tag, i, 0), partial(self._compress, i),
-                            ("compress", tag, i, -1),
-                            "compress", {"item": i}, "compress")
-        else:  # final: this rank's block
-            self.pos[i] += 1
-            self._on_final(i)
+    def _derive(self, p: _Piece) -> None:
+        """``p`` has its ``out``: give each child its ``base``, cut from it where needed."""
+        for c in p.children:
+            if p.out is _RAW or (c.c0, c.c1) == (p.c0, p.c1):
+                c.base = p.out
+                self._ready(c)
+            else:
+                c.busy = True
+                self.submit(self._key(c, 0),
+                            partial(slice_blocks, p.out, c.c0 - p.c0, c.c1 - p.c0),
+                            ("base", c), "cut", {"step": c.stage, "piece": c.pos}, "reduce")
 
-    def _on_final(self, i: int) -> None:
-        stream = self.part[i]
-        if stream is None:  # one rank: nothing was added
-            self.busy[i] = True
-            self.pos[i] -= 1
-            self.submit((0, 0, i), partial(self._compress, i), ("first", -1, i, -1),
-                        "compress", {"item": i}, "compress")
-            return
-        self.part[i] = None
-        lo, hi = self.span[i]
-        rq = self.requant
-        if rq is not None:
-            self.submit((0, 2 + self.m, i), partial(_requant_one, stream, self.flat_out, lo,
-                                                   hi, rq),
-                        ("requant", -1, i, -1), "requantize", {"item": i}, "compress")
-            return
-        self.held[i] = stream
-        self._decode(i, stream, stream_nbytes(stream), -1)
+    def _ready(self, p: _Piece) -> None:
+        """``p`` has its ``base``: add the partner's piece if it is there."""
+        got = self.arrived.pop(id(p), None)
+        if got is not None:
+            self._start_combine(p, got)
 
-    def _decode(self, i: int, stream: Any, nb: int, buf: int) -> None:
-        lo, hi = self.span[i]
-        wide = self.requant is not None and self.dtype != self.ag_dtype
-        self.submit((1, 0, i), partial(_decode_one, stream, nb, self.flat_out, lo, hi, wide),
-                    ("decode", -1, i, buf), "decode", {"item": i, "bytes": nb}, "reduce")
+    def _start_combine(self, p: _Piece, got: tuple[Any, int]) -> None:
+        stream, nb = got
+        p.busy = True
+        self.submit(self._key(p, 1), partial(self._combine, p, stream), ("out", p),
+                    "combine", {"step": p.stage, "piece": p.pos, "bytes": nb}, "reduce")
 
-    def on_task(self, tag: tuple[str, int, int, int], result: Any) -> None:
-        kind, step, i, buf = tag
-        if kind == "combine":
-            self.busy[i] = False
-            self.part[i] = result
-            self.pos[i] += 1
-            self._free(buf)
-            self.advance(i)
-        elif kind == "compress":
-            self.busy[i] = False
-            self.part[i] = result
-        elif kind == "first":
-            self.busy[i] = False
-            self.part[i] = result
-            self.advance(i)
-        elif kind == "requant":  # own block, requantized and decoded here
-            self.held[i] = result
-            self.decodes_left -= 1
+    def _to_send(self, p: _Piece) -> Any:
+        """Return the stream to send for ``p``; None while not ready (compressed if raw)."""
+        if p.base is None or p.busy:
+            return None
+        if p.base is _RAW:
+            p.busy = True
+            self.submit(self._key(p, 0), partial(self._compress, p), ("sendable", p),
+                        "compress", {"step": p.stage, "piece": p.pos}, "compress")
+            return None
+        return p.base
+
+    def on_task(self, tag: tuple[str, Any], result: Any) -> None:
+        kind, p = tag
+        if kind == "base":  # a cut piece
+            p.busy = False
+            p.base = result
+            self._ready(p)
+        elif kind == "sendable":  # a raw piece, compressed to be sent
+            p.busy = False
+            p.base = result
+        elif kind == "out":  # a kept piece, with the partner's added
+            p.busy = False
+            p.out = result
+            p.base = None
+            self._derive(p)
+            self._check_final()
+        elif kind == "final":  # this rank's block: (stream, whether it is decoded here)
+            stream, decoded = result
+            self.held = stream
+            if decoded:
+                self.decodes_left -= 1
+            else:
+                self._decode(stream, stream_nbytes(stream), *self.held_range)
+        elif kind == "join":
+            self.held = result
+            self.joining = False
         elif kind == "decode":
             self.decodes_left -= 1
-            if buf >= 0:
-                self._free(buf)
+
+    def _check_final(self) -> None:
+        """Once this rank's owner block is reduced: join its pieces (and requantize)."""
+        if self.final_done or any(p.out is None for p in self.final_pieces):
+            return
+        self.final_done = True
+        if not self.final_pieces:  # an empty owner block
+            return
+        pieces = list(self.final_pieces)
+        self.submit((0, self.m + 1, 0), partial(self._final, pieces), ("final", None),
+                    "final", {"pieces": len(pieces)}, "compress")
+
+    def _final(self, pieces: list[_Piece]) -> tuple[Any, bool]:
+        # (Raw pieces only on one rank, where nothing was added.)
+        streams = [self._compress(p) if p.out is _RAW else p.out for p in pieces]
+        stream = streams[0] if len(streams) == 1 else concat(streams)
+        rq = self.requant
+        if rq is None:
+            return stream, False
+        lo, hi = self._elems(*self.held_range)
+        return _requant_one(stream, self.flat_out, lo, hi, rq), True
+
+    def _decode(self, stream: Any, nb: int, c0: int, c1: int) -> None:
+        lo, hi = self._elems(c0, c1)
+        wide = self.requant is not None and self.dtype != self.ag_dtype
+        self.submit((1, c0, 0), partial(_decode_one, stream, nb, self.flat_out, lo, hi, wide),
+                    ("decode", None), "decode", {"blocks": c1 - c0, "bytes": nb}, "reduce")
 
     # -- MPI -----------------------------------------------------------------------------
 
-    def _free(self, buf: int) -> None:
-        self.free.append(buf)
-
-    def post_recvs(self) -> None:
-        plan = self.plan
-        while self.posted < len(plan) and self.free:
-            tag, src, i, kind = plan[self.posted]
-            self.posted += 1
-            buf = self.free.pop()
-            self.reqs.append(self.comm.Irecv([self.bufs[buf], MPI.BYTE], source=src, tag=tag))
-            self.meta.append((kind, tag, i, buf))
+    def _isend(self, stream: Any, dest: int, tag: int) -> None:
+        nb = stream_nbytes(stream)
+        self.reqs.append(self.comm.Isend([stream[:nb], MPI.BYTE], dest=dest, tag=tag))
+        self.meta.append(("send", stream))  # keeps the stream alive until sent
+        self.ch.stats.bytes_sent += nb
 
     def pump_sends(self) -> None:
-        for q in self.sends:
-            while q.next < len(q.items) and q.ready(q.items[q.next]):
-                i = q.items[q.next]
-                q.next += 1
-                stream = q.stream(i)
-                nb = stream_nbytes(stream)
-                self.reqs.append(self.comm.Isend([stream[:nb], MPI.BYTE], dest=q.dest,
-                                                 tag=q.tag))
-                self.meta.append((q.kind, q.tag, i, stream))
-                self.ch.stats.bytes_sent += nb
-                if q.kind in ("fold", "send"):
-                    self.pos[i] += 1  # the item is done here; the request keeps it alive
-                    self.part[i] = None
+        for s, (dest, tag, pieces) in enumerate(self.sends):
+            while self.sent[s] < len(pieces):
+                p = pieces[self.sent[s]]
+                stream = self._to_send(p)
+                if stream is None:
+                    break
+                self.sent[s] += 1
+                p.base = None
+                self._isend(stream, dest, tag)
+        if self.v >= 0 and self.final_done:
+            self._pump_allgather()
 
-    def on_mpi(self, k: int, status: MPI.Status) -> None:
-        kind, tag, i, keep = self.meta[k]
-        if kind in ("fold", "send", "ag send", "out send"):
+    def _pump_allgather(self) -> None:
+        """Run the doubling steps as far as what they need is there."""
+        m = self.m
+        while self.ag_step < m and not self.joining:
+            kk = self.ag_step
+            lo, hi = self.held_range
+            mine = hi > lo
+            if not self.ag_sent:
+                if mine:
+                    if self.held is None:
+                        return  # this rank's final stream is still being made
+                    self._isend(self.held, self._real(self.v ^ (1 << kk)), m + 1 + kk)
+                self.ag_sent = True
+            c0, c1 = self._peer_range(kk)
+            if c1 > c0:
+                stream = self.ag_recv.pop(kk, None)
+                if stream is None:
+                    return
+                if mine:
+                    parts = [self.held, stream] if c0 >= hi else [stream, self.held]
+                    self.held, self.joining = None, True
+                    self.submit((0, m + 2 + kk, 0), partial(concat, parts), ("join", None),
+                                "join", {"step": kk}, "compress")
+                else:
+                    self.held = stream
+                self.held_range = (min(lo, c0) if mine else c0, max(hi, c1) if mine else c1)
+            self.ag_step += 1
+            self.ag_sent = False
+        if (self.ag_step == m and not self.joining and not self.out_sent
+                and self.v < self.rest):
+            if self.held is None and self.held_range[1] > self.held_range[0]:
+                return
+            self.out_sent = True
+            if self.held is not None:
+                self._isend(self.held, self.r - 1, 2 * m + 1)
+
+    def post_recvs(self) -> bool:
+        """Match the next expected message of each (source, tag); False if none arrived."""
+        got = False
+        st = MPI.Status()
+        for (src, tag), q in self.expect.items():
+            while q:
+                msg = self.comm.Improbe(source=src, tag=tag, status=st)
+                if msg is None:
+                    break
+                kind, arg = q.popleft()
+                count = st.Get_count(MPI.BYTE)
+                buf = np.empty(max(count, 1), np.uint8)
+                self.reqs.append(msg.Irecv([buf, MPI.BYTE]))
+                self.meta.append((kind, (arg, buf, count, tag)))
+                got = True
+        return got
+
+    def on_mpi(self, i: int, status: MPI.Status) -> None:
+        kind, info = self.meta[i]
+        if kind == "send":
             return
-        buf = keep
-        lo, hi = self.span[i]
-        raw = self.bufs[buf]
-        if kind == "combine":
-            nb = check_stream(raw, hi - lo, self.dtype, self.bound)
-        else:
-            nb = check_stream(raw, hi - lo, self.ag_dtype, self.ag_bound)
-        got = status.Get_count(MPI.BYTE)
-        if got != nb:
-            raise FormatError(f"halving step {tag}: received {got} bytes for a stream of "
-                              f"{nb} bytes")
-        if kind == "combine":
-            self.arrived[(tag, i)] = (buf, nb)
-            self.advance(i)
-        elif kind == "ag":  # kept for the later steps; the buffer goes back at once
-            stream = raw[:nb].copy()
-            self._free(buf)
-            self.held[i] = stream
-            self._decode(i, stream, nb, -1)
-        else:  # "out": the results, on a folded rank
-            self._decode(i, raw, nb, buf)
+        arg, buf, count, tag = info
+        if kind == "piece":
+            p = arg
+            lo, hi = self._elems(p.c0, p.c1)
+            nb = check_stream(buf, hi - lo, self.dtype, self.bound)
+            _check_count(count, nb, tag)
+            if p.base is None or p.busy:
+                self.arrived[id(p)] = (buf, nb)
+            else:
+                self._start_combine(p, (buf, nb))
+            return
+        kk, (c0, c1) = arg if kind == "ag" else (-1, arg)
+        lo, hi = self._elems(c0, c1)
+        nb = check_stream(buf, hi - lo, self.ag_dtype, self.ag_bound)
+        _check_count(count, nb, tag)
+        self._decode(buf, nb, c0, c1)
+        if kind == "ag":
+            self.ag_recv[kk] = buf[:nb]
 
     def pump_mpi(self) -> bool:
         return test_some(self.reqs, self.meta, self.statuses, self.on_mpi)
@@ -409,31 +475,44 @@ class _Halving:
 
     # -- the loop ------------------------------------------------------------------------
 
+    def _done(self) -> bool:
+        if self.decodes_left or self.reqs or self.worker.outstanding:
+            return False
+        if any(self.expect.values()):
+            return False
+        if any(self.sent[s] < len(p) for s, (_d, _t, p) in enumerate(self.sends)):
+            return False
+        if self.v >= 0 and (self.ag_step < self.m or self.joining
+                            or (self.v < self.rest and not self.out_sent)):
+            return False
+        return True
+
     def run(self) -> None:
-        for i in range(len(self.span)):
-            self.advance(i)
         worker, deadline = self.worker, self.deadline
+        self._check_final()  # an empty owner block is final at once
         pause = 20e-6
         while True:
-            self.post_recvs()
+            progressed = self.post_recvs()
             self.pump_sends()
-            progressed = self.pump_mpi()
+            progressed = self.pump_mpi() or progressed
             progressed = self.pump_tasks() or progressed
             if progressed:
                 pause = 20e-6
                 continue
-            if not (self.decodes_left or self.reqs or worker.outstanding
-                    or self.posted < len(self.plan)
-                    or any(q.next < len(q.items) for q in self.sends)):
+            if self._done():
                 return
             if deadline.expired():
                 raise deadline.error("halving allreduce")
             if worker.help(_DECODE):
                 continue
             if worker.outstanding:
-                worker.wait(pause if self.reqs else min(0.05, deadline.remaining() or 0.05))
+                worker.wait(pause)
                 pause = min(2 * pause, _POLL_MAX_S)
-            elif self.reqs:
-                pause = poll_pause(pause, deadline)
             else:
-                raise AssertionError("halving allreduce stalled with nothing in flight")
+                pause = poll_pause(pause, deadline)
+
+
+def _check_count(count: int, nb: int, tag: int) -> None:
+    if count != nb:
+        raise FormatError(f"halving message (tag {tag}): received {count} bytes for a "
+                          f"stream of {nb} bytes")

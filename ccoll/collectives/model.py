@@ -37,7 +37,8 @@ __all__ = [
     "halving_shape",
     "halving_words",
     "choose_schedule",
-    "best_halving_chunks",
+    "best_halving_pieces",
+    "halving_pieces",
     "predict_node_phases",
     "predict",
     "predict_raw_reduce_scatter",
@@ -385,7 +386,7 @@ def halving_words(ranks: int, share: float = 0.0, width: float = DEFAULT_WIDTH,
 
 def predict_halving(
     size: float, ranks: int, p: Params, ratio: float, *, share: float = 0.0,
-    chunks: int = 1, width: float = DEFAULT_WIDTH, growth: float = SUM_GROWTH,
+    pieces: int = 2, width: float = DEFAULT_WIDTH, growth: float = SUM_GROWTH,
 ) -> float:
     """Homomorphic recursive halving and doubling (:mod:`ccoll.collectives.halving`).
 
@@ -395,9 +396,11 @@ def predict_halving(
     ``(m + f) alpha`` (one latency per step: a step's chunks follow each other to one
     peer) plus the bytes of :func:`halving_words` over ``beta``, where ``ratio`` is one
     rank's fresh stream (``1 + width`` words a block); overlapped as the ring's over the
-    ``k Q / 2`` chunks of the first step. Allgather: ``(m + f) alpha`` plus
-    ``((Q-1)/Q + f) S`` of final blocks, this rank's own block decoded meanwhile, then
-    the others. Fixed costs as the ring's.
+    ``pieces / 2`` pieces each half of the first step is cut into. Allgather:
+    ``(m + f) alpha`` plus ``((Q-1)/Q + f) S`` of final blocks, this rank's own block
+    decoded meanwhile, then the others. Fixed costs: ``overhead`` and ``chunk_overhead``
+    for each compute call beyond the first, about ``pieces + 5 m`` of them (compress or
+    add each piece, cut, add, join and decode at each step).
     """
     n = int(ranks)
     if n <= 1:
@@ -405,15 +408,29 @@ def predict_halving(
     m, rest = halving_shape(n)
     q = 1 << m
     f = 1 if rest else 0
-    k = max(1, int(chunks))
+    k = max(2, int(pieces))
     steps, ag_words = halving_words(n, share, width, growth)
     per_word = size / (ratio * (1.0 + width) * p.beta)
     compute = size / p.compress + (q - 1) / q * size / p.add + f * size / p.add
     network = (m + f) * p.alpha + sum(frac * w for frac, w in steps) * per_word
-    rs = _overlap(compute, network, k * max(1, q // 2))
+    rs = _overlap(compute, network, k // 2)
     wire = (m + f) * p.alpha + ((q - 1) / q + f) * ag_words * per_word
     ag = max(wire, size / q / p.decompress) + (q - 1) / q * size / p.decompress
-    return p.overhead + (k - 1) * p.chunk_overhead + rs + ag
+    return p.overhead + (k - 1 + 5 * m) * p.chunk_overhead + rs + ag
+
+
+def halving_pieces(count: int, itemsize: int, chunk_elems: int, *, fixed: bool = False) -> int:
+    """Pieces the first step of recursive halving cuts ``count`` elements into.
+
+    About ``chunk_elems`` each (the Communicator's fixed chunk, ``fixed``), or, for a chunk
+    chosen per call (the ring's, which shrinks with the rank count), at least
+    :data:`MIN_CHUNK_BYTES`; 2 to :data:`MAX_HALVING_PIECES`. Pure arithmetic on agreed
+    numbers.
+    """
+    elems = max(1, int(chunk_elems))
+    if not fixed:
+        elems = max(elems, MIN_CHUNK_BYTES // max(1, int(itemsize)))
+    return min(MAX_HALVING_PIECES, max(2, -(-int(count) // elems)))
 
 
 def predict_raw_halving(size: float, ranks: int, p: Params) -> float:
@@ -433,12 +450,14 @@ def predict_raw_halving(size: float, ranks: int, p: Params) -> float:
     return 2 * (m + f) * p.alpha + 2 * part * size / bw + part * size / p.reduce
 
 
+# Most pieces the first step of recursive halving cuts a message into (halving_pieces).
+MAX_HALVING_PIECES = 256
 # Fewest ranks for which schedule="auto" considers recursive halving (choose_schedule).
 HALVING_MIN_RANKS = 8
 
 
 def choose_schedule(size: float, ranks: int, p: Params, ratio: float, *, share: float = 0.0,
-                    chunks: int = 1, width: float = DEFAULT_WIDTH) -> str:
+                    chunks: int = 1, pieces: int = 2, width: float = DEFAULT_WIDTH) -> str:
     """``"halving"`` where it is predicted faster than the ring, else ``"ring"``.
 
     Below :data:`HALVING_MIN_RANKS` ranks always the ring: at 2 ranks both are one
@@ -454,7 +473,7 @@ def choose_schedule(size: float, ranks: int, p: Params, ratio: float, *, share: 
         return "ring"
     rs, ag = split_ratios(ratio, n, share, width)
     ring = predict_homomorphic(size, n, p, rs, ratio_sum=ag, chunks=chunks, width=width)
-    halv = predict_halving(size, n, p, ratio, share=share, chunks=chunks, width=width)
+    halv = predict_halving(size, n, p, ratio, share=share, pieces=pieces, width=width)
     return "halving" if halv < ring else "ring"
 
 
@@ -543,16 +562,17 @@ def predict_node_phases(size: float, ranks_per_node: int, p: Params) -> float:
     return 2 * (r - 1) / r * size / p.shm + (r - 1) / r * size / p.reduce
 
 
-def best_halving_chunks(size: float, ranks: int, p: Params, ratio: float, *,
+def best_halving_pieces(size: float, ranks: int, p: Params, ratio: float, *,
                         share: float = 0.0, width: float = DEFAULT_WIDTH,
-                        max_chunks: int = 64, min_chunk_bytes: int = MIN_CHUNK_BYTES) -> int:
-    """:func:`best_chunks` for :func:`predict_halving` (chunks per block of ``S/2**m``)."""
-    m, _ = halving_shape(ranks)
-    block = size / (1 << m)
-    best_k, best_t = 1, math.inf
-    k = 1
-    while k <= max_chunks and (k == 1 or block / k >= min_chunk_bytes):
-        t = predict_halving(size, ranks, p, ratio, share=share, chunks=k, width=width)
+                        max_pieces: int = 64, min_chunk_bytes: int = MIN_CHUNK_BYTES) -> int:
+    """Pick the first-step pieces of :func:`predict_halving` (as :func:`best_chunks`).
+
+    A power of two from 2; none under ``min_chunk_bytes`` unless there are 2.
+    """
+    best_k, best_t = 2, math.inf
+    k = 2
+    while k <= max_pieces and (k == 2 or size / k >= min_chunk_bytes):
+        t = predict_halving(size, ranks, p, ratio, share=share, pieces=k, width=width)
         if t < best_t * (1 - 1e-9):
             best_k, best_t = k, t
         k *= 2

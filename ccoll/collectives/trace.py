@@ -43,7 +43,7 @@ __all__ = [
 # Kinds of span, by name: what the PNG colours and the JSON's "cat" say.
 KINDS: dict[str, str] = {
     "compress": "compute", "prepare": "compute", "combine": "compute", "decode": "compute",
-    "pack": "compute",
+    "pack": "compute", "cut": "compute", "join": "compute", "final": "compute",
     "send": "transfer", "recv": "transfer", "ag send": "transfer", "ag recv": "transfer",
     "allgather sizes": "transfer",
     "allgatherv": "transfer",

@@ -1,0 +1,91 @@
+"""Cutting version-1 streams at block boundaries and joining them (ccoll/compressor/cpu/slices.py).
+
+Every 32-element block is encoded on its own, so a block range of a stream must be, byte
+for byte, the stream of the elements it covers, and streams of consecutive ranges joined
+must be the stream of the whole; the same for homomorphic sums. Recursive halving relies
+on both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ccoll.compressor import api
+from ccoll.compressor.cpu.slices import concat, slice_blocks
+from ccoll.errors import FormatError, MismatchError
+
+
+def _data(n: int, dtype: type, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(3, size=n) * 1e-2
+    x[rng.random(n) < 0.3] = 0.0  # zero blocks
+    x[5 % n] = np.nan
+    x[(n * 2) // 3] = 1e30  # a raw block
+    x[n - 1] = -np.inf
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 31, 32, 33, 1000, 50_003])
+def test_slice_is_the_stream_of_its_elements(dtype: type, n: int) -> None:
+    x = _data(n, dtype)
+    eb = 1e-4
+    s = api.compress_abs(x, eb)
+    nb = -(-n // 32)
+    cuts = {(0, nb), (0, 1), (nb - 1, nb), (nb // 3, nb // 3 + 1),
+            (nb // 4, max(nb // 4 + 1, nb - 2))}
+    for b0, b1 in cuts:
+        if not 0 <= b0 < b1 <= nb:
+            continue
+        got = slice_blocks(s, b0, b1)
+        want = api.compress_abs(x[32 * b0:min(n, 32 * b1)], eb)
+        assert got.tobytes() == want.tobytes(), (b0, b1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_concat_is_the_stream_of_the_whole(dtype: type) -> None:
+    x = _data(40_001, dtype, seed=1)
+    eb = 1e-3
+    bounds = [0, 32, 3200, 3232, 40_000, 40_001]
+    parts = [api.compress_abs(x[a:b], eb) for a, b in zip(bounds, bounds[1:], strict=False)]
+    assert concat(parts).tobytes() == api.compress_abs(x, eb).tobytes()
+    assert concat(parts[:1]).tobytes() == parts[0].tobytes()
+
+
+def test_sums_cut_and_join_like_their_terms() -> None:
+    x, y = _data(20_000, np.float32, 2), _data(20_000, np.float32, 3)
+    eb = 1e-4
+    sx, sy = api.compress_abs(x, eb), api.compress_abs(y, eb)
+    total = api.add(sx, sy)
+    a = slice_blocks(total, 10, 400)
+    b = api.add(slice_blocks(sx, 10, 400), slice_blocks(sy, 10, 400))
+    assert a.tobytes() == b.tobytes()
+    assert api.header(a).nterms == 2 and api.header(a).bound == api.header(total).bound
+    nb = -(-20_000 // 32)
+    joined = concat([slice_blocks(total, 0, 300), slice_blocks(total, 300, nb)])
+    assert joined.tobytes() == total.tobytes()
+    np.testing.assert_array_equal(api.decompress(a), api.decompress(total)[320:12_800])
+
+
+def test_bad_ranges_and_mismatched_streams_are_clear_errors() -> None:
+    x = _data(1000, np.float32)
+    s = api.compress_abs(x, 1e-3)
+    for b0, b1 in [(-1, 3), (3, 3), (5, 2), (0, 33)]:
+        with pytest.raises(MismatchError, match="block range"):
+            slice_blocks(s, b0, b1)
+    with pytest.raises(MismatchError, match="at least one"):
+        concat([])
+    with pytest.raises(MismatchError, match="eb"):
+        concat([api.compress_abs(x[:64], 1e-3), api.compress_abs(x[64:], 2e-3)])
+    with pytest.raises(MismatchError, match="multiple of 32"):
+        concat([api.compress_abs(x[:40], 1e-3), api.compress_abs(x[40:], 1e-3)])
+    with pytest.raises(MismatchError, match="dtype"):
+        concat([api.compress_abs(x[:64], 1e-3), api.compress_abs(x[64:].astype(np.float64), 1e-3)])
+    v2 = api.compress_abs(x, 1e-3, version=2)
+    with pytest.raises(FormatError, match="version-1"):
+        slice_blocks(v2, 0, 1)
+    broken = s.copy()
+    broken[40] ^= 0xFF  # the header's nnz
+    with pytest.raises(FormatError):
+        slice_blocks(broken, 0, 1)
