@@ -159,3 +159,9 @@ def test_a_rank_failing_midway_times_out_everywhere(comm, monkeypatch):
     finally:
         c.close()
     comm.Barrier()
+    # The failed call's messages still on their way must not reach a later communicator
+    # (MPI reuses a freed one's context: the failed one is kept, never freed).
+    y = gradient_like(comm.rank, 30_000, np.float32, seed=5)
+    with ccoll.Communicator(comm, policy="compress", schedule="ring", chunk_elems=1500) as d:
+        z = d.allreduce(y, ccoll.ABS(1e-3))
+    assert_within(z, allreduce_reference(comm, y, "sum"), global_eb(comm, y, ccoll.ABS(1e-3)))
