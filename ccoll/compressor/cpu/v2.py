@@ -48,17 +48,23 @@ from ccoll.compressor.cpu.v2blocks import (
     KIND_RAW64,
     NCODES,
     NO_BLOCK,
+    PLANES_MAX_W,
     _choose,
     _choose_mc,
+    _choose_planes,
     _code_bits,
     _copy_bits,
+    _emit_planes,
     _emit_q,
     _emit_raw_bits,
     _get,
     _put,
+    _qwidth,
+    _read_planes,
     _read_q,
     _read_raw,
     _reader_at,
+    _sum_planes,
     _writer_at,
     code_valid,
 )
@@ -634,6 +640,10 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
         lo = np.empty(BLOCK, np.uint32)
         mag = np.empty(BLOCK, np.uint32)
         tmp = np.empty(BLOCK, np.uint32)
+        Pa = np.empty(BLOCK, np.int64)
+        Pb = np.empty(BLOCK, np.int64)
+        T = np.empty(BLOCK, np.int64)
+        Sk = np.empty(BLOCK, np.int64)
         aip, aia, ain = _reader_at(ia, cka[c] * iba)
         ap, aa, an = _reader_at(Wa, coa[c])
         ar = cra[c]
@@ -683,6 +693,20 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                 M = Mb
                 bp, ba, bn, sp, sa, sn = _copy_bits(Wb, bp, ba, bn, S, sp, sa, sn,
                                                     _code_bits(codeb, Mb, is32))
+            elif (codea >> 10) <= 1 and (codeb >> 10) <= 1 and \
+                    _qwidth(codea) <= PLANES_MAX_W and _qwidth(codeb) <= PLANES_MAX_W:
+                # Both quantized and narrow: summed on bit-planes, never raw (v2blocks).
+                m = min(BLOCK, n - b * BLOCK)
+                vm = (np.int64(1) << m) - 1 if m < BLOCK else np.int64(0xFFFFFFFF)
+                ap, aa, an, sga, wa, e1 = _read_planes(Wa, ap, aa, an, codea, Ma, vm, Pa)
+                bp, ba, bn, sgb, wb, e2 = _read_planes(Wb, bp, ba, bn, codeb, Mb, vm, Pb)
+                if e1 or e2:
+                    errs[c] = 1
+                    break
+                neg, w = _sum_planes(Pa, wa, sga, Pb, wb, sgb, T)
+                if w:
+                    code = _choose_planes(T, w, Sk)
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, neg, Pa)
             else:
                 ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
                 bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
