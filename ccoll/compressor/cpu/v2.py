@@ -58,6 +58,7 @@ from ccoll.compressor.cpu.v2blocks import (
     _emit_q,
     _emit_raw_bits,
     _get,
+    _place_words,
     _put,
     _qwidth,
     _read_planes,
@@ -745,6 +746,15 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
         chunk_bits[c] = (sp * 32 + sn) - s0
 
 
+@njit(nogil=True, cache=True)
+def _presence_packed(ocodes, chunk_nnz, present):  # type: ignore[no-untyped-def]
+    """Mark the codes of a sum (a chunk's codes are packed at the start of its blocks)."""
+    for c in range(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        for i in range(b0, b0 + chunk_nnz[c]):
+            present[ocodes[i]] = 1
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _place_v2(ocodes, omasks, S, reg, rank, ib, chunk_nnz, chunk_nmask, chunk_bits, chunk_k,
               chunk_r, chunk_o, idx, masks, pay, last_idx, last_pay):  # type: ignore[no-untyped-def]
@@ -757,11 +767,8 @@ def _place_v2(ocodes, omasks, S, reg, rank, ib, chunk_nnz, chunk_nmask, chunk_bi
         r = chunk_r[c]
         for i in range(chunk_nmask[c]):
             masks[r + i] = omasks[b0 + i]
-        rp, ra, rn = _reader_at(S, reg[c] * 32)
-        wp, wa, wn = _writer_at(chunk_o[c])
-        rp, ra, rn, wp, wa, wn = _copy_bits(S, rp, ra, rn, pay, wp, wa, wn, chunk_bits[c])
         last_idx[c] = ia if inb else 0
-        last_pay[c] = wa if wn else 0
+        last_pay[c] = _place_words(S, reg[c], pay, chunk_o[c], chunk_bits[c])
 
 
 def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float, nterms: int,
@@ -771,9 +778,7 @@ def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float
     """Build the summed stream from the chunks' scratch regions (pass 2 of add/add_data)."""
     present = np.zeros(NCODES, np.uint8)
     nch = chunk_nnz.size
-    for c in range(nch):  # a chunk's codes are packed at the start of its blocks
-        b0 = c * CHUNK_BLOCKS
-        present[ocodes[b0 : b0 + chunk_nnz[c]]] = 1
+    _presence_packed(ocodes, chunk_nnz, present)
     table, rank, ib = _table_of(present)
     chunk_k, nnz = _scan(chunk_nnz)
     chunk_r, nmask = _scan(chunk_nmask)

@@ -339,6 +339,37 @@ def _read_raw(W, pos, acc, nb, wide, rb):  # type: ignore[no-untyped-def]
     return pos, acc, nb
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _place_words(src, s0, dst, o, nbits):  # type: ignore[no-untyped-def]
+    """Copy ``nbits`` bits from word ``s0`` of ``src`` to bit ``o`` of ``dst``, word-wise.
+
+    The bits of ``src`` after the ``nbits`` up to the end of their word must be 0. As a
+    writer started at ``o`` (:func:`_writer_at`) would, it stores every word of ``dst`` it
+    completes (the bits before ``o`` in the first one 0) and returns the last, partial
+    word (0 if none), so the caller ORs it in. One shift pair per word, no branch: the
+    loop vectorizes.
+    """
+    p0 = o >> 5
+    d = o & 31
+    end = o + nbits
+    nfull = (end >> 5) - p0
+    nsrc = (nbits + 31) >> 5
+    if nfull > 0:
+        dst[p0] = (np.int64(src[s0]) << d) & 0xFFFFFFFF
+    if d == 0:
+        for j in range(1, nfull):
+            dst[p0 + j] = src[s0 + j]
+    else:
+        for j in range(1, nfull):
+            dst[p0 + j] = (((np.int64(src[s0 + j]) << d) | (np.int64(src[s0 + j - 1]) >> (32 - d)))
+                           & 0xFFFFFFFF)
+    if end & 31 == 0:
+        return np.int64(0)
+    cur = np.int64(src[s0 + nfull]) if nfull < nsrc else np.int64(0)
+    prev = np.int64(src[s0 + nfull - 1]) if nfull >= 1 and d else np.int64(0)
+    return ((cur << d) | (prev >> (32 - d))) & 0xFFFFFFFF
+
+
 # ------------------------------------------------------------- bit-sliced homomorphic sum
 #
 # Two quantized blocks add on bit-planes, as v1's bit-sliced add does: word j of a plane
