@@ -263,6 +263,34 @@ def test_add_on_planes_and_lane_by_lane_equals_the_reference(seed, n_tail):
     assert 3 << 10 in validate_v2(s32).table.tolist()
 
 
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_chunks_packed_while_planned_and_written_again_give_the_same_bytes(dt):
+    # The plan pass packs a chunk into its scratch region when its payload fits (a
+    # quarter of a float32 chunk); a denser chunk, or one with raw blocks, is quantized
+    # again by the write pass. Streams mixing both, on 1 and 2 threads, are the reference's.
+    from test_compressor_reference import ref_compress_v2
+
+    rng = np.random.default_rng(5)
+    chunk = cpu_blocks.CHUNK_BLOCKS * 32
+    sparse = np.where(rng.random(chunk) < 0.01, rng.standard_normal(chunk), 0.0)
+    dense = rng.standard_normal(chunk) * 100  # about 9 bits a value: written again
+    raw = sparse.copy()
+    raw[::97] = np.nan
+    x = np.concatenate([sparse, dense, raw] * 3 + [dense[:1000], sparse[:77]]).astype(dt)
+    assert x.size > cpu_blocks.SERIAL_BELOW  # chunks run in parallel
+    eb = 0.05
+    outs = []
+    prev = numba.get_num_threads()
+    try:
+        for t in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(t)
+            outs.append(compress_abs(x, eb, version=2).tobytes())
+    finally:
+        numba.set_num_threads(prev)
+    assert all(o == outs[0] for o in outs)
+    assert outs[0] == ref_compress_v2(x, eb)
+
+
 def test_add_ignores_mask_bits_of_padding_lanes():
     # A hostile but valid stream: the partial last block is PP(1, 0) (64 payload bits
     # whatever its mask), with a mask bit set on a padding lane. The sum, as the format

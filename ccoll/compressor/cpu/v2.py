@@ -35,9 +35,12 @@ from ccoll.compressor.cpu.blocks import (
     _threads_for,
 )
 from ccoll.compressor.cpu.intrinsics import (
+    _bitlen,
     _bits_from_f64,
     _f32_from_bits,
     _f64_from_bits,
+    _neg_mask,
+    _plane_of,
     _round_like,
 )
 from ccoll.compressor.cpu.v2blocks import (
@@ -50,7 +53,6 @@ from ccoll.compressor.cpu.v2blocks import (
     NO_BLOCK,
     PLANES_MAX_W,
     _choose,
-    _choose_mc,
     _choose_planes,
     _code_bits,
     _copy_bits,
@@ -78,11 +80,11 @@ __all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validat
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
+def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
     """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
 
-    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``mag`` receives ``|q|`` (padding
-    lanes 0).
+    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``q`` receives the quantized
+    values and ``mag`` their magnitudes (padding lanes 0).
     """
     m = xb.size
     bad = np.int64(0)
@@ -99,12 +101,14 @@ def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
             ok = inr & (abs(yd - xd) < eb)
             bad += np.int64(not ok)
             a = abs(qi)
+            q[l] = qi
             mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     else:
         for l in range(BLOCK):
             a = np.int64(0)
+            qi = np.int64(0)
             if l < m:
                 xd = np.float64(xb[l])
                 v = xd / step
@@ -115,29 +119,54 @@ def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
                 ok = inr & (abs(yd - xd) < eb)
                 bad += np.int64(not ok)
                 a = abs(qi)
+            q[l] = qi
             mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     return bad, mx, c
 
 
+# Scratch words per chunk of the lossy plan pass: 8 per block (a quarter of a float32
+# block). A chunk whose payload fits is packed there while it is planned, so it is
+# quantized once; a chunk that does not fit (dense or raw data, ratio below 4 in float32)
+# is quantized again by the write pass, as before. The scratch is a quarter of a float32
+# input (an eighth of a float64 one) and only the words written are touched.
+SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
-    """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums."""
+def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits, S,
+                omasks, packed):  # type: ignore[no-untyped-def]
+    """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums.
+
+    Each chunk's payload also goes to its region of ``S`` (from word
+    ``c * SCRATCH_WORDS``) and its mask words to ``omasks[b0:]``, with ``packed[c] = 1``,
+    unless it would not fit.
+    """
     n = x.size
     nblocks = codes.size
     is32 = x.itemsize == 4
+    wide = not is32
     rawbits = 1024 if is32 else 2048
+    room = (SCRATCH_WORDS - 1) * 32
     for c in prange(chunk_nnz.size):
+        q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
+        T = np.empty(BLOCK, np.int64)
+        Sk = np.empty(BLOCK, np.int64)
+        H = np.empty(BLOCK, np.int64)
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        s0 = c * SCRATCH_WORDS * 32
+        sp, sa, sn = _writer_at(s0)
+        pack = True
         nz = 0
         nm = 0
         bits = 0
         for b in range(b0, b1):
             base = b * BLOCK
-            xb = x[base : min(base + BLOCK, n)]
+            e = min(base + BLOCK, n)
+            xb = x[base:e]
             if xb.size == BLOCK:
                 tiny = True
                 for l in range(BLOCK):
@@ -145,7 +174,7 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits): 
                 if tiny:
                     codes[b] = NO_BLOCK
                     continue
-            bad, mx, nzc = _quantize_v2(xb, eb, step, mag)
+            bad, mx, nzc = _quantize_v2(xb, eb, step, q, mag)
             if bad:
                 code = CODE_RAW_V2
                 size = rawbits
@@ -153,11 +182,29 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits): 
                 codes[b] = NO_BLOCK
                 continue
             else:
-                code, size = _choose_mc(mag, mx, nzc)
-                nm += (code >> 10) == KIND_PP
+                # Rules 3-4 on the bit-planes of |q| (one vector op each): p_k are
+                # population counts, and the payload is written from the same planes.
+                w = _bitlen(mx)
+                for j in range(w):
+                    T[j] = np.int64(_plane_of(mag, j))
+                code = _choose_planes(T, w, Sk)
+                M = Sk[(code >> 5) & 31] if (code >> 10) == KIND_PP else np.int64(0)
+                size = _code_bits(code, M, is32)
+            pack = pack and bits + size <= room
+            if pack:
+                if bad:
+                    sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, bits_[base:e], e - base, wide)
+                else:
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, _neg_mask(q), H)
+                    if (code >> 10) == KIND_PP:
+                        omasks[b0 + nm] = M
+            nm += (code >> 10) == KIND_PP
             codes[b] = code
             nz += 1
             bits += size
+        if pack and sn:
+            S[sp] = sa
+        packed[c] = pack
         chunk_nnz[c] = nz
         chunk_nmask[c] = nm
         chunk_bits[c] = bits
@@ -200,12 +247,35 @@ def _presence(codes, present):  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, nogil=True, cache=True)
 def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap, idx, masks,
-              pay, last_idx, last_pay):  # type: ignore[no-untyped-def]
-    """Pass 2: bitmap, index fields, mask words and payload of every chunk."""
+              pay, last_idx, last_pay, S, omasks, packed, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+    """Pass 2: bitmap, index fields, mask words and payload of every chunk.
+
+    A chunk the plan pass packed (``packed[c]``) is moved from its scratch region word-wise
+    (:func:`_place_words`); the others are quantized again and packed here.
+    """
     n = x.size
     nblocks = codes.size
     wide = x.itemsize == 8
     for c in prange(chunk_k.size):
+        if packed[c]:
+            ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
+            b0 = c * CHUNK_BLOCKS
+            b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+            word = np.int64(0)
+            for b in range(b0, b1):
+                code = np.int64(codes[b])
+                if code >= 0:
+                    word |= np.int64(1) << (b & 31)
+                    ipos, iacc, inb = _put(idx, ipos, iacc, inb, rank[code], ib)
+                if (b & 31) == 31 or b == b1 - 1:
+                    bitmap[b >> 5] = word
+                    word = 0
+            r = chunk_r[c]
+            for i in range(chunk_nmask[c]):
+                masks[r + i] = omasks[b0 + i]
+            last_idx[c] = iacc if inb else 0
+            last_pay[c] = _place_words(S, c * SCRATCH_WORDS, pay, chunk_o[c], chunk_bits[c])
+            continue
         q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
         tmp = np.empty(BLOCK, np.uint32)
@@ -334,14 +404,17 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
     bits_ = flat.view(np.uint32) if is32 else flat.view(np.uint64)
     step = 2.0 * eb
     present = np.zeros(NCODES, np.uint8)
+    packed = np.zeros(nch, np.uint8)
+    omasks = np.empty(nblocks if eb else 0, np.uint32)
+    S = np.empty(nch * SCRATCH_WORDS if eb else 0, np.uint32)
     if nblocks:
         with _threads_for(n):
             if eb == 0.0:
                 mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
                 _plan_lossless(bits_, mask, is32, codes, chunk_nnz, chunk_nmask, chunk_bits)
             else:
-                _plan_lossy(flat, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
-                            chunk_nmask, chunk_bits)
+                _plan_lossy(flat, bits_, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
+                            chunk_nmask, chunk_bits, S, omasks, packed)
         _presence(codes, present)
     table, rank, ib = _table_of(present)
     chunk_k, nnz = _scan(chunk_nnz)
@@ -361,7 +434,8 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
         last_pay = np.empty(nch, np.int64)
         with _threads_for(n):
             _write_v2(flat, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap,
-                      idx, masks, pay, last_idx, last_pay)
+                      idx, masks, pay, last_idx, last_pay, S, omasks, packed, chunk_nmask,
+                      chunk_bits)
         _merge_last(idx, iends, last_idx)
         _merge_last(pay, pends, last_pay)
     return res
