@@ -61,6 +61,7 @@ from ccoll.compressor.cpu.v2blocks import (
     _emit_raw_bits,
     _get,
     _place_words,
+    _push,
     _put,
     _qwidth,
     _read_planes,
@@ -279,8 +280,11 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
         q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
         tmp = np.empty(BLOCK, np.uint32)
+        # The payload goes to a buffer of the chunk's own first (the emitters store
+        # words before they are complete), then to its bit offset.
+        P = np.empty(CHUNK_BLOCKS * (64 if wide else 32) + 1, np.uint32)
         ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
-        ppos, pacc, pnb = _writer_at(chunk_o[c])
+        ppos, pacc, pnb = _writer_at(0)
         r = chunk_r[c]
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
@@ -294,7 +298,7 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
                 e = min(base + BLOCK, n)
                 m = e - base
                 if (code >> 10) == KIND_RAW:
-                    ppos, pacc, pnb = _emit_raw_bits(pay, ppos, pacc, pnb, bits_[base:e], m, wide)
+                    ppos, pacc, pnb = _emit_raw_bits(P, ppos, pacc, pnb, bits_[base:e], m, wide)
                 else:
                     xb = x[base:e]
                     if m == BLOCK:
@@ -310,15 +314,17 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
                                 qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
                             q[l] = qi
                             mag[l] = abs(qi)
-                    ppos, pacc, pnb, M = _emit_q(pay, ppos, pacc, pnb, code, q, mag, tmp)
+                    ppos, pacc, pnb, M = _emit_q(P, ppos, pacc, pnb, code, q, mag, tmp)
                     if (code >> 10) == KIND_PP:
                         masks[r] = M
                         r += 1
             if (b & 31) == 31 or b == b1 - 1:
                 bitmap[b >> 5] = word
                 word = 0
+        if pnb:
+            P[ppos] = pacc
         last_idx[c] = iacc if inb else 0
-        last_pay[c] = pacc if pnb else 0
+        last_pay[c] = _place_words(P, 0, pay, chunk_o[c], chunk_bits[c])
 
 
 def _merge_last(W: np.ndarray, ends: np.ndarray, last: np.ndarray) -> None:
@@ -666,8 +672,8 @@ def _emit_raw_sum(S, pos, acc, nb, ka, qa, ra, kb, qb, rb, m, step, is32):  # ty
         if l < m:
             s = _lane_value(ka, qa, ra, l, step, is32) + _lane_value(kb, qb, rb, l, step, is32)
             bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
-        pos, acc, nb = _put(S, pos, acc, nb, bits & 0xFFFFFFFF, 32)
-        pos, acc, nb = _put(S, pos, acc, nb, (bits >> 32) & 0xFFFFFFFF, 32)
+        pos, acc, nb = _push(S, pos, acc, nb, bits & 0xFFFFFFFF, 32)
+        pos, acc, nb = _push(S, pos, acc, nb, (bits >> 32) & 0xFFFFFFFF, 32)
     return pos, acc, nb
 
 

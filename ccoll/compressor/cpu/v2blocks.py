@@ -66,6 +66,24 @@ def _put(W, pos, acc, nb, val, w):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _push(W, pos, acc, nb, val, w):  # type: ignore[no-untyped-def]
+    """:func:`_put` without a branch, for a buffer that only this writer touches.
+
+    The pending word is stored whether or not it is complete (a later field or the
+    caller's final store overwrites it), so whether a word completes costs no branch
+    misprediction. The buffer needs one word of room after the last field's word.
+    """
+    acc |= val << nb
+    nb += w
+    W[pos] = acc & 0xFFFFFFFF
+    full = nb >> 5
+    pos += full
+    acc >>= full << 5
+    nb &= 31
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _get(W, pos, acc, nb, w):  # type: ignore[no-untyped-def]
     """Read a ``w``-bit field (``w <= 32``); a word is loaded only when its bits are needed."""
     if nb < w:
@@ -196,13 +214,13 @@ def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
             posf |= l << (5 * i)
             sg |= ((sign >> l) & 1) << i
             mm &= mm - 1
-        pos, acc, nb = _put(W, pos, acc, nb, posf, 5 * c)
-        pos, acc, nb = _put(W, pos, acc, nb, sg, c)
+        pos, acc, nb = _push(W, pos, acc, nb, posf, 5 * c)
+        pos, acc, nb = _push(W, pos, acc, nb, sg, c)
         if b:
             mm = nzm
             for _ in range(c):
                 l = _tzcnt(mm)
-                pos, acc, nb = _put(W, pos, acc, nb, np.int64(mag[l]) - 1, b)
+                pos, acc, nb = _push(W, pos, acc, nb, np.int64(mag[l]) - 1, b)
                 mm &= mm - 1
         return pos, acc, nb, np.int64(0)
     k = a
@@ -213,11 +231,11 @@ def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
         M |= np.int64(mag[l] >= thr) << l
     p = _popcount(M)
     if k == 0:
-        pos, acc, nb = _put(W, pos, acc, nb, _pext64(sign, M), p)
+        pos, acc, nb = _push(W, pos, acc, nb, _pext64(sign, M), p)
     else:
-        pos, acc, nb = _put(W, pos, acc, nb, sign, 32)
+        pos, acc, nb = _push(W, pos, acc, nb, sign, 32)
     for j in range(k):
-        pos, acc, nb = _put(W, pos, acc, nb, np.int64(_plane_of(mag, j)), 32)
+        pos, acc, nb = _push(W, pos, acc, nb, np.int64(_plane_of(mag, j)), 32)
     nbh = p * h
     if h and nbh <= 64:
         for l in range(BLOCK):
@@ -228,15 +246,15 @@ def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
         for j in range(h):
             hb |= _pdep64(_pext64(np.int64(_plane_of(tmp, j)), M), rep << j)
         if nbh > 32:
-            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
-            pos, acc, nb = _put(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
         else:
-            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
     elif h:
         mm = M
         while mm:
             l = _tzcnt(mm)
-            pos, acc, nb = _put(W, pos, acc, nb, (np.int64(mag[l]) >> k) - 1, h)
+            pos, acc, nb = _push(W, pos, acc, nb, (np.int64(mag[l]) >> k) - 1, h)
             mm &= mm - 1
     return pos, acc, nb, M
 
@@ -247,10 +265,10 @@ def _emit_raw_bits(W, pos, acc, nb, bb, m, wide):  # type: ignore[no-untyped-def
     for l in range(BLOCK):
         v = np.int64(bb[l]) if l < m else np.int64(0)
         if wide:
-            pos, acc, nb = _put(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
-            pos, acc, nb = _put(W, pos, acc, nb, (v >> 32) & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (v >> 32) & 0xFFFFFFFF, 32)
         else:
-            pos, acc, nb = _put(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
     return pos, acc, nb
 
 
@@ -556,10 +574,10 @@ def _put_fields(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
         for j in range(h):
             hb |= _pdep64(_pext64(H[j], L), rep << j)
         if nbh > 32:
-            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
-            pos, acc, nb = _put(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
         else:
-            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
         return pos, acc, nb
     mm = L
     while mm:
@@ -567,7 +585,7 @@ def _put_fields(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
         val = np.int64(0)
         for j in range(h):
             val |= ((H[j] >> l) & 1) << j
-        pos, acc, nb = _put(W, pos, acc, nb, val, h)
+        pos, acc, nb = _push(W, pos, acc, nb, val, h)
         mm &= mm - 1
     return pos, acc, nb
 
@@ -590,8 +608,8 @@ def _emit_planes(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untype
         for i in range(c):
             posf |= _tzcnt(mm) << (5 * i)
             mm &= mm - 1
-        pos, acc, nb = _put(W, pos, acc, nb, posf, 5 * c)
-        pos, acc, nb = _put(W, pos, acc, nb, _pext64(neg, nzm), c)
+        pos, acc, nb = _push(W, pos, acc, nb, posf, 5 * c)
+        pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, nzm), c)
         if b:
             borrow = nzm  # |q| - 1 on the non-zero lanes
             for j in range(b):
@@ -605,11 +623,11 @@ def _emit_planes(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untype
     L = S[k]
     p = _popcount(L)
     if k == 0:
-        pos, acc, nb = _put(W, pos, acc, nb, _pext64(neg, L), p)
+        pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, L), p)
     else:
-        pos, acc, nb = _put(W, pos, acc, nb, neg, 32)
+        pos, acc, nb = _push(W, pos, acc, nb, neg, 32)
     for j in range(k):
-        pos, acc, nb = _put(W, pos, acc, nb, T[j], 32)
+        pos, acc, nb = _push(W, pos, acc, nb, T[j], 32)
     if h:
         borrow = L  # (|q| >> k) - 1 on the high lanes
         for j in range(h):
@@ -625,11 +643,11 @@ def _copy_bits(Wi, rpos, racc, rnb, Wo, wpos, wacc, wnb, nbits):  # type: ignore
     """Copy ``nbits`` bits from a reader to a writer (a block moved unchanged)."""
     while nbits >= 32:
         v, rpos, racc, rnb = _get(Wi, rpos, racc, rnb, 32)
-        wpos, wacc, wnb = _put(Wo, wpos, wacc, wnb, v, 32)
+        wpos, wacc, wnb = _push(Wo, wpos, wacc, wnb, v, 32)
         nbits -= 32
     if nbits:
         v, rpos, racc, rnb = _get(Wi, rpos, racc, rnb, nbits)
-        wpos, wacc, wnb = _put(Wo, wpos, wacc, wnb, v, nbits)
+        wpos, wacc, wnb = _push(Wo, wpos, wacc, wnb, v, nbits)
     return rpos, racc, rnb, wpos, wacc, wnb
 
 
