@@ -2,17 +2,19 @@
 
 The work is split into chunks of ``CHUNK_BLOCKS`` blocks as in version 1, and ``prange``
 runs over chunks. Compression is a plan pass (every block's code and payload bits, per
-chunk: non-zero blocks, patched-planes blocks and bits), the code table from the codes
-present, three exclusive scans over the chunks (index field, mask word, payload bit), and
-a write pass that quantizes again and packs each chunk at its offsets. Neighbouring chunks
+chunk: non-zero blocks, patched-planes blocks and bits; a chunk whose payload fits in its
+scratch region is also packed there), the code table from the codes present, three
+exclusive scans over the chunks (index field, mask word, payload bit), and a write pass
+that moves each packed chunk to its offsets word-wise, or quantizes a chunk that did not
+fit again and packs it. Neighbouring chunks
 share at most one word of the index and one of the payload; each chunk returns its last,
 partial word, and those are OR'd in afterwards (docs/format.md, "Offsets (version 2)"),
 so the bytes do not depend on the number of threads.
 
 Decompression validates header, bitmap, table, index, mask count and sizes (docs/format.md,
-"Robustness (version 2)") before a pass reads the payload. The homomorphic sum writes each
-chunk's payload into its own region of a scratch buffer, then moves every chunk to its bit
-offset.
+"Robustness (version 2)") before a pass reads the payload. The homomorphic sum adds two
+quantized blocks on their bit-planes (v2blocks), writes each chunk's payload into its own
+region of a scratch buffer, then moves every chunk to its bit offset.
 """
 
 from __future__ import annotations
@@ -701,6 +703,40 @@ def _read_side(W, pos, acc, nb, code, M, is32, qv, lo, hi, rv):  # type: ignore[
     return pos, acc, nb, np.int64(0)
 
 
+@njit(nogil=True, cache=True)
+def _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32, m, step, S, sp, sa,
+               sn, qa, qb, qs, ra, rb, lo, mag, tmp):  # type: ignore[no-untyped-def]
+    """Sum of two non-zero blocks lane by lane, into the writer ``S, sp, sa, sn``.
+
+    For the blocks the planes do not take (a raw block on either side, or magnitudes wider
+    than ``PLANES_MAX_W``). It is rare, so it is called, not inlined: inlined beside the
+    planes it doubled the add kernel's compile time. Returns both readers' and the
+    writer's state, the sum's code (``NO_BLOCK`` for a zero sum), its mask word and an
+    error flag (sparse positions not increasing).
+    """
+    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
+    code = np.int64(NO_BLOCK)
+    M = np.int64(0)
+    ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
+    bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
+    if e1 or e2:
+        return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, True
+    ka = codea >> 10
+    kb = codeb >> 10
+    raw = ka > 1 or kb > 1
+    if not raw:
+        big, orq = _sum_q(qa, qb, qs, mag, m)
+        if big:
+            raw = True
+        elif orq != 0:
+            code, _ = _choose(qs, mag)
+            sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
+    if raw:
+        code = rawsum
+        sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step, is32)
+    return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, False
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib_b, mb, ckb,
                    crb, cob, n, is32, step, ocodes, omasks, bitmap, reg, S, chunk_nnz,
@@ -711,7 +747,6 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
     block), bitmap words in place.
     """
     nblocks = ocodes.size
-    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
     for c in prange(chunk_nnz.size):
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
@@ -789,26 +824,13 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                     code = _choose_planes(T, w, Sk)
                     sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, neg, Pa)
             else:
-                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
-                bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
-                if e1 or e2:
+                m = min(BLOCK, n - b * BLOCK)
+                (ap, aa, an, bp, ba, bn, sp, sa, sn, code, M,
+                 err) = _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32,
+                                   m, step, S, sp, sa, sn, qa, qb, qs, ra, rb, lo, mag, tmp)
+                if err:
                     errs[c] = 1
                     break
-                m = min(BLOCK, n - b * BLOCK)
-                ka = codea >> 10
-                kb = codeb >> 10
-                raw = ka > 1 or kb > 1
-                if not raw:
-                    big, orq = _sum_q(qa, qb, qs, mag, m)
-                    if big:
-                        raw = True
-                    elif orq != 0:
-                        code, _ = _choose(qs, mag)
-                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
-                if raw:
-                    code = rawsum
-                    sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,
-                                               is32)
             if code >= 0:
                 word |= np.int64(1) << (b & 31)
                 ocodes[b0 + nz] = code
