@@ -133,7 +133,8 @@ def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
 # block). A chunk whose payload fits is packed there while it is planned, so it is
 # quantized once; a chunk that does not fit (dense or raw data, ratio below 4 in float32)
 # is quantized again by the write pass, as before. The scratch is a quarter of a float32
-# input (an eighth of a float64 one) and only the words written are touched.
+# input (an eighth of a float64 one); with transparent huge pages most of it counts
+# towards peak memory (docs/performance.md, "Format v2 on the CPU").
 SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
 
 
