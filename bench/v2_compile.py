@@ -2,7 +2,8 @@
 
 Part 1 compiles from an empty numba cache (a fresh directory in ``NUMBA_CACHE_DIR``, so
 the repository's own cache is neither used nor touched) and reports the seconds of each
-operation's first call on a small input: ``compress``, ``decompress``, ``add`` and
+operation's first call on a small input (wall clock, and the process's CPU time, which
+other load on the machine does not inflate): ``compress``, ``decompress``, ``add`` and
 ``add_data`` of version-2 streams, float32 then float64 (v1's kernels, which the same
 first call also compiles, are warmed up before each timed call). Part 2 (``--speed``)
 times v1 and v2 on the concatenation of each bundled dump at REL 1e-2, 1e-3 and 1e-4 with
@@ -35,14 +36,16 @@ for dt in (np.float32, np.float64):
     x = (np.random.default_rng(0).standard_normal(5000) * 1e-2).astype(dt)
     ccoll.decompress(api.add(ccoll.compress(x, ccoll.ABS(1e-3)), api.add_data(
         ccoll.compress(x, ccoll.ABS(1e-3)), x)))  # v1 kernels, outside the timings
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     s = ccoll.compress(x, ccoll.ABS(1e-3), version=2)
-    print(f"{np.dtype(dt).name:8s} compress   {time.perf_counter() - t:7.1f} s", flush=True)
+    print(f"{np.dtype(dt).name:8s} compress   {time.perf_counter() - t:7.1f} s"
+          f"  ({time.process_time() - c:6.1f} s CPU)", flush=True)
     for name, fn in [("decompress", lambda: ccoll.decompress(s)), ("add", lambda: api.add(s, s)),
                      ("add_data", lambda: api.add_data(s, x))]:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn()
-        print(f"{np.dtype(dt).name:8s} {name:10s} {time.perf_counter() - t:7.1f} s", flush=True)
+        print(f"{np.dtype(dt).name:8s} {name:10s} {time.perf_counter() - t:7.1f} s"
+              f"  ({time.process_time() - c:6.1f} s CPU)", flush=True)
 """
 
 

@@ -204,6 +204,113 @@ def test_add_overflow_and_raw_give_raw_float64_blocks():
     assert h.nterms == 2
 
 
+def _block_of(rng: np.random.Generator, kind: str) -> np.ndarray:
+    """32 integers (so ``q`` itself at ``eb = 0.5``) that make blocks of every shape."""
+    q = np.zeros(32, np.int64)
+    if kind == "sparse":  # 1..4 non-zeros: SP(c, v)
+        lanes = rng.choice(32, int(rng.integers(1, 5)), replace=False)
+        q[lanes] = rng.integers(1, 2 ** int(rng.integers(1, 12)), lanes.size)
+    elif kind == "k0":  # many small values, a few larger: PP(0, h)
+        q[:] = rng.integers(0, 2, 32) * rng.integers(1, 3, 32)
+        q[rng.integers(0, 32, 3)] = rng.integers(1, 60, 3)
+    elif kind == "wide_highs":  # 22 values in 2..8: PP(0, 3), p * h = 66 > 64 bits of highs
+        lanes = rng.choice(32, 22, replace=False)
+        q[lanes] = rng.integers(2, 9, 22)
+        q[lanes[0]] = 8
+    elif kind == "dense":  # every lane up to 2^10: PP(k > 0, h), the 32-bit sign word
+        q[:] = rng.integers(0, 1024, 32)
+    elif kind == "narrow_max":  # 2^29 - 1 (29 bits): the widest that adds on planes
+        q[:] = rng.integers(0, 2**29, 32)
+        q[rng.integers(0, 32)] = 2**29 - 1
+    elif kind == "too_wide":  # 30 bits: added lane by lane, as is a raw overflow (2^30 + 2^30)
+        q[:] = rng.integers(0, 2**30, 32)
+        q[rng.integers(0, 32)] = 2**30
+    return q * rng.choice([-1, 1], 32)
+
+
+BLOCK_KINDS = ["zero", "sparse", "k0", "wide_highs", "dense", "narrow_max", "too_wide"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("n_tail", [0, 1, 17])
+def test_add_on_planes_and_lane_by_lane_equals_the_reference(seed, n_tail):
+    # Every pair of block kinds side by side (quantized pairs up to 29 bits add on their
+    # bit-planes, wider ones and raw blocks lane by lane), cancellations, and a partial
+    # last block; the bytes are the slow reference's.
+    from test_compressor_reference import ref_add_v2
+
+    from ccoll.compressor.cpu.v2 import validate_v2
+
+    rng = np.random.default_rng(seed)
+    pairs = [(ka, kb) for ka in BLOCK_KINDS for kb in BLOCK_KINDS]
+    qa = np.concatenate([_block_of(rng, ka) for ka, _ in pairs] + [np.arange(n_tail)])
+    qb = np.concatenate([_block_of(rng, kb) for _, kb in pairs] + [-np.arange(n_tail) // 2])
+    qb[32 * 7 : 32 * 14] = -qa[32 * 7 : 32 * 14]  # sparse blocks that cancel: zero blocks
+    a = compress_abs(qa.astype(np.float64), 0.5, version=2)
+    b = compress_abs(qb.astype(np.float64), 0.5, version=2)
+    s = add(a, b)
+    assert s.tobytes() == ref_add_v2(a.tobytes(), b.tobytes())
+    assert np.array_equal(decompress(s), (qa + qb).astype(np.float64))
+    codes = set(validate_v2(a).table.tolist()) | set(validate_v2(s).table.tolist())
+    assert {0, 1} <= {c >> 10 for c in codes}  # patched planes and sparse
+    assert any(c >> 10 == 0 and (c >> 5) & 31 > 0 for c in codes)  # k > 0 (sign word)
+    assert 3 in codes  # PP(0, 3): the 66 bits of highs of "wide_highs"
+    # 30-bit blocks in a float32 stream: the sum of two overflows to raw (kind 3)
+    big = np.concatenate([_block_of(rng, "too_wide") for _ in range(3)]).astype(np.float32)
+    a32 = compress_abs(big, 0.5, version=2)
+    s32 = add(a32, a32)
+    assert s32.tobytes() == ref_add_v2(a32.tobytes(), a32.tobytes())
+    assert 3 << 10 in validate_v2(s32).table.tolist()
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_chunks_packed_while_planned_and_written_again_give_the_same_bytes(dt):
+    # The plan pass packs a chunk into its scratch region when its payload fits (a
+    # quarter of a float32 chunk); a denser chunk, or one with raw blocks, is quantized
+    # again by the write pass. Streams mixing both, on 1 and 2 threads, are the reference's.
+    from test_compressor_reference import ref_compress_v2
+
+    rng = np.random.default_rng(5)
+    chunk = cpu_blocks.CHUNK_BLOCKS * 32
+    sparse = np.where(rng.random(chunk) < 0.01, rng.standard_normal(chunk), 0.0)
+    dense = rng.standard_normal(chunk) * 100  # about 9 bits a value: written again
+    raw = sparse.copy()
+    raw[::97] = np.nan
+    x = np.concatenate([sparse, dense, raw] * 3 + [dense[:1000], sparse[:77]]).astype(dt)
+    assert x.size > cpu_blocks.SERIAL_BELOW  # chunks run in parallel
+    eb = 0.05
+    outs = []
+    prev = numba.get_num_threads()
+    try:
+        for t in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(t)
+            outs.append(compress_abs(x, eb, version=2).tobytes())
+    finally:
+        numba.set_num_threads(prev)
+    assert all(o == outs[0] for o in outs)
+    assert outs[0] == ref_compress_v2(x, eb)
+
+
+def test_add_ignores_mask_bits_of_padding_lanes():
+    # A hostile but valid stream: the partial last block is PP(1, 0) (64 payload bits
+    # whatever its mask), with a mask bit set on a padding lane. The sum, as the format
+    # says, sets padding lanes to 0 (both the plane and the lane-by-lane sums).
+    from test_compressor_reference import ref_add_v2
+
+    from ccoll.compressor.cpu.v2 import validate_v2
+
+    q = np.resize(np.array([3, -2, 1, 2, 3, -3, 1, 2], np.float64), 30)  # 30 valid lanes
+    a = compress_abs(q, 0.5, version=2)
+    assert validate_v2(a).table.tolist() == [1 << 5]  # PP(1, 0)
+    off = header(a).mask_offset
+    bad = a.copy()
+    bad[off : off + 4].view("<u4")[0] |= 1 << 30
+    assert np.array_equal(decompress(bad), q)
+    s = add(bad, bad)
+    assert s.tobytes() == ref_add_v2(bad.tobytes(), bad.tobytes())
+    assert np.array_equal(decompress(s), 2 * q)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**32 - 1), st.sampled_from([np.float32, np.float64]),
        st.sampled_from([0.0, 1e-4, 0.1]), st.integers(0, 700))

@@ -24,6 +24,7 @@ __all__ = [
     "_f32_from_bits",
     "_plane_of",
     "_or_plane",
+    "_neg_mask",
     "_round_like",
 ]
 
@@ -225,6 +226,27 @@ def _or_plane(typingctx, mag, p, j):  # type: ignore[no-untyped-def]
         builder.store(builder.or_(vec, builder.select(mask, bit, ir.Constant(_V32, None))), ptr,
                       align=4)
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_V64 = ir.VectorType(ir.IntType(64), 32)
+
+
+@intrinsic
+def _neg_mask(typingctx, q):  # type: ignore[no-untyped-def]
+    """Word with bit ``l`` set where ``q[l] < 0``, for the 32 int64 lanes of ``q``.
+
+    A vector compare and a mask move, where a loop of shifts and ORs does not vectorize
+    into one; ``q`` must be a C-contiguous int64 array of at least 32 elements.
+    """
+    sig = types.int64(q)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        vec = builder.load(builder.bitcast(arr.data, _V64.as_pointer()), align=8)
+        neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
+        return builder.zext(builder.bitcast(neg, _I32), ir.IntType(64))
 
     return sig, codegen
 

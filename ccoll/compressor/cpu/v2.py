@@ -2,17 +2,19 @@
 
 The work is split into chunks of ``CHUNK_BLOCKS`` blocks as in version 1, and ``prange``
 runs over chunks. Compression is a plan pass (every block's code and payload bits, per
-chunk: non-zero blocks, patched-planes blocks and bits), the code table from the codes
-present, three exclusive scans over the chunks (index field, mask word, payload bit), and
-a write pass that quantizes again and packs each chunk at its offsets. Neighbouring chunks
+chunk: non-zero blocks, patched-planes blocks and bits; a chunk whose payload fits in its
+scratch region is also packed there), the code table from the codes present, three
+exclusive scans over the chunks (index field, mask word, payload bit), and a write pass
+that moves each packed chunk to its offsets word-wise, or quantizes a chunk that did not
+fit again and packs it. Neighbouring chunks
 share at most one word of the index and one of the payload; each chunk returns its last,
 partial word, and those are OR'd in afterwards (docs/format.md, "Offsets (version 2)"),
 so the bytes do not depend on the number of threads.
 
 Decompression validates header, bitmap, table, index, mask count and sizes (docs/format.md,
-"Robustness (version 2)") before a pass reads the payload. The homomorphic sum writes each
-chunk's payload into its own region of a scratch buffer, then moves every chunk to its bit
-offset.
+"Robustness (version 2)") before a pass reads the payload. The homomorphic sum adds two
+quantized blocks on their bit-planes (v2blocks), writes each chunk's payload into its own
+region of a scratch buffer, then moves every chunk to its bit offset.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ from ccoll.compressor.cpu.blocks import (
     _threads_for,
 )
 from ccoll.compressor.cpu.intrinsics import (
+    _bitlen,
     _bits_from_f64,
     _f32_from_bits,
     _f64_from_bits,
+    _neg_mask,
+    _plane_of,
     _round_like,
 )
 from ccoll.compressor.cpu.v2blocks import (
@@ -48,17 +53,24 @@ from ccoll.compressor.cpu.v2blocks import (
     KIND_RAW64,
     NCODES,
     NO_BLOCK,
+    PLANES_MAX_W,
     _choose,
-    _choose_mc,
+    _choose_planes,
     _code_bits,
     _copy_bits,
+    _emit_planes,
     _emit_q,
     _emit_raw_bits,
     _get,
+    _place_words,
+    _push,
     _put,
+    _qwidth,
+    _read_planes,
     _read_q,
     _read_raw,
     _reader_at,
+    _sum_planes,
     _writer_at,
     code_valid,
 )
@@ -71,11 +83,11 @@ __all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validat
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
+def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
     """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
 
-    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``mag`` receives ``|q|`` (padding
-    lanes 0).
+    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``q`` receives the quantized
+    values and ``mag`` their magnitudes (padding lanes 0).
     """
     m = xb.size
     bad = np.int64(0)
@@ -92,12 +104,14 @@ def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
             ok = inr & (abs(yd - xd) < eb)
             bad += np.int64(not ok)
             a = abs(qi)
+            q[l] = qi
             mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     else:
         for l in range(BLOCK):
             a = np.int64(0)
+            qi = np.int64(0)
             if l < m:
                 xd = np.float64(xb[l])
                 v = xd / step
@@ -108,29 +122,55 @@ def _quantize_v2(xb, eb, step, mag):  # type: ignore[no-untyped-def]
                 ok = inr & (abs(yd - xd) < eb)
                 bad += np.int64(not ok)
                 a = abs(qi)
+            q[l] = qi
             mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     return bad, mx, c
 
 
+# Scratch words per chunk of the lossy plan pass: 8 per block (a quarter of a float32
+# block). A chunk whose payload fits is packed there while it is planned, so it is
+# quantized once; a chunk that does not fit (dense or raw data, ratio below 4 in float32)
+# is quantized again by the write pass, as before. The scratch is a quarter of a float32
+# input (an eighth of a float64 one); with transparent huge pages most of it counts
+# towards peak memory (docs/performance.md, "Format v2 on the CPU").
+SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
-    """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums."""
+def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits, S,
+                omasks, packed):  # type: ignore[no-untyped-def]
+    """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums.
+
+    Each chunk's payload also goes to its region of ``S`` (from word
+    ``c * SCRATCH_WORDS``) and its mask words to ``omasks[b0:]``, with ``packed[c] = 1``,
+    unless it would not fit.
+    """
     n = x.size
     nblocks = codes.size
     is32 = x.itemsize == 4
+    wide = not is32
     rawbits = 1024 if is32 else 2048
+    room = (SCRATCH_WORDS - 1) * 32
     for c in prange(chunk_nnz.size):
+        q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
+        T = np.empty(BLOCK, np.int64)
+        Sk = np.empty(BLOCK, np.int64)
+        H = np.empty(BLOCK, np.int64)
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        s0 = c * SCRATCH_WORDS * 32
+        sp, sa, sn = _writer_at(s0)
+        pack = True
         nz = 0
         nm = 0
         bits = 0
         for b in range(b0, b1):
             base = b * BLOCK
-            xb = x[base : min(base + BLOCK, n)]
+            e = min(base + BLOCK, n)
+            xb = x[base:e]
             if xb.size == BLOCK:
                 tiny = True
                 for l in range(BLOCK):
@@ -138,7 +178,7 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits): 
                 if tiny:
                     codes[b] = NO_BLOCK
                     continue
-            bad, mx, nzc = _quantize_v2(xb, eb, step, mag)
+            bad, mx, nzc = _quantize_v2(xb, eb, step, q, mag)
             if bad:
                 code = CODE_RAW_V2
                 size = rawbits
@@ -146,11 +186,29 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits): 
                 codes[b] = NO_BLOCK
                 continue
             else:
-                code, size = _choose_mc(mag, mx, nzc)
-                nm += (code >> 10) == KIND_PP
+                # Rules 3-4 on the bit-planes of |q| (one vector op each): p_k are
+                # population counts, and the payload is written from the same planes.
+                w = _bitlen(mx)
+                for j in range(w):
+                    T[j] = np.int64(_plane_of(mag, j))
+                code = _choose_planes(T, w, Sk)
+                M = Sk[(code >> 5) & 31] if (code >> 10) == KIND_PP else np.int64(0)
+                size = _code_bits(code, M, is32)
+            pack = pack and bits + size <= room
+            if pack:
+                if bad:
+                    sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, bits_[base:e], e - base, wide)
+                else:
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, _neg_mask(q), H)
+                    if (code >> 10) == KIND_PP:
+                        omasks[b0 + nm] = M
+            nm += (code >> 10) == KIND_PP
             codes[b] = code
             nz += 1
             bits += size
+        if pack and sn:
+            S[sp] = sa
+        packed[c] = pack
         chunk_nnz[c] = nz
         chunk_nmask[c] = nm
         chunk_bits[c] = bits
@@ -193,17 +251,43 @@ def _presence(codes, present):  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, nogil=True, cache=True)
 def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap, idx, masks,
-              pay, last_idx, last_pay):  # type: ignore[no-untyped-def]
-    """Pass 2: bitmap, index fields, mask words and payload of every chunk."""
+              pay, last_idx, last_pay, S, omasks, packed, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+    """Pass 2: bitmap, index fields, mask words and payload of every chunk.
+
+    A chunk the plan pass packed (``packed[c]``) is moved from its scratch region word-wise
+    (:func:`_place_words`); the others are quantized again and packed here.
+    """
     n = x.size
     nblocks = codes.size
     wide = x.itemsize == 8
     for c in prange(chunk_k.size):
+        if packed[c]:
+            ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
+            b0 = c * CHUNK_BLOCKS
+            b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+            word = np.int64(0)
+            for b in range(b0, b1):
+                code = np.int64(codes[b])
+                if code >= 0:
+                    word |= np.int64(1) << (b & 31)
+                    ipos, iacc, inb = _put(idx, ipos, iacc, inb, rank[code], ib)
+                if (b & 31) == 31 or b == b1 - 1:
+                    bitmap[b >> 5] = word
+                    word = 0
+            r = chunk_r[c]
+            for i in range(chunk_nmask[c]):
+                masks[r + i] = omasks[b0 + i]
+            last_idx[c] = iacc if inb else 0
+            last_pay[c] = _place_words(S, c * SCRATCH_WORDS, pay, chunk_o[c], chunk_bits[c])
+            continue
         q = np.empty(BLOCK, np.int64)
         mag = np.empty(BLOCK, np.uint32)
         tmp = np.empty(BLOCK, np.uint32)
+        # The payload goes to a buffer of the chunk's own first (the emitters store
+        # words before they are complete), then to its bit offset.
+        P = np.empty(CHUNK_BLOCKS * (64 if wide else 32) + 1, np.uint32)
         ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
-        ppos, pacc, pnb = _writer_at(chunk_o[c])
+        ppos, pacc, pnb = _writer_at(0)
         r = chunk_r[c]
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
@@ -217,7 +301,7 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
                 e = min(base + BLOCK, n)
                 m = e - base
                 if (code >> 10) == KIND_RAW:
-                    ppos, pacc, pnb = _emit_raw_bits(pay, ppos, pacc, pnb, bits_[base:e], m, wide)
+                    ppos, pacc, pnb = _emit_raw_bits(P, ppos, pacc, pnb, bits_[base:e], m, wide)
                 else:
                     xb = x[base:e]
                     if m == BLOCK:
@@ -233,15 +317,17 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
                                 qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
                             q[l] = qi
                             mag[l] = abs(qi)
-                    ppos, pacc, pnb, M = _emit_q(pay, ppos, pacc, pnb, code, q, mag, tmp)
+                    ppos, pacc, pnb, M = _emit_q(P, ppos, pacc, pnb, code, q, mag, tmp)
                     if (code >> 10) == KIND_PP:
                         masks[r] = M
                         r += 1
             if (b & 31) == 31 or b == b1 - 1:
                 bitmap[b >> 5] = word
                 word = 0
+        if pnb:
+            P[ppos] = pacc
         last_idx[c] = iacc if inb else 0
-        last_pay[c] = pacc if pnb else 0
+        last_pay[c] = _place_words(P, 0, pay, chunk_o[c], chunk_bits[c])
 
 
 def _merge_last(W: np.ndarray, ends: np.ndarray, last: np.ndarray) -> None:
@@ -327,14 +413,17 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
     bits_ = flat.view(np.uint32) if is32 else flat.view(np.uint64)
     step = 2.0 * eb
     present = np.zeros(NCODES, np.uint8)
+    packed = np.zeros(nch, np.uint8)
+    omasks = np.empty(nblocks if eb else 0, np.uint32)
+    S = np.empty(nch * SCRATCH_WORDS if eb else 0, np.uint32)
     if nblocks:
         with _threads_for(n):
             if eb == 0.0:
                 mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
                 _plan_lossless(bits_, mask, is32, codes, chunk_nnz, chunk_nmask, chunk_bits)
             else:
-                _plan_lossy(flat, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
-                            chunk_nmask, chunk_bits)
+                _plan_lossy(flat, bits_, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
+                            chunk_nmask, chunk_bits, S, omasks, packed)
         _presence(codes, present)
     table, rank, ib = _table_of(present)
     chunk_k, nnz = _scan(chunk_nnz)
@@ -354,7 +443,8 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
         last_pay = np.empty(nch, np.int64)
         with _threads_for(n):
             _write_v2(flat, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap,
-                      idx, masks, pay, last_idx, last_pay)
+                      idx, masks, pay, last_idx, last_pay, S, omasks, packed, chunk_nmask,
+                      chunk_bits)
         _merge_last(idx, iends, last_idx)
         _merge_last(pay, pends, last_pay)
     return res
@@ -585,8 +675,8 @@ def _emit_raw_sum(S, pos, acc, nb, ka, qa, ra, kb, qb, rb, m, step, is32):  # ty
         if l < m:
             s = _lane_value(ka, qa, ra, l, step, is32) + _lane_value(kb, qb, rb, l, step, is32)
             bits = _bits_from_f64(s) if s == s else np.int64(CANONICAL_NAN64)
-        pos, acc, nb = _put(S, pos, acc, nb, bits & 0xFFFFFFFF, 32)
-        pos, acc, nb = _put(S, pos, acc, nb, (bits >> 32) & 0xFFFFFFFF, 32)
+        pos, acc, nb = _push(S, pos, acc, nb, bits & 0xFFFFFFFF, 32)
+        pos, acc, nb = _push(S, pos, acc, nb, (bits >> 32) & 0xFFFFFFFF, 32)
     return pos, acc, nb
 
 
@@ -614,6 +704,40 @@ def _read_side(W, pos, acc, nb, code, M, is32, qv, lo, hi, rv):  # type: ignore[
     return pos, acc, nb, np.int64(0)
 
 
+@njit(nogil=True, cache=True)
+def _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32, m, step, S, sp, sa,
+               sn, qa, qb, qs, ra, rb, lo, mag, tmp):  # type: ignore[no-untyped-def]
+    """Sum of two non-zero blocks lane by lane, into the writer ``S, sp, sa, sn``.
+
+    For the blocks the planes do not take (a raw block on either side, or magnitudes wider
+    than ``PLANES_MAX_W``). It is rare, so it is called, not inlined: inlined beside the
+    planes it doubled the add kernel's compile time. Returns both readers' and the
+    writer's state, the sum's code (``NO_BLOCK`` for a zero sum), its mask word and an
+    error flag (sparse positions not increasing).
+    """
+    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
+    code = np.int64(NO_BLOCK)
+    M = np.int64(0)
+    ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
+    bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
+    if e1 or e2:
+        return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, True
+    ka = codea >> 10
+    kb = codeb >> 10
+    raw = ka > 1 or kb > 1
+    if not raw:
+        big, orq = _sum_q(qa, qb, qs, mag, m)
+        if big:
+            raw = True
+        elif orq != 0:
+            code, _ = _choose(qs, mag)
+            sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
+    if raw:
+        code = rawsum
+        sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step, is32)
+    return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, False
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib_b, mb, ckb,
                    crb, cob, n, is32, step, ocodes, omasks, bitmap, reg, S, chunk_nnz,
@@ -624,7 +748,6 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
     block), bitmap words in place.
     """
     nblocks = ocodes.size
-    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
     for c in prange(chunk_nnz.size):
         qa = np.empty(BLOCK, np.int64)
         qb = np.empty(BLOCK, np.int64)
@@ -634,6 +757,10 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
         lo = np.empty(BLOCK, np.uint32)
         mag = np.empty(BLOCK, np.uint32)
         tmp = np.empty(BLOCK, np.uint32)
+        Pa = np.empty(BLOCK, np.int64)
+        Pb = np.empty(BLOCK, np.int64)
+        T = np.empty(BLOCK, np.int64)
+        Sk = np.empty(BLOCK, np.int64)
         aip, aia, ain = _reader_at(ia, cka[c] * iba)
         ap, aa, an = _reader_at(Wa, coa[c])
         ar = cra[c]
@@ -683,27 +810,28 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                 M = Mb
                 bp, ba, bn, sp, sa, sn = _copy_bits(Wb, bp, ba, bn, S, sp, sa, sn,
                                                     _code_bits(codeb, Mb, is32))
-            else:
-                ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
-                bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
+            elif (codea >> 10) <= 1 and (codeb >> 10) <= 1 and \
+                    _qwidth(codea) <= PLANES_MAX_W and _qwidth(codeb) <= PLANES_MAX_W:
+                # Both quantized and narrow: summed on bit-planes, never raw (v2blocks).
+                m = min(BLOCK, n - b * BLOCK)
+                vm = (np.int64(1) << m) - 1 if m < BLOCK else np.int64(0xFFFFFFFF)
+                ap, aa, an, sga, wa, e1 = _read_planes(Wa, ap, aa, an, codea, Ma, vm, Pa)
+                bp, ba, bn, sgb, wb, e2 = _read_planes(Wb, bp, ba, bn, codeb, Mb, vm, Pb)
                 if e1 or e2:
                     errs[c] = 1
                     break
+                neg, w = _sum_planes(Pa, wa, sga, Pb, wb, sgb, T)
+                if w:
+                    code = _choose_planes(T, w, Sk)
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, neg, Pa)
+            else:
                 m = min(BLOCK, n - b * BLOCK)
-                ka = codea >> 10
-                kb = codeb >> 10
-                raw = ka > 1 or kb > 1
-                if not raw:
-                    big, orq = _sum_q(qa, qb, qs, mag, m)
-                    if big:
-                        raw = True
-                    elif orq != 0:
-                        code, _ = _choose(qs, mag)
-                        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
-                if raw:
-                    code = rawsum
-                    sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step,
-                                               is32)
+                (ap, aa, an, bp, ba, bn, sp, sa, sn, code, M,
+                 err) = _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32,
+                                   m, step, S, sp, sa, sn, qa, qb, qs, ra, rb, lo, mag, tmp)
+                if err:
+                    errs[c] = 1
+                    break
             if code >= 0:
                 word |= np.int64(1) << (b & 31)
                 ocodes[b0 + nz] = code
@@ -721,6 +849,15 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
         chunk_bits[c] = (sp * 32 + sn) - s0
 
 
+@njit(nogil=True, cache=True)
+def _presence_packed(ocodes, chunk_nnz, present):  # type: ignore[no-untyped-def]
+    """Mark the codes of a sum (a chunk's codes are packed at the start of its blocks)."""
+    for c in range(chunk_nnz.size):
+        b0 = c * CHUNK_BLOCKS
+        for i in range(b0, b0 + chunk_nnz[c]):
+            present[ocodes[i]] = 1
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _place_v2(ocodes, omasks, S, reg, rank, ib, chunk_nnz, chunk_nmask, chunk_bits, chunk_k,
               chunk_r, chunk_o, idx, masks, pay, last_idx, last_pay):  # type: ignore[no-untyped-def]
@@ -733,11 +870,8 @@ def _place_v2(ocodes, omasks, S, reg, rank, ib, chunk_nnz, chunk_nmask, chunk_bi
         r = chunk_r[c]
         for i in range(chunk_nmask[c]):
             masks[r + i] = omasks[b0 + i]
-        rp, ra, rn = _reader_at(S, reg[c] * 32)
-        wp, wa, wn = _writer_at(chunk_o[c])
-        rp, ra, rn, wp, wa, wn = _copy_bits(S, rp, ra, rn, pay, wp, wa, wn, chunk_bits[c])
         last_idx[c] = ia if inb else 0
-        last_pay[c] = wa if wn else 0
+        last_pay[c] = _place_words(S, reg[c], pay, chunk_o[c], chunk_bits[c])
 
 
 def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float, nterms: int,
@@ -747,9 +881,7 @@ def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float
     """Build the summed stream from the chunks' scratch regions (pass 2 of add/add_data)."""
     present = np.zeros(NCODES, np.uint8)
     nch = chunk_nnz.size
-    for c in range(nch):  # a chunk's codes are packed at the start of its blocks
-        b0 = c * CHUNK_BLOCKS
-        present[ocodes[b0 : b0 + chunk_nnz[c]]] = 1
+    _presence_packed(ocodes, chunk_nnz, present)
     table, rank, ib = _table_of(present)
     chunk_k, nnz = _scan(chunk_nnz)
     chunk_r, nmask = _scan(chunk_nmask)

@@ -66,6 +66,24 @@ def _put(W, pos, acc, nb, val, w):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _push(W, pos, acc, nb, val, w):  # type: ignore[no-untyped-def]
+    """:func:`_put` without a branch, for a buffer that only this writer touches.
+
+    The pending word is stored whether or not it is complete (a later field or the
+    caller's final store overwrites it), so whether a word completes costs no branch
+    misprediction. The buffer needs one word of room after the last field's word.
+    """
+    acc |= val << nb
+    nb += w
+    W[pos] = acc & 0xFFFFFFFF
+    full = nb >> 5
+    pos += full
+    acc >>= full << 5
+    nb &= 31
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _get(W, pos, acc, nb, w):  # type: ignore[no-untyped-def]
     """Read a ``w``-bit field (``w <= 32``); a word is loaded only when its bits are needed."""
     if nb < w:
@@ -196,13 +214,13 @@ def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
             posf |= l << (5 * i)
             sg |= ((sign >> l) & 1) << i
             mm &= mm - 1
-        pos, acc, nb = _put(W, pos, acc, nb, posf, 5 * c)
-        pos, acc, nb = _put(W, pos, acc, nb, sg, c)
+        pos, acc, nb = _push(W, pos, acc, nb, posf, 5 * c)
+        pos, acc, nb = _push(W, pos, acc, nb, sg, c)
         if b:
             mm = nzm
             for _ in range(c):
                 l = _tzcnt(mm)
-                pos, acc, nb = _put(W, pos, acc, nb, np.int64(mag[l]) - 1, b)
+                pos, acc, nb = _push(W, pos, acc, nb, np.int64(mag[l]) - 1, b)
                 mm &= mm - 1
         return pos, acc, nb, np.int64(0)
     k = a
@@ -213,11 +231,11 @@ def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
         M |= np.int64(mag[l] >= thr) << l
     p = _popcount(M)
     if k == 0:
-        pos, acc, nb = _put(W, pos, acc, nb, _pext64(sign, M), p)
+        pos, acc, nb = _push(W, pos, acc, nb, _pext64(sign, M), p)
     else:
-        pos, acc, nb = _put(W, pos, acc, nb, sign, 32)
+        pos, acc, nb = _push(W, pos, acc, nb, sign, 32)
     for j in range(k):
-        pos, acc, nb = _put(W, pos, acc, nb, np.int64(_plane_of(mag, j)), 32)
+        pos, acc, nb = _push(W, pos, acc, nb, np.int64(_plane_of(mag, j)), 32)
     nbh = p * h
     if h and nbh <= 64:
         for l in range(BLOCK):
@@ -228,15 +246,15 @@ def _emit_q(W, pos, acc, nb, code, q, mag, tmp):  # type: ignore[no-untyped-def]
         for j in range(h):
             hb |= _pdep64(_pext64(np.int64(_plane_of(tmp, j)), M), rep << j)
         if nbh > 32:
-            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
-            pos, acc, nb = _put(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
         else:
-            pos, acc, nb = _put(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
     elif h:
         mm = M
         while mm:
             l = _tzcnt(mm)
-            pos, acc, nb = _put(W, pos, acc, nb, (np.int64(mag[l]) >> k) - 1, h)
+            pos, acc, nb = _push(W, pos, acc, nb, (np.int64(mag[l]) >> k) - 1, h)
             mm &= mm - 1
     return pos, acc, nb, M
 
@@ -247,10 +265,10 @@ def _emit_raw_bits(W, pos, acc, nb, bb, m, wide):  # type: ignore[no-untyped-def
     for l in range(BLOCK):
         v = np.int64(bb[l]) if l < m else np.int64(0)
         if wide:
-            pos, acc, nb = _put(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
-            pos, acc, nb = _put(W, pos, acc, nb, (v >> 32) & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (v >> 32) & 0xFFFFFFFF, 32)
         else:
-            pos, acc, nb = _put(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, v & 0xFFFFFFFF, 32)
     return pos, acc, nb
 
 
@@ -340,19 +358,300 @@ def _read_raw(W, pos, acc, nb, wide, rb):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _place_words(src, s0, dst, o, nbits):  # type: ignore[no-untyped-def]
+    """Copy ``nbits`` bits from word ``s0`` of ``src`` to bit ``o`` of ``dst``, word-wise.
+
+    The bits of ``src`` after the ``nbits`` up to the end of their word must be 0. As a
+    writer started at ``o`` (:func:`_writer_at`) would, it stores every word of ``dst`` it
+    completes (the bits before ``o`` in the first one 0) and returns the last, partial
+    word (0 if none), so the caller ORs it in. One shift pair per word, no branch: the
+    loop vectorizes.
+    """
+    p0 = o >> 5
+    d = o & 31
+    end = o + nbits
+    nfull = (end >> 5) - p0
+    nsrc = (nbits + 31) >> 5
+    if nfull > 0:
+        dst[p0] = (np.int64(src[s0]) << d) & 0xFFFFFFFF
+    if d == 0:
+        for j in range(1, nfull):
+            dst[p0 + j] = src[s0 + j]
+    else:
+        for j in range(1, nfull):
+            dst[p0 + j] = (((np.int64(src[s0 + j]) << d) | (np.int64(src[s0 + j - 1]) >> (32 - d)))
+                           & 0xFFFFFFFF)
+    if end & 31 == 0:
+        return np.int64(0)
+    cur = np.int64(src[s0 + nfull]) if nfull < nsrc else np.int64(0)
+    prev = np.int64(src[s0 + nfull - 1]) if nfull >= 1 and d else np.int64(0)
+    return ((cur << d) | (prev >> (32 - d))) & 0xFFFFFFFF
+
+
+# ------------------------------------------------------------- bit-sliced homomorphic sum
+#
+# Two quantized blocks add on bit-planes, as v1's bit-sliced add does: word j of a plane
+# array holds bit j of all 32 lanes' magnitudes, so one 32-bit operation acts on 32 lanes.
+# A patched-planes block is nearly in that form already (its k low planes are payload
+# words; its high parts become planes with one pext and one pdep per plane), and so is
+# the sum that rules 3-4 code: the low planes are written as they are, the high parts
+# are the planes above k less one (a borrow chain), gathered back to lane order.
+
+# Blocks whose magnitudes have at most this many bits add on planes: the sum has at most
+# 30 bits (|q_a + q_b| <= 2^30 - 2 < 2^31 - 1), so it never overflows to raw.
+PLANES_MAX_W = 29
+_ALL = 0xFFFFFFFF
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _qwidth(code):  # type: ignore[no-untyped-def]
+    """Bound on the bit length of ``|q|`` in a quantized block of ``code`` (kind 0 or 1)."""
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        return b + 1  # |q| = field + 1 <= 2^b
+    return a + b + 1  # |q| = ((hi + 1) << k) + lo <= 2^(k+h) + 2^k - 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_planes(W, pos, acc, nb, code, M, vm, P):  # type: ignore[no-untyped-def]
+    """Read a quantized block (kind 0 or 1) as magnitude planes ``P[0:w]`` and a sign word.
+
+    Lanes outside ``vm`` (the valid lanes) are cleared, as the lane-wise sum does. Returns
+    the reader state, the sign word, ``w = _qwidth(code)`` and 0, or -1 for sparse
+    positions that are not strictly increasing. ``P`` holds at least ``w`` int64.
+    """
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        c = a + 1
+        w = b + 1
+        posf, pos, acc, nb = _get(W, pos, acc, nb, 5 * c)
+        sg, pos, acc, nb = _get(W, pos, acc, nb, c)
+        for j in range(w):
+            P[j] = 0
+        neg = np.int64(0)
+        prev = np.int64(-1)
+        bad = np.int64(0)
+        for i in range(c):
+            l = (posf >> (5 * i)) & 31
+            bad |= np.int64(l <= prev)
+            prev = l
+            val, pos, acc, nb = _get(W, pos, acc, nb, b)
+            val += 1
+            neg |= ((sg >> i) & 1) << l
+            for j in range(w):
+                P[j] |= ((val >> j) & 1) << l
+        for j in range(w):
+            P[j] &= vm
+        return pos, acc, nb, neg & vm, w, -bad
+    k = a
+    h = b
+    p = _popcount(M)
+    if k == 0:
+        g, pos, acc, nb = _get(W, pos, acc, nb, p)
+        neg = _pdep64(g, M)
+    else:
+        neg, pos, acc, nb = _get(W, pos, acc, nb, 32)
+    for j in range(k):
+        pl, pos, acc, nb = _get(W, pos, acc, nb, 32)
+        P[j] = pl & vm
+    nbh = p * h
+    if nbh <= 64:
+        if nbh > 32:
+            h0, pos, acc, nb = _get(W, pos, acc, nb, 32)
+            h1, pos, acc, nb = _get(W, pos, acc, nb, nbh - 32)
+            hb = h0 | (h1 << 32)
+        else:
+            hb, pos, acc, nb = _get(W, pos, acc, nb, nbh)
+        rep = REP[h] if h else np.int64(0)
+        for j in range(h):
+            P[k + j] = _pdep64(_pext64(hb, rep << j), M)
+    else:
+        for j in range(h):
+            P[k + j] = 0
+        mm = M
+        while mm:
+            l = _tzcnt(mm)
+            val, pos, acc, nb = _get(W, pos, acc, nb, h)
+            for j in range(h):
+                P[k + j] |= ((val >> j) & 1) << l
+            mm &= mm - 1
+    # |q| >> k = hi + 1 on the high lanes: an increment chain with carry-in M.
+    carry = M & vm
+    for j in range(h):
+        hj = P[k + j] & vm
+        P[k + j] = hj ^ carry
+        carry &= hj
+    P[k + h] = carry
+    return pos, acc, nb, neg & vm, k + h + 1, np.int64(0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _sum_planes(Pa, wa, sa, Pb, wb, sb, T):  # type: ignore[no-untyped-def]
+    """Magnitude planes of ``q_a + q_b`` into ``T``; returns (sign word, bit length of the max).
+
+    ``q = (|q| ^ s) + s`` with ``s`` all-ones where negative, so the sum is
+    ``(|q_a| ^ s_a) + (|q_b| ^ s_b) + s_a + s_b``: one ripple-carry pass with carry-in
+    ``s_a`` and an increment chain for ``s_b``, over ``max(w_a, w_b) + 2`` planes of two's
+    complement; then ``|t| = (t ^ neg) + neg``. ``T`` holds ``max(w_a, w_b) + 2`` int64.
+    """
+    top = max(wa, wb) + 1
+    c1 = sa
+    c2 = sb
+    for j in range(top + 1):
+        x = (Pa[j] if j < wa else np.int64(0)) ^ sa
+        y = (Pb[j] if j < wb else np.int64(0)) ^ sb
+        hx = x ^ y
+        s = hx ^ c1
+        c1 = (x & y) | (c1 & hx)
+        T[j] = s ^ c2
+        c2 = s & c2
+    neg = T[top]
+    c = neg
+    w = 0
+    for j in range(top):
+        v = T[j] ^ neg
+        mj = v ^ c
+        c = v & c
+        T[j] = mj
+        if mj != 0:
+            w = j + 1
+    return neg, w
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _choose_planes(T, w, S):  # type: ignore[no-untyped-def]
+    """Code of a non-zero block given as magnitude planes ``T[0:w]`` (rules 3-4).
+
+    The same choice as :func:`_choose_mc`: ``S[k]`` receives the lanes with
+    ``|q| >= 2^k`` (the OR of planes ``k..w-1``), so ``p_k = popcount(S[k])``, and the
+    maximum ``m`` is found plane by plane from the top.
+    """
+    acc = np.int64(0)
+    cand = np.int64(_ALL)  # lanes that may hold the maximum
+    m = np.int64(0)
+    for j in range(w - 1, -1, -1):
+        tj = T[j]
+        acc |= tj
+        S[j] = acc
+        t = cand & tj
+        f = np.int64(t != 0)
+        cand ^= (cand ^ t) & -f
+        m |= f << j
+    c = _popcount(acc)
+    best = np.int64(BIG_COST)
+    bk = np.int64(0)
+    bh = np.int64(0)
+    for k in range(w):
+        if k == 0:
+            cost = 32 + c + c * _bitlen(m - 1)
+        else:
+            if 64 + 32 * k >= best:
+                break
+            cost = 64 + 32 * k + _popcount(S[k]) * _bitlen((m >> k) - 1)
+        if cost < best:
+            best = cost
+            bk = k
+            bh = _bitlen((m >> k) - 1)
+    v = _bitlen(m - 1)
+    if c <= 4 and c * (6 + v) <= best:
+        return (KIND_SP << 10) | ((c - 1) << 5) | v
+    return (bk << 5) | bh
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _put_fields(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
+    """Write the ``h``-bit values given as planes ``H[0:h]`` of the ``p`` lanes of ``L``.
+
+    One field per set bit of ``L`` in lane order (the high parts of a patched-planes block,
+    the values of a sparse one).
+    """
+    nbh = p * h
+    if nbh <= 64:
+        hb = np.int64(0)
+        rep = REP[h]
+        for j in range(h):
+            hb |= _pdep64(_pext64(H[j], L), rep << j)
+        if nbh > 32:
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+        else:
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+        return pos, acc, nb
+    mm = L
+    while mm:
+        l = _tzcnt(mm)
+        val = np.int64(0)
+        for j in range(h):
+            val |= ((H[j] >> l) & 1) << j
+        pos, acc, nb = _push(W, pos, acc, nb, val, h)
+        mm &= mm - 1
+    return pos, acc, nb
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _emit_planes(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untyped-def]
+    """Write the payload of a block given as planes (after :func:`_choose_planes`).
+
+    ``T`` the magnitude planes, ``S`` their suffix ORs, ``neg`` the sign word (0 on zero
+    lanes), ``H`` scratch planes. Returns the writer state and the mask word (0 for a
+    sparse block): the bits of :func:`_emit_q` for the same block.
+    """
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        nzm = S[0]
+        c = a + 1
+        posf = np.int64(0)
+        mm = nzm
+        for i in range(c):
+            posf |= _tzcnt(mm) << (5 * i)
+            mm &= mm - 1
+        pos, acc, nb = _push(W, pos, acc, nb, posf, 5 * c)
+        pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, nzm), c)
+        if b:
+            borrow = nzm  # |q| - 1 on the non-zero lanes
+            for j in range(b):
+                tj = T[j]
+                H[j] = tj ^ borrow
+                borrow &= tj ^ _ALL
+            pos, acc, nb = _put_fields(W, pos, acc, nb, H, b, nzm, c)
+        return pos, acc, nb, np.int64(0)
+    k = a
+    h = b
+    L = S[k]
+    p = _popcount(L)
+    if k == 0:
+        pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, L), p)
+    else:
+        pos, acc, nb = _push(W, pos, acc, nb, neg, 32)
+    for j in range(k):
+        pos, acc, nb = _push(W, pos, acc, nb, T[j], 32)
+    if h:
+        borrow = L  # (|q| >> k) - 1 on the high lanes
+        for j in range(h):
+            tj = T[k + j]
+            H[j] = tj ^ borrow
+            borrow &= tj ^ _ALL
+        pos, acc, nb = _put_fields(W, pos, acc, nb, H, h, L, p)
+    return pos, acc, nb, L
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _copy_bits(Wi, rpos, racc, rnb, Wo, wpos, wacc, wnb, nbits):  # type: ignore[no-untyped-def]
     """Copy ``nbits`` bits from a reader to a writer (a block moved unchanged)."""
     while nbits >= 32:
         v, rpos, racc, rnb = _get(Wi, rpos, racc, rnb, 32)
-        wpos, wacc, wnb = _put(Wo, wpos, wacc, wnb, v, 32)
+        wpos, wacc, wnb = _push(Wo, wpos, wacc, wnb, v, 32)
         nbits -= 32
     if nbits:
         v, rpos, racc, rnb = _get(Wi, rpos, racc, rnb, nbits)
-        wpos, wacc, wnb = _put(Wo, wpos, wacc, wnb, v, nbits)
+        wpos, wacc, wnb = _push(Wo, wpos, wacc, wnb, v, nbits)
     return rpos, racc, rnb, wpos, wacc, wnb
 
 
 __all__ = [
     "KIND_PP", "KIND_SP", "KIND_RAW", "KIND_RAW64", "CODE_RAW_V2", "CODE_RAW64_V2", "NO_BLOCK",
-    "NCODES", "code_valid",
+    "NCODES", "PLANES_MAX_W", "code_valid",
 ]

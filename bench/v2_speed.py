@@ -1,0 +1,215 @@
+"""Format v2 on the CPU against v1 and against an earlier revision of its own kernels.
+
+One numba thread, thread CPU time (``time.thread_time``), best of ``--repeat`` rounds;
+in each round every operation runs once for each variant, so the variants meet the same
+machine load (interleaved A/B). GB/s of float32 input on the concatenation of each bundled
+dump at REL 1e-2, 1e-3 and 1e-4 (``add``: of one half, the sum of the two halves;
+``2 dec + add``: what ``add`` replaces, validating and decoding both v2 halves and adding
+the floats). With ``--baseline REV`` the v2 kernels of git revision ``REV``
+(``ccoll/compressor/cpu/v2.py`` and ``v2blocks.py``) are timed beside the working tree's,
+and the outputs are checked to be the same bytes. ``--passes`` prints where one v2 call of
+each operation spends its time instead.
+
+    python bench/v2_speed.py                       # v1 and v2 (about a minute, warm cache)
+    python bench/v2_speed.py --baseline 1a86725    # and the kernels of 1a86725 (compiles them)
+    python bench/v2_speed.py --passes
+
+docs/performance.md ("Format v2 on the CPU") quotes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RELS = (1e-2, 1e-3, 1e-4)
+
+
+def _baseline(rev: str) -> ModuleType:
+    """Import the v2 kernels of git revision ``rev`` as a module of their own."""
+    d = os.path.join(ROOT, "bench", "out", f"v2_kernels_{rev}")
+    os.makedirs(d, exist_ok=True)
+    for name in ("v2", "v2blocks"):
+        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ccoll/compressor/cpu/{name}.py"],
+                             check=True, capture_output=True, text=True).stdout
+        src = src.replace("from ccoll.compressor.cpu.v2blocks import", "from v2blocks_base import")
+        path = os.path.join(d, f"{name}_base.py")
+        old = open(path).read() if os.path.exists(path) else None
+        if old != src:  # keep the file (and so numba's cache of it) when unchanged
+            with open(path, "w") as f:
+                f.write(src)
+    sys.path.insert(0, d)
+    return importlib.import_module("v2_base")
+
+
+def _best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for key, fn in fns.items():
+            t = time.thread_time()
+            fn()
+            best[key] = min(best[key], time.thread_time() - t)
+    return best
+
+
+def speeds(repeat: int, base: ModuleType | None) -> None:
+    from compressor import DEFAULT_FILES, load_concat
+
+    from ccoll.compressor.cpu import v2
+
+    variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
+    head = ["data", "REL", "ratio v1", "ratio v2", "compress v1"]
+    head += [f"compress {k}" for k in variants] + ["decompress v1"]
+    head += [f"decompress {k}" for k in variants] + ["add v1"]
+    head += [f"add {k}" for k in variants] + ["2 dec + add v2"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for path in DEFAULT_FILES:
+        x = load_concat(path)
+        name = os.path.splitext(os.path.basename(path))[0]
+        for rel in RELS:
+            row = _speed_row(x, rel, variants, base, repeat)
+            print(f"| {name} | {rel:g} | " + " | ".join(row) + " |", flush=True)
+
+
+def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
+               base: ModuleType | None, repeat: int) -> list[str]:
+    import ccoll
+    from ccoll.compressor import add as add1
+    from ccoll.compressor.cpu import v2
+
+    h = x.size // 2
+    xa, xb = x[:h], x[h : 2 * h]
+    eb = rel * (float(x.max()) - float(x.min()))
+    s1 = ccoll.compress(x, ccoll.ABS(eb))
+    a1, b1 = ccoll.compress(xa, ccoll.ABS(eb)), ccoll.compress(xb, ccoll.ABS(eb))
+    s2 = v2.compress_abs_v2(x, eb)
+    a2, b2 = v2.compress_abs_v2(xa, eb), v2.compress_abs_v2(xb, eb)
+    y = np.empty_like(x)
+    ya, yb = np.empty_like(xa), np.empty_like(xb)
+    fns: dict[str, Callable[[], object]] = {
+        "c v1": lambda: ccoll.compress(x, ccoll.ABS(eb)),
+        "d v1": lambda: ccoll.decompress(s1, out=y),
+        "a v1": lambda: add1(a1, b1),
+    }
+    for k, m in variants.items():
+        fns["c " + k] = lambda m=m: m.compress_abs_v2(x, eb)
+        fns["d " + k] = lambda m=m: m.decode_into(m.validate_v2(s2), y)
+        fns["a " + k] = lambda m=m: m.add_v2(m.validate_v2(a2), m.validate_v2(b2), eb, 2)
+
+    def dec_add() -> None:
+        v2.decode_into(v2.validate_v2(a2), ya)
+        v2.decode_into(v2.validate_v2(b2), yb)
+        np.add(ya, yb, out=ya)
+
+    fns["da v2"] = dec_add
+    if base is not None:  # the same bytes from both revisions
+        assert base.compress_abs_v2(x, eb).tobytes() == s2.tobytes()
+        assert (base.add_v2(base.validate_v2(a2), base.validate_v2(b2), eb, 2).tobytes()
+                == v2.add_v2(v2.validate_v2(a2), v2.validate_v2(b2), eb, 2).tobytes())
+    t = _best(fns, repeat)
+
+    def g(key: str, nbytes: int = x.nbytes) -> str:
+        return f"{nbytes / t[key] / 1e9:.2f}"
+
+    row = [f"{x.nbytes / s1.size:.2f}", f"{x.nbytes / s2.size:.2f}", g("c v1")]
+    row += [g("c " + k) for k in variants] + [g("d v1")]
+    row += [g("d " + k) for k in variants] + [g("a v1", xa.nbytes)]
+    row += [g("a " + k, xa.nbytes) for k in variants] + [g("da v2", xa.nbytes)]
+    return row
+
+
+_PASSES = ["_plan_lossy", "_write_v2", "validate_v2", "_decode_v2", "_add_v2_chunks",
+           "_finish_sum", "_place_v2"]
+
+
+def passes(repeat: int) -> None:
+    """Milliseconds of each pass of one v2 call (best of ``repeat``), MiniLM and digits."""
+    from compressor import DEFAULT_FILES, load_concat
+
+    from ccoll.compressor.cpu import v2
+
+    spent: dict[str, float] = {}
+    orig = {k: getattr(v2, k) for k in _PASSES}
+
+    def timed(name: str) -> Callable[..., object]:
+        def call(*a: object, **kw: object) -> object:
+            t = time.thread_time()
+            r = orig[name](*a, **kw)
+            spent[name] = spent.get(name, 0.0) + time.thread_time() - t
+            return r
+
+        return call
+
+    for k in _PASSES:
+        setattr(v2, k, timed(k))
+    try:
+        for path in DEFAULT_FILES:
+            x = load_concat(path)
+            name = os.path.splitext(os.path.basename(path))[0]
+            for rel in RELS:
+                out = _pass_row(v2, x, rel * (float(x.max()) - float(x.min())), spent, repeat)
+                print(f"{name} REL {rel:g} (ms) | " + " | ".join(out), flush=True)
+    finally:
+        for k in _PASSES:
+            setattr(v2, k, orig[k])
+
+
+def _pass_row(v2: ModuleType, x: np.ndarray, eb: float, spent: dict[str, float],
+              repeat: int) -> list[str]:
+    h = x.size // 2
+    s = v2.compress_abs_v2(x, eb)
+    a, b = v2.compress_abs_v2(x[:h], eb), v2.compress_abs_v2(x[h : 2 * h], eb)
+    y = np.empty_like(x)
+    ops: dict[str, Callable[[], object]] = {
+        "compress": lambda: v2.compress_abs_v2(x, eb),
+        "decompress": lambda: v2.decode_into(v2.validate_v2(s), y),
+        "add": lambda: v2.add_v2(v2.validate_v2(a), v2.validate_v2(b), eb, 2),
+    }
+    out = []
+    for op, fn in ops.items():
+        best: dict[str, float] = {}
+        for _ in range(repeat):
+            spent.clear()
+            t = time.thread_time()
+            fn()
+            spent["total"] = time.thread_time() - t
+            for k, v in spent.items():
+                best[k] = min(best.get(k, float("inf")), v)
+        out.append(op + ": " + ", ".join(f"{k.strip('_')} {v * 1e3:.2f}"
+                                         for k, v in best.items()))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=11, help="rounds, the best counts")
+    ap.add_argument("--baseline", metavar="REV", help="also time the v2 kernels of git REV")
+    ap.add_argument("--passes", action="store_true", help="time the passes of each v2 call")
+    args = ap.parse_args(argv)
+    import numba
+
+    sys.path.insert(0, ROOT)
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    numba.set_num_threads(1)
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{os.getloadavg()[0]:.2f}; one numba thread, thread CPU time, best of {args.repeat}")
+    if args.passes:
+        passes(args.repeat)
+    else:
+        speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
+    print(f"# load average at the end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
