@@ -87,7 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _side_by_side(dtypes: Sequence[str], v2: bool, jobs: int) -> int:
-    """One ``python -m ccoll.warmup DTYPE`` process per dtype, ``jobs`` at a time."""
+    """One ``python -m ccoll.warmup DTYPE`` process per dtype, ``jobs`` at a time.
+
+    Then every dtype once more in this process. numba keeps one index file per kernel for
+    all its compiled signatures and rewrites it (read, add, write) without a lock, so two
+    processes that compile the same kernel for different dtypes at once can each drop the
+    other's entry (seen: a kernel shared by both dtypes compiled again by the first test
+    that used float64). The second pass loads what is there and compiles, once, what was
+    dropped; with nothing dropped it takes a second or two.
+    """
     pending = list(dtypes)
     running: list[subprocess.Popen[bytes]] = []
     rc = 0
@@ -97,6 +105,13 @@ def _side_by_side(dtypes: Sequence[str], v2: bool, jobs: int) -> int:
             running.append(subprocess.Popen(cmd))
         p = running.pop(0)
         rc = max(rc, p.wait())
+    if rc == 0:
+        versions = (1, 2) if v2 else (1,)
+        t0 = time.perf_counter()
+        for dt in dtypes:
+            warm(dt, versions)
+        print(f"ccoll kernels for {', '.join(dtypes)}: checked in one process "
+              f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return rc
 
 
