@@ -24,12 +24,12 @@ Rabenseifner's, on streams:
   adds it to its own and takes part for both; at the end it sends the result back (one
   stream). That costs one whole message each way, which the cost model prices.
 
-**Pieces.** The data moves in *pieces*: step 0 cuts the array into ``K`` pieces (about
+**Pieces.** The data moves in *pieces*: step 0 cuts the array into ``P`` pieces (about
 one pipeline chunk each), one stream and one message each, so that compressing, sending
 and adding overlap. A later step sends and adds the pieces the step before produced, as
 they are; only a piece that straddles the step's halving point is cut there
 (:func:`~ccoll.compressor.cpu.slices.slice_blocks`, no decoding). So a rank makes about
-``K + 3 log2 N`` compress, add, cut, join and decode calls per allreduce whatever ``N``,
+``P + 5 log2 N`` compress, add, cut, join and decode calls per allreduce whatever ``N``,
 where one call per block and step would make ``O(N)`` (each costs tens of microseconds
 of fixed cost, docs/model.md "Projection to many nodes").
 
@@ -37,8 +37,9 @@ Messages of one step go from one rank to one peer in a fixed order on one tag pe
 and each receive is matched with ``MPI_Improbe`` at the head of its (source, tag) queue,
 so MPI's in-order matching pairs them and every receive gets a buffer of the message's
 exact size. Integer sums of codes are exact and order-free, so the reduced codes, and
-the bound (docs/error-bound.md, "Collectives"), are the ring's: both schedules give the
-same output bytes. Host data, version-1 streams and the homomorphic algorithm only.
+the bound (docs/error-bound.md, "Collectives"), are the ring's: without a split bound both
+schedules give the same output bytes. Host data, version-1 streams and the homomorphic
+algorithm only.
 """
 
 from __future__ import annotations
@@ -57,16 +58,15 @@ from ccoll.collectives.codec import api, check_stream, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound
 from ccoll.collectives.layout import block_bounds
 from ccoll.collectives.model import halving_shape
-from ccoll.collectives.ring import Requant, _decode_one, _requant_one
+from ccoll.collectives.ring import _POLL_MAX_S, Requant, _decode_one, _requant_one
 from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
 from ccoll.compressor.cpu.slices import concat, slice_blocks
+from ccoll.compressor.format import BLOCK
 from ccoll.errors import FormatError
 
 __all__ = ["halving_allreduce"]
 
-_POLL_MAX_S = 1e-3
 _DECODE = (1,)
-BLOCK = 32
 _RAW = "raw"  # a piece whose content is this rank's own data, not compressed yet
 
 
