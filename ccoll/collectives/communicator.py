@@ -257,6 +257,8 @@ class Communicator:
         self.chunk_elems: int | None = None if chunk_elems is None else int(chunk_elems)
         self.timeout = None if timeout is None else float(timeout)
         self._comm = comm
+        # Kept so that rank and size still answer after close() (the duplicate is freed).
+        self._rank, self._size = comm.Get_rank(), comm.Get_size()
         deadline = Deadline(self.timeout, "creating a ccoll Communicator")
         sync = dup_comm(comm, deadline)
         try:
@@ -306,12 +308,12 @@ class Communicator:
     @property
     def size(self) -> int:
         """Number of ranks."""
-        return self._sync.comm.Get_size()
+        return self._size
 
     @property
     def rank(self) -> int:
         """Rank of this process."""
-        return self._sync.comm.Get_rank()
+        return self._rank
 
     @property
     def stats(self) -> Stats:

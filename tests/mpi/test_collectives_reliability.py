@@ -176,6 +176,7 @@ def test_close_frees_duplicates_and_is_idempotent(comm):
     assert all(d == MPI.COMM_NULL for d in dups)
     c.close()  # again: nothing
     c.free()  # the older name
+    assert (c.rank, c.size) == (comm.Get_rank(), comm.Get_size())  # still answer
     with pytest.raises(CollectiveError, match="closed"):
         c.allreduce(np.zeros(3, np.float32), eb=None)
 

@@ -36,6 +36,9 @@ def _run_calls(c: ccoll.Communicator) -> None:
     x = np.random.default_rng(c.rank).standard_normal(1 << 18).astype(np.float32)
     c.allreduce(x, policy="compress")
     c.iallreduce(x, policy="compress").wait(timeout=60)
+    # One chunk per block: the blocking call runs its tasks on the calling thread (nothing
+    # to overlap), so the caller's own launches are certain, not left to timing.
+    c.allreduce(x[: c.size * (1 << 12)], policy="compress")
 
 
 def test_the_share_reaches_every_kernel_thread(comm, launches):
@@ -47,9 +50,10 @@ def test_the_share_reaches_every_kernel_thread(comm, launches):
     names = {name for name, _ in launches}
     counts = {n for _, n in launches}
     assert counts == {want}, launches
-    # The blocking call's thread and the scheduler's lanes beside it. The progress engine's
-    # thread launches only the decodes it takes while the lanes are busy (timing), so it
-    # is not required here; whichever threads launched, all used the share.
+    # The blocking call's thread (its one-chunk call runs inline) and the scheduler's lanes
+    # beside it. The progress engine's thread launches only the decodes it takes while the
+    # lanes are busy (timing), so it is not required here; whichever threads launched, all
+    # used the share.
     assert "MainThread" in names and "ccoll-lane-compress" in names, names
     assert len(names) >= 2, names
     # The caller's own count is what it was: ccoll set it for its launches only.
