@@ -15,18 +15,19 @@ backward pass, and a bucket whose allreduce got faster can still make the step s
   ``probe * 2**level`` steps, then the other mode is tried again for ``probe`` steps; a try
   that loses raises ``level`` (at most ``max_level``), one that wins takes over at the
   first level;
-- a try whose step took more than ``abort`` times the winner's median ends as soon as that
-  step's time arrives (one step shows a loss that large; a slow link then costs one raw
-  step per try, plus the steps of lag, not ``probe``).
+- a try whose step took more than ``abort`` times the winner's median (1.3: more than
+  twice the spread of one run's steps on a loaded machine) ends as soon as that step's
+  time arrives (one step shows a loss that large; a slow link then costs one raw step per
+  try, plus the steps of lag, not ``probe``).
 
-Blocks are counted in measured steps: the times arrive one or two steps late, so a block
-runs that many steps past its measured ones.
+Blocks are counted in measured steps: the times arrive a step late (the hook's lag; the
+gate takes any), so a block runs that many steps past its measured ones.
 
 A step's time, as the hook measures it, runs from the queuing of its first bucket to the
 end of its last bucket's average: the backward pass from the first gradient on, with the
 averaging it hid and the part it did not. The time is each rank's; the gate takes the
-maximum over ranks (the hook agrees on it, and the agreed time reaches the gate one or two
-steps later), so every rank switches at the same step.
+maximum over ranks (the hook agrees on it, and the agreed time reaches the gate at the
+next step), so every rank switches at the same step.
 
 Pure and local: the hook feeds it agreed times and asks for the next step's mode.
 """
@@ -47,12 +48,12 @@ class StepGate:
 
     Call :meth:`next` once at the start of every gated step; it returns that step's mode.
     Pass it the agreed seconds of the oldest gated step not yet measured, or ``None`` when
-    no time has come in (the hook's times arrive one or two steps late: the gate keeps the
+    no time has come in (the hook's times arrive a step late: the gate keeps the
     started steps in order and counts a block's steps as their times arrive).
     """
 
     def __init__(self, probe: int = 3, warmup: int = 1, first_level: int = 1,
-                 max_level: int = 7, abort: float = 1.5, margin: float = 0.05) -> None:
+                 max_level: int = 7, abort: float = 1.3, margin: float = 0.05) -> None:
         if probe < 1 or warmup < 0 or not 0 <= first_level <= max_level or abort <= 1.0 \
                 or not 0.0 <= margin < 1.0:
             raise ValueError("StepGate needs probe >= 1, warmup >= 0, "

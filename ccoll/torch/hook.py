@@ -175,6 +175,7 @@ class CCollHookState:
         "_gate_open",
         "_gate_work",
         "_gate_group",
+        "_gate_device",
         "__weakref__",
     )
 
@@ -255,6 +256,7 @@ class CCollHookState:
         self._gate_open = False  # a gated step was started and not yet measured
         self._gate_work: Any = None  # the process group's reduction of a step time in flight
         self._gate_group: Any = None  # the group of raw steps (None: ccoll's MPI path)
+        self._gate_device: Any = None  # where the group reduces a step time
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
                                            self._gate_comm)
 
@@ -743,15 +745,16 @@ def _raw_group(state: CCollHookState) -> Any:
 
 
 def _gate_step(state: CCollHookState) -> None:
-    """Start a gated step: agree on an earlier step's time and set this one's mode.
+    """Start a gated step: agree on the previous step's time and set this one's mode.
 
     Runs on the training thread at the step's first bucket; every rank runs the same gated
-    steps, so every rank makes the same reductions here and feeds the gate the same
-    maximum over ranks. With a process group, the previous step's time goes into an
-    asynchronous ``all_reduce`` that the next gated step collects (the group's own threads
-    complete it meanwhile: no rank waits for another here, and none spins on a core);
-    without one, into a one-float ``MPI_Iallreduce`` on a communicator of the hook's own,
-    polled with sleeps.
+    steps, so every rank makes the same reductions and feeds the gate the same maximum over
+    ranks. With a process group, the previous step's time went into an asynchronous
+    ``all_reduce`` when that step's last bucket was averaged (:func:`_step_done`); the
+    group's threads completed it during the optimizer step and the forward pass, and it is
+    collected here (a wait on the group's work sleeps, it does not spin on a core). Without
+    one, the time goes into a one-float ``MPI_Iallreduce`` on a communicator of the hook's
+    own here, polled with sleeps. Either way the gate learns a step's time one step later.
     """
     assert state.gate is not None
     prev = None
@@ -759,28 +762,42 @@ def _gate_step(state: CCollHookState) -> None:
         done = state._gate_done
         prev = 0.0 if done is None else done - state._gate_t0
     if not state._gate_open:  # the first gated step: agree on the path of raw steps
-        state._gate_group = _agreed_raw_group(state)
-    group = state._gate_group
+        state._gate_group = group = _agreed_raw_group(state)
+        if group is not None:
+            # Chosen on the training thread: _share_step_time runs on others, whose
+            # current CUDA device is not necessarily this rank's.
+            state._gate_device = torch.device("cuda", torch.cuda.current_device()) \
+                if dist.get_backend(group) == "nccl" else torch.device("cpu")
     agreed = None
-    if group is not None:
+    if state._gate_group is not None:
         if state._gate_work is not None:
             work, buf = state._gate_work
+            state._gate_work = None
             work.wait()
             agreed = float(buf[0])
-            state._gate_work = None
-        if prev is not None:
-            backend = dist.get_backend(group)
-            device = torch.device("cuda", torch.cuda.current_device()) \
-                if backend == "nccl" else torch.device("cpu")
-            buf = torch.tensor([prev], dtype=torch.float64, device=device)
-            work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
-            state._gate_work = (work, buf)
     elif prev is not None:
         agreed = _agree_max_mpi(state, prev)
     state._gate_t0 = time.perf_counter()
     state._gate_done = None
     state._gate_open = True
     state.gate.next(agreed)
+
+
+def _share_step_time(state: CCollHookState) -> None:
+    """Start the process group's reduction (maximum) of the step that just ended.
+
+    Called when the step's last bucket is averaged, before the hook's Future completes, so
+    DDP's next collectives are queued after it on every rank (the group matches its calls
+    by their order). It runs on the thread that completed the bucket (ccoll's engine, or
+    the group's own for a raw step); queuing on the group from there does not block.
+    """
+    group = state._gate_group
+    if group is None or state._gate_done is None:
+        return
+    buf = torch.tensor([state._gate_done - state._gate_t0], dtype=torch.float64,
+                       device=state._gate_device)
+    work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
+    state._gate_work = (work, buf)
 
 
 def _agreed_raw_group(state: CCollHookState) -> Any:
@@ -825,6 +842,7 @@ def _agree_max_mpi(state: CCollHookState, seconds: float) -> float:
 def _step_done(state: CCollHookState, fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
     value = fut.wait()  # raises the bucket's error, if any
     state._gate_done = time.perf_counter()
+    _share_step_time(state)
     return value
 
 

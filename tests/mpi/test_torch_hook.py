@@ -370,11 +370,10 @@ def test_step_check_runs_the_same_mode_on_every_rank(comm, state_factory, monkey
                 slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
                 assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
     # Step 0 is before start_iter: not gated. Steps 1-6 are. A step's time reaches the
-    # gate at the next step through MPI, two steps later through the process group (its
-    # reduction completes in the background meanwhile).
-    lag = 2 if raw_path == "process group" else 1
-    assert len(gate.fed) == 6 and gate.fed[:lag] == [None] * lag
-    assert all(t is not None and t > 0 for t in gate.fed[lag:])
+    # gate at the next step's first bucket on both paths (the process group's reduction
+    # starts when the step ends and completes in the background until then).
+    assert len(gate.fed) == 6 and gate.fed[0] is None
+    assert all(t is not None and t > 0 for t in gate.fed[1:])
     assert comm.allgather(gate.fed) == [gate.fed] * comm.size
     for i, mode in enumerate(gate.modes, start=1):
         assert (compressed[i] > compressed[i - 1]) == (mode == AUTO), (i, mode, compressed)
