@@ -68,7 +68,9 @@ from ccoll.compressor.cpu.v2blocks import (
     _qwidth,
     _read_planes,
     _read_q,
+    _read_q_at,
     _read_raw,
+    _read_raw_at,
     _reader_at,
     _sum_planes,
     _writer_at,
@@ -582,17 +584,19 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                out, outbits, errs):  # type: ignore[no-untyped-def]
     """Decode every block of a validated stream into ``out`` (float32, or float64 = wide).
 
+    ``W`` (the payload) must hold at least 2 words (:func:`decode_into` pads a shorter
+    one); the payload is read by bit offset (``v2blocks._field_at``).
     ``errs[c]`` is set for a chunk holding a sparse block with positions out of order.
     """
     nblocks = (n + BLOCK - 1) // BLOCK
     same = (out.itemsize == 4) == is32
+    last = 4 * W.size - 8
     for c in prange(chunk_k.size):
         qv = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
-        hi = np.empty(BLOCK, np.uint32)
         rb = np.empty(BLOCK, np.int64)
         ipos, iacc, inb = _reader_at(idx, chunk_k[c] * ib)
-        pos, acc, nb = _reader_at(W, chunk_o[c])
+        bit = chunk_o[c]
         r = chunk_r[c]
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
@@ -613,14 +617,14 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                 if kind == KIND_PP:
                     M = np.int64(masks[r])
                     r += 1
-                pos, acc, nb, err = _read_q(W, pos, acc, nb, code, M, qv, lo, hi)
+                bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
                 if err:
                     errs[c] = 1
                     break
                 for l in range(m):
                     ob[l] = np.float64(qv[l]) * step
             elif kind == KIND_RAW:
-                pos, acc, nb = _read_raw(W, pos, acc, nb, not is32, rb)
+                bit = _read_raw_at(W, last, bit, not is32, rb)
                 obits = outbits[base:e]
                 if same:
                     for l in range(m):
@@ -629,7 +633,7 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                     for l in range(m):
                         ob[l] = _f32_from_bits(rb[l])
             else:
-                pos, acc, nb = _read_raw(W, pos, acc, nb, True, rb)
+                bit = _read_raw_at(W, last, bit, True, rb)
                 for l in range(m):
                     ob[l] = _f64_from_bits(rb[l])
 
@@ -641,8 +645,11 @@ def decode_into(lay: LayoutV2, flat: np.ndarray) -> None:
         return
     outbits = flat.view(np.uint32) if flat.dtype == np.float32 else flat.view(np.int64)
     errs = np.zeros(lay.chunk_k.size, np.uint8)
+    W = lay.W
+    if W.size < 2:  # the field reader loads 8 bytes at a time (v2blocks._field_at)
+        W = _readonly(np.concatenate([W, np.zeros(2, np.uint32)]))
     with _threads_for(hdr.n):
-        _decode_v2(lay.W, lay.bitmap, lay.table, lay.idx, lay.ib, lay.masks, lay.chunk_k,
+        _decode_v2(W, lay.bitmap, lay.table, lay.idx, lay.ib, lay.masks, lay.chunk_k,
                    lay.chunk_r, lay.chunk_o, 2.0 * hdr.eb, hdr.n, hdr.dtype == np.float32,
                    flat, outbits, errs)
     if errs.any():
