@@ -262,7 +262,7 @@ def _bits_at(typingctx, W, bit, last):  # type: ignore[no-untyped-def]
     One unaligned 8-byte load at byte ``min(bit >> 3, last)`` shifted right by the rest
     (a logical shift), with no branch. ``last = W.nbytes - 8`` (``W`` at least 8 bytes)
     keeps the load inside ``W``; a field that ends inside ``W`` is then whole in the result
-    (near the end the shift is larger but the bytes after ``W``'s end are never needed).
+    (near the end the shift is larger, and the bytes after ``W``'s end are never needed).
     Little-endian byte order, as the stream's.
     """
     sig = types.int64(W, types.int64, types.int64)
@@ -274,7 +274,11 @@ def _bits_at(typingctx, W, bit, last):  # type: ignore[no-untyped-def]
         q = builder.select(builder.icmp_signed("<", q, last), q, last)
         ptr = builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [q])
         v = builder.load(builder.bitcast(ptr, _I64.as_pointer()), align=1)
-        return builder.lshr(v, builder.sub(pos, builder.shl(q, ir.Constant(_I64, 3))))
+        # The shift reaches 64 only for a width-0 read at or after W's end; the mask keeps
+        # it defined (x86's shift masks its count the same way, so it costs nothing there).
+        sh = builder.and_(builder.sub(pos, builder.shl(q, ir.Constant(_I64, 3))),
+                          ir.Constant(_I64, 63))
+        return builder.lshr(v, sh)
 
     return sig, codegen
 
