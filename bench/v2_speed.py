@@ -128,7 +128,7 @@ def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
     return row
 
 
-_PASSES = ["_plan_lossy", "_write_v2", "validate_v2", "_decode_v2", "_add_v2_chunks",
+_PASSES = ["_plan_lossy", "_write_v2", "validate_v2", "_check_v2", "_decode_v2", "_add_v2_chunks",
            "_finish_sum", "_place_v2"]
 
 

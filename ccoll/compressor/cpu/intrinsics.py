@@ -26,6 +26,7 @@ __all__ = [
     "_or_plane",
     "_neg_mask",
     "_round_like",
+    "_bits_at",
 ]
 
 
@@ -247,6 +248,37 @@ def _neg_mask(typingctx, q):  # type: ignore[no-untyped-def]
         vec = builder.load(builder.bitcast(arr.data, _V64.as_pointer()), align=8)
         neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
         return builder.zext(builder.bitcast(neg, _I32), ir.IntType(64))
+
+    return sig, codegen
+
+
+_I64 = ir.IntType(64)
+
+
+@intrinsic
+def _bits_at(typingctx, W, bit, last):  # type: ignore[no-untyped-def]
+    """Return the bits of ``W`` from bit ``bit`` on (at least 57), ``W`` read as a bit stream.
+
+    One unaligned 8-byte load at byte ``min(bit >> 3, last)`` shifted right by the rest
+    (a logical shift), with no branch. ``last = W.nbytes - 8`` (``W`` at least 8 bytes)
+    keeps the load inside ``W``; a field that ends inside ``W`` is then whole in the result
+    (near the end the shift is larger, and the bytes after ``W``'s end are never needed).
+    Little-endian byte order, as the stream's.
+    """
+    sig = types.int64(W, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        arr = context.make_array(signature.args[0])(context, builder, args[0])
+        pos, last = args[1], args[2]
+        q = builder.ashr(pos, ir.Constant(_I64, 3))
+        q = builder.select(builder.icmp_signed("<", q, last), q, last)
+        ptr = builder.gep(builder.bitcast(arr.data, ir.IntType(8).as_pointer()), [q])
+        v = builder.load(builder.bitcast(ptr, _I64.as_pointer()), align=1)
+        # The shift reaches 64 only for a width-0 read at or after W's end; the mask keeps
+        # it defined (x86's shift masks its count the same way, so it costs nothing there).
+        sh = builder.and_(builder.sub(pos, builder.shl(q, ir.Constant(_I64, 3))),
+                          ir.Constant(_I64, 63))
+        return builder.lshr(v, sh)
 
     return sig, codegen
 

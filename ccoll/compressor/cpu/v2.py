@@ -29,7 +29,6 @@ from ccoll.compressor.cpu.blocks import (
     CHUNK_BLOCKS,
     QLIM,
     QMAX_ADD,
-    _count_bitmap,
     _nchunks,
     _readonly,
     _scan,
@@ -43,6 +42,7 @@ from ccoll.compressor.cpu.intrinsics import (
     _f64_from_bits,
     _neg_mask,
     _plane_of,
+    _popcount,
     _round_like,
 )
 from ccoll.compressor.cpu.v2blocks import (
@@ -51,6 +51,7 @@ from ccoll.compressor.cpu.v2blocks import (
     KIND_PP,
     KIND_RAW,
     KIND_RAW64,
+    KIND_SP,
     NCODES,
     NO_BLOCK,
     PLANES_MAX_W,
@@ -68,11 +69,12 @@ from ccoll.compressor.cpu.v2blocks import (
     _qwidth,
     _read_planes,
     _read_q,
+    _read_q_at,
     _read_raw,
+    _read_raw_at,
     _reader_at,
     _sum_planes,
     _writer_at,
-    code_valid,
 )
 from ccoll.errors import FormatError, InputError, MismatchError
 
@@ -474,37 +476,118 @@ class LayoutV2:
         self.chunk_o = chunk_o
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _exclusive_scan(counts, out):  # type: ignore[no-untyped-def]
+    """``out[i]`` = the sum of ``counts[:i]``; returns the total."""
+    t = np.int64(0)
+    for i in range(counts.size):
+        out[i] = t
+        t += counts[i]
+    return t
+
+
+# Errors of _check_v2, in the order they are checked (docs/format.md, "Robustness").
+(E_BITMAP_TAIL, E_BITMAP_COUNT, E_TABLE_PAD, E_CODE, E_TABLE_ORDER, E_INDEX_PAD, E_INDEX,
+ E_NMASK, E_SIZES, E_PAYLOAD_TAIL) = range(1, 11)
+
+
 @njit(parallel=True, nogil=True, cache=True)
-def _index_pass(idx, ib, ntab, kind0, chunk_k, chunk_nnz, chunk_nmask):  # type: ignore[no-untyped-def]
-    """Patched-planes blocks of each chunk; -1 for a chunk with an index field >= ntab."""
-    for c in prange(chunk_k.size):
+def _check_v2(bitmap, tabbytes, idx, masks, W, nblocks, nnz, nmask, payload_words, ib, is32,
+              table, coef, chunk_k, chunk_r, chunk_o, cnt):  # type: ignore[no-untyped-def]
+    """Check a stream's sections before its payload is read; one call, one index pass.
+
+    Fills ``table`` (the codes) and the per-chunk offsets ``chunk_k`` (index field),
+    ``chunk_r`` (mask word) and ``chunk_o`` (payload bit); ``coef`` (one per block) and
+    ``cnt`` (one per chunk) are scratch. Returns 0 and 0, or the first failed check
+    (``E_*``) and the number its message quotes. A block's size is a part that follows
+    from its code and, for patched planes, ``popcount(mask) * (h + (k == 0))``: the index
+    pass sums the first and keeps each patched-planes block's factor at the chunk's
+    blocks, and once the mask offsets are known a pass over the masks adds the second.
+    """
+    nch = chunk_k.size
+    tail = nblocks % 32
+    if tail and np.int64(bitmap[bitmap.size - 1]) >> tail:
+        return E_BITMAP_TAIL, 0
+    per = CHUNK_BLOCKS // 32
+    nw = bitmap.size
+    for c in prange(nch):
+        s = 0
+        for i in range(c * per, min(c * per + per, nw)):
+            s += _popcount(np.int64(bitmap[i]))
+        cnt[c] = s
+    total = _exclusive_scan(cnt, chunk_k)
+    if total != nnz:
+        return E_BITMAP_COUNT, total
+    ntab = table.size
+    for i in range(2 * ntab, tabbytes.size):
+        if tabbytes[i]:
+            return E_TABLE_PAD, 0
+    fixed = np.empty(ntab, np.int64)  # payload bits that follow from the code alone
+    factor = np.empty(ntab, np.int64)  # times popcount(mask); -1: not patched planes
+    for i in range(ntab):
+        code = np.int64(tabbytes[2 * i]) | (np.int64(tabbytes[2 * i + 1]) << 8)
+        kind = code >> 10
+        a = (code >> 5) & 31
+        b = code & 31
+        ok = (code >> 12) == 0
+        if kind == KIND_PP:
+            ok &= a <= 30
+            fixed[i] = 32 * (a + (a > 0))
+            factor[i] = b + (a == 0)
+        elif kind == KIND_SP:
+            ok &= a <= 3
+            fixed[i] = (a + 1) * (6 + b)
+            factor[i] = -1
+        else:
+            ok &= a == 0 and b == 0 and (kind == KIND_RAW or is32)
+            fixed[i] = 1024 if kind == KIND_RAW and is32 else 2048
+            factor[i] = -1
+        if not ok:
+            return E_CODE, code
+        table[i] = code
+    for i in range(1, ntab):
+        if table[i] <= table[i - 1]:
+            return E_TABLE_ORDER, 0
+    used = nnz * ib
+    if used & 31 and np.int64(idx[idx.size - 1]) >> (used & 31):
+        return E_INDEX_PAD, 0
+    for c in prange(nch):
         pos, acc, nb = _reader_at(idx, chunk_k[c] * ib)
+        b0 = c * CHUNK_BLOCKS
+        end = chunk_k[c + 1] if c + 1 < nch else nnz
         nm = 0
-        for _ in range(chunk_nnz[c]):
+        bits = np.int64(0)
+        for _ in range(end - chunk_k[c]):
             i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
             if i >= ntab:
                 nm = -1
                 break
-            nm += kind0[i]
-        chunk_nmask[c] = nm
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _size_pass(idx, ib, table, masks, is32, chunk_k, chunk_nnz, chunk_r, chunk_bits):  # type: ignore[no-untyped-def]
-    """Payload bits of each chunk (index fields and mask count already checked)."""
-    for c in prange(chunk_k.size):
-        pos, acc, nb = _reader_at(idx, chunk_k[c] * ib)
+            bits += fixed[i]
+            f = factor[i]
+            if f >= 0:
+                coef[b0 + nm] = f
+                nm += 1
+        cnt[c] = nm
+        chunk_o[c] = bits
+    for c in range(nch):
+        if cnt[c] < 0:
+            return E_INDEX, 0
+    total = _exclusive_scan(cnt, chunk_r)
+    if total != nmask:
+        return E_NMASK, total
+    for c in prange(nch):
         r = chunk_r[c]
-        bits = np.int64(0)
-        for _ in range(chunk_nnz[c]):
-            i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
-            code = np.int64(table[i])
-            M = np.int64(0)
-            if (code >> 10) == KIND_PP:
-                M = np.int64(masks[r])
-                r += 1
-            bits += _code_bits(code, M, is32)
-        chunk_bits[c] = bits
+        b0 = c * CHUNK_BLOCKS
+        bits = chunk_o[c]
+        for j in range(cnt[c]):
+            bits += _popcount(np.int64(masks[r + j])) * np.int64(coef[b0 + j])
+        cnt[c] = bits
+    nbits = _exclusive_scan(cnt, chunk_o)
+    if (nbits + 31) // 32 != payload_words:
+        return E_SIZES, nbits
+    if nbits & 31 and np.int64(W[W.size - 1]) >> (nbits & 31):
+        return E_PAYLOAD_TAIL, 0
+    return 0, 0
 
 
 def _stream_words(buf: np.ndarray) -> np.ndarray:
@@ -512,65 +595,45 @@ def _stream_words(buf: np.ndarray) -> np.ndarray:
     return _readonly(buf if buf.ctypes.data % 4 == 0 else buf.copy())
 
 
+def _check_message(err: int, val: int, hdr: fmt.StreamHeader) -> str:
+    return {
+        E_BITMAP_TAIL: f"stream bitmap has bits set beyond its {hdr.nblocks} blocks",
+        E_BITMAP_COUNT: f"stream bitmap has {val} non-zero blocks, its header says {hdr.nnz}",
+        E_TABLE_PAD: "stream code table padding is not zero",
+        E_CODE: f"stream code table holds the invalid code {val:#x}",
+        E_TABLE_ORDER: "stream code table is not strictly increasing",
+        E_INDEX_PAD: "stream index padding bits are not zero",
+        E_INDEX: f"stream index field is not below ntab = {hdr.ntab}",
+        E_NMASK: f"stream has {val} patched-planes blocks, its header says nmask = {hdr.nmask}",
+        E_SIZES: f"stream block sizes add up to {val} payload bits, its header says "
+                 f"{hdr.payload_words} words",
+        E_PAYLOAD_TAIL: "stream payload bits after the last block are not zero",
+    }[err]
+
+
 def validate_v2(buf: np.ndarray, hdr: fmt.StreamHeader | None = None) -> LayoutV2:
     """Check a version-2 stream before its payload is read (docs/format.md, "Robustness")."""
     if hdr is None:
         hdr = fmt.parse_header(buf)
-    is32 = hdr.dtype == np.float32
     nblocks = hdr.nblocks
     raw = _stream_words(buf)
     bitmap = raw[hdr.bitmap_offset : hdr.table_offset].view(np.uint32)
-    tail = nblocks % 32
-    if tail and int(bitmap[-1]) >> tail:
-        raise FormatError(f"stream bitmap has bits set beyond its {nblocks} blocks")
-    nch = _nchunks(nblocks)
-    chunk_nnz = np.zeros(nch, np.int64)
-    if nch:
-        with _threads_for(hdr.n):
-            _count_bitmap(bitmap, chunk_nnz)
-    chunk_k, total = _scan(chunk_nnz)
-    if total != hdr.nnz:
-        raise FormatError(f"stream bitmap has {total} non-zero blocks, its header says {hdr.nnz}")
     tabbytes = raw[hdr.table_offset : hdr.index_offset]
-    table = tabbytes[: 2 * hdr.ntab].view("<u2").astype(np.int64)
-    if tabbytes[2 * hdr.ntab :].any():
-        raise FormatError("stream code table padding is not zero")
-    for code in table.tolist():
-        if not code_valid(code, is32):
-            raise FormatError(f"stream code table holds the invalid code {code:#x}")
-    if table.size > 1 and not (np.diff(table) > 0).all():
-        raise FormatError("stream code table is not strictly increasing")
     idx = raw[hdr.index_offset : hdr.mask_offset].view(np.uint32)
-    ib = hdr.index_bits
-    used = hdr.nnz * ib
-    if used & 31 and int(idx[-1]) >> (used & 31):
-        raise FormatError("stream index padding bits are not zero")
-    kind0 = ((table >> 10) == KIND_PP).astype(np.int64)
-    chunk_nmask = np.zeros(nch, np.int64)
-    if nch:
-        with _threads_for(hdr.n):
-            _index_pass(idx, ib, hdr.ntab, kind0, chunk_k, chunk_nnz, chunk_nmask)
-    if (chunk_nmask < 0).any():
-        raise FormatError(f"stream index field is not below ntab = {hdr.ntab}")
-    chunk_r, nmask = _scan(chunk_nmask)
-    if nmask != hdr.nmask:
-        raise FormatError(
-            f"stream has {nmask} patched-planes blocks, its header says nmask = {hdr.nmask}"
-        )
     masks = raw[hdr.mask_offset : hdr.payload_offset].view(np.uint32)
-    chunk_bits = np.zeros(nch, np.int64)
-    if nch:
-        with _threads_for(hdr.n):
-            _size_pass(idx, ib, table, masks, is32, chunk_k, chunk_nnz, chunk_r, chunk_bits)
-    chunk_o, nbits = _scan(chunk_bits)
-    if (nbits + 31) // 32 != hdr.payload_words:
-        raise FormatError(
-            f"stream block sizes add up to {nbits} payload bits, its header says "
-            f"{hdr.payload_words} words"
-        )
     W = raw[hdr.payload_offset : hdr.nbytes].view(np.uint32)
-    if nbits & 31 and int(W[-1]) >> (nbits & 31):
-        raise FormatError("stream payload bits after the last block are not zero")
+    nch = _nchunks(nblocks)
+    table = np.empty(hdr.ntab, np.int64)
+    chunk_k = np.empty(nch, np.int64)
+    chunk_r = np.empty(nch, np.int64)
+    chunk_o = np.empty(nch, np.int64)
+    with _threads_for(hdr.n):
+        err, val = _check_v2(bitmap, tabbytes, idx, masks, W, nblocks, hdr.nnz, hdr.nmask,
+                             hdr.payload_words, hdr.index_bits, hdr.dtype == np.float32, table,
+                             np.empty(nblocks, np.uint8), chunk_k, chunk_r, chunk_o,
+                             np.empty(nch, np.int64))
+    if err:
+        raise FormatError(_check_message(err, val, hdr))
     return LayoutV2(hdr, bitmap, table, idx, masks, W, chunk_k, chunk_r, chunk_o)
 
 
@@ -582,17 +645,19 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                out, outbits, errs):  # type: ignore[no-untyped-def]
     """Decode every block of a validated stream into ``out`` (float32, or float64 = wide).
 
+    ``W`` (the payload) must hold at least 2 words (:func:`decode_into` pads a shorter
+    one); the payload is read by bit offset (``v2blocks._field_at``).
     ``errs[c]`` is set for a chunk holding a sparse block with positions out of order.
     """
     nblocks = (n + BLOCK - 1) // BLOCK
     same = (out.itemsize == 4) == is32
+    last = 4 * W.size - 8
     for c in prange(chunk_k.size):
         qv = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
-        hi = np.empty(BLOCK, np.uint32)
         rb = np.empty(BLOCK, np.int64)
         ipos, iacc, inb = _reader_at(idx, chunk_k[c] * ib)
-        pos, acc, nb = _reader_at(W, chunk_o[c])
+        bit = chunk_o[c]
         r = chunk_r[c]
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
@@ -613,14 +678,14 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                 if kind == KIND_PP:
                     M = np.int64(masks[r])
                     r += 1
-                pos, acc, nb, err = _read_q(W, pos, acc, nb, code, M, qv, lo, hi)
+                bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
                 if err:
                     errs[c] = 1
                     break
                 for l in range(m):
                     ob[l] = np.float64(qv[l]) * step
             elif kind == KIND_RAW:
-                pos, acc, nb = _read_raw(W, pos, acc, nb, not is32, rb)
+                bit = _read_raw_at(W, last, bit, not is32, rb)
                 obits = outbits[base:e]
                 if same:
                     for l in range(m):
@@ -629,7 +694,7 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                     for l in range(m):
                         ob[l] = _f32_from_bits(rb[l])
             else:
-                pos, acc, nb = _read_raw(W, pos, acc, nb, True, rb)
+                bit = _read_raw_at(W, last, bit, True, rb)
                 for l in range(m):
                     ob[l] = _f64_from_bits(rb[l])
 
@@ -641,8 +706,11 @@ def decode_into(lay: LayoutV2, flat: np.ndarray) -> None:
         return
     outbits = flat.view(np.uint32) if flat.dtype == np.float32 else flat.view(np.int64)
     errs = np.zeros(lay.chunk_k.size, np.uint8)
+    W = lay.W
+    if W.size < 2:  # the field reader loads 8 bytes at a time (v2blocks._field_at)
+        W = _readonly(np.concatenate([W, np.zeros(2, np.uint32)]))
     with _threads_for(hdr.n):
-        _decode_v2(lay.W, lay.bitmap, lay.table, lay.idx, lay.ib, lay.masks, lay.chunk_k,
+        _decode_v2(W, lay.bitmap, lay.table, lay.idx, lay.ib, lay.masks, lay.chunk_k,
                    lay.chunk_r, lay.chunk_o, 2.0 * hdr.eb, hdr.n, hdr.dtype == np.float32,
                    flat, outbits, errs)
     if errs.any():

@@ -18,6 +18,7 @@ from numba import njit
 from ccoll.compressor.cpu.blocks import BLOCK
 from ccoll.compressor.cpu.intrinsics import (
     _bitlen,
+    _bits_at,
     _or_plane,
     _pdep64,
     _pext64,
@@ -355,6 +356,105 @@ def _read_raw(W, pos, acc, nb, wide, rb):  # type: ignore[no-untyped-def]
         else:
             rb[l] = lo_
     return pos, acc, nb
+
+
+# The decoder reads the payload by bit offset instead: a field is one unaligned 8-byte
+# load, a shift and a mask (``_field_at``), so whether a field crosses a word costs no
+# branch, and fields whose offsets are known read independently of each other. ``last``
+# is ``W.nbytes - 8``; ``W`` must hold at least 2 words (decode_into pads a shorter
+# payload), and every field read ends inside ``W`` (validation summed the sizes).
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _field_at(W, last, bit, w):  # type: ignore[no-untyped-def]
+    """Read the ``w``-bit field (``w <= 57``) at bit ``bit`` of ``W``, without a branch."""
+    return _bits_at(W, bit, last) & ((np.int64(1) << w) - 1)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_q_at(W, last, bit, code, M, qv, lo):  # type: ignore[no-untyped-def]
+    """:func:`_read_q` by bit offset: the quantized block at ``bit`` into ``qv[0:32]``.
+
+    ``lo`` is scratch (32 uint32). The high parts of a patched-planes block with
+    ``p*h <= 64`` go to their lanes in one vectorized loop, each lane shifting them by
+    ``h`` times its rank among the high lanes (no loop over the ``h`` planes, whose trip
+    count changes from block to block). Returns the bit after the block and 0, or -1 for
+    sparse positions that are not strictly increasing.
+    """
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        for l in range(BLOCK):
+            qv[l] = 0
+        c = a + 1
+        posf = _field_at(W, last, bit, 5 * c)
+        bit += 5 * c
+        sg = _field_at(W, last, bit, c)
+        bit += c
+        prev = np.int64(-1)
+        bad = np.int64(0)
+        for i in range(c):
+            l = (posf >> (5 * i)) & 31
+            bad |= np.int64(l <= prev)
+            prev = l
+            val = _field_at(W, last, bit, b)
+            bit += b
+            s = (sg >> i) & 1
+            qv[l] = ((val + 1) ^ -s) + s
+        return bit, -bad
+    k = a
+    h = b
+    p = _popcount(M)
+    sw = p if k == 0 else 32
+    g = _field_at(W, last, bit, sw)
+    bit += sw
+    sign = _pdep64(g, M) if k == 0 else g
+    for l in range(BLOCK):
+        lo[l] = 0
+    for j in range(k):
+        _or_plane(lo, _field_at(W, last, bit, 32), j)
+        bit += 32
+    nbh = p * h
+    if nbh <= 64:
+        w0 = min(nbh, 32)
+        hb = _field_at(W, last, bit, w0) | (_field_at(W, last, bit + 32, nbh - w0) << 32)
+        bit += nbh
+        hm = (np.int64(1) << h) - 1
+        for l in range(BLOCK):
+            f = (M >> l) & 1
+            # The i-th high lane's field starts at bit i*h < 64 of hb (the clamp keeps the
+            # shift of a lane that is not high defined; its field is masked off by f).
+            sh = min(_popcount(M & ((np.int64(1) << l) - 1)) * h, 63)
+            v = np.int64(lo[l]) + (((((hb >> sh) & hm) + 1) << k) & -f)
+            s = (sign >> l) & 1
+            qv[l] = (v ^ -s) + s
+        return bit, np.int64(0)
+    for l in range(BLOCK):
+        qv[l] = np.int64(lo[l])
+    mm = M
+    while mm:
+        l = _tzcnt(mm)
+        hv = _field_at(W, last, bit, h)
+        bit += h
+        qv[l] += (hv + 1) << k
+        mm &= mm - 1
+    for l in range(BLOCK):
+        s = (sign >> l) & 1
+        qv[l] = (qv[l] ^ -s) + s
+    return bit, np.int64(0)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_raw_at(W, last, bit, wide, rb):  # type: ignore[no-untyped-def]
+    """:func:`_read_raw` by bit offset; returns the bit after the block."""
+    if wide:
+        for l in range(BLOCK):
+            o = bit + 64 * l
+            rb[l] = _field_at(W, last, o, 32) | (_field_at(W, last, o + 32, 32) << 32)
+        return bit + 2048
+    for l in range(BLOCK):
+        rb[l] = _field_at(W, last, bit + 32 * l, 32)
+    return bit + 1024
 
 
 @njit(nogil=True, cache=True, inline="always")
