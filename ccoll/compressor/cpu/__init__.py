@@ -11,14 +11,17 @@ The arithmetic is exactly the one of docs/format.md (float64 division, ``floor(v
 one float64 multiplication, rounding to the dtype). The kernels are compiled without
 fastmath so that no contraction or reassociation changes a bit; the CUDA backend makes
 the same choices and produces byte-identical streams. Kernels are cached on disk
-(``cache=True``); numba checks only the cached function's own file for changes, so after
-editing ``intrinsics.py`` or ``blocks.py`` delete ``ccoll/compressor/cpu/__pycache__``
-(or set ``NUMBA_CACHE_DIR``) before measuring.
+(``cache=True``); numba checks only the cached function's own file for changes, so the
+package drops its cached kernels at import when any of its source files changed
+(:mod:`._cachestamp`).
 """
 
+from ccoll.compressor.cpu import _cachestamp
 from ccoll.compressor.cpu.add import add, add_data, sum_bound
 from ccoll.compressor.cpu.decode import as_stream, decompress, decompress_wide, header
 from ccoll.compressor.cpu.encode import compress_abs, finite_range
+
+_cachestamp.refresh()
 
 __all__ = [
     "compress_abs",
