@@ -96,6 +96,11 @@ def _side_by_side(dtypes: Sequence[str], v2: bool, jobs: int) -> int:
     that used float64). The second pass loads what is there and compiles, once, what was
     dropped; with nothing dropped it takes a second or two.
     """
+    # Importing the CPU package here first drops a stale cache and writes its stamp
+    # (ccoll/compressor/cpu/_cachestamp.py) before the jobs start, so that no job drops
+    # what another one has just compiled.
+    import ccoll.compressor.cpu  # noqa: F401
+
     pending = list(dtypes)
     running: list[subprocess.Popen[bytes]] = []
     rc = 0
