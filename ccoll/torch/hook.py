@@ -695,7 +695,7 @@ def comm_hook(
     else:
         out = _queue(state, tensor, bucket.index(), compress and not raw_step)
     if gated and last:
-        return out.then(lambda f: _step_done(state, f))
+        return _step_done(state, out, tensor)
     return out
 
 
@@ -749,10 +749,9 @@ def _gate_step(state: CCollHookState) -> None:
 
     Runs on the training thread at the step's first bucket; every rank runs the same gated
     steps, so every rank makes the same reductions and feeds the gate the same maximum over
-    ranks. With a process group, the previous step's time went into an asynchronous
-    ``all_reduce`` when that step's last bucket was averaged (:func:`_step_done`); the
-    group's threads completed it during the optimizer step and the forward pass, and it is
-    collected here (a wait on the group's work sleeps, it does not spin on a core). Without
+    ranks. With a process group, the previous step's time went into an ``all_reduce``
+    when that step's last bucket was averaged, and the step's last Future completed after
+    it (:func:`_step_done`); its result is read here. Without
     one, the time goes into a one-float ``MPI_Iallreduce`` on a communicator of the hook's
     own here, polled with sleeps. Either way the gate learns a step's time one step later.
     """
@@ -789,7 +788,8 @@ def _share_step_time(state: CCollHookState) -> None:
     Called when the step's last bucket is averaged, before the hook's Future completes, so
     DDP's next collectives are queued after it on every rank (the group matches its calls
     by their order). It runs on the thread that completed the bucket (ccoll's engine, or
-    the group's own for a raw step); queuing on the group from there does not block.
+    the group's own for a raw step); queuing on the group from there does not block, and
+    the hook's Future waits for the reduction through a callback, not a blocking wait.
     """
     group = state._gate_group
     if group is None or state._gate_done is None:
@@ -839,11 +839,48 @@ def _agree_max_mpi(state: CCollHookState, seconds: float) -> float:
     return float(t[0])
 
 
-def _step_done(state: CCollHookState, fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
-    value = fut.wait()  # raises the bucket's error, if any
-    state._gate_done = time.perf_counter()
-    _share_step_time(state)
-    return value
+def _step_done(state: CCollHookState, out: torch.futures.Future[torch.Tensor],
+               tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
+    """Return the last bucket's Future: its average, once the step's time is shared too.
+
+    When the bucket is averaged the step's end is noted and, with a process group, the
+    step's time goes into the group's ``all_reduce`` (:func:`_share_step_time`); the Future
+    DDP waits on completes when that reduction has, so none is left in flight when the
+    training loop ends and the group is destroyed (one float among ranks that end the step
+    together: one small message's latency per step).
+    """
+    res: torch.futures.Future[torch.Tensor] = torch.futures.Future(
+        devices=[tensor.device] if tensor.is_cuda else None)
+
+    def settle(work_fut: Any, value: torch.Tensor) -> None:
+        try:
+            work_fut.wait()
+        except Exception as exc:  # noqa: BLE001 - handed to DDP through the Future
+            res.set_exception(_any(exc))
+            return
+        res.set_result(value)
+
+    def finish(f: torch.futures.Future[torch.Tensor]) -> None:
+        try:
+            value = f.wait()  # raises the bucket's error, if any
+            state._gate_done = time.perf_counter()
+            _share_step_time(state)
+            pending = state._gate_work
+        except Exception as exc:  # noqa: BLE001 - handed to DDP through the Future
+            res.set_exception(_any(exc))
+            return
+        if pending is None:
+            res.set_result(value)
+        else:
+            pending[0].get_future().add_done_callback(lambda w: settle(w, value))
+
+    out.add_done_callback(finish)
+    # Chained, as in _queue, so that a failure is a real error of the returned Future.
+    return res.then(_value)
+
+
+def _any(exc: BaseException) -> Any:
+    return exc  # torch's stub types set_exception's argument as the Future's value type
 
 
 def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
