@@ -78,8 +78,8 @@ def test_device_lanes_follow_ccoll_sched(monkeypatch, sched):
 def test_one_rank_allreduce_compresses_on_compress_lane_and_decodes_on_reduce(
         monkeypatch, sched, algorithm):
     spy = Spy(monkeypatch)
-    x = data(3000)
-    with ccoll.Communicator(COMM, policy="compress", chunk_elems=1000) as c:
+    x = data(300)
+    with ccoll.Communicator(COMM, policy="compress", chunk_elems=100) as c:
         want = ccoll.allreduce(x, eb=1e-3, comm=c, algorithm=algorithm)
         spy.calls.clear()
         y = ccoll.allreduce(cuda.to_device(x), eb=1e-3, comm=c, algorithm=algorithm, op="avg")
@@ -96,8 +96,8 @@ def test_one_rank_allreduce_compresses_on_compress_lane_and_decodes_on_reduce(
 def test_ccoll_sched_off_keeps_the_default_stream(monkeypatch):
     monkeypatch.setenv("CCOLL_SCHED", "off")
     spy = Spy(monkeypatch)
-    x = data(2000)
-    with ccoll.Communicator(COMM, policy="compress", chunk_elems=1000) as c:
+    x = data(200)
+    with ccoll.Communicator(COMM, policy="compress", chunk_elems=100) as c:
         y = ccoll.allreduce(cuda.to_device(x), eb=1e-3, comm=c)
         want = ccoll.allreduce(x, eb=1e-3, comm=c)
     assert y.copy_to_host().tobytes() == want.tobytes()
@@ -108,7 +108,7 @@ def test_ccoll_sched_off_keeps_the_default_stream(monkeypatch):
 
 def test_allgather_and_bcast_use_the_lanes(monkeypatch, sched):
     spy = Spy(monkeypatch)
-    x = data(500)
+    x = data(100)
     with ccoll.Communicator(COMM, policy="compress") as c:
         ccoll.allgather(cuda.to_device(x), eb=1e-3, comm=c)
         ccoll.bcast(cuda.to_device(x), eb=1e-3, root=0, comm=c)
@@ -120,8 +120,8 @@ def test_allgather_and_bcast_use_the_lanes(monkeypatch, sched):
 
 
 def test_homomorphic_combine_adds_on_reduce_lane(monkeypatch, sched):
-    x = data(2000)
-    layout = Layout(x.size, 2, 1000)
+    x = data(200)
+    layout = Layout(x.size, 2, 100)
     lanes = DeviceLanes(sched)
     ops = HomomorphicOps(cuda.to_device(x), layout, 1e-3, lanes)
     lo, hi = layout.chunks(1)[0]
@@ -134,8 +134,8 @@ def test_homomorphic_combine_adds_on_reduce_lane(monkeypatch, sched):
 
 
 def test_dar_combine_decodes_and_adds_on_reduce_recompresses_on_compress(monkeypatch, sched):
-    x = data(2000)
-    layout = Layout(x.size, 2, 1000)
+    x = data(200)
+    layout = Layout(x.size, 2, 100)
     place = DevicePlace(None, False, DeviceLanes(sched))
     ops = ring_ops(cuda.to_device(x), layout, "dar", 1e-3, place)
     assert isinstance(ops, DarOps)
