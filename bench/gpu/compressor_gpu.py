@@ -2,15 +2,17 @@
 
 1. Versions and the GPU.
 2. Real gradients (datasets/*.h5, every step_XXXX group, tensors concatenated): at REL
-   1e-2, 1e-3, 1e-4 the CUDA stream must equal the CPU stream byte for byte, decode to the
-   same bytes on both backends (each decoding the other's stream), stay within the bound,
-   and the homomorphic sum of two steps must equal the CPU sum. CuPy and PyTorch inputs
-   must give the same bytes as numba device arrays.
+   1e-2, 1e-3, 1e-4 and for each stream format version (``--versions``, 1 and 2) the CUDA
+   stream must equal the CPU stream byte for byte, decode to the same bytes on both
+   backends (each decoding the other's stream), stay within the bound, and the homomorphic
+   sum of two steps must equal the CPU sum. CuPy and PyTorch inputs must give the same
+   bytes as numba device arrays.
 3. Throughput on >= 1 GiB of float32 tiled from the dumps (several input buffers, so L2
-   holds none of them), per REL: compress (end to end, and the compression kernel alone),
-   decompress (into a preallocated output), add; CUDA events, warm-up, median of --reps
-   runs. A device-to-device copy gives the bandwidth floor of each figure: the bytes it
-   must move (read input + write output) at copy bandwidth.
+   holds none of them), per REL and format version: compress (end to end, and for version
+   1 the compression kernel alone), decompress (into a preallocated output), add; CUDA
+   events, warm-up, median of --reps runs. A device-to-device copy gives the bandwidth
+   floor of each figure: the bytes it must move (read input + write output) at copy
+   bandwidth.
 
 Everything prints as it is measured, and the results go to $OUT/compressor_gpu.json (if
 OUT is set) after every section, so a failure or timeout still leaves partial results.
@@ -50,6 +52,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget", type=float, default=270.0,
                     help="seconds; later sections are skipped once it is spent")
+    ap.add_argument("--versions", default="1,2",
+                    help="stream format versions to check and time, comma-separated")
+    ap.add_argument("--sections", default="equality,throughput",
+                    help="which of equality and throughput to run, comma-separated")
     ap.add_argument("--tiny", action="store_true", help="tiny sizes (for the simulator)")
     ap.add_argument("--simulator", action="store_true",
                     help="run on the numba CUDA simulator (sets NUMBA_ENABLE_CUDASIM=1)")
@@ -57,6 +63,16 @@ def parse_args() -> argparse.Namespace:
 
 
 ARGS = parse_args()
+try:
+    VERSIONS = tuple(int(v) for v in ARGS.versions.split(","))
+except ValueError:
+    VERSIONS = ()
+if not VERSIONS or any(v not in (1, 2) for v in VERSIONS):
+    sys.exit(f"--versions: a comma-separated list of 1 and 2, got {ARGS.versions!r}")
+SECTIONS = set(ARGS.sections.split(","))
+if not SECTIONS or not SECTIONS <= {"equality", "throughput"}:
+    sys.exit(f"--sections: a comma-separated list of equality and throughput, got "
+             f"{ARGS.sections!r}")
 if ARGS.simulator:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 if ARGS.tiny:
@@ -117,7 +133,8 @@ def import_ccoll() -> Any:
         pkg = types.ModuleType("ccoll")
         pkg.__path__ = [os.path.join(ROOT, "ccoll")]  # type: ignore[attr-defined]
         sys.modules["ccoll"] = pkg
-    from ccoll.compressor import _cpu, _cuda
+    from ccoll.compressor import _cuda
+    from ccoll.compressor import cpu as _cpu
 
     return _cpu, _cuda
 
@@ -213,40 +230,40 @@ def equality(_cpu: Any, _cuda: Any) -> None:
         if ARGS.tiny:
             x = x[:TINY_N]
         by_file.setdefault(name.split("/")[0], []).append((name, x))
-    say(f"{'data':<28} {'rel':>6} {'ratio':>7} {'max|err|/eb':>11}  compress decode add")
-    for steps in by_file.values():
-        for rel in RELS:
-            if left() < 20:
-                raise TimeoutError("budget spent during the equality checks")
-            eb = ebm.REL(rel).resolve(*_cpu.finite_range(steps[0][1]))
-            streams = []
-            for name, x in steps[: 2 if ARGS.tiny else len(steps)]:
-                d = cuda.to_device(x)
-                g = _cuda.compress_abs(d, eb).copy_to_host()
-                c = _cpu.compress_abs(x, eb)
-                ok_c = g.tobytes() == c.tobytes()
-                y_g = _cuda.decompress(cuda.to_device(c)).copy_to_host()  # GPU decodes CPU's
-                y_c = _cpu.decompress(g)  # CPU decodes GPU's
-                ok_d = y_g.tobytes() == y_c.tobytes()
-                err = float(np.max(np.abs(y_g.astype(np.float64) - x))) if x.size else 0.0
-                ok_b = err <= eb
-                streams.append((g, c))
-                ok_a = None
-                if len(streams) == 2:
-                    s_g = _cuda.add(cuda.to_device(streams[0][0]),
-                                    cuda.to_device(streams[1][0])).copy_to_host()
-                    s_c = _cpu.add(streams[0][1], streams[1][1])
-                    ok_a = s_g.tobytes() == s_c.tobytes()
-                ratio = x.nbytes / max(g.size, 1)
-                flags = " ".join("ok" if v else ("-" if v is None else "DIFF")
-                                 for v in (ok_c, ok_d, ok_a))
-                say(f"{name:<28} {rel:>6.0e} {ratio:>7.2f} {err / eb:>11.4f}  {flags}"
-                    + ("" if ok_b else "  BOUND EXCEEDED"))
-                row = dict(data=name, rel=rel, eb=eb, ratio=ratio, max_err_over_eb=err / eb,
-                           stream_equal=ok_c, decode_equal=ok_d, add_equal=ok_a,
-                           within_bound=ok_b)
-                RESULTS["equality"].append(row)
-                bad += (not ok_c) + (not ok_d) + (ok_a is False) + (not ok_b)
+    say(f"{'data':<28} {'rel':>6} {'v':>2} {'ratio':>7} {'max|err|/eb':>11}  "
+        "compress decode add")
+    for steps, rel, v in [(st, r, v) for st in by_file.values() for r in RELS for v in VERSIONS]:
+        if left() < 20:
+            raise TimeoutError("budget spent during the equality checks")
+        eb = ebm.REL(rel).resolve(*_cpu.finite_range(steps[0][1]))
+        streams = []
+        for name, x in steps[: 2 if ARGS.tiny else len(steps)]:
+            d = cuda.to_device(x)
+            g = _cuda.compress_abs(d, eb, version=v).copy_to_host()
+            c = _cpu.compress_abs(x, eb, version=v)
+            ok_c = g.tobytes() == c.tobytes()
+            y_g = _cuda.decompress(cuda.to_device(c)).copy_to_host()  # GPU decodes CPU's
+            y_c = _cpu.decompress(g)  # CPU decodes GPU's
+            ok_d = y_g.tobytes() == y_c.tobytes()
+            err = float(np.max(np.abs(y_g.astype(np.float64) - x))) if x.size else 0.0
+            ok_b = err <= eb
+            streams.append((g, c))
+            ok_a = None
+            if len(streams) == 2:
+                s_g = _cuda.add(cuda.to_device(streams[0][0]),
+                                cuda.to_device(streams[1][0])).copy_to_host()
+                s_c = _cpu.add(streams[0][1], streams[1][1])
+                ok_a = s_g.tobytes() == s_c.tobytes()
+            ratio = x.nbytes / max(g.size, 1)
+            flags = " ".join("ok" if ok else ("-" if ok is None else "DIFF")
+                             for ok in (ok_c, ok_d, ok_a))
+            say(f"{name:<28} {rel:>6.0e} {v:>2} {ratio:>7.2f} {err / eb:>11.4f}  {flags}"
+                + ("" if ok_b else "  BOUND EXCEEDED"))
+            row = dict(data=name, rel=rel, version=v, eb=eb, ratio=ratio, max_err_over_eb=err / eb,
+                       stream_equal=ok_c, decode_equal=ok_d, add_equal=ok_a,
+                       within_bound=ok_b)
+            RESULTS["equality"].append(row)
+            bad += (not ok_c) + (not ok_d) + (ok_a is False) + (not ok_b)
     RESULTS["equality_failures"] = bad
     if bad:
         raise AssertionError(f"{bad} equality/bound check(s) failed")
@@ -280,7 +297,7 @@ def interop(_cuda: Any) -> None:
 
 
 def _cpu_decode(buf: np.ndarray) -> bytes:
-    from ccoll.compressor import _cpu
+    from ccoll.compressor import cpu as _cpu
 
     return _cpu.decompress(buf).tobytes()
 
@@ -351,37 +368,38 @@ def throughput(_cuda: Any) -> None:
     lo, hi = _cuda.finite_range(bufs[0], stream=s)
 
     rows = []
-    hdr = (f"{'op':<16} {'rel':>6} {'ratio':>7} {'median ms':>10} {'GB/s':>8} {'floor ms':>9} "
-           f"{'x floor':>8} {'runs':>5}")
+    hdr = (f"{'op':<16} {'rel':>6} {'v':>2} {'ratio':>7} {'median ms':>10} {'GB/s':>8} "
+           f"{'floor ms':>9} {'x floor':>8} {'runs':>5}")
     say(hdr)
 
-    def emit(op: str, rel: float, ratio: float, ms: list[float], moved: float) -> None:
+    def emit(op: str, rel: float, v: int, ratio: float, ms: list[float], moved: float) -> None:
         med = statistics.median(ms) if ms else math.nan
         floor = moved / copy_bw * 1e3
-        row = dict(op=op, rel=rel, ratio=ratio, median_ms=med, GBps=nbytes / (med * 1e-3) / 1e9,
-                   floor_ms=floor, x_floor=med / floor, runs=len(ms), bytes_moved_floor=moved,
+        row = dict(op=op, rel=rel, version=v, ratio=ratio, median_ms=med,
+                   GBps=nbytes / (med * 1e-3) / 1e9, floor_ms=floor, x_floor=med / floor,
+                   runs=len(ms), bytes_moved_floor=moved,
                    min_ms=min(ms) if ms else math.nan, max_ms=max(ms) if ms else math.nan)
         rows.append(row)
         RESULTS["throughput"].append(row)
-        say(f"{op:<16} {rel:>6.0e} {ratio:>7.2f} {med:>10.3f} {row['GBps']:>8.1f} {floor:>9.3f} "
-            f"{row['x_floor']:>8.2f} {len(ms):>5}")
+        say(f"{op:<16} {rel:>6.0e} {v:>2} {ratio:>7.2f} {med:>10.3f} {row['GBps']:>8.1f} "
+            f"{floor:>9.3f} {row['x_floor']:>8.2f} {len(ms):>5}")
         save()
 
     work = _cuda._work(s)
     flats = [b.view(np.int32) for b in bufs]
     nb = len(bufs)
-    for rel in RELS:
+    for rel, v in [(r, v) for r in RELS for v in VERSIONS]:
         if left() < 30:
-            say(f"budget: skipping REL {rel:g} and below")
-            RESULTS["errors"].append(f"throughput: REL {rel:g} skipped (budget)")
+            say(f"budget: skipping REL {rel:g} version {v} and what follows")
+            RESULTS["errors"].append(f"throughput: REL {rel:g} version {v} on skipped (budget)")
             break
         eb = ebm.REL(rel).resolve(lo, hi)
-        cs = [_cuda.compress_abs(b, eb, stream=s) for b in bufs]
+        cs = [_cuda.compress_abs(b, eb, stream=s, version=v) for b in bufs]
         c_mean = sum(int(c.size) for c in cs) / nb
         ratio = nbytes / c_mean
 
-        def comp(i: int, eb: float = eb) -> Any:
-            return _cuda.compress_abs(bufs[i % nb], eb, stream=s)
+        def comp(i: int, eb: float = eb, v: int = v) -> Any:
+            return _cuda.compress_abs(bufs[i % nb], eb, stream=s, version=v)
 
         def comp_kernel(i: int, eb: float = eb) -> None:
             _cuda._launch_compress(work, flats[i % nb], n, eb, s)
@@ -392,18 +410,22 @@ def throughput(_cuda: Any) -> None:
         def add(i: int, cs: list[Any] = cs) -> Any:
             return _cuda.add(cs[i % nb], cs[(i + 1) % nb], stream=s)
 
-        emit("compress", rel, ratio, timer(comp, ARGS.reps, ARGS.warmup), nbytes + c_mean)
-        emit("compress kernel", rel, ratio, timer(comp_kernel, ARGS.reps, ARGS.warmup),
-             nbytes + c_mean)
-        emit("decompress", rel, ratio, timer(decomp, ARGS.reps, ARGS.warmup), c_mean + nbytes)
+        emit("compress", rel, v, ratio, timer(comp, ARGS.reps, ARGS.warmup), nbytes + c_mean)
+        if v == 1:  # the version-1 kernel alone (version 2 runs more than one kernel)
+            emit("compress kernel", rel, v, ratio, timer(comp_kernel, ARGS.reps, ARGS.warmup),
+                 nbytes + c_mean)
+        emit("decompress", rel, v, ratio, timer(decomp, ARGS.reps, ARGS.warmup),
+             c_mean + nbytes)
         s_mean = sum(int(add(i).size) for i in range(nb)) / nb
-        emit("add", rel, nbytes / s_mean, timer(add, ARGS.reps, ARGS.warmup), 2 * c_mean + s_mean)
+        emit("add", rel, v, nbytes / s_mean, timer(add, ARGS.reps, ARGS.warmup),
+             2 * c_mean + s_mean)
         cs.clear()  # free this bound's streams before the next one
 
     say("\n" + hdr)
     for r in rows:
-        say(f"{r['op']:<16} {r['rel']:>6.0e} {r['ratio']:>7.2f} {r['median_ms']:>10.3f} "
-            f"{r['GBps']:>8.1f} {r['floor_ms']:>9.3f} {r['x_floor']:>8.2f} {r['runs']:>5}")
+        say(f"{r['op']:<16} {r['rel']:>6.0e} {r['version']:>2} {r['ratio']:>7.2f} "
+            f"{r['median_ms']:>10.3f} {r['GBps']:>8.1f} {r['floor_ms']:>9.3f} "
+            f"{r['x_floor']:>8.2f} {r['runs']:>5}")
     say("GB/s: uncompressed float32 bytes per second. floor: bytes the operation must move "
         "(compress: input + stream; decompress: stream + output; add: two streams + sum) at the "
         "device-to-device copy bandwidth.")
@@ -428,10 +450,12 @@ def main() -> int:
     section("gradient dumps", load_dumps)
     if not DUMPS:
         return 2
-    section("GPU vs CPU byte equality on real gradients", lambda: equality(_cpu, _cuda), 30)
-    if not ARGS.simulator:
-        section("CuPy / PyTorch inputs", lambda: interop(_cuda), 20)
-    section("throughput", lambda: throughput(_cuda), 40)
+    if "equality" in SECTIONS:
+        section("GPU vs CPU byte equality on real gradients", lambda: equality(_cpu, _cuda), 30)
+        if not ARGS.simulator:
+            section("CuPy / PyTorch inputs", lambda: interop(_cuda), 20)
+    if "throughput" in SECTIONS:
+        section("throughput", lambda: throughput(_cuda), 40)
     RESULTS["elapsed_s"] = time.monotonic() - T0
     save()
     failed = RESULTS.get("equality_failures", 0) or any(
