@@ -41,7 +41,7 @@ from ccoll.compressor.cpu.intrinsics import (
     _f32_from_bits,
     _f64_from_bits,
     _neg_mask,
-    _plane_of,
+    _planes_abs,
     _popcount,
     _round_like,
 )
@@ -56,6 +56,7 @@ from ccoll.compressor.cpu.v2blocks import (
     NO_BLOCK,
     PLANES_MAX_W,
     _choose,
+    _choose_max,
     _choose_planes,
     _code_bits,
     _copy_bits,
@@ -85,11 +86,12 @@ __all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validat
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
+def _quantize_v2(xb, eb, step, q):  # type: ignore[no-untyped-def]
     """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
 
     Returns (rejected lanes, max ``|q|``, non-zero lanes); ``q`` receives the quantized
-    values and ``mag`` their magnitudes (padding lanes 0).
+    values (padding lanes 0). The magnitudes are not stored: :func:`_planes_abs` takes
+    them from ``q``.
     """
     m = xb.size
     bad = np.int64(0)
@@ -107,7 +109,6 @@ def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
             bad += np.int64(not ok)
             a = abs(qi)
             q[l] = qi
-            mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     else:
@@ -125,7 +126,6 @@ def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
                 bad += np.int64(not ok)
                 a = abs(qi)
             q[l] = qi
-            mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     return bad, mx, c
@@ -157,7 +157,6 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
     room = (SCRATCH_WORDS - 1) * 32
     for c in prange(chunk_nnz.size):
         q = np.empty(BLOCK, np.int64)
-        mag = np.empty(BLOCK, np.uint32)
         T = np.empty(BLOCK, np.int64)
         Sk = np.empty(BLOCK, np.int64)
         H = np.empty(BLOCK, np.int64)
@@ -180,7 +179,7 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
                 if tiny:
                     codes[b] = NO_BLOCK
                     continue
-            bad, mx, nzc = _quantize_v2(xb, eb, step, q, mag)
+            bad, mx, nzc = _quantize_v2(xb, eb, step, q)
             if bad:
                 code = CODE_RAW_V2
                 size = rawbits
@@ -188,12 +187,10 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
                 codes[b] = NO_BLOCK
                 continue
             else:
-                # Rules 3-4 on the bit-planes of |q| (one vector op each): p_k are
+                # Rules 3-4 on the bit-planes of |q| (a few vector ops each): p_k are
                 # population counts, and the payload is written from the same planes.
-                w = _bitlen(mx)
-                for j in range(w):
-                    T[j] = np.int64(_plane_of(mag, j))
-                code = _choose_planes(T, w, Sk)
+                _planes_abs(q, T, Sk, _bitlen(mx))
+                code = _choose_max(Sk, mx, nzc)
                 M = Sk[(code >> 5) & 31] if (code >> 10) == KIND_PP else np.int64(0)
                 size = _code_bits(code, M, is32)
             pack = pack and bits + size <= room
