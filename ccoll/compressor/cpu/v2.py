@@ -44,6 +44,7 @@ from ccoll.compressor.cpu.intrinsics import (
     _planes_abs,
     _popcount,
     _round_like,
+    _tzcnt,
 )
 from ccoll.compressor.cpu.v2blocks import (
     CODE_RAW64_V2,
@@ -142,12 +143,14 @@ SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
 
 @njit(parallel=True, nogil=True, cache=True)
 def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits, S,
-                omasks, packed):  # type: ignore[no-untyped-def]
+                omasks, packed, present):  # type: ignore[no-untyped-def]
     """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums.
 
     Each chunk's payload also goes to its region of ``S`` (from word
     ``c * SCRATCH_WORDS``) and its mask words to ``omasks[b0:]``, with ``packed[c] = 1``,
-    unless it would not fit.
+    unless it would not fit. ``present[code]`` is set to 1 for every code used (chunks
+    may store the same 1 concurrently; the result is the set of codes either way, and
+    it saves :func:`_presence`'s serial pass over the codes).
     """
     n = x.size
     nblocks = codes.size
@@ -203,6 +206,7 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
                         omasks[b0 + nm] = M
             nm += (code >> 10) == KIND_PP
             codes[b] = code
+            present[code] = 1
             nz += 1
             bits += size
         if pack and sn:
@@ -250,29 +254,46 @@ def _presence(codes, present):  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, nogil=True, cache=True)
 def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap, idx, masks,
-              pay, last_idx, last_pay, S, omasks, packed, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+              pay, S, omasks, packed, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
     """Pass 2: bitmap, index fields, mask words and payload of every chunk.
 
     A chunk the plan pass packed (``packed[c]``) is moved from its scratch region word-wise
-    (:func:`_place_words`); the others are quantized again and packed here.
+    (:func:`_place_words`); the others are quantized again and packed here. The words
+    that chunks' last, partial words are OR'd into are zeroed before the chunks run and
+    the OR is done after them, serially (what :func:`_zero_last` and :func:`_merge_last`
+    do for the add).
     """
     n = x.size
     nblocks = codes.size
     wide = x.itemsize == 8
-    for c in prange(chunk_k.size):
+    nch = chunk_k.size
+    for c in range(nch):
+        ie = (chunk_k[c] + chunk_nnz[c]) * ib
+        if ie & 31:
+            idx[ie >> 5] = 0
+        pe = chunk_o[c] + chunk_bits[c]
+        if pe & 31:
+            pay[pe >> 5] = 0
+    last_idx = np.empty(nch, np.int64)
+    last_pay = np.empty(nch, np.int64)
+    for c in prange(nch):
         if packed[c]:
             ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
             b0 = c * CHUNK_BLOCKS
             b1 = min(b0 + CHUNK_BLOCKS, nblocks)
-            word = np.int64(0)
-            for b in range(b0, b1):
-                code = np.int64(codes[b])
-                if code >= 0:
-                    word |= np.int64(1) << (b & 31)
+            # A bitmap word from a compare of its 32 codes, then the index fields of its
+            # set bits: no branch per block on whether it is zero.
+            for base in range(b0, b1, 32):
+                cw = codes[base : min(base + 32, b1)]
+                word = np.int64(0)
+                for l in range(cw.size):
+                    word |= np.int64(cw[l] >= 0) << l
+                bitmap[base >> 5] = word
+                mm = word
+                while mm:
+                    code = np.int64(cw[_tzcnt(mm)])
                     ipos, iacc, inb = _put(idx, ipos, iacc, inb, rank[code], ib)
-                if (b & 31) == 31 or b == b1 - 1:
-                    bitmap[b >> 5] = word
-                    word = 0
+                    mm &= mm - 1
             r = chunk_r[c]
             for i in range(chunk_nmask[c]):
                 masks[r + i] = omasks[b0 + i]
@@ -327,6 +348,34 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
             P[ppos] = pacc
         last_idx[c] = iacc if inb else 0
         last_pay[c] = _place_words(P, 0, pay, chunk_o[c], chunk_bits[c])
+    for c in range(nch):
+        ie = (chunk_k[c] + chunk_nnz[c]) * ib
+        if ie & 31:
+            idx[ie >> 5] |= last_idx[c]
+        pe = chunk_o[c] + chunk_bits[c]
+        if pe & 31:
+            pay[pe >> 5] |= last_pay[c]
+
+
+@njit(nogil=True, cache=True)
+def _layout_v2(present, chunk_nnz, chunk_nmask, chunk_bits, table, rank, chunk_k, chunk_r,
+               chunk_o):  # type: ignore[no-untyped-def]
+    """Build the code table and do the three exclusive scans of compression in one call.
+
+    ``table[:ntab]`` receives the codes present, increasing, and ``rank`` their index
+    (what :func:`_table_of` and three :func:`_scan` calls gave, without their numpy calls
+    per array). Returns ``(ntab, nnz, nmask, nbits)``.
+    """
+    ntab = 0
+    for code in range(present.size):
+        if present[code]:
+            table[ntab] = code
+            rank[code] = ntab
+            ntab += 1
+    nnz = _exclusive_scan(chunk_nnz, chunk_k)
+    nmask = _exclusive_scan(chunk_nmask, chunk_r)
+    nbits = _exclusive_scan(chunk_bits, chunk_o)
+    return ntab, nnz, nmask, nbits
 
 
 def _merge_last(W: np.ndarray, ends: np.ndarray, last: np.ndarray) -> None:
@@ -422,30 +471,26 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
                 _plan_lossless(bits_, mask, is32, codes, chunk_nnz, chunk_nmask, chunk_bits)
             else:
                 _plan_lossy(flat, bits_, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
-                            chunk_nmask, chunk_bits, S, omasks, packed)
-        _presence(codes, present)
-    table, rank, ib = _table_of(present)
-    chunk_k, nnz = _scan(chunk_nnz)
-    chunk_r, nmask = _scan(chunk_nmask)
-    chunk_o, nbits = _scan(chunk_bits)
+                            chunk_nmask, chunk_bits, S, omasks, packed, present)
+        if eb == 0.0:
+            _presence(codes, present)
+    table = np.empty(NCODES, np.uint16)
+    rank = np.empty(NCODES, np.int64)
+    chunk_k = np.empty(nch, np.int64)
+    chunk_r = np.empty(nch, np.int64)
+    chunk_o = np.empty(nch, np.int64)
+    ntab, nnz, nmask, nbits = _layout_v2(present, chunk_nnz, chunk_nmask, chunk_bits, table,
+                                         rank, chunk_k, chunk_r, chunk_o)
+    ib = fmt.bitlen(ntab - 1) if ntab > 1 else 0
     hdr = fmt.StreamHeader(dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb, nnz=nnz,
                            payload_words=(nbits + 31) // 32, version=fmt.VERSION2,
-                           nmask=nmask, ntab=int(table.size))
-    res = _new_stream(hdr, table)
+                           nmask=nmask, ntab=ntab)
+    res = _new_stream(hdr, table[:ntab])
     if nblocks:
         bitmap, idx, masks, pay = _sections(res, hdr)
-        iends = (chunk_k + chunk_nnz) * ib
-        pends = chunk_o + chunk_bits
-        _zero_last(idx, iends)
-        _zero_last(pay, pends)
-        last_idx = np.empty(nch, np.int64)
-        last_pay = np.empty(nch, np.int64)
         with _threads_for(n):
             _write_v2(flat, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap,
-                      idx, masks, pay, last_idx, last_pay, S, omasks, packed, chunk_nmask,
-                      chunk_bits)
-        _merge_last(idx, iends, last_idx)
-        _merge_last(pay, pends, last_pay)
+                      idx, masks, pay, S, omasks, packed, chunk_nnz, chunk_nmask, chunk_bits)
     return res
 
 
