@@ -27,6 +27,7 @@ __all__ = [
     "_neg_mask",
     "_round_like",
     "_bits_at",
+    "_planes_abs",
 ]
 
 
@@ -253,6 +254,52 @@ def _neg_mask(typingctx, q):  # type: ignore[no-untyped-def]
 
 
 _I64 = ir.IntType(64)
+
+
+@intrinsic
+def _planes_abs(typingctx, q, T, S, w):  # type: ignore[no-untyped-def]
+    """Bit-planes of ``|q|`` for the 32 int64 lanes of ``q`` (``|q| < 2^31``), ``j < w``.
+
+    ``T[j]`` (int64) receives bit ``j`` of the 32 magnitudes (bit ``l`` = lane ``l``) and
+    ``S[j]`` the lanes with ``|q| >= 2^j``. ``q`` is loaded once, as the 64-byte vectors
+    the quantizer stored (a 32-bit ``|q|`` array written by the quantizer's 32-byte
+    truncating stores and read back as 64-byte vectors stalled store forwarding), and
+    the plane loop runs on registers: a vector shift, a compare and two mask moves per
+    plane. ``q``, ``T`` and ``S`` must be C-contiguous with at least 32, ``w`` and ``w``
+    elements.
+    """
+    sig = types.void(q, T, S, types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        qa = context.make_array(signature.args[0])(context, builder, args[0])
+        vec = builder.load(builder.bitcast(qa.data, _V64.as_pointer()), align=8)
+        neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
+        mag = builder.trunc(builder.select(neg, builder.sub(ir.Constant(_V64, None), vec), vec),
+                            _V32)
+        tp = context.make_array(signature.args[1])(context, builder, args[1]).data
+        sp = context.make_array(signature.args[2])(context, builder, args[2]).data
+        tp = builder.bitcast(tp, _I64.as_pointer())
+        sp = builder.bitcast(sp, _I64.as_pointer())
+        w = args[3]
+        entry = builder.basic_block
+        loop = builder.append_basic_block("planes.loop")
+        done = builder.append_basic_block("planes.done")
+        builder.cbranch(builder.icmp_signed(">", w, ir.Constant(_I64, 0)), loop, done)
+        builder.position_at_end(loop)
+        j = builder.phi(_I64)
+        j.add_incoming(ir.Constant(_I64, 0), entry)
+        sh = builder.lshr(mag, _splat32(builder, builder.trunc(j, _I32)))
+        t = builder.bitcast(builder.trunc(sh, _M32), _I32)
+        s = builder.bitcast(builder.icmp_unsigned("!=", sh, ir.Constant(_V32, None)), _I32)
+        builder.store(builder.zext(t, _I64), builder.gep(tp, [j]))
+        builder.store(builder.zext(s, _I64), builder.gep(sp, [j]))
+        nxt = builder.add(j, ir.Constant(_I64, 1))
+        j.add_incoming(nxt, loop)
+        builder.cbranch(builder.icmp_signed("<", nxt, w), loop, done)
+        builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic

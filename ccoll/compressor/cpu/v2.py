@@ -19,6 +19,8 @@ region of a scratch buffer, then moves every chunk to its bit offset.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 from numba import njit, prange
 
@@ -41,9 +43,10 @@ from ccoll.compressor.cpu.intrinsics import (
     _f32_from_bits,
     _f64_from_bits,
     _neg_mask,
-    _plane_of,
+    _planes_abs,
     _popcount,
     _round_like,
+    _tzcnt,
 )
 from ccoll.compressor.cpu.v2blocks import (
     CODE_RAW64_V2,
@@ -56,6 +59,7 @@ from ccoll.compressor.cpu.v2blocks import (
     NO_BLOCK,
     PLANES_MAX_W,
     _choose,
+    _choose_max,
     _choose_planes,
     _code_bits,
     _copy_bits,
@@ -85,11 +89,14 @@ __all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validat
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
+def _quantize_v2(xb, eb, step, q):  # type: ignore[no-untyped-def]
     """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
 
     Returns (rejected lanes, max ``|q|``, non-zero lanes); ``q`` receives the quantized
-    values and ``mag`` their magnitudes (padding lanes 0).
+    values (padding lanes 0). The magnitudes are not stored: :func:`_planes_abs` takes
+    them from ``q``. The reconstruction multiplies the floored value itself rather than
+    ``float64(q)``: both are the same integer-valued double (``|q| < 2^31``), and the
+    conversion back is saved.
     """
     m = xb.size
     bad = np.int64(0)
@@ -101,13 +108,13 @@ def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
             v = xd / step
             inr = abs(v) < QLIM
             vv = v if inr else 0.0
-            qi = np.int64(np.floor(vv + 0.5))
-            yd = _round_like(np.float64(qi) * step, xb)
+            fq = np.floor(vv + 0.5)
+            qi = np.int64(fq)
+            yd = _round_like(fq * step, xb)
             ok = inr & (abs(yd - xd) < eb)
             bad += np.int64(not ok)
             a = abs(qi)
             q[l] = qi
-            mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     else:
@@ -119,13 +126,13 @@ def _quantize_v2(xb, eb, step, q, mag):  # type: ignore[no-untyped-def]
                 v = xd / step
                 inr = abs(v) < QLIM
                 vv = v if inr else 0.0
-                qi = np.int64(np.floor(vv + 0.5))
-                yd = _round_like(np.float64(qi) * step, xb)
+                fq = np.floor(vv + 0.5)
+                qi = np.int64(fq)
+                yd = _round_like(fq * step, xb)
                 ok = inr & (abs(yd - xd) < eb)
                 bad += np.int64(not ok)
                 a = abs(qi)
             q[l] = qi
-            mag[l] = a
             mx = max(mx, a)
             c += np.int64(a != 0)
     return bad, mx, c
@@ -142,12 +149,14 @@ SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
 
 @njit(parallel=True, nogil=True, cache=True)
 def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits, S,
-                omasks, packed):  # type: ignore[no-untyped-def]
+                omasks, packed, present):  # type: ignore[no-untyped-def]
     """Pass 1: every block's code (``NO_BLOCK`` for a zero block) and per-chunk sums.
 
     Each chunk's payload also goes to its region of ``S`` (from word
     ``c * SCRATCH_WORDS``) and its mask words to ``omasks[b0:]``, with ``packed[c] = 1``,
-    unless it would not fit.
+    unless it would not fit. ``present[code]`` is set to 1 for every code used (chunks
+    may store the same 1 concurrently; the result is the set of codes either way, and
+    it saves :func:`_presence`'s serial pass over the codes).
     """
     n = x.size
     nblocks = codes.size
@@ -157,7 +166,6 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
     room = (SCRATCH_WORDS - 1) * 32
     for c in prange(chunk_nnz.size):
         q = np.empty(BLOCK, np.int64)
-        mag = np.empty(BLOCK, np.uint32)
         T = np.empty(BLOCK, np.int64)
         Sk = np.empty(BLOCK, np.int64)
         H = np.empty(BLOCK, np.int64)
@@ -169,18 +177,24 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
         nz = 0
         nm = 0
         bits = 0
+        zprev = True
         for b in range(b0, b1):
             base = b * BLOCK
             e = min(base + BLOCK, n)
             xb = x[base:e]
-            if xb.size == BLOCK:
+            # The shortcut for a zero block is tried only after a zero block: it decides
+            # as the full path does, so skipping it changes nothing, and where zero
+            # blocks are a minority (REL 1e-3 and below) its data-dependent branch
+            # mispredicted often.
+            if xb.size == BLOCK and zprev:
                 tiny = True
                 for l in range(BLOCK):
                     tiny &= abs(xb[l]) <= small
                 if tiny:
                     codes[b] = NO_BLOCK
                     continue
-            bad, mx, nzc = _quantize_v2(xb, eb, step, q, mag)
+            zprev = True
+            bad, mx, nzc = _quantize_v2(xb, eb, step, q)
             if bad:
                 code = CODE_RAW_V2
                 size = rawbits
@@ -188,12 +202,10 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
                 codes[b] = NO_BLOCK
                 continue
             else:
-                # Rules 3-4 on the bit-planes of |q| (one vector op each): p_k are
+                # Rules 3-4 on the bit-planes of |q| (a few vector ops each): p_k are
                 # population counts, and the payload is written from the same planes.
-                w = _bitlen(mx)
-                for j in range(w):
-                    T[j] = np.int64(_plane_of(mag, j))
-                code = _choose_planes(T, w, Sk)
+                _planes_abs(q, T, Sk, _bitlen(mx))
+                code = _choose_max(Sk, mx, nzc)
                 M = Sk[(code >> 5) & 31] if (code >> 10) == KIND_PP else np.int64(0)
                 size = _code_bits(code, M, is32)
             pack = pack and bits + size <= room
@@ -204,8 +216,10 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
                     sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, _neg_mask(q), H)
                     if (code >> 10) == KIND_PP:
                         omasks[b0 + nm] = M
+            zprev = False
             nm += (code >> 10) == KIND_PP
             codes[b] = code
+            present[code] = 1
             nz += 1
             bits += size
         if pack and sn:
@@ -253,29 +267,46 @@ def _presence(codes, present):  # type: ignore[no-untyped-def]
 
 @njit(parallel=True, nogil=True, cache=True)
 def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap, idx, masks,
-              pay, last_idx, last_pay, S, omasks, packed, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+              pay, S, omasks, packed, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
     """Pass 2: bitmap, index fields, mask words and payload of every chunk.
 
     A chunk the plan pass packed (``packed[c]``) is moved from its scratch region word-wise
-    (:func:`_place_words`); the others are quantized again and packed here.
+    (:func:`_place_words`); the others are quantized again and packed here. The words
+    that chunks' last, partial words are OR'd into are zeroed before the chunks run and
+    the OR is done after them, serially (what :func:`_zero_last` and :func:`_merge_last`
+    do for the add).
     """
     n = x.size
     nblocks = codes.size
     wide = x.itemsize == 8
-    for c in prange(chunk_k.size):
+    nch = chunk_k.size
+    for c in range(nch):
+        ie = (chunk_k[c] + chunk_nnz[c]) * ib
+        if ie & 31:
+            idx[ie >> 5] = 0
+        pe = chunk_o[c] + chunk_bits[c]
+        if pe & 31:
+            pay[pe >> 5] = 0
+    last_idx = np.empty(nch, np.int64)
+    last_pay = np.empty(nch, np.int64)
+    for c in prange(nch):
         if packed[c]:
             ipos, iacc, inb = _writer_at(chunk_k[c] * ib)
             b0 = c * CHUNK_BLOCKS
             b1 = min(b0 + CHUNK_BLOCKS, nblocks)
-            word = np.int64(0)
-            for b in range(b0, b1):
-                code = np.int64(codes[b])
-                if code >= 0:
-                    word |= np.int64(1) << (b & 31)
+            # A bitmap word from a compare of its 32 codes, then the index fields of its
+            # set bits: no branch per block on whether it is zero.
+            for base in range(b0, b1, 32):
+                cw = codes[base : min(base + 32, b1)]
+                word = np.int64(0)
+                for l in range(cw.size):
+                    word |= np.int64(cw[l] >= 0) << l
+                bitmap[base >> 5] = word
+                mm = word
+                while mm:
+                    code = np.int64(cw[_tzcnt(mm)])
                     ipos, iacc, inb = _put(idx, ipos, iacc, inb, rank[code], ib)
-                if (b & 31) == 31 or b == b1 - 1:
-                    bitmap[b >> 5] = word
-                    word = 0
+                    mm &= mm - 1
             r = chunk_r[c]
             for i in range(chunk_nmask[c]):
                 masks[r + i] = omasks[b0 + i]
@@ -330,6 +361,34 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
             P[ppos] = pacc
         last_idx[c] = iacc if inb else 0
         last_pay[c] = _place_words(P, 0, pay, chunk_o[c], chunk_bits[c])
+    for c in range(nch):
+        ie = (chunk_k[c] + chunk_nnz[c]) * ib
+        if ie & 31:
+            idx[ie >> 5] |= last_idx[c]
+        pe = chunk_o[c] + chunk_bits[c]
+        if pe & 31:
+            pay[pe >> 5] |= last_pay[c]
+
+
+@njit(nogil=True, cache=True)
+def _layout_v2(present, chunk_nnz, chunk_nmask, chunk_bits, table, rank, chunk_k, chunk_r,
+               chunk_o):  # type: ignore[no-untyped-def]
+    """Build the code table and do the three exclusive scans of compression in one call.
+
+    ``table[:ntab]`` receives the codes present, increasing, and ``rank`` their index
+    (what :func:`_table_of` and three :func:`_scan` calls gave, without their numpy calls
+    per array). Returns ``(ntab, nnz, nmask, nbits)``.
+    """
+    ntab = 0
+    for code in range(present.size):
+        if present[code]:
+            table[ntab] = code
+            rank[code] = ntab
+            ntab += 1
+    nnz = _exclusive_scan(chunk_nnz, chunk_k)
+    nmask = _exclusive_scan(chunk_nmask, chunk_r)
+    nbits = _exclusive_scan(chunk_bits, chunk_o)
+    return ntab, nnz, nmask, nbits
 
 
 def _merge_last(W: np.ndarray, ends: np.ndarray, last: np.ndarray) -> None:
@@ -418,37 +477,33 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
     packed = np.zeros(nch, np.uint8)
     omasks = np.empty(nblocks if eb else 0, np.uint32)
     S = np.empty(nch * SCRATCH_WORDS if eb else 0, np.uint32)
-    if nblocks:
-        with _threads_for(n):
+    # One launch context for both passes: with few elements it sets numba's thread count
+    # to 1 and back, which costs about as much as a small array's plan pass.
+    with _threads_for(n) if nblocks else nullcontext():
+        if nblocks:
             if eb == 0.0:
                 mask = np.uint64(0x7FFFFFFF if is32 else 0x7FFFFFFFFFFFFFFF)
                 _plan_lossless(bits_, mask, is32, codes, chunk_nnz, chunk_nmask, chunk_bits)
+                _presence(codes, present)
             else:
                 _plan_lossy(flat, bits_, eb, step, _small(eb, flat.dtype), codes, chunk_nnz,
-                            chunk_nmask, chunk_bits, S, omasks, packed)
-        _presence(codes, present)
-    table, rank, ib = _table_of(present)
-    chunk_k, nnz = _scan(chunk_nnz)
-    chunk_r, nmask = _scan(chunk_nmask)
-    chunk_o, nbits = _scan(chunk_bits)
-    hdr = fmt.StreamHeader(dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb, nnz=nnz,
-                           payload_words=(nbits + 31) // 32, version=fmt.VERSION2,
-                           nmask=nmask, ntab=int(table.size))
-    res = _new_stream(hdr, table)
-    if nblocks:
-        bitmap, idx, masks, pay = _sections(res, hdr)
-        iends = (chunk_k + chunk_nnz) * ib
-        pends = chunk_o + chunk_bits
-        _zero_last(idx, iends)
-        _zero_last(pay, pends)
-        last_idx = np.empty(nch, np.int64)
-        last_pay = np.empty(nch, np.int64)
-        with _threads_for(n):
+                            chunk_nmask, chunk_bits, S, omasks, packed, present)
+        table = np.empty(NCODES, np.uint16)
+        rank = np.empty(NCODES, np.int64)
+        chunk_k = np.empty(nch, np.int64)
+        chunk_r = np.empty(nch, np.int64)
+        chunk_o = np.empty(nch, np.int64)
+        ntab, nnz, nmask, nbits = _layout_v2(present, chunk_nnz, chunk_nmask, chunk_bits,
+                                             table, rank, chunk_k, chunk_r, chunk_o)
+        ib = fmt.bitlen(ntab - 1) if ntab > 1 else 0
+        hdr = fmt.StreamHeader(dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb,
+                               nnz=nnz, payload_words=(nbits + 31) // 32,
+                               version=fmt.VERSION2, nmask=nmask, ntab=ntab)
+        res = _new_stream(hdr, table[:ntab])
+        if nblocks:
+            bitmap, idx, masks, pay = _sections(res, hdr)
             _write_v2(flat, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap,
-                      idx, masks, pay, last_idx, last_pay, S, omasks, packed, chunk_nmask,
-                      chunk_bits)
-        _merge_last(idx, iends, last_idx)
-        _merge_last(pay, pends, last_pay)
+                      idx, masks, pay, S, omasks, packed, chunk_nnz, chunk_nmask, chunk_bits)
     return res
 
 

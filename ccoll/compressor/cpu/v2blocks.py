@@ -661,6 +661,33 @@ def _choose_planes(T, w, S):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _choose_max(S, m, c):  # type: ignore[no-untyped-def]
+    """:func:`_choose_planes` given the maximum ``m >= 1`` and the non-zero count ``c``.
+
+    ``S[k]`` are the lanes with ``|q| >= 2^k`` for ``k < bitlen(m)``, as
+    :func:`_choose_planes` leaves them; the compressor knows ``m`` and ``c`` from the
+    quantizer, so the planes need not be searched for the maximum. The same code.
+    """
+    w = _bitlen(m)
+    v = _bitlen(m - 1)
+    best = 32 + c + c * v
+    bk = np.int64(0)
+    bh = v
+    for k in range(1, w):
+        if 64 + 32 * k >= best:
+            break
+        hk = _bitlen((m >> k) - 1)
+        cost = 64 + 32 * k + _popcount(S[k]) * hk
+        if cost < best:
+            best = cost
+            bk = k
+            bh = hk
+    if c <= 4 and c * (6 + v) <= best:
+        return (KIND_SP << 10) | ((c - 1) << 5) | v
+    return (bk << 5) | bh
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _put_fields(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
     """Write the ``h``-bit values given as planes ``H[0:h]`` of the ``p`` lanes of ``L``.
 
