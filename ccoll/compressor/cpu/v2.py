@@ -42,7 +42,6 @@ from ccoll.compressor.cpu.intrinsics import (
     _bits_from_f64,
     _f32_from_bits,
     _f64_from_bits,
-    _lut_store,
     _neg_mask,
     _plane_of,
     _popcount,
@@ -62,6 +61,7 @@ from ccoll.compressor.cpu.v2blocks import (
     _choose_planes,
     _code_bits,
     _copy_bits,
+    _decode_lut_at,
     _emit_planes,
     _emit_q,
     _emit_raw_bits,
@@ -71,7 +71,6 @@ from ccoll.compressor.cpu.v2blocks import (
     _push,
     _put,
     _qwidth,
-    _read_lut_at,
     _read_planes,
     _read_q,
     _read_q_at,
@@ -698,8 +697,7 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                     M = np.int64(masks[r])
                     r += 1
                 if lutok[i] and m == BLOCK and _popcount(M) * (code & 31) <= 64:
-                    bit, k, sign, err = _read_lut_at(W, last, bit, code, M, pl)
-                    _lut_store(out, b * BLOCK, tab, pl, k, sign)
+                    bit, err = _decode_lut_at(W, last, bit, code, M, pl, out, b * BLOCK, tab)
                 else:
                     bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
                     for l in range(m):

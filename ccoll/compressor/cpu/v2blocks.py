@@ -13,13 +13,16 @@ chunks are written, so the bytes do not depend on how chunks are scheduled.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ccoll.compressor.cpu.blocks import BLOCK
 from ccoll.compressor.cpu.intrinsics import (
+    HAVE_AVX512,
     LUT_BITS,
     _bitlen,
     _bits_at,
+    _lut_store,
     _or_plane,
     _pdep64,
     _pext64,
@@ -527,6 +530,29 @@ def _read_lut_at(W, last, bit, code, M, pl):  # type: ignore[no-untyped-def]
     pl[nlo + 1] = _pdep64(hb >> ((h * _popcount(m0)) & 63), _pdep64(M >> 16, _NIB) * hm)
     pl[nlo + 2] = M
     return bit, k, sign, np.int64(0)
+
+
+def _decode_lut_at(W, last, bit, code, M, pl, out, base, tab):  # type: ignore[no-untyped-def]
+    """Decode a block :func:`_lut_ok` admits into ``out[base:base+32]`` through ``tab``.
+
+    Returns the bit after the block and 0, or -1 for sparse positions that are not
+    strictly increasing. Only with AVX-512 into a float32 ``out``: elsewhere it does
+    nothing and is never called, so that those kernels do not compile it.
+    """
+    raise NotImplementedError  # only called from numba code, see the overload below
+
+
+@overload(_decode_lut_at, inline="always")
+def _decode_lut_at_impl(W, last, bit, code, M, pl, out, base, tab):  # type: ignore[no-untyped-def]
+    if HAVE_AVX512 and out.dtype == types.float32:
+
+        def impl(W, last, bit, code, M, pl, out, base, tab):  # type: ignore[no-untyped-def]
+            bit, k, sign, err = _read_lut_at(W, last, bit, code, M, pl)
+            _lut_store(out, base, tab, pl, k, sign)
+            return bit, err
+
+        return impl
+    return lambda W, last, bit, code, M, pl, out, base, tab: (bit, np.int64(0))
 
 
 @njit(nogil=True, cache=True, inline="always")
