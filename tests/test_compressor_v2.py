@@ -503,3 +503,84 @@ def test_pext_pdep_match_their_definition_and_the_portable_loops():
         pdep = sum(((x >> i) & 1) << b for i, b in enumerate(bits))
         got = [v & (2**64 - 1) for v in both(x, m)]
         assert got == [pext, pdep & (2**64 - 1), pext, pdep & (2**64 - 1)]
+
+
+def _same_floats(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit-for-bit equal, except that any NaN equals any NaN (a widened sNaN is quieted)."""
+    na, nb = np.isnan(a), np.isnan(b)
+    return bool(np.array_equal(na, nb) and np.array_equal(a.view(np.uint32)[~na],
+                                                          b.view(np.uint32)[~nb]))
+
+
+def _table_agrees_with_lanes(buf: np.ndarray) -> None:
+    """A float32 decode (small blocks through the output table) is the wide decode rounded."""
+    from ccoll.compressor.cpu.decode import decompress_wide
+
+    try:
+        y = decompress(buf)
+    except FormatError:
+        return
+    if y.dtype == np.float32:
+        with np.errstate(over="ignore"):  # a raw float64 lane beyond float32's range
+            wide = decompress_wide(buf).astype(np.float32)
+        assert _same_floats(y.reshape(-1), wide)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_decoding_through_the_output_table_equals_lane_by_lane(seed):
+    # Scales and bounds that give patched planes with every k + h up to 8 and sparse
+    # blocks with b up to 6, so blocks on both sides of the table's limits.
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(32 * 600).astype(np.float32)
+    x *= np.repeat(rng.choice([0.0, 1e-3, 1e-2, 0.1, 1.0, 10.0], 600), 32).astype(np.float32)
+    x[rng.random(x.size) < 0.3] = 0.0
+    x[-7:] = rng.standard_normal(7)  # a partial last block
+    for eb in (0.5, 1e-1, 1e-2, 1e-3):
+        _table_agrees_with_lanes(compress_abs(x, eb, version=2))
+        _table_agrees_with_lanes(compress_abs(x[:-7], eb, version=2))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["f32", "sum32", "example"]), st.lists(mutations, min_size=1, max_size=3))
+def test_mutated_streams_decode_through_the_table_as_lane_by_lane(name, muts):
+    # Mutated payloads give sign bits on zero lanes and fields the encoder never writes.
+    _table_agrees_with_lanes(_mutate(V2[name], muts))
+
+
+def test_lut_store_matches_the_portable_loop():
+    from numba import njit
+
+    from ccoll.compressor.cpu import intrinsics as it
+
+    @njit
+    def both(tab, pl, k, neg, a, b):  # type: ignore[no-untyped-def]
+        it._lut_store(a, 3, tab, pl, k, neg)
+        it._lut_store_sw(b, 3, tab, pl, k, neg)
+
+    rng = np.random.default_rng(5)
+    nlo = it.LUT_BITS - 1
+    tab = (np.arange(1 << it.LUT_BITS) * 0.37).astype(np.float32)
+    for _ in range(300):
+        k = int(rng.integers(0, it.LUT_BITS))
+        h = int(rng.integers(0, min(4, it.LUT_BITS - 1 - k) + 1))
+        pl = np.zeros(nlo + 3, np.int64)
+        for j in range(k):
+            pl[j] = rng.integers(0, 2**32)
+        hi = rng.integers(0, 1 << h, 32) if h else np.zeros(32, np.int64)
+        f = int(rng.integers(0, 2**32))
+        hi[[(f >> l) & 1 == 0 for l in range(32)]] = 0
+        for q in range(2):  # lane l's field at bit 4 * (l % 16) of word nlo + l // 16
+            w = sum(int(v) << (4 * l) for l, v in enumerate(hi[16 * q : 16 * q + 16]))
+            pl[nlo + q] = w - (1 << 64) if w >= 1 << 63 else w
+        pl[nlo + 2] = f
+        neg = int(rng.integers(0, 2**32))
+        a = np.full(40, np.nan, np.float32)
+        b = np.full(40, np.nan, np.float32)
+        both(tab, pl, k, neg, a, b)
+        lo = [sum(((int(pl[j]) >> l) & 1) << j for j in range(nlo)) for l in range(32)]
+        idx = [lo[l] + ((int(hi[l]) + ((f >> l) & 1)) << k) for l in range(32)]
+        want = np.array([-tab[i] if (neg >> l) & 1 and i else tab[i] for l, i in enumerate(idx)],
+                        np.float32)
+        assert np.array_equal(a[3:35].view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(b[3:35].view(np.uint32), want.view(np.uint32))
+        assert np.isnan(a[:3]).all() and np.isnan(a[35:]).all()

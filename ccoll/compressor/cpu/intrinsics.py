@@ -28,6 +28,9 @@ __all__ = [
     "_round_like",
     "_bits_at",
     "_planes_abs",
+    "HAVE_AVX512",
+    "LUT_BITS",
+    "_lut_store",
 ]
 
 
@@ -328,6 +331,129 @@ def _bits_at(typingctx, W, bit, last):  # type: ignore[no-untyped-def]
         return builder.lshr(v, sh)
 
     return sig, codegen
+
+
+def _host_has_avx512() -> bool:
+    try:
+        import numba
+        from llvmlite import binding as llb
+
+        cfg = numba.config
+        if getattr(cfg, "CPU_NAME", None) or getattr(cfg, "CPU_FEATURES", None):
+            return False  # a target other than the host's: no x86-only intrinsics
+        return bool(llb.get_host_cpu_features().get("avx512f", False))
+    except Exception:  # noqa: BLE001 - no feature list: the portable loop
+        return False
+
+
+# The decoder's small-magnitude blocks (v2blocks._read_lut_at) map |q| to the output float
+# through a table of 2^LUT_BITS float32 values, one permute per 16 lanes with AVX-512.
+HAVE_AVX512 = _host_has_avx512()
+LUT_BITS = 6
+_V16I = ir.VectorType(_I32, 16)
+_V16F = ir.VectorType(ir.FloatType(), 16)
+
+
+def _lut_store(out, base, tab, pl, k, neg):  # type: ignore[no-untyped-def]
+    """Write 32 float32 values ``+-tab[lo + ((hi + f) << k)]`` to ``out[base:base+32]``.
+
+    ``pl`` (int64) holds ``LUT_BITS - 1`` low planes (bit ``l`` of word ``j``: bit ``j``
+    of lane ``l``'s ``lo``), then ``X0`` and ``X1``, the ``hi`` of lanes 0-15 and 16-31
+    as 4-bit fields (lane ``l``'s at bit ``4 * (l % 16)``), then ``f``, a word with bit
+    ``l`` set where 1 is added to ``hi``. Lane ``l`` is negative where bit ``l`` of
+    ``neg`` is set and its index is not 0. The index must be below ``2^LUT_BITS``.
+    """
+    raise NotImplementedError  # only called from numba code, see the overload below
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _lut_store_sw(out, base, tab, pl, k, neg):  # type: ignore[no-untyped-def]
+    """Portable :func:`_lut_store` (any float ``out``), one lane at a time."""
+    nlo = LUT_BITS - 1
+    for l in range(32):
+        lo = np.int64(0)
+        for j in range(nlo):
+            lo |= ((pl[j] >> l) & 1) << j
+        hi = (pl[nlo + (l >> 4)] >> (4 * (l & 15))) & 15
+        i = lo + ((hi + ((pl[nlo + 2] >> l) & 1)) << k)
+        v = tab[i]
+        out[base + l] = -v if (neg >> l) & 1 and i else v
+
+
+def _lut_codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+    o = context.make_array(signature.args[0])(context, builder, args[0])
+    t = context.make_array(signature.args[2])(context, builder, args[2])
+    p = context.make_array(signature.args[3])(context, builder, args[3])
+    pp = builder.bitcast(p.data, _I64.as_pointer())
+    nlo = LUT_BITS - 1
+
+    def word(i):  # type: ignore[no-untyped-def]
+        return builder.load(builder.gep(pp, [ir.Constant(_I64, i)]))
+
+    def plane(w):  # type: ignore[no-untyped-def]
+        return builder.bitcast(builder.trunc(w, _I32), _M32)
+
+    def splat(v):  # type: ignore[no-untyped-def]
+        return ir.Constant(_V32, [v] * 32)
+
+    zero = ir.Constant(_V32, None)
+    lo = zero
+    for j in range(nlo):  # a masked OR per plane
+        lo = builder.or_(lo, builder.select(plane(word(j)), splat(1 << j), zero))
+    # hi: the 4 words of 8 lanes' 4-bit fields, each broadcast to its 8 lanes and shifted
+    x0, x1 = word(nlo), word(nlo + 1)
+    c32 = ir.Constant(_I64, 32)
+    parts = [x0, builder.lshr(x0, c32), x1, builder.lshr(x1, c32)]
+    v = ir.Constant(_V32, ir.Undefined)
+    for q in range(4):
+        v = builder.insert_element(v, builder.trunc(parts[q], _I32), ir.Constant(_I32, 8 * q))
+    v = builder.shuffle_vector(v, ir.Constant(_V32, ir.Undefined),
+                               ir.Constant(_V32, [8 * (l // 8) for l in range(32)]))
+    hi = builder.and_(builder.lshr(v, ir.Constant(_V32, [4 * (l % 8) for l in range(32)])),
+                      splat(15))
+    f = builder.select(plane(word(nlo + 2)), splat(1), zero)
+    ks = _splat32(builder, builder.trunc(args[4], _I32))
+    idx = builder.add(lo, builder.shl(builder.add(hi, f), ks))
+    tp = builder.bitcast(t.data, _V16F.as_pointer())
+    tabs = [builder.load(builder.gep(tp, [ir.Constant(_I64, i)]), align=4)
+            for i in range(1 << (LUT_BITS - 4))]
+    perm = builder.module.declare_intrinsic(
+        "llvm.x86.avx512.vpermi2var.ps.512", fnty=ir.FunctionType(_V16F, [_V16F, _V16I, _V16F]))
+    halves = []
+    for hh in range(2):
+        half = ir.Constant(_V16I, list(range(16 * hh, 16 * hh + 16)))
+        ix = builder.shuffle_vector(idx, idx, half)
+        res = [builder.call(perm, [tabs[2 * g], ix, tabs[2 * g + 1]])
+               for g in range(1 << (LUT_BITS - 5))]  # one permute per 32 table entries
+        bitn = 5
+        while len(res) > 1:  # then a blend on each higher index bit
+            hit = builder.and_(ix, ir.Constant(_V16I, [1 << bitn] * 16))
+            sel = builder.icmp_unsigned("!=", hit, ir.Constant(_V16I, None))
+            res = [builder.select(sel, res[2 * g + 1], res[2 * g]) for g in range(len(res) // 2)]
+            bitn += 1
+        halves.append(builder.bitcast(res[0], _V16I))
+    r = builder.shuffle_vector(halves[0], halves[1], ir.Constant(_V32, list(range(32))))
+    negm = builder.and_(builder.bitcast(builder.trunc(args[5], _I32), _M32),
+                        builder.icmp_unsigned("!=", idx, zero))
+    r = builder.or_(r, builder.select(negm, splat(0x80000000), zero))  # the table is >= +0.0
+    op = builder.gep(builder.bitcast(o.data, ir.FloatType().as_pointer()), [args[1]])
+    builder.store(r, builder.bitcast(op, _V32.as_pointer()), align=4)
+    return context.get_dummy_value()
+
+
+@intrinsic
+def _lut_store_hw(typingctx, out, base, tab, pl, k, neg):  # type: ignore[no-untyped-def]
+    """:func:`_lut_store` with AVX-512 (float32 ``out`` and ``tab``, int64 ``pl``, all C)."""
+    sig = types.void(out, types.int64, tab, pl, types.int64, types.int64)
+    return sig, _lut_codegen
+
+
+@overload(_lut_store)
+def _lut_store_impl(out, base, tab, pl, k, neg):  # type: ignore[no-untyped-def]
+    if HAVE_AVX512 and out.dtype == types.float32 and tab.dtype == types.float32:
+        return lambda out, base, tab, pl, k, neg: _lut_store_hw(out, np.int64(base), tab, pl,
+                                                                np.int64(k), np.int64(neg))
+    return lambda out, base, tab, pl, k, neg: _lut_store_sw(out, base, tab, pl, k, neg)
 
 
 def _round_like(d, arr):  # type: ignore[no-untyped-def]

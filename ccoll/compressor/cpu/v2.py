@@ -38,6 +38,8 @@ from ccoll.compressor.cpu.blocks import (
     _threads_for,
 )
 from ccoll.compressor.cpu.intrinsics import (
+    HAVE_AVX512,
+    LUT_BITS,
     _bitlen,
     _bits_from_f64,
     _f32_from_bits,
@@ -63,10 +65,12 @@ from ccoll.compressor.cpu.v2blocks import (
     _choose_planes,
     _code_bits,
     _copy_bits,
+    _decode_lut_at,
     _emit_planes,
     _emit_q,
     _emit_raw_bits,
     _get,
+    _lut_ok,
     _place_words,
     _push,
     _put,
@@ -701,29 +705,43 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
     """Decode every block of a validated stream into ``out`` (float32, or float64 = wide).
 
     ``W`` (the payload) must hold at least 2 words (:func:`decode_into` pads a shorter
-    one); the payload is read by bit offset (``v2blocks._field_at``).
+    one); the payload is read by bit offset (``v2blocks._field_at``). With AVX-512 and a
+    float32 ``out``, a full block whose magnitudes are below ``2^LUT_BITS`` is looked up
+    in a table of its outputs (``v2blocks._read_lut_at``, ``intrinsics._lut_store``);
+    the others are converted lane by lane. ``out`` is indexed from the block's start,
+    not sliced: a slice costs two reference-count calls per block in the parfor.
     ``errs[c]`` is set for a chunk holding a sparse block with positions out of order.
     """
     nblocks = (n + BLOCK - 1) // BLOCK
     same = (out.itemsize == 4) == is32
     last = 4 * W.size - 8
+    use_lut = HAVE_AVX512 and out.itemsize == 4
+    tab = np.empty(1 << LUT_BITS, np.float32)  # float32(float64(j) * step), as a lane's
+    for j in range(1 << LUT_BITS):
+        tab[j] = np.float64(j) * step
+    lutok = np.empty(table.size, np.uint8)
+    for t in range(table.size):
+        lutok[t] = use_lut and _lut_ok(np.int64(table[t]))
     for c in prange(chunk_k.size):
         qv = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
         rb = np.empty(BLOCK, np.int64)
+        pl = np.empty(LUT_BITS + 2, np.int64)
         ipos, iacc, inb = _reader_at(idx, chunk_k[c] * ib)
         bit = chunk_o[c]
         r = chunk_r[c]
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
         for b in range(b0, b1):
-            base = b * BLOCK
-            e = min(base + BLOCK, n)
-            ob = out[base:e]
-            m = e - base
+            ub = np.uint64(b * BLOCK)  # unsigned: no negative-index wraparound per lane
+            m = min(BLOCK, n - b * BLOCK)
             if (np.int64(bitmap[b >> 5]) >> (b & 31)) & 1 == 0:
-                for l in range(m):
-                    ob[l] = 0.0
+                if m == BLOCK:
+                    for l in range(BLOCK):
+                        out[ub + np.uint64(l)] = 0.0
+                else:
+                    for l in range(m):
+                        out[ub + np.uint64(l)] = 0.0
                 continue
             i, ipos, iacc, inb = _get(idx, ipos, iacc, inb, ib)
             code = np.int64(table[i])
@@ -733,25 +751,27 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                 if kind == KIND_PP:
                     M = np.int64(masks[r])
                     r += 1
-                bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
+                if lutok[i] and m == BLOCK and _popcount(M) * (code & 31) <= 64:
+                    bit, err = _decode_lut_at(W, last, bit, code, M, pl, out, b * BLOCK, tab)
+                else:
+                    bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
+                    for l in range(m):
+                        out[ub + np.uint64(l)] = np.float64(qv[l]) * step
                 if err:
                     errs[c] = 1
                     break
-                for l in range(m):
-                    ob[l] = np.float64(qv[l]) * step
             elif kind == KIND_RAW:
                 bit = _read_raw_at(W, last, bit, not is32, rb)
-                obits = outbits[base:e]
                 if same:
                     for l in range(m):
-                        obits[l] = rb[l]
+                        outbits[ub + np.uint64(l)] = rb[l]
                 else:
                     for l in range(m):
-                        ob[l] = _f32_from_bits(rb[l])
+                        out[ub + np.uint64(l)] = _f32_from_bits(rb[l])
             else:
                 bit = _read_raw_at(W, last, bit, True, rb)
                 for l in range(m):
-                    ob[l] = _f64_from_bits(rb[l])
+                    out[ub + np.uint64(l)] = _f64_from_bits(rb[l])
 
 
 def decode_into(lay: LayoutV2, flat: np.ndarray) -> None:

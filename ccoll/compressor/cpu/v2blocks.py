@@ -13,12 +13,16 @@ chunks are written, so the bytes do not depend on how chunks are scheduled.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from ccoll.compressor.cpu.blocks import BLOCK
 from ccoll.compressor.cpu.intrinsics import (
+    HAVE_AVX512,
+    LUT_BITS,
     _bitlen,
     _bits_at,
+    _lut_store,
     _or_plane,
     _pdep64,
     _pext64,
@@ -442,6 +446,113 @@ def _read_q_at(W, last, bit, code, M, qv, lo):  # type: ignore[no-untyped-def]
         s = (sign >> l) & 1
         qv[l] = (qv[l] ^ -s) + s
     return bit, np.int64(0)
+
+
+# A block whose magnitudes are all below 2^LUT_BITS is decoded through a table of its
+# float32 outputs (intrinsics._lut_store): the fields it needs are read into words, and
+# the lanes are built, looked up and stored with a few vector instructions and no loop
+# over lanes or over planes. Patched planes qualify with k + h < LUT_BITS and h <= 4
+# (|q| <= 2^(k+h) + 2^k - 1) and p*h <= 64, sparse blocks with b <= 4 (|q| <= 2^b).
+_NIB = 0x1111111111111111  # bit 4i for every i < 16
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _lut_ok(code):  # type: ignore[no-untyped-def]
+    """Whether a block of ``code`` may take :func:`_read_lut_at` (given p*h <= 64)."""
+    kind = code >> 10
+    a = (code >> 5) & 31
+    b = code & 31
+    return (kind == KIND_SP and b <= 4) or (kind == KIND_PP and b <= 4 and a + b < LUT_BITS)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_lut_at(W, last, bit, code, M, pl):  # type: ignore[no-untyped-def]
+    """Read a block that :func:`_lut_ok` admits into ``pl`` for ``intrinsics._lut_store``.
+
+    Returns the bit after the block, ``k``, the sign word and 0, or -1 for sparse
+    positions that are not strictly increasing. The high parts go to 4-bit fields with
+    one ``pdep`` per half block (their mask spreads the high lanes at a 4-bit stride).
+    """
+    nlo = LUT_BITS - 1
+    a = (code >> 5) & 31
+    b = code & 31
+    if code >> 10 == KIND_SP:
+        c = a + 1
+        posf = _field_at(W, last, bit, 5 * c)
+        bit += 5 * c
+        sg = _field_at(W, last, bit, c)
+        bit += c
+        prev = np.int64(-1)
+        bad = np.int64(0)
+        neg = np.int64(0)
+        f = np.int64(0)
+        x0 = np.int64(0)
+        x1 = np.int64(0)
+        for i in range(c):
+            l = (posf >> (5 * i)) & 31
+            bad |= np.int64(l <= prev)
+            prev = l
+            val = _field_at(W, last, bit, b)
+            bit += b
+            f |= np.int64(1) << l
+            neg |= ((sg >> i) & 1) << l
+            v = val << (4 * (l & 15))
+            x0 |= v & -np.int64(l < 16)
+            x1 |= v & -np.int64(l >= 16)
+        for j in range(nlo):
+            pl[j] = 0
+        pl[nlo] = x0
+        pl[nlo + 1] = x1
+        pl[nlo + 2] = f
+        return bit, np.int64(0), neg, -bad
+    k = a
+    h = b
+    p = _popcount(M)
+    sw = p if k == 0 else 32
+    g = _field_at(W, last, bit, sw)
+    bit += sw
+    sign = _pdep64(g, M) if k == 0 else g
+    if k:  # the planes past k are read and masked off: no loop whose length is k
+        for j in range(nlo):
+            pl[j] = _field_at(W, last, bit + 32 * j, 32) & -np.int64(j < k)
+        bit += 32 * k
+    else:
+        for j in range(nlo):
+            pl[j] = 0
+    nbh = p * h
+    w0 = min(nbh, 32)
+    hb = _field_at(W, last, bit, w0) | (_field_at(W, last, bit + 32, nbh - w0) << 32)
+    bit += nbh
+    hm = (np.int64(1) << h) - 1
+    m0 = M & 0xFFFF
+    pl[nlo] = _pdep64(hb, _pdep64(m0, _NIB) * hm)
+    # h * popcount(m0) <= nbh <= 64; at 64 no high lane is left for X1, whose mask is 0.
+    pl[nlo + 1] = _pdep64(hb >> ((h * _popcount(m0)) & 63), _pdep64(M >> 16, _NIB) * hm)
+    pl[nlo + 2] = M
+    return bit, k, sign, np.int64(0)
+
+
+def _decode_lut_at(W, last, bit, code, M, pl, out, base, tab):  # type: ignore[no-untyped-def]
+    """Decode a block :func:`_lut_ok` admits into ``out[base:base+32]`` through ``tab``.
+
+    Returns the bit after the block and 0, or -1 for sparse positions that are not
+    strictly increasing. Only with AVX-512 into a float32 ``out``: elsewhere it does
+    nothing and is never called, so that those kernels do not compile it.
+    """
+    raise NotImplementedError  # only called from numba code, see the overload below
+
+
+@overload(_decode_lut_at, inline="always")
+def _decode_lut_at_impl(W, last, bit, code, M, pl, out, base, tab):  # type: ignore[no-untyped-def]
+    if HAVE_AVX512 and out.dtype == types.float32:
+
+        def impl(W, last, bit, code, M, pl, out, base, tab):  # type: ignore[no-untyped-def]
+            bit, k, sign, err = _read_lut_at(W, last, bit, code, M, pl)
+            _lut_store(out, base, tab, pl, k, sign)
+            return bit, err
+
+        return impl
+    return lambda W, last, bit, code, M, pl, out, base, tab: (bit, np.int64(0))
 
 
 @njit(nogil=True, cache=True, inline="always")
