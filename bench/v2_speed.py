@@ -13,6 +13,7 @@ each operation spends its time instead.
     python bench/v2_speed.py                       # v1 and v2 (about a minute, warm cache)
     python bench/v2_speed.py --baseline 1a86725    # and the kernels of 1a86725 (compiles them)
     python bench/v2_speed.py --passes
+    python bench/v2_speed.py --baseline 1a86725 --compress   # compress only (a quick A/B)
 
 docs/performance.md ("Format v2 on the CPU") quotes its output.
 """
@@ -78,6 +79,36 @@ def speeds(repeat: int, base: ModuleType | None) -> None:
         name = os.path.splitext(os.path.basename(path))[0]
         for rel in RELS:
             row = _speed_row(x, rel, variants, base, repeat)
+            print(f"| {name} | {rel:g} | " + " | ".join(row) + " |", flush=True)
+
+
+def compress_speeds(repeat: int, base: ModuleType | None) -> None:
+    """Compress only: v1, the baseline's v2 and the working tree's v2 (ms and GB/s)."""
+    from compressor import DEFAULT_FILES, load_concat
+
+    import ccoll
+    from ccoll.compressor.cpu import v2
+
+    variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
+    head = ["data", "REL", "compress v1"] + [f"compress {k}" for k in variants]
+    head += ["v2 / v1"] + (["v2 / base"] if base is not None else [])
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for path in DEFAULT_FILES:
+        x = load_concat(path)
+        name = os.path.splitext(os.path.basename(path))[0]
+        for rel in RELS:
+            eb = rel * (float(x.max()) - float(x.min()))
+            fns: dict[str, Callable[[], object]] = {
+                "v1": lambda x=x, eb=eb: ccoll.compress(x, ccoll.ABS(eb))}
+            for k, m in variants.items():
+                fns[k] = lambda m=m, x=x, eb=eb: m.compress_abs_v2(x, eb)
+            if base is not None:
+                assert base.compress_abs_v2(x, eb).tobytes() == v2.compress_abs_v2(x, eb).tobytes()
+            t = _best(fns, repeat)
+            row = [f"{t[k] * 1e3:.3f} ms ({x.nbytes / t[k] / 1e9:.2f})" for k in fns]
+            row += [f"{t['v1'] / t['v2']:.3f}x"]
+            row += [f"{t['v2 base'] / t['v2']:.3f}x"] if base is not None else []
             print(f"| {name} | {rel:g} | " + " | ".join(row) + " |", flush=True)
 
 
@@ -195,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=11, help="rounds, the best counts")
     ap.add_argument("--baseline", metavar="REV", help="also time the v2 kernels of git REV")
     ap.add_argument("--passes", action="store_true", help="time the passes of each v2 call")
+    ap.add_argument("--compress", action="store_true", help="time compress only")
     args = ap.parse_args(argv)
     import numba
 
@@ -205,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.getloadavg()[0]:.2f}; one numba thread, thread CPU time, best of {args.repeat}")
     if args.passes:
         passes(args.repeat)
+    elif args.compress:
+        compress_speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
     else:
         speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
     print(f"# load average at the end {os.getloadavg()[0]:.2f}")

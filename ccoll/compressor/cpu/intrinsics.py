@@ -31,6 +31,7 @@ __all__ = [
     "HAVE_AVX512",
     "LUT_BITS",
     "_lut_store",
+    "_planes_abs8",
 ]
 
 
@@ -300,6 +301,44 @@ def _planes_abs(typingctx, q, T, S, w):  # type: ignore[no-untyped-def]
         j.add_incoming(nxt, loop)
         builder.cbranch(builder.icmp_signed("<", nxt, w), loop, done)
         builder.position_at_end(done)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_V8 = ir.VectorType(ir.IntType(8), 32)
+
+
+@intrinsic
+def _planes_abs8(typingctx, q, T, S):  # type: ignore[no-untyped-def]
+    """:func:`_planes_abs` with ``w = 8`` for magnitudes below ``2^8``, in straight-line code.
+
+    The 32 magnitudes are narrowed to bytes (one 32-byte vector), so a plane is a byte
+    shift and a mask move, and a suffix OR a byte compare and a mask move: 8 planes cost
+    fewer instructions than the 32-bit plane loop spends on the 3-6 planes that blocks
+    need at REL 1e-3 and 1e-4, and no branch depends on how many planes a block has.
+    ``T[j]`` and ``S[j]`` for ``j`` at or above the bit length of the maximum are 0.
+    ``q``, ``T`` and ``S`` must be C-contiguous with at least 32, 8 and 8 elements, and
+    every ``|q[l]| < 2^8``.
+    """
+    sig = types.void(q, T, S)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        qa = context.make_array(signature.args[0])(context, builder, args[0])
+        vec = builder.load(builder.bitcast(qa.data, _V64.as_pointer()), align=8)
+        neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
+        mag = builder.trunc(builder.select(neg, builder.sub(ir.Constant(_V64, None), vec), vec),
+                            _V8)
+        tp = context.make_array(signature.args[1])(context, builder, args[1]).data
+        sp = context.make_array(signature.args[2])(context, builder, args[2]).data
+        tp = builder.bitcast(tp, _I64.as_pointer())
+        sp = builder.bitcast(sp, _I64.as_pointer())
+        for j in range(8):
+            sh = builder.lshr(mag, ir.Constant(_V8, [j] * 32))
+            t = builder.bitcast(builder.trunc(sh, _M32), _I32)
+            s = builder.bitcast(builder.icmp_unsigned("!=", sh, ir.Constant(_V8, None)), _I32)
+            builder.store(builder.zext(t, _I64), builder.gep(tp, [ir.Constant(_I64, j)]))
+            builder.store(builder.zext(s, _I64), builder.gep(sp, [ir.Constant(_I64, j)]))
         return context.get_dummy_value()
 
     return sig, codegen
