@@ -68,7 +68,6 @@ from ccoll.compressor.cpu.v2blocks import (
     _copy_bits,
     _decode_lut_at,
     _emit_planes,
-    _emit_planes_grouped,
     _emit_q,
     _emit_raw_bits,
     _get,
@@ -224,7 +223,7 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
                 if bad:
                     sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, bits_[base:e], e - base, wide)
                 else:
-                    sp, sa, sn, M = _emit_planes_grouped(S, sp, sa, sn, code, T, Sk, _neg_mask(q),
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, _neg_mask(q),
                                                          H)
                     if (code >> 10) == KIND_PP:
                         omasks[b0 + nm] = M

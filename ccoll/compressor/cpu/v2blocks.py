@@ -803,28 +803,41 @@ def _put_fields(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
     """Write the ``h``-bit values given as planes ``H[0:h]`` of the ``p`` lanes of ``L``.
 
     One field per set bit of ``L`` in lane order (the high parts of a patched-planes block,
-    the values of a sparse one).
+    the values of a sparse one), in groups of at most 64 bits: each group is the next
+    ``min(64 // h, 32)`` lanes of ``L`` (one ``pdep`` finds them), gathered with one
+    ``pext`` and one ``pdep`` per plane (all ``p * h`` bits at once when they fit in 64).
+    ``h <= 32``.
     """
-    nbh = p * h
-    if nbh <= 64:
+    rep = REP[h]
+    if p * h <= 64:
         hb = np.int64(0)
-        rep = REP[h]
         for j in range(h):
             hb |= _pdep64(_pext64(H[j], L), rep << j)
+        nbh = p * h
         if nbh > 32:
             pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
             pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
         else:
             pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
         return pos, acc, nb
-    mm = L
-    while mm:
-        l = _tzcnt(mm)
-        val = np.int64(0)
+    g = min(64 // h, 32)
+    gm = (np.int64(1) << g) - 1
+    left = p
+    LL = L
+    while left > 0:
+        Lg = _pdep64(gm, LL)
+        ng = min(g, left)
+        nbh = ng * h
+        hb = np.int64(0)
         for j in range(h):
-            val |= ((H[j] >> l) & 1) << j
-        pos, acc, nb = _push(W, pos, acc, nb, val, h)
-        mm &= mm - 1
+            hb |= _pdep64(_pext64(H[j], Lg), rep << j)
+        if nbh > 32:
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
+            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
+        else:
+            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
+        LL ^= Lg
+        left -= ng
     return pos, acc, nb
 
 
@@ -873,91 +886,6 @@ def _emit_planes(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untype
             H[j] = tj ^ borrow
             borrow &= tj ^ _ALL
         pos, acc, nb = _put_fields(W, pos, acc, nb, H, h, L, p)
-    return pos, acc, nb, L
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _put_fields_grouped(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
-    """:func:`_put_fields` with the fields taken in groups of at most 64 bits.
-
-    Each group is the next ``min(64 // h, 32)`` lanes of ``L`` (one ``pdep`` finds them)
-    and is gathered with one ``pext`` and one ``pdep`` per plane, as :func:`_put_fields`
-    does when all ``p * h`` bits fit in 64; where they do not (a dense block with ``k =
-    0``: ``p`` up to 32, ``h`` of 3-8), that took a step per bit instead. The same bits.
-    """
-    rep = REP[h]
-    if p * h <= 64:
-        hb = np.int64(0)
-        for j in range(h):
-            hb |= _pdep64(_pext64(H[j], L), rep << j)
-        nbh = p * h
-        if nbh > 32:
-            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
-            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
-        else:
-            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
-        return pos, acc, nb
-    g = min(64 // h, 32)
-    gm = (np.int64(1) << g) - 1
-    left = p
-    LL = L
-    while left > 0:
-        Lg = _pdep64(gm, LL)
-        ng = min(g, left)
-        nbh = ng * h
-        hb = np.int64(0)
-        for j in range(h):
-            hb |= _pdep64(_pext64(H[j], Lg), rep << j)
-        if nbh > 32:
-            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, 32)
-            pos, acc, nb = _push(W, pos, acc, nb, (hb >> 32) & 0xFFFFFFFF, nbh - 32)
-        else:
-            pos, acc, nb = _push(W, pos, acc, nb, hb & 0xFFFFFFFF, nbh)
-        LL ^= Lg
-        left -= ng
-    return pos, acc, nb
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _emit_planes_grouped(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untyped-def]
-    """:func:`_emit_planes` writing its fields with :func:`_put_fields_grouped`."""
-    a = (code >> 5) & 31
-    b = code & 31
-    if code >> 10 == KIND_SP:
-        nzm = S[0]
-        c = a + 1
-        posf = np.int64(0)
-        mm = nzm
-        for i in range(c):
-            posf |= _tzcnt(mm) << (5 * i)
-            mm &= mm - 1
-        pos, acc, nb = _push(W, pos, acc, nb, posf, 5 * c)
-        pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, nzm), c)
-        if b:
-            borrow = nzm  # |q| - 1 on the non-zero lanes
-            for j in range(b):
-                tj = T[j]
-                H[j] = tj ^ borrow
-                borrow &= tj ^ _ALL
-            pos, acc, nb = _put_fields_grouped(W, pos, acc, nb, H, b, nzm, c)
-        return pos, acc, nb, np.int64(0)
-    k = a
-    h = b
-    L = S[k]
-    p = _popcount(L)
-    if k == 0:
-        pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, L), p)
-    else:
-        pos, acc, nb = _push(W, pos, acc, nb, neg, 32)
-    for j in range(k):
-        pos, acc, nb = _push(W, pos, acc, nb, T[j], 32)
-    if h:
-        borrow = L  # (|q| >> k) - 1 on the high lanes
-        for j in range(h):
-            tj = T[k + j]
-            H[j] = tj ^ borrow
-            borrow &= tj ^ _ALL
-        pos, acc, nb = _put_fields_grouped(W, pos, acc, nb, H, h, L, p)
     return pos, acc, nb, L
 
 
