@@ -63,8 +63,6 @@ def _best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]
 
 
 def speeds(repeat: int, base: ModuleType | None) -> None:
-    from compressor import DEFAULT_FILES, load_concat
-
     from ccoll.compressor.cpu import v2
 
     variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
@@ -72,44 +70,45 @@ def speeds(repeat: int, base: ModuleType | None) -> None:
     head += [f"compress {k}" for k in variants] + ["decompress v1"]
     head += [f"decompress {k}" for k in variants] + ["add v1"]
     head += [f"add {k}" for k in variants] + ["2 dec + add v2"]
+    _table(head, lambda x, rel: _speed_row(x, rel, variants, base, repeat))
+
+
+def _table(head: list[str], row_of: Callable[[np.ndarray, float], list[str]]) -> None:
+    """Print a markdown table: ``head``, then ``row_of(x, rel)`` for each dump and REL."""
+    from compressor import DEFAULT_FILES, load_concat
+
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for path in DEFAULT_FILES:
         x = load_concat(path)
         name = os.path.splitext(os.path.basename(path))[0]
         for rel in RELS:
-            row = _speed_row(x, rel, variants, base, repeat)
-            print(f"| {name} | {rel:g} | " + " | ".join(row) + " |", flush=True)
+            print(f"| {name} | {rel:g} | " + " | ".join(row_of(x, rel)) + " |", flush=True)
 
 
 def compress_speeds(repeat: int, base: ModuleType | None) -> None:
     """Compress only: v1, the baseline's v2 and the working tree's v2 (ms and GB/s)."""
-    from compressor import DEFAULT_FILES, load_concat
-
     import ccoll
     from ccoll.compressor.cpu import v2
 
     variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
     head = ["data", "REL", "compress v1"] + [f"compress {k}" for k in variants]
     head += ["v2 / v1"] + (["v2 / base"] if base is not None else [])
-    print("| " + " | ".join(head) + " |")
-    print("|" + "---|" * len(head))
-    for path in DEFAULT_FILES:
-        x = load_concat(path)
-        name = os.path.splitext(os.path.basename(path))[0]
-        for rel in RELS:
-            eb = rel * (float(x.max()) - float(x.min()))
-            fns: dict[str, Callable[[], object]] = {
-                "v1": lambda x=x, eb=eb: ccoll.compress(x, ccoll.ABS(eb))}
-            for k, m in variants.items():
-                fns[k] = lambda m=m, x=x, eb=eb: m.compress_abs_v2(x, eb)
-            if base is not None:
-                assert base.compress_abs_v2(x, eb).tobytes() == v2.compress_abs_v2(x, eb).tobytes()
-            t = _best(fns, repeat)
-            row = [f"{t[k] * 1e3:.3f} ms ({x.nbytes / t[k] / 1e9:.2f})" for k in fns]
-            row += [f"{t['v1'] / t['v2']:.3f}x"]
-            row += [f"{t['v2 base'] / t['v2']:.3f}x"] if base is not None else []
-            print(f"| {name} | {rel:g} | " + " | ".join(row) + " |", flush=True)
+
+    def row_of(x: np.ndarray, rel: float) -> list[str]:
+        eb = rel * (float(x.max()) - float(x.min()))
+        fns: dict[str, Callable[[], object]] = {
+            "v1": lambda x=x, eb=eb: ccoll.compress(x, ccoll.ABS(eb))}
+        for k, m in variants.items():
+            fns[k] = lambda m=m, x=x, eb=eb: m.compress_abs_v2(x, eb)
+        if base is not None:
+            assert base.compress_abs_v2(x, eb).tobytes() == v2.compress_abs_v2(x, eb).tobytes()
+        t = _best(fns, repeat)
+        row = [f"{t[k] * 1e3:.3f} ms ({x.nbytes / t[k] / 1e9:.2f})" for k in fns]
+        row += [f"{t['v1'] / t['v2']:.3f}x"]
+        return row + ([f"{t['v2 base'] / t['v2']:.3f}x"] if base is not None else [])
+
+    _table(head, row_of)
 
 
 def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
