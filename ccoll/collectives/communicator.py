@@ -793,6 +793,37 @@ class Communicator:
             return int(pol.model_chunk(count, dtype, n_ranks))
         return model.chunk_elems_for(count, dtype.itemsize, n_ranks, model.DEFAULTS)
 
+    def raw_settled(self, count: int, dtype: Any, eb: Any, *, consume: bool = False) -> bool:
+        """Tell whether an ``allreduce`` of ``count`` elements goes raw whatever the data.
+
+        True where a call with this count, dtype and bound would be sent raw from agreed
+        state alone, before its agreement: by the calibrations (``known_raw``) or by a
+        recent model decision that repeats (``sticky_raw``); for ``eb=None`` and
+        ``policy="raw"`` always. Local and free, and the same on every rank that asks
+        between the same collective calls of this Communicator (the state it reads changes
+        only inside them). With ``consume``, a sticky decision counts the call as one of
+        its repetitions, as a call that went raw on it would: a caller that reduces such a
+        call some other way (the DDP hook, through the process group) keeps the policy's
+        state where the call itself would have left it. Calls that the policy's measured
+        feedback sends raw answer False: that state changes only through ccoll's calls.
+        """
+        if eb is None or self.policy == "raw":
+            return True
+        if self.policy != "auto":
+            return False
+        bound = as_bound(eb)
+        dt = np.dtype(dtype)
+        ch = self._sync
+        auto = self._auto_policy(ch)
+        if auto.known_raw(count, dt, collective="allreduce", algorithm=self.algorithm):
+            return True
+        key = (count, dt, "allreduce", self.algorithm, type(bound), bound.value)
+        if not auto.sticky_raw(key):
+            return False
+        if consume:
+            auto.use_sticky(key)
+        return True
+
     def _before_agreement(
         self, ch: Channel, call: Call, collective: str, size: int, dtype: np.dtype,
         algorithm: str, policy: str, bound: ErrorBound | None,

@@ -141,8 +141,8 @@ class CCollHookState:
             first bucket queued to the last one averaged, the slowest rank's time, agreed
             over the ranks in the background while the next step runs) with compression and
             without (``"raw"``: every bucket of the step through the process group's
-            allreduce),
-            and runs the faster way, trying the other again after 6, 12, 24, ... steps;
+            allreduce; an ``"auto"`` step sends there too the buckets that ccoll would
+            average exactly whatever their data), and runs the faster way, trying the other again after 6, 12, 24, ... steps;
             ``gate.steps`` counts the steps of each way, ``gate.mode`` is the current
             step's. ``None`` with the other policies.
 
@@ -176,6 +176,8 @@ class CCollHookState:
         "_gate_work",
         "_gate_group",
         "_gate_device",
+        "_shapes",
+        "_divert",
         "__weakref__",
     )
 
@@ -257,6 +259,10 @@ class CCollHookState:
         self._gate_work: Any = None  # the process group's reduction of a step time in flight
         self._gate_group: Any = None  # the group of raw steps (None: ccoll's MPI path)
         self._gate_device: Any = None  # where the group reduces a step time
+        # {bucket index: (elements, dtype ccoll reduces it in)} of the buckets seen, and of
+        # those an "auto" step sends through the process group (see _divert_settled).
+        self._shapes: dict[int, tuple[int, Any]] = {}
+        self._divert: dict[int, tuple[int, Any]] = {}
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
                                            self._gate_comm)
 
@@ -683,11 +689,17 @@ def comm_hook(
     if last:
         state.iter += 1
     raw_step = gated and state.gate is not None and state.gate.mode == RAW
-    group = state._gate_group if raw_step else None
+    shape = (tensor.numel(), _reduced_dtype(tensor))
+    state._shapes[bucket.index()] = shape
+    # An "auto" step's bucket that ccoll would average exactly whatever its data goes the
+    # raw steps' way too (_divert_settled).
+    divert = gated and not raw_step and state._divert.get(bucket.index()) == shape
+    group = state._gate_group if raw_step or divert else None
     if group is not None:
-        # The step check chose exact averaging for this step: DDP's own allreduce (the
-        # process group's, as DDP runs it without a hook), not ccoll's MPI path, which
-        # spins on a core the backward pass needs (docs/training.md).
+        # The step check chose exact averaging for this step (or ccoll would average this
+        # bucket exactly): DDP's own allreduce (the process group's, as DDP runs it without
+        # a hook), not ccoll's MPI path, which spins on a core the backward pass needs
+        # (docs/training.md).
         state.exact += 1
         tensor.div_(group.size())  # first, as DDP does (no overflow in float16)
         out = dist.all_reduce(tensor, group=group, async_op=True).get_future().then(
@@ -779,7 +791,39 @@ def _gate_step(state: CCollHookState) -> None:
     state._gate_t0 = time.perf_counter()
     state._gate_done = None
     state._gate_open = True
-    state.gate.next(agreed)
+    mode = state.gate.next(agreed)
+    state._divert = _divert_settled(state) if mode != RAW else {}
+
+
+def _reduced_dtype(tensor: torch.Tensor) -> Any:
+    """Return the dtype ccoll averages a bucket in (float16 and bfloat16 widen to float32)."""
+    return np.dtype(np.float64) if tensor.dtype == torch.float64 else np.dtype(np.float32)
+
+
+def _divert_settled(state: CCollHookState) -> dict[int, tuple[int, Any]]:
+    """Return the buckets of an ``"auto"`` step that go through the process group.
+
+    Those that ccoll would average exactly whatever their data: too small to compress
+    (``min_numel``), or settled raw by the collectives' policy from its calibrations or a
+    recent decision that repeats (:meth:`ccoll.Communicator.raw_settled`). Through ccoll
+    they would take its MPI path, which costs the backward pass more than the group's
+    allreduce does (docs/training.md), and an "auto" step that compresses nothing would
+    then run slower than the raw steps it is compared with. Asked at the step's first
+    bucket, on the training thread: DDP has waited for the previous step's buckets, so
+    ccoll's engine is idle and every rank reads the same agreed state; the bucket layout
+    is the previous step's, and a bucket whose size then differs takes ccoll's path.
+    Without a process group for raw steps: none.
+    """
+    if state._gate_group is None:
+        return {}
+    # With error feedback the calls' bounds (ABS, per step) never match a sticky decision
+    # taken with state.eb: only the calibrations settle its buckets.
+    cc = state.communicator
+    out = {}
+    for index, (count, dtype) in sorted(state._shapes.items()):
+        if count < state.min_numel or cc.raw_settled(count, dtype, state.eb, consume=True):
+            out[index] = (count, dtype)
+    return out
 
 
 def _share_step_time(state: CCollHookState) -> None:

@@ -380,6 +380,93 @@ def test_step_check_runs_the_same_mode_on_every_rank(comm, state_factory, monkey
         assert (exact[i] > exact[i - 1]) == (mode == RAW), (i, mode, exact)
 
 
+class AutoGate(ScriptedGate):
+    """A step check that runs every step "auto"."""
+
+    def next(self, seconds: float | None) -> str:
+        self.fed.append(seconds)
+        self.modes.append(AUTO)
+        self._running = AUTO
+        return AUTO
+
+
+@pytest.mark.parametrize("why", ["min_numel", "calibration"])
+def test_auto_steps_send_settled_buckets_through_the_process_group(comm, state_factory,
+                                                                   monkeypatch, why) -> None:
+    # In a step the check runs "auto", a bucket that ccoll would average exactly whatever
+    # its data (smaller than min_numel, or settled raw by the collectives' calibrations)
+    # goes through the process group's allreduce, as in a raw step, not through ccoll's
+    # MPI path: the same exact average, identical on every rank.
+    if comm.Get_size() == 1:
+        pytest.skip("one rank has no process group to send through")
+    min_numel = 10**9 if why == "min_numel" else 0
+    state = state_factory(eb=ccoll.REL(1e-2), start_iter=1, min_numel=min_numel,
+                          policy="auto")
+    state.gate = AutoGate()
+    sent: list[int] = []
+    orig = torch.distributed.all_reduce
+
+    def counting(t, *a, **kw):  # type: ignore[no-untyped-def]
+        sent.append(t.numel())
+        return orig(t, *a, **kw)
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", counting)
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    nparams = sum(p.numel() for p in model.parameters())
+    for step in range(6):
+        x = rank_input(torch.float32, step)
+        every = comm.allgather(local_grads(_copy(model), x))
+        calls, exact, n_sent = state.communicator.stats.calls, state.exact, len(sent)
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+        got = [p.grad.numpy() for p in model.parameters()]
+        assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
+        if step < 3:  # the layout and, for the policy, its calibrations come first
+            continue
+        # Every bucket went through the group (sizes summing to the parameters; the step
+        # times' one-float reductions besides), none through ccoll.
+        assert state.communicator.stats.calls == calls, step
+        assert sum(n for n in sent[n_sent:] if n > 1) == nparams, (step, sent[n_sent:])
+        assert state.exact > exact and state._divert
+        for i, g in enumerate(got):
+            parts = [e[i] for e in every]
+            slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
+            assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
+    assert state.compressed == 0
+    assert gate_modes(state) == [AUTO] * 5
+
+
+def gate_modes(state: ct.CCollHookState) -> list[str]:
+    return list(state.gate.modes)
+
+
+def test_raw_settled(comm) -> None:
+    # Communicator.raw_settled: whether an allreduce goes raw from agreed state alone.
+    cc = ccoll.Communicator(comm, policy="auto")
+    try:
+        assert cc.raw_settled(1000, np.float32, None)  # exact
+        if comm.Get_size() == 1:
+            assert cc.raw_settled(1000, np.float32, ccoll.REL(1e-3))  # one rank: nothing to send
+            return
+        x = np.random.default_rng(comm.Get_rank()).standard_normal(1000).astype(np.float32)
+        assert not cc.raw_settled(1000, np.float32, ccoll.REL(1e-3))  # not calibrated yet
+        cc.allreduce(x, ccoll.REL(1e-3))  # calibrates: 4 kB is far too small to compress
+        assert cc.raw_settled(1000, np.float32, ccoll.REL(1e-3))
+        assert comm.allgather(cc.raw_settled(999, np.float32, ccoll.ABS(1e-3))) == \
+            [True] * comm.Get_size()
+    finally:
+        cc.free()
+    fixed = ccoll.Communicator(comm, policy="compress")
+    try:
+        assert not fixed.raw_settled(1000, np.float32, ccoll.REL(1e-3))
+        assert fixed.raw_settled(1000, np.float32, None)
+    finally:
+        fixed.free()
+
+
 def _copy(model: torch.nn.Module) -> torch.nn.Module:
     twin = Net()
     twin.load_state_dict(model.state_dict())

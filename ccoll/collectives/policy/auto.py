@@ -470,6 +470,10 @@ class AutoPolicy:
         sticky decision (:meth:`sticky_raw`) uses one of its repetitions up.
         """
         self.last = _KNOWN_RAW
+        self.use_sticky(sticky_key)
+
+    def use_sticky(self, sticky_key: Any) -> None:
+        """Count one call against a sticky raw decision (:meth:`sticky_raw`), if any."""
         left = self._sticky.get(sticky_key)
         if left is not None:
             if left <= 1:
