@@ -692,8 +692,10 @@ def train_interleaved(args: argparse.Namespace, methods: list[str]) -> list[dict
     from mpi4py import MPI
 
     runs = [Run(args, m) for m in methods]
+    group = runs[0].log["date_utc"]  # one name for the set (plot_paired)
     for r in runs:
         r.log["interleaved_with"] = [m for m in methods if m != r.method]
+        r.log["interleave_group"] = group
     counter = AllreduceCounter()
     MPI.COMM_WORLD.Barrier()
     with counter:
@@ -788,6 +790,61 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
         plt.close(fig)
         written.append(path)
     written += plot_time(out, [lg for logs in runs.values() for _, lg in logs])
+    written += plot_paired(out, [item for logs in runs.values() for item in logs])
+    return written
+
+
+def plot_paired(out: pathlib.Path, logs: list[tuple[str, dict[str, Any]]]) -> list[pathlib.Path]:
+    """Interleaved runs: each method's step time over ``none``'s same step, per step; one
+    PNG per (model, ranks, link rate): ``paired_<model>_n<ranks>[_<rate>].png``."""
+    import matplotlib.pyplot as plt
+
+    sets: dict[tuple[str, int, str], dict[str, dict[str, dict[str, Any]]]] = {}
+    for stem, log in logs:
+        if not log.get("interleaved_with"):
+            continue
+        rate = log.get("link_rate") or ""
+        # The set's name; older logs without one: the file name after ranks and seed.
+        group = log.get("interleave_group") or stem.split(f"_n{log['ranks']}_s{log['seed']}")[-1]
+        key = (log["model"], log["ranks"], rate)
+        sets.setdefault(key, {}).setdefault(group, {})[str(log["method"])] = log
+    written = []
+    for (model, ranks, rate), groups in sorted(sets.items()):
+        fig, ax = plt.subplots(figsize=(7, 4.4))
+        colors: dict[str, Any] = {}
+        for _group, by_method in sorted(groups.items()):
+            base = by_method.get("none")
+            if base is None:
+                continue
+            ref = np.asarray(base["step_time_s"], dtype=float)
+            for method, log in sorted(by_method.items()):
+                if method == "none":
+                    continue
+                t = np.asarray(log["step_time_s"], dtype=float)
+                k = min(len(t), len(ref))
+                w = min(5, k - 1)  # the warm-up steps the medians leave out
+                ratio = t[w:k] / ref[w:k]
+                label = None if method in colors else method
+                (line,) = ax.plot(np.arange(w, k), ratio, lw=0.9, alpha=0.75, label=label,
+                                  color=colors.get(method))
+                colors.setdefault(method, line.get_color())
+        if not colors:
+            plt.close(fig)
+            continue
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(1.05, color="gray", ls="--", lw=0.8, label="5% slower")
+        ax.set_xlabel("step (from the fifth: warm-up left out)")
+        ax.set_ylabel("step time / none's same step")
+        where = f"{rate} links" if rate else "one machine"
+        ax.set_title(f"{model}, {ranks} ranks, {where}: interleaved runs "
+                     f"({len(groups)}), step by step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"paired_{model}_n{ranks}{'_' + rate if rate else ''}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
     return written
 
 

@@ -106,8 +106,11 @@ def test_interleaved_runs_train_as_runs_alone(logs: dict[str, dict[str, Any]],
         assert mixed[m]["interleaved_with"] == [x for x in methods if x != m]
     assert mixed["ccoll"]["params_identical_on_all_ranks"] is True
     assert len(mixed["ccoll"]["step_time_s"]) == STEPS
+    assert len({mixed[m]["interleave_group"] for m in methods}) == 1
     if MPI.COMM_WORLD.Get_rank() == 0:  # rank 0 writes the logs
         assert sorted(p.name.split("_")[1] for p in out.glob("*.json")) == sorted(methods)
+        paired = out / f"paired_cnn_n{MPI.COMM_WORLD.Get_size()}.png"
+        assert paired in ex.plot(out) and paired.stat().st_size > 0
 
 
 def test_interleave_refuses_record() -> None:
