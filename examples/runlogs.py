@@ -27,6 +27,16 @@ def missing_minilm() -> list[str]:
 Runs = dict[str, list[tuple[str, dict[str, Any]]]]
 
 
+def save_figure(fig: Any, path: pathlib.Path) -> pathlib.Path:
+    """Lay out ``fig``, write it to ``path`` (PNG, 100 dpi), close it; return ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def read_logs(out: pathlib.Path, pattern: str, accept: Callable[[dict[str, Any]], bool]) -> Runs:
     """{model: [(file stem, log), ...]} of the readable logs in ``out`` that ``accept`` takes."""
     runs: Runs = {}

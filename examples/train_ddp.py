@@ -62,6 +62,7 @@ from runlogs import (  # noqa: E402
     draw_run,
     missing_minilm,
     read_logs,
+    save_figure,
     style_accuracy,
     style_loss,
 )
@@ -784,11 +785,7 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
         style_accuracy(bx, model, f"{model}: held-out accuracy")
         for a in (ax, dx, bx):
             a.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out / f"loss_{model}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, out / f"loss_{model}.png"))
     written += plot_time(out, [lg for logs in runs.values() for _, lg in logs])
     written += plot_paired(out, [item for logs in runs.values() for item in logs])
     return written
@@ -835,17 +832,20 @@ def plot_paired(out: pathlib.Path, logs: list[tuple[str, dict[str, Any]]]) -> li
         ax.axhline(1.05, color="gray", ls="--", lw=0.8, label="5% slower")
         ax.set_xlabel("step (from the fifth: warm-up left out)")
         ax.set_ylabel("step time / none's same step")
-        where = f"{rate} links" if rate else "one machine"
-        ax.set_title(f"{model}, {ranks} ranks, {where}: interleaved runs "
-                     f"({len(groups)}), step by step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / f"paired_{model}_n{ranks}{'_' + rate if rate else ''}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        _title(ax, model, ranks, rate, f"interleaved runs ({len(groups)}), step by step")
+        written.append(save_figure(fig, out / f"paired_{_run_set(model, ranks, rate)}.png"))
     return written
+
+
+def _run_set(model: str, ranks: int, rate: str) -> str:
+    return f"{model}_n{ranks}{'_' + rate if rate else ''}"
+
+
+def _title(ax: Any, model: str, ranks: int, rate: str, what: str) -> None:
+    where = f"{rate} links" if rate else "one machine"
+    ax.set_title(f"{model}, {ranks} ranks, {where}: {what}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def plot_time(out: pathlib.Path, logs: list[dict[str, Any]]) -> list[pathlib.Path]:
@@ -879,15 +879,8 @@ def plot_time(out: pathlib.Path, logs: list[dict[str, Any]]) -> list[pathlib.Pat
             ax.axhline(target, color="gray", ls="--", lw=0.8, label=f"target {target:g}")
         ax.set_xlabel("training time, s (sum of the slowest rank's step times)")
         ax.set_ylabel("test accuracy" if model == "cnn" else "in-batch retrieval accuracy")
-        where = f"{rate} links" if rate else "one machine"
-        ax.set_title(f"{model}, {ranks} ranks, {where}: accuracy against time")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = out / f"acc_time_{model}_n{ranks}{'_' + rate if rate else ''}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        _title(ax, model, ranks, rate, "accuracy against time")
+        written.append(save_figure(fig, out / f"acc_time_{_run_set(model, ranks, rate)}.png"))
     return written
 
 

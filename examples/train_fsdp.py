@@ -51,6 +51,7 @@ from runlogs import (  # noqa: E402
     draw_run,
     missing_minilm,
     read_logs,
+    save_figure,
     style_accuracy,
     style_loss,
 )
@@ -290,11 +291,7 @@ def plot(out: pathlib.Path) -> list[pathlib.Path]:
         style_accuracy(bx, model, f"{model} under FSDP2: held-out accuracy")
         for a in (ax, bx):
             a.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out / f"fsdp_loss_{model}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        written.append(path)
+        written.append(save_figure(fig, out / f"fsdp_loss_{model}.png"))
     return written
 
 
