@@ -143,8 +143,9 @@ class CCollHookState:
             without (``"raw"``: every bucket of the step through the process group's
             allreduce; an ``"auto"`` step sends there too the buckets that ccoll would
             average exactly whatever their data), and runs the faster way, trying the
-            other again after 6, 12, 24, ... steps; ``gate.steps`` counts the steps of each way, ``gate.mode`` is the current
-            step's. ``None`` with the other policies.
+            other again after 6, 12, 24, ... steps; ``gate.steps`` counts the steps of
+            each way, ``gate.mode`` is the current step's. ``None`` with the other
+            policies.
 
     """
 
