@@ -390,9 +390,11 @@ class AutoGate(ScriptedGate):
         return AUTO
 
 
+@pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "ef"])
 @pytest.mark.parametrize("why", ["min_numel", "calibration"])
 def test_auto_steps_send_settled_buckets_through_the_process_group(comm, state_factory,
-                                                                   monkeypatch, why) -> None:
+                                                                   monkeypatch, why,
+                                                                   error_feedback) -> None:
     # In a step the check runs "auto", a bucket that ccoll would average exactly whatever
     # its data (smaller than min_numel, or settled raw by the collectives' calibrations)
     # goes through the process group's allreduce, as in a raw step, not through ccoll's
@@ -401,7 +403,7 @@ def test_auto_steps_send_settled_buckets_through_the_process_group(comm, state_f
         pytest.skip("one rank has no process group to send through")
     min_numel = 10**9 if why == "min_numel" else 0
     state = state_factory(eb=ccoll.REL(1e-2), start_iter=1, min_numel=min_numel,
-                          policy="auto")
+                          policy="auto", error_feedback=error_feedback)
     state.gate = AutoGate()
     sent: list[int] = []
     orig = torch.distributed.all_reduce
