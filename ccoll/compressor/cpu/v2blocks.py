@@ -376,6 +376,35 @@ def _field_at(W, last, bit, w):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _sparse_head(W, last, bit, a):  # type: ignore[no-untyped-def]
+    """Return a sparse block's count ``a + 1``, position and sign fields, and the next bit."""
+    c = a + 1
+    posf = _field_at(W, last, bit, 5 * c)
+    bit += 5 * c
+    sg = _field_at(W, last, bit, c)
+    return c, posf, sg, bit + c
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _sparse_entry(W, last, bit, posf, i, b, prev):  # type: ignore[no-untyped-def]
+    """Return sparse entry ``i``: lane, 1 if not after ``prev``, value, next bit."""
+    l = (posf >> (5 * i)) & 31
+    return l, np.int64(l <= prev), _field_at(W, last, bit, b), bit + b
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _pp_sign(W, last, bit, k, M):  # type: ignore[no-untyped-def]
+    """Return a patched-planes block's high-lane count, 32-lane sign word and next bit.
+
+    With ``k = 0`` only the ``p`` lanes of mask ``M`` have signs stored.
+    """
+    p = _popcount(M)
+    sw = p if k == 0 else 32
+    g = _field_at(W, last, bit, sw)
+    return p, _pdep64(g, M) if k == 0 else g, bit + sw
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _read_q_at(W, last, bit, code, M, qv, lo):  # type: ignore[no-untyped-def]
     """:func:`_read_q` by bit offset: the quantized block at ``bit`` into ``qv[0:32]``.
 
@@ -390,29 +419,19 @@ def _read_q_at(W, last, bit, code, M, qv, lo):  # type: ignore[no-untyped-def]
     if code >> 10 == KIND_SP:
         for l in range(BLOCK):
             qv[l] = 0
-        c = a + 1
-        posf = _field_at(W, last, bit, 5 * c)
-        bit += 5 * c
-        sg = _field_at(W, last, bit, c)
-        bit += c
+        c, posf, sg, bit = _sparse_head(W, last, bit, a)
         prev = np.int64(-1)
         bad = np.int64(0)
         for i in range(c):
-            l = (posf >> (5 * i)) & 31
-            bad |= np.int64(l <= prev)
+            l, out_of_order, val, bit = _sparse_entry(W, last, bit, posf, i, b, prev)
+            bad |= out_of_order
             prev = l
-            val = _field_at(W, last, bit, b)
-            bit += b
             s = (sg >> i) & 1
             qv[l] = ((val + 1) ^ -s) + s
         return bit, -bad
     k = a
     h = b
-    p = _popcount(M)
-    sw = p if k == 0 else 32
-    g = _field_at(W, last, bit, sw)
-    bit += sw
-    sign = _pdep64(g, M) if k == 0 else g
+    p, sign, bit = _pp_sign(W, last, bit, k, M)
     for l in range(BLOCK):
         lo[l] = 0
     for j in range(k):
@@ -477,11 +496,7 @@ def _read_lut_at(W, last, bit, code, M, pl):  # type: ignore[no-untyped-def]
     a = (code >> 5) & 31
     b = code & 31
     if code >> 10 == KIND_SP:
-        c = a + 1
-        posf = _field_at(W, last, bit, 5 * c)
-        bit += 5 * c
-        sg = _field_at(W, last, bit, c)
-        bit += c
+        c, posf, sg, bit = _sparse_head(W, last, bit, a)
         prev = np.int64(-1)
         bad = np.int64(0)
         neg = np.int64(0)
@@ -489,11 +504,9 @@ def _read_lut_at(W, last, bit, code, M, pl):  # type: ignore[no-untyped-def]
         x0 = np.int64(0)
         x1 = np.int64(0)
         for i in range(c):
-            l = (posf >> (5 * i)) & 31
-            bad |= np.int64(l <= prev)
+            l, out_of_order, val, bit = _sparse_entry(W, last, bit, posf, i, b, prev)
+            bad |= out_of_order
             prev = l
-            val = _field_at(W, last, bit, b)
-            bit += b
             f |= np.int64(1) << l
             neg |= ((sg >> i) & 1) << l
             v = val << (4 * (l & 15))
@@ -507,11 +520,7 @@ def _read_lut_at(W, last, bit, code, M, pl):  # type: ignore[no-untyped-def]
         return bit, np.int64(0), neg, -bad
     k = a
     h = b
-    p = _popcount(M)
-    sw = p if k == 0 else 32
-    g = _field_at(W, last, bit, sw)
-    bit += sw
-    sign = _pdep64(g, M) if k == 0 else g
+    p, sign, bit = _pp_sign(W, last, bit, k, M)
     if k:  # the planes past k are read and masked off: no loop whose length is k
         for j in range(nlo):
             pl[j] = _field_at(W, last, bit + 32 * j, 32) & -np.int64(j < k)
