@@ -94,28 +94,29 @@ __all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validat
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _quantize_v2(xb, eb, step, q):  # type: ignore[no-untyped-def]
+def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
     """v1's ``_quantize`` (same arithmetic, same acceptance) giving what rules 3-4 need.
 
+    The block is ``x[ub : ub + m]`` (``ub`` unsigned), indexed from its start rather than
+    sliced: a slice costs reference-count calls per block in the parfor.
     Returns (rejected lanes, max ``|q|``, non-zero lanes); ``q`` receives the quantized
     values (padding lanes 0). The magnitudes are not stored: :func:`_planes_abs` takes
     them from ``q``. The reconstruction multiplies the floored value itself rather than
     ``float64(q)``: both are the same integer-valued double (``|q| < 2^31``), and the
     conversion back is saved.
     """
-    m = xb.size
     bad = np.int64(0)
     mx = np.int64(0)
     c = np.int64(0)
     if m == BLOCK:
         for l in range(BLOCK):  # constant trip count, branch-free: vectorized
-            xd = np.float64(xb[l])
+            xd = np.float64(x[ub + np.uint64(l)])
             v = xd / step
             inr = abs(v) < QLIM
             vv = v if inr else 0.0
             fq = np.floor(vv + 0.5)
             qi = np.int64(fq)
-            yd = _round_like(fq * step, xb)
+            yd = _round_like(fq * step, x)
             ok = inr & (abs(yd - xd) < eb)
             bad += np.int64(not ok)
             a = abs(qi)
@@ -127,13 +128,13 @@ def _quantize_v2(xb, eb, step, q):  # type: ignore[no-untyped-def]
             a = np.int64(0)
             qi = np.int64(0)
             if l < m:
-                xd = np.float64(xb[l])
+                xd = np.float64(x[ub + np.uint64(l)])
                 v = xd / step
                 inr = abs(v) < QLIM
                 vv = v if inr else 0.0
                 fq = np.floor(vv + 0.5)
                 qi = np.int64(fq)
-                yd = _round_like(fq * step, xb)
+                yd = _round_like(fq * step, x)
                 ok = inr & (abs(yd - xd) < eb)
                 bad += np.int64(not ok)
                 a = abs(qi)
@@ -186,20 +187,20 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
         for b in range(b0, b1):
             base = b * BLOCK
             e = min(base + BLOCK, n)
-            xb = x[base:e]
+            ub = np.uint64(base)  # unsigned: no negative-index wraparound per lane
             # The shortcut for a zero block is tried only after a zero block: it decides
             # as the full path does, so skipping it changes nothing, and where zero
             # blocks are a minority (REL 1e-3 and below) its data-dependent branch
             # mispredicted often.
-            if xb.size == BLOCK and zprev:
+            if e - base == BLOCK and zprev:
                 tiny = True
                 for l in range(BLOCK):
-                    tiny &= abs(xb[l]) <= small
+                    tiny &= abs(x[ub + np.uint64(l)]) <= small
                 if tiny:
                     codes[b] = NO_BLOCK
                     continue
             zprev = True
-            bad, mx, nzc = _quantize_v2(xb, eb, step, q)
+            bad, mx, nzc = _quantize_v2(x, ub, e - base, eb, step, q)
             if bad:
                 code = CODE_RAW_V2
                 size = rawbits
