@@ -14,6 +14,7 @@ each operation spends its time instead.
     python bench/v2_speed.py --baseline 1a86725    # and the kernels of 1a86725 (compiles them)
     python bench/v2_speed.py --passes
     python bench/v2_speed.py --baseline 1a86725 --compress   # compress only (a quick A/B)
+    python bench/v2_speed.py --baseline HEAD --v1            # v1's kernels of HEAD against these
 
 docs/performance.md ("Format v2 on the CPU") quotes its output.
 """
@@ -50,6 +51,48 @@ def _baseline(rev: str) -> ModuleType:
                 f.write(src)
     sys.path.insert(0, d)
     return importlib.import_module("v2_base")
+
+
+def _v1_baseline(rev: str) -> tuple[ModuleType, ModuleType]:
+    """Import the v1 encoder and decoder of git revision ``rev`` (with its block helpers)."""
+    d = os.path.join(ROOT, "bench", "out", f"v1_kernels_{rev}")
+    os.makedirs(d, exist_ok=True)
+    for name in ("blocks", "encode", "decode"):
+        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ccoll/compressor/cpu/{name}.py"],
+                             check=True, capture_output=True, text=True).stdout
+        src = src.replace("from ccoll.compressor.cpu.blocks import", "from blocks_v1base import")
+        path = os.path.join(d, f"{name}_v1base.py")
+        old = open(path).read() if os.path.exists(path) else None
+        if old != src:
+            with open(path, "w") as f:
+                f.write(src)
+    sys.path.insert(0, d)
+    return importlib.import_module("encode_v1base"), importlib.import_module("decode_v1base")
+
+
+def v1_speeds(repeat: int, rev: str) -> None:
+    """v1 compress and decompress: the kernels of ``rev`` against the working tree's (ms)."""
+    from ccoll.compressor.cpu import decode, encode
+
+    enc0, dec0 = _v1_baseline(rev)
+    head = ["data", "REL", "compress v1 base", "compress v1", "new / base",
+            "decompress v1 base", "decompress v1", "new / base"]
+
+    def row_of(x: np.ndarray, rel: float) -> list[str]:
+        eb = rel * (float(x.max()) - float(x.min()))
+        s = encode.compress_abs(x, eb)
+        assert enc0.compress_abs(x, eb).tobytes() == s.tobytes()
+        y0, y1 = np.empty_like(x), np.empty_like(x)
+        fns: dict[str, Callable[[], object]] = {
+            "c0": lambda: enc0.compress_abs(x, eb), "c1": lambda: encode.compress_abs(x, eb),
+            "d0": lambda: dec0.decompress(s, out=y0), "d1": lambda: decode.decompress(s, out=y1)}
+        t = _best(fns, repeat)
+        assert y0.tobytes() == y1.tobytes()
+        ms = {k: f"{v * 1e3:.3f} ms ({x.nbytes / v / 1e9:.2f})" for k, v in t.items()}
+        return [ms["c0"], ms["c1"], f"{t['c0'] / t['c1']:.3f}x",
+                ms["d0"], ms["d1"], f"{t['d0'] / t['d1']:.3f}x"]
+
+    _table(head, row_of)
 
 
 def _best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
@@ -226,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", metavar="REV", help="also time the v2 kernels of git REV")
     ap.add_argument("--passes", action="store_true", help="time the passes of each v2 call")
     ap.add_argument("--compress", action="store_true", help="time compress only")
+    ap.add_argument("--v1", action="store_true",
+                    help="with --baseline: v1's compress and decompress kernels of REV "
+                         "against the working tree's instead")
     args = ap.parse_args(argv)
     import numba
 
@@ -234,7 +280,11 @@ def main(argv: list[str] | None = None) -> int:
     numba.set_num_threads(1)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{os.getloadavg()[0]:.2f}; one numba thread, thread CPU time, best of {args.repeat}")
-    if args.passes:
+    if args.v1:
+        if not args.baseline:
+            ap.error("--v1 needs --baseline REV")
+        v1_speeds(args.repeat, args.baseline)
+    elif args.passes:
         passes(args.repeat)
     elif args.compress:
         compress_speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
