@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -76,7 +77,11 @@ def bitlen(v: int) -> int:
 
 @dataclass(frozen=True)
 class StreamHeader:
-    """Parsed header of a stream, with the offsets of its sections."""
+    """Parsed header of a stream, with the offsets of its sections.
+
+    The derived numbers (element count, offsets) are computed once per header: the
+    validation and kernels of one call read them dozens of times.
+    """
 
     dtype: np.dtype
     shape: tuple[int, ...]
@@ -89,69 +94,69 @@ class StreamHeader:
     nmask: int = 0  # version 2: patched-planes blocks (words of the mask section)
     ntab: int = 0  # version 2: codes in the table
 
-    @property
+    @cached_property
     def n(self) -> int:
         """Element count."""
         return math.prod(self.shape)
 
-    @property
+    @cached_property
     def ndim(self) -> int:
         """Number of dimensions."""
         return len(self.shape)
 
-    @property
+    @cached_property
     def nblocks(self) -> int:
         """Number of 32-element blocks."""
         return (self.n + BLOCK - 1) // BLOCK
 
-    @property
+    @cached_property
     def bitmap_words(self) -> int:
         """Length of the non-zero-block bitmap in words."""
         return (self.nblocks + 31) // 32
 
-    @property
+    @cached_property
     def bitmap_offset(self) -> int:
         """Byte offset of the bitmap."""
         return HEADER_NBYTES + 8 * self.ndim
 
-    @property
+    @cached_property
     def codes_offset(self) -> int:
         """Byte offset of the section after the bitmap: v1's code bytes, v2's table."""
         return self.bitmap_offset + 4 * self.bitmap_words
 
-    @property
+    @cached_property
     def table_offset(self) -> int:
         """Version 2: byte offset of the code table (``ntab`` u16, padded to 4 bytes)."""
         return self.codes_offset
 
-    @property
+    @cached_property
     def index_bits(self) -> int:
         """Version 2: width ``ib`` of an index field, ``bitlen(ntab - 1)`` (0 if ntab <= 1)."""
         return bitlen(self.ntab - 1) if self.ntab > 1 else 0
 
-    @property
+    @cached_property
     def index_offset(self) -> int:
         """Version 2: byte offset of the index bit stream."""
         return self.table_offset + 4 * ((self.ntab + 1) // 2)
 
-    @property
+    @cached_property
     def index_words(self) -> int:
         """Version 2: length of the index section in words."""
         return (self.nnz * self.index_bits + 31) // 32
 
-    @property
+    @cached_property
     def mask_offset(self) -> int:
         """Version 2: byte offset of the mask words (``nmask`` of them)."""
         return self.index_offset + 4 * self.index_words
 
-    @property
+    @cached_property
     def payload_offset(self) -> int:
         """Byte offset of the payload (a multiple of 4)."""
         if self.version == VERSION2:
             return self.mask_offset + 4 * self.nmask
         return self.codes_offset + _roundup4(self.nnz)
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         """Total length of the stream in bytes."""
         return self.payload_offset + 4 * self.payload_words

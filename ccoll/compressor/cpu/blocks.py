@@ -287,6 +287,9 @@ def _threads_for(n: int) -> Iterator[None]:
             yield
             return
         prev = numba.get_num_threads()  # thread-local, so concurrent callers do not interfere
+        if prev == 1:  # already one (a one-thread lane): two calls saved, a few us each
+            yield
+            return
         numba.set_num_threads(1)
         try:
             yield
