@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from ccoll.compressor import format as fmt
 from ccoll.compressor.cpu import notice
@@ -25,7 +25,6 @@ from ccoll.compressor.cpu.intrinsics import (
     _f64_from_bits,
     _or_plane,
     _plane_of,
-    _popcount,
     _round_like,
 )
 from ccoll.runtime.cpu_threads import parallel_launch
@@ -341,13 +340,3 @@ def _nchunks(nblocks: int) -> int:
     return (nblocks + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _count_bitmap(bitmap, chunk_nnz):  # type: ignore[no-untyped-def]
-    """Set bits of the bitmap words of each chunk."""
-    per = CHUNK_BLOCKS // 32
-    nw = bitmap.size
-    for c in prange(chunk_nnz.size):
-        s = 0
-        for i in range(c * per, min(c * per + per, nw)):
-            s += _popcount(np.int64(bitmap[i]))
-        chunk_nnz[c] = s

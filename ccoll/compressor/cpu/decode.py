@@ -18,7 +18,6 @@ from ccoll.compressor.cpu.blocks import (
     CODE_RAW64,
     _block_words,
     _code_valid,
-    _count_bitmap,
     _decode_to,
     _nchunks,
     _raw_value,
@@ -26,6 +25,7 @@ from ccoll.compressor.cpu.blocks import (
     _scan,
     _threads_for,
 )
+from ccoll.compressor.cpu.intrinsics import _popcount
 from ccoll.errors import FormatError, MismatchError
 
 __all__ = ["decompress", "decompress_wide", "header", "as_stream"]
@@ -47,18 +47,44 @@ class _Layout:
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words):  # type: ignore[no-untyped-def]
-    """Payload words of each chunk; -1 for a chunk holding an invalid code byte."""
-    for c in prange(chunk_k.size):
+def _check_codes(bitmap, codes, is32, chunk_k, chunk_words):  # type: ignore[no-untyped-def]
+    """Each chunk's first code index and payload words, in one launch.
+
+    Returns the bitmap's count of non-zero blocks (the caller compares it with the
+    header's ``nnz`` before anything else) and whether every code byte is valid;
+    ``chunk_words`` is filled only when the count equals ``codes.size``.
+    """
+    nch = chunk_k.size
+    per = CHUNK_BLOCKS // 32
+    nw = bitmap.size
+    for c in prange(nch):
+        s = 0
+        for i in range(c * per, min(c * per + per, nw)):
+            s += _popcount(np.int64(bitmap[i]))
+        chunk_words[c] = s  # the chunk's count, for now
+    total = 0
+    for c in range(nch):
+        k = chunk_words[c]
+        chunk_k[c] = total
+        total += k
+    if total != codes.size:
+        return total, True
+    for c in prange(nch):
         k0 = chunk_k[c]
+        k1 = chunk_k[c + 1] if c + 1 < nch else total
         words = 0
-        for i in range(k0, k0 + chunk_nnz[c]):
+        for i in range(k0, k1):
             code = np.int64(codes[i])
             if not _code_valid(code, is32):
                 words = -1
                 break
             words += _block_words(code, is32)
         chunk_words[c] = words
+    ok = True
+    for c in range(nch):
+        if chunk_words[c] < 0:
+            ok = False
+    return total, ok
 
 
 def as_stream(buf: object) -> np.ndarray:
@@ -96,20 +122,19 @@ def _validate(buf: np.ndarray) -> _Layout:
     if tail and int(bitmap[-1]) >> tail:
         raise FormatError(f"stream bitmap has bits set beyond its {nblocks} blocks")
     nch = _nchunks(nblocks)
-    chunk_nnz = np.zeros(nch, np.int64)
+    chunk_k = np.zeros(nch, np.int64)
+    chunk_words = np.zeros(nch, np.int64)
+    total, ok = 0, True
     if nch:
+        # codes holds the header's nnz bytes: the kernel sizes the chunks only when the
+        # bitmap agrees with it.
         with _threads_for(hdr.n):
-            _count_bitmap(bitmap, chunk_nnz)
-    chunk_k, total = _scan(chunk_nnz)
+            total, ok = _check_codes(bitmap, codes, is32, chunk_k, chunk_words)
     if total != hdr.nnz:
         raise FormatError(
             f"stream bitmap has {total} non-zero blocks, its header says {hdr.nnz}"
         )
-    chunk_words = np.zeros(nch, np.int64)
-    if nch:
-        with _threads_for(hdr.n):
-            _size_codes(codes, chunk_k, chunk_nnz, is32, chunk_words)
-    if (chunk_words < 0).any():
+    if not ok:
         raise FormatError("stream holds an invalid block code byte")
     chunk_pos, words = _scan(chunk_words)
     if words != hdr.payload_words:
