@@ -25,6 +25,7 @@ from ccoll.compressor.cpu.intrinsics import (
     _f64_from_bits,
     _or_plane,
     _plane_of,
+    _popcount,
     _round_like,
 )
 from ccoll.runtime.cpu_threads import parallel_launch
@@ -340,3 +341,21 @@ def _nchunks(nblocks: int) -> int:
     return (nblocks + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _chunk_nonzero(bitmap, c):  # type: ignore[no-untyped-def]
+    """Non-zero blocks of chunk ``c``: the set bits of its bitmap words."""
+    per = CHUNK_BLOCKS // 32
+    s = 0
+    for i in range(c * per, min(c * per + per, bitmap.size)):
+        s += _popcount(np.int64(bitmap[i]))
+    return s
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _exclusive_scan(counts, out):  # type: ignore[no-untyped-def]
+    """``out[i]`` = the sum of ``counts[:i]``; returns the total."""
+    t = np.int64(0)
+    for i in range(counts.size):
+        out[i] = t
+        t += counts[i]
+    return t

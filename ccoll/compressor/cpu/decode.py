@@ -17,15 +17,16 @@ from ccoll.compressor.cpu.blocks import (
     CODE_RAW,
     CODE_RAW64,
     _block_words,
+    _chunk_nonzero,
     _code_valid,
     _decode_to,
+    _exclusive_scan,
     _nchunks,
     _raw_value,
     _readonly,
     _scan,
     _threads_for,
 )
-from ccoll.compressor.cpu.intrinsics import _popcount
 from ccoll.errors import FormatError, MismatchError
 
 __all__ = ["decompress", "decompress_wide", "header", "as_stream"]
@@ -55,18 +56,9 @@ def _check_codes(bitmap, codes, is32, chunk_k, chunk_words):  # type: ignore[no-
     ``chunk_words`` is filled only when the count equals ``codes.size``.
     """
     nch = chunk_k.size
-    per = CHUNK_BLOCKS // 32
-    nw = bitmap.size
     for c in prange(nch):
-        s = 0
-        for i in range(c * per, min(c * per + per, nw)):
-            s += _popcount(np.int64(bitmap[i]))
-        chunk_words[c] = s  # the chunk's count, for now
-    total = 0
-    for c in range(nch):
-        k = chunk_words[c]
-        chunk_k[c] = total
-        total += k
+        chunk_words[c] = _chunk_nonzero(bitmap, c)  # the chunk's count, for now
+    total = _exclusive_scan(chunk_words, chunk_k)
     if total != codes.size:
         return total, True
     for c in prange(nch):

@@ -31,6 +31,8 @@ from ccoll.compressor.cpu.blocks import (
     CHUNK_BLOCKS,
     QLIM,
     QMAX_ADD,
+    _chunk_nonzero,
+    _exclusive_scan,
     _nchunks,
     _readonly,
     _scan,
@@ -566,16 +568,6 @@ class LayoutV2:
         self.chunk_o = chunk_o
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _exclusive_scan(counts, out):  # type: ignore[no-untyped-def]
-    """``out[i]`` = the sum of ``counts[:i]``; returns the total."""
-    t = np.int64(0)
-    for i in range(counts.size):
-        out[i] = t
-        t += counts[i]
-    return t
-
-
 # Errors of _check_v2, in the order they are checked (docs/format.md, "Robustness").
 (E_BITMAP_TAIL, E_BITMAP_COUNT, E_TABLE_PAD, E_CODE, E_TABLE_ORDER, E_INDEX_PAD, E_INDEX,
  E_NMASK, E_SIZES, E_PAYLOAD_TAIL) = range(1, 11)
@@ -598,13 +590,8 @@ def _check_v2(bitmap, tabbytes, idx, masks, W, nblocks, nnz, nmask, payload_word
     tail = nblocks % 32
     if tail and np.int64(bitmap[bitmap.size - 1]) >> tail:
         return E_BITMAP_TAIL, 0
-    per = CHUNK_BLOCKS // 32
-    nw = bitmap.size
     for c in prange(nch):
-        s = 0
-        for i in range(c * per, min(c * per + per, nw)):
-            s += _popcount(np.int64(bitmap[i]))
-        cnt[c] = s
+        cnt[c] = _chunk_nonzero(bitmap, c)
     total = _exclusive_scan(cnt, chunk_k)
     if total != nnz:
         return E_BITMAP_COUNT, total
