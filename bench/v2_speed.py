@@ -36,37 +36,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELS = (1e-2, 1e-3, 1e-4)
 
 
-def _baseline(rev: str) -> ModuleType:
-    """Import the v2 kernels of git revision ``rev`` as a module of their own."""
-    d = os.path.join(ROOT, "bench", "out", f"v2_kernels_{rev}")
+def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: str,
+                suffix: str) -> str:
+    """Copy ``ccoll/compressor/cpu/{names}.py`` of git revision ``rev`` into ``bench/out``.
+
+    Each copy is named ``{name}{suffix}.py`` and imports the module ``shared`` from its
+    sibling copy; returns the folder, put first on ``sys.path``.
+    """
+    d = os.path.join(ROOT, "bench", "out", f"{folder}_{rev}")
     os.makedirs(d, exist_ok=True)
-    for name in ("v2", "v2blocks"):
+    for name in names:
         src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ccoll/compressor/cpu/{name}.py"],
                              check=True, capture_output=True, text=True).stdout
-        src = src.replace("from ccoll.compressor.cpu.v2blocks import", "from v2blocks_base import")
-        path = os.path.join(d, f"{name}_base.py")
+        src = src.replace(f"from ccoll.compressor.cpu.{shared} import",
+                          f"from {shared}{suffix} import")
+        path = os.path.join(d, f"{name}{suffix}.py")
         old = open(path).read() if os.path.exists(path) else None
         if old != src:  # keep the file (and so numba's cache of it) when unchanged
             with open(path, "w") as f:
                 f.write(src)
     sys.path.insert(0, d)
+    return d
+
+
+def _baseline(rev: str) -> ModuleType:
+    """Import the v2 kernels of git revision ``rev`` as a module of their own."""
+    _kernels_of(rev, "v2_kernels", ("v2", "v2blocks"), "v2blocks", "_base")
     return importlib.import_module("v2_base")
 
 
 def _v1_baseline(rev: str) -> tuple[ModuleType, ModuleType]:
     """Import the v1 encoder and decoder of git revision ``rev`` (with its block helpers)."""
-    d = os.path.join(ROOT, "bench", "out", f"v1_kernels_{rev}")
-    os.makedirs(d, exist_ok=True)
-    for name in ("blocks", "encode", "decode"):
-        src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ccoll/compressor/cpu/{name}.py"],
-                             check=True, capture_output=True, text=True).stdout
-        src = src.replace("from ccoll.compressor.cpu.blocks import", "from blocks_v1base import")
-        path = os.path.join(d, f"{name}_v1base.py")
-        old = open(path).read() if os.path.exists(path) else None
-        if old != src:
-            with open(path, "w") as f:
-                f.write(src)
-    sys.path.insert(0, d)
+    _kernels_of(rev, "v1_kernels", ("blocks", "encode", "decode"), "blocks", "_v1base")
     return importlib.import_module("encode_v1base"), importlib.import_module("decode_v1base")
 
 
