@@ -32,8 +32,11 @@ DTYPES = ("float32", "float64")
 def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
     """Run every CPU kernel of the stream ``versions`` once on a small array of ``dtype``.
 
+    Also the node sum of a two-level allreduce (:func:`ccoll.collectives.nodesum.sum_slots`,
+    with the argument types the Communicator passes), which needs no MPI to compile.
     Returns the seconds taken.
     """
+    from ccoll.collectives.nodesum import sum_slots
     from ccoll.compressor import cpu
 
     t0 = time.perf_counter()
@@ -47,6 +50,8 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
         cpu.decompress(cpu.add(a, b))
         cpu.add_data(a, x)
         cpu.decompress(cpu.compress_abs(x, 0.0, version=v))  # lossless
+    slots = np.stack([x, x[::-1], x])
+    sum_slots(x, slots[:2], 0, 0, np.empty(x.size // 2, np.float64))
     return time.perf_counter() - t0
 
 

@@ -58,7 +58,8 @@ from ccoll.collectives.halving import halving_allreduce
 from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.node import Grouping, node_comms, node_threads, rpn_problem
-from ccoll.collectives.nodeshm import NodeShm, sum_slots
+from ccoll.collectives.nodeshm import NodeShm
+from ccoll.collectives.nodesum import sum_slots
 from ccoll.collectives.policy import Decision, _decide, _fixed
 from ccoll.collectives.policy.feedback import FeedbackCall
 from ccoll.collectives.report import (

@@ -3,7 +3,8 @@
 The node's ranks map one file of ``/dev/shm`` made by the node's local rank 0: ``R`` input
 slots and one result region, each ``count`` elements of the call's dtype. A call writes
 its input into its slot, waits at a node barrier, sums its share of all ``R`` slots itself
-(float64, in local rank order, so every node's sum is deterministic), runs the inter-node
+(float64, in local rank order, so every node's sum is deterministic:
+:func:`~ccoll.collectives.nodesum.sum_slots`), runs the inter-node
 ring on that share, writes the rounded share into the result region, waits at a second
 barrier and copies the whole result out. No float64 message traffic and no MPI reduction
 inside the node (docs/collectives.md, "Hierarchical collectives").
@@ -28,11 +29,10 @@ from typing import Any
 
 import numpy as np
 from mpi4py import MPI
-from numba import njit, prange
 
 from ccoll.collectives.waiting import Deadline, wait_all
 
-__all__ = ["NodeShm", "shm_enabled", "sum_slots"]
+__all__ = ["NodeShm", "shm_enabled"]
 
 _SHM_DIR = "/dev/shm"
 _NAME_BYTES = 128
@@ -41,28 +41,6 @@ _NAME_BYTES = 128
 def shm_enabled(environ: Any = os.environ) -> bool:
     """Whether this rank may use shared memory for the node phases (``CCOLL_NODE_SHM``)."""
     return environ.get("CCOLL_NODE_SHM", "1").strip().lower() not in ("0", "off", "no", "false")
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def _sum_share(own, slots, local, lo, out):  # type: ignore[no-untyped-def]
-    ranks = slots.shape[0]
-    for i in prange(out.size):
-        j = lo + i
-        acc = np.float64(own[j] if local == 0 else slots[0, j])
-        for r in range(1, ranks):
-            acc += np.float64(own[j] if r == local else slots[r, j])
-        out[i] = acc
-
-
-def sum_slots(own: np.ndarray, slots: np.ndarray, local: int, lo: int, out: np.ndarray) -> None:
-    """``out = sum_r x_r[lo:lo + out.size]`` in float64, adding in local rank order.
-
-    ``x_r`` is ``slots[r]``, except this rank's own input ``own`` for ``r == local`` (its
-    slot holds only the other ranks' shares). One pass, and a fixed order: the sum is the
-    same bytes whichever rank computes it, with however many threads.
-    """
-    if out.size:
-        _sum_share(own, slots, local, lo, out)
 
 
 class NodeShm:
