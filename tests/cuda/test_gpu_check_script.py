@@ -49,8 +49,11 @@ def test_equality_section_checks_both_versions(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1000)  # about 330 s in the simulator on 2 cores, past the default 300
 def test_throughput_section_times_both_versions(tmp_path):
-    res = run_check(tmp_path, "--sections", "throughput", "--budget", "1200")
+    # The script's own budget ends before run_check's 900 s kill, and that before this
+    # test's timeout: a slow machine reports what the budget skipped.
+    res = run_check(tmp_path, "--sections", "throughput", "--budget", "800")
     ops = {(r["op"], r["version"]) for r in res["throughput"] if r["runs"] > 0}
     assert ops == {("compress", 1), ("compress kernel", 1), ("decompress", 1), ("add", 1),
                    ("compress", 2), ("decompress", 2), ("add", 2)}
