@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -75,6 +76,36 @@ def bitlen(v: int) -> int:
     return int(v).bit_length()
 
 
+_T = TypeVar("_T")
+
+
+class _derived(Generic[_T]):
+    """``functools.cached_property`` without its lock.
+
+    The value is computed at the first read, then read from the instance's ``__dict__``
+    (this is a non-data descriptor) like a plain attribute. On Python 3.11
+    ``cached_property`` takes an ``RLock`` at every first read, which made a header's
+    offsets (a chain of seven of them) cost 7 us, more than parsing the header. Without
+    the lock, two threads that read a value first both compute it: the same value, from
+    the frozen fields, so either write is right.
+    """
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self.fn = fn
+        self.name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> _T:
+        if obj is None:
+            return self  # type: ignore[return-value]
+        value = self.fn(obj)
+        obj.__dict__[self.name] = value
+        return value
+
+
 @dataclass(frozen=True)
 class StreamHeader:
     """Parsed header of a stream, with the offsets of its sections.
@@ -94,69 +125,69 @@ class StreamHeader:
     nmask: int = 0  # version 2: patched-planes blocks (words of the mask section)
     ntab: int = 0  # version 2: codes in the table
 
-    @cached_property
+    @_derived
     def n(self) -> int:
         """Element count."""
         return math.prod(self.shape)
 
-    @cached_property
+    @_derived
     def ndim(self) -> int:
         """Number of dimensions."""
         return len(self.shape)
 
-    @cached_property
+    @_derived
     def nblocks(self) -> int:
         """Number of 32-element blocks."""
         return (self.n + BLOCK - 1) // BLOCK
 
-    @cached_property
+    @_derived
     def bitmap_words(self) -> int:
         """Length of the non-zero-block bitmap in words."""
         return (self.nblocks + 31) // 32
 
-    @cached_property
+    @_derived
     def bitmap_offset(self) -> int:
         """Byte offset of the bitmap."""
         return HEADER_NBYTES + 8 * self.ndim
 
-    @cached_property
+    @_derived
     def codes_offset(self) -> int:
         """Byte offset of the section after the bitmap: v1's code bytes, v2's table."""
         return self.bitmap_offset + 4 * self.bitmap_words
 
-    @cached_property
+    @_derived
     def table_offset(self) -> int:
         """Version 2: byte offset of the code table (``ntab`` u16, padded to 4 bytes)."""
         return self.codes_offset
 
-    @cached_property
+    @_derived
     def index_bits(self) -> int:
         """Version 2: width ``ib`` of an index field, ``bitlen(ntab - 1)`` (0 if ntab <= 1)."""
         return bitlen(self.ntab - 1) if self.ntab > 1 else 0
 
-    @cached_property
+    @_derived
     def index_offset(self) -> int:
         """Version 2: byte offset of the index bit stream."""
         return self.table_offset + 4 * ((self.ntab + 1) // 2)
 
-    @cached_property
+    @_derived
     def index_words(self) -> int:
         """Version 2: length of the index section in words."""
         return (self.nnz * self.index_bits + 31) // 32
 
-    @cached_property
+    @_derived
     def mask_offset(self) -> int:
         """Version 2: byte offset of the mask words (``nmask`` of them)."""
         return self.index_offset + 4 * self.index_words
 
-    @cached_property
+    @_derived
     def payload_offset(self) -> int:
         """Byte offset of the payload (a multiple of 4)."""
         if self.version == VERSION2:
             return self.mask_offset + 4 * self.nmask
         return self.codes_offset + _roundup4(self.nnz)
 
-    @cached_property
+    @_derived
     def nbytes(self) -> int:
         """Total length of the stream in bytes."""
         return self.payload_offset + 4 * self.payload_words

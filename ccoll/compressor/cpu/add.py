@@ -470,19 +470,19 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
     stream is written there and the used prefix is returned.
     """
     sa, sb = as_stream(a), as_stream(b)
-    va, vb = fmt.parse_header(sa).version, fmt.parse_header(sb).version
+    ha, hb = fmt.parse_header(sa), fmt.parse_header(sb)
+    va, vb = ha.version, hb.version
     if va != vb:
         raise FormatError(
             "streams of format versions 1 and 2 cannot be added; compress both with the "
             "same version"
         )
     if va == fmt.VERSION2:
-        l2a, l2b = v2.validate_v2(sa), v2.validate_v2(sb)
+        l2a, l2b = v2.validate_v2(sa, ha), v2.validate_v2(sb, hb)
         bound, nterms = _sum_header(l2a.hdr, l2b.hdr)
         return v2.add_v2(l2a, l2b, bound, nterms, out)
-    la = _validate(sa)
-    lb = _validate(sb)
-    ha, hb = la.hdr, lb.hdr
+    la = _validate(sa, ha)
+    lb = _validate(sb, hb)
     bound, nterms = _sum_header(ha, hb)
     is32 = ha.dtype == np.float32
     n = ha.n
@@ -582,12 +582,12 @@ def add_data(a: object, x: np.ndarray, eb: float | None = None) -> np.ndarray:
     requires of two streams.
     """
     sa = as_stream(a)
-    if fmt.parse_header(sa).version == fmt.VERSION2:
-        l2 = v2.validate_v2(sa)
-        bound, nterms = _data_header(l2.hdr, x, eb)
+    ha = fmt.parse_header(sa)
+    if ha.version == fmt.VERSION2:
+        l2 = v2.validate_v2(sa, ha)
+        bound, nterms = _data_header(ha, x, eb)
         return v2.add_data_v2(l2, x, bound, nterms)
-    la = _validate(sa)
-    ha = la.hdr
+    la = _validate(sa, ha)
     bound, nterms = _data_header(ha, x, eb)
     flat = _readonly(np.ascontiguousarray(x).reshape(-1))
     is32 = ha.dtype == np.float32

@@ -98,9 +98,13 @@ def header(buf: object) -> fmt.StreamHeader:
     return fmt.parse_header(as_stream(buf))
 
 
-def _validate(buf: np.ndarray) -> _Layout:
-    """Header, bitmap and codes checked (docs/format.md, "Robustness"); payload untouched."""
-    hdr = fmt.parse_header(buf)
+def _validate(buf: np.ndarray, hdr: fmt.StreamHeader | None = None) -> _Layout:
+    """Header, bitmap and codes checked (docs/format.md, "Robustness"); payload untouched.
+
+    ``hdr``: the header already parsed from ``buf`` (``fmt.parse_header(buf)``), if any.
+    """
+    if hdr is None:
+        hdr = fmt.parse_header(buf)
     is32 = hdr.dtype == np.float32
     nblocks = hdr.nblocks
     raw = _readonly(buf if buf.ctypes.data % 4 == 0 else buf.copy())  # words need alignment
@@ -214,7 +218,7 @@ def decompress(buf: object, out: np.ndarray | None = None) -> np.ndarray:
         result, flat = _result_of(out, hdr)
         v2.decode_into(lay2, flat)
         return result
-    lay = _validate(stream)
+    lay = _validate(stream, hdr)
     result, flat = _result_of(out, hdr)
     if hdr.n:
         outbits = flat.view(np.uint32) if hdr.dtype == np.float32 else flat.view(np.int64)
@@ -275,7 +279,7 @@ def decompress_wide(buf: object, out: np.ndarray | None = None) -> np.ndarray:
 
         v2.decode_into(v2.validate_v2(stream, hdr), flat)
         return out
-    lay = _validate(stream)
+    lay = _validate(stream, hdr)
     if hdr.n:
         with _threads_for(hdr.n):
             _decode_wide(lay.W, lay.bitmap, lay.codes, lay.chunk_k, lay.chunk_pos,

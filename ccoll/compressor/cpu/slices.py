@@ -34,10 +34,10 @@ def _parts(stream: object) -> tuple[fmt.StreamHeader, np.ndarray, np.ndarray, np
                                      np.ndarray]:
     """Header, per-block non-zero bits, code bytes, payload words, payload offsets."""
     buf = as_stream(stream)
-    if fmt.parse_header(buf).version != fmt.VERSION:
+    hdr = fmt.parse_header(buf)
+    if hdr.version != fmt.VERSION:
         raise FormatError("only version-1 streams can be cut or joined")
-    lay = _validate(buf)
-    hdr = lay.hdr
+    lay = _validate(buf, hdr)
     bits = np.unpackbits(np.ascontiguousarray(lay.bitmap).view(np.uint8),
                          bitorder="little")[: hdr.nblocks]
     codes = np.asarray(lay.codes)
