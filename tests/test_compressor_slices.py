@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ccoll.compressor import api
-from ccoll.compressor.cpu.slices import concat, slice_blocks
+from ccoll.compressor.cpu.slices import concat, raw_blocks, slice_blocks
 from ccoll.errors import FormatError, MismatchError
 
 
@@ -89,3 +89,41 @@ def test_bad_ranges_and_mismatched_streams_are_clear_errors() -> None:
     broken[40] ^= 0xFF  # the header's nnz
     with pytest.raises(FormatError):
         slice_blocks(broken, 0, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 33, 1000, 50_003])
+def test_raw_blocks_store_the_chosen_blocks_verbatim(dtype: type, n: int) -> None:
+    x = _data(n, dtype, seed=3)
+    eb = 1e-3
+    s = api.compress_abs(x, eb)
+    y = api.decompress(s)
+    nb = -(-n // 32)
+    chosen = np.unique(np.array([0, nb // 2, nb - 1, (n * 2) // 3 // 32], np.int64))
+    r = raw_blocks(s, x, chosen)
+    assert api.header(r).eb == eb and api.header(r).bound == api.header(s).bound
+    z = api.decompress(r)
+    idx = np.arange(n)
+    mine = np.isin(idx // 32, chosen)
+    zeros = mine & (x == 0)
+    same = mine & ~zeros
+    assert np.array_equal(z[same].view(np.uint8), x[same].view(np.uint8))  # bit for bit
+    assert np.all(z[zeros] == 0)
+    assert np.array_equal(z[~mine].view(np.uint8), y[~mine].view(np.uint8))  # the rest kept
+    # The other blocks keep their bytes: cut out, they are the original's slices.
+    for b in range(nb):
+        if b not in chosen:
+            assert np.array_equal(slice_blocks(r, b, b + 1), slice_blocks(s, b, b + 1))
+    assert np.array_equal(raw_blocks(s, x, np.zeros(0, np.int64)), s)
+
+
+def test_raw_blocks_refuse_mismatched_data_and_blocks() -> None:
+    x = _data(100, np.float32)
+    s = api.compress_abs(x, 1e-3)
+    with pytest.raises(MismatchError, match="raw_blocks"):
+        raw_blocks(s, x.astype(np.float64), np.array([0]))
+    with pytest.raises(MismatchError, match="raw_blocks"):
+        raw_blocks(s, x[:99], np.array([0]))
+    for bad in ([4], [-1], [2, 1], [1, 1]):
+        with pytest.raises(MismatchError, match="sorted, distinct"):
+            raw_blocks(s, x, np.array(bad))

@@ -13,6 +13,8 @@ byte for byte, and the same for homomorphic sums (the header's ``bound`` and ``n
 are kept). Recursive halving (:mod:`ccoll.collectives.halving`) uses them to send a step's
 data in a few large streams instead of one per chunk. Only the metadata is touched (bitmap
 bits, code bytes, and the payload words copied as they are); the result is 1-D.
+``raw_blocks`` stores chosen blocks of a stream raw (the split allreduce's requantization
+uses it for values off its grid).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import numpy as np
 
 from ccoll.compressor import format as fmt
 from ccoll.compressor.cpu.decode import _validate, as_stream
+from ccoll.compressor.cpu.encode import compress_abs
 from ccoll.errors import FormatError, MismatchError
 
-__all__ = ["slice_blocks", "concat"]
+__all__ = ["slice_blocks", "concat", "raw_blocks"]
 
 BLOCK = fmt.BLOCK
 
@@ -111,3 +114,43 @@ def concat(streams: Sequence[object]) -> np.ndarray:
     bits = np.concatenate([p[1] for p in parts])
     codes = np.concatenate([p[2] for p in parts])
     return _build(first, n, bits, codes, [p[3] for p in parts])
+
+
+def raw_blocks(stream: object, x: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Return ``stream`` with the blocks ``blocks`` stored raw: ``x``'s values bit for bit.
+
+    ``x`` is the stream's data (its dtype and length); ``blocks`` sorted, distinct block
+    indices. Each listed block becomes the block a lossless compression of its elements
+    makes (raw, or a zero block when every element is ``±0.0``, decoded as ``+0.0``):
+    neither kind depends on ``eb``, so the header stays as it was and the other blocks keep
+    their bytes. :class:`~ccoll.errors.MismatchError` for data of another dtype or length
+    or a block outside the stream.
+    """
+    hdr, bits, codes, W, offsets = _parts(stream)
+    x = np.asarray(x)
+    if x.dtype != hdr.dtype or x.shape != (hdr.n,):
+        raise MismatchError(f"raw_blocks: data of {x.dtype} {x.shape} for a stream of "
+                            f"{hdr.dtype} ({hdr.n},)")
+    blocks = np.asarray(blocks, np.int64)
+    if blocks.size and (blocks[0] < 0 or blocks[-1] >= hdr.nblocks
+                        or np.any(np.diff(blocks) <= 0)):
+        raise MismatchError(f"raw_blocks: blocks must be sorted, distinct and below "
+                            f"{hdr.nblocks}")
+    rank = np.zeros(hdr.nblocks + 1, np.int64)  # non-zero blocks before each block
+    np.cumsum(bits, out=rank[1:])
+    new_bits = bits.copy()
+    code_parts: list[np.ndarray] = []
+    words: list[np.ndarray] = []
+    k_at = 0  # next non-zero block of ``stream`` not yet copied
+    for b in blocks.tolist():
+        k0 = int(rank[b])
+        code_parts.append(codes[k_at:k0])
+        words.append(W[offsets[k_at]:offsets[k0]])
+        _, pbits, pcodes, pW, _ = _parts(compress_abs(x[BLOCK * b: BLOCK * (b + 1)], 0.0))
+        new_bits[b] = pbits[0]
+        code_parts.append(pcodes)
+        words.append(pW)
+        k_at = k0 + int(bits[b])
+    code_parts.append(codes[k_at:])
+    words.append(W[offsets[k_at]:offsets[codes.size]])
+    return _build(hdr, hdr.n, new_bits, np.concatenate(code_parts), words)
