@@ -10,18 +10,50 @@ from ccoll.compressor import cpu
 
 
 def test_split_fraction_splits_where_the_allgather_saves_more_than_the_ring_pays():
-    # docs/model.md, "Split bound": with g = 1/2 a share s costs log2(1/(1-s)) bits in the
-    # reduce-scatter and saves log2(N) - 1 - log2(1/(2s)) in the allgather; both phases
-    # have N - 1 messages, so s = 1/2 is best and pays from N = 5 (a tie at N = 4).
-    for n in (1, 2, 3, 4):
+    # docs/model.md, "Split bound": with g = 1/2 a plain share s costs log2(1/(1-s)) bits in
+    # the reduce-scatter and saves log2(N) - 1 - log2(1/(2s)) in the allgather; both
+    # phases have N - 1 messages, so s = 1/2 is best among plain shares and pays from
+    # N = 5 (a tie at N = 4). On an aligned grid (allgather grid k times the sum's, k odd)
+    # the reduce-scatter keeps e1 = s eb N / k, which breaks the tie at 4 and pays at 3.
+    for n in (1, 2):
         assert model.split_fraction(n) == 0.0
-    for n in (5, 6, 8, 16, 64):
+    assert model.split_fraction(3) == pytest.approx(0.6)  # k = 3: e1 = 0.6 eb
+    for n in (4, 6, 8, 16, 64):
         assert model.split_fraction(n) == 0.5
+        assert model.split_multiple(n, 0.5) == n - 1
+        assert model.split_reduce_share(n, 0.5) == pytest.approx(n / (2 * (n - 1)))
+    # Odd N: the shares k / (N + k - 1) are the aligned ones (5: k = 5, e1 = 5/9 eb).
+    assert model.split_fraction(5) == pytest.approx(5 / 9)
+    assert model.split_multiple(5, 5 / 9) == 5
     # Far out the requantized block's width reaches 0 bits (clamped): the reduce-scatter
     # then gets more of the bound.
     assert 0 < model.split_fraction(512) < 0.5
-    assert model.split_bits(4, 0.5) == pytest.approx(model.split_bits(4, 0.0))
+    # Plain shares: the tie at 4, and the order at 8 (neither 0.25 at 8 nor 0.5 at odd N
+    # is an odd multiple of the sum's grid with a gain).
+    assert model.split_multiple(8, 0.25) == 0 and model.split_multiple(5, 0.5) == 0
     assert model.split_bits(8, 0.5) < model.split_bits(8, 0.25) < model.split_bits(8, 0.0)
+    # A plain share 1/2 at 4 ranks (e1 = eb/2: one bit more in each of the 3 reduce-scatter
+    # messages, one less in each allgather one) ties with no split; aligned (e1 = 2/3 eb)
+    # it pays log2(3/2) bits instead of 1 in each reduce-scatter message.
+    tie4 = sum(1 + 3 + 0.5 * model.log2(k) + 1 for k in (1, 2, 3)) + 3 * (1 + 3 - 1 + 1)
+    assert tie4 == pytest.approx(model.split_bits(4, 0.0))
+    assert model.split_bits(4, 0.5) == pytest.approx(tie4 - 3 * model.log2(4 / 3))
+
+
+def test_split_multiple_keeps_the_total_within_the_bound():
+    # e1 + (k - 1) e1 / K <= eb: the sum's bound plus what rounding to the aligned grid
+    # moves a value by; and the aligned share is used only where e1 beats 1 - f.
+    for ranks in (2, 3, 4, 5, 7, 8, 16, 100, 512):
+        for share in [j / 64 for j in range(1, 64)] + [0.999]:
+            k = model.split_multiple(ranks, share)
+            e1 = model.split_reduce_share(ranks, share)
+            if not k:
+                assert e1 == pytest.approx(1 - share)
+                continue
+            assert k >= 3 and k % 2 == 1
+            assert e1 > 1 - share
+            assert e1 * (1 + (k - 1) / ranks) <= 1 + 1e-9
+            assert e1 == pytest.approx(share * ranks / k)  # the grid is k times the sum's
 
 
 def test_split_bits_never_counts_a_negative_width():

@@ -55,7 +55,7 @@ from ccoll.collectives.devices import (
     is_device,
 )
 from ccoll.collectives.halving import halving_allreduce
-from ccoll.collectives.homomorphic import sum_bound
+from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.layout import Layout, block_bounds
 from ccoll.collectives.node import Grouping, node_comms, node_threads, rpn_problem
 from ccoll.collectives.nodeshm import NodeShm
@@ -153,7 +153,10 @@ class Communicator:
       phase: the reduce-scatter sums within ``e1 = (1 - split) eb``, the owner of each
       reduced block requantizes it within ``e2 = split * eb`` and the allgather forwards
       that, which does not widen with the number of ranks (docs/error-bound.md, "Split
-      bound"). ``None`` (default): chosen by the cost model from the number of ranks
+      bound"). Where the allgather's grid is then an odd multiple ``k`` of the reduced
+      sum's, the reduce-scatter keeps more, ``e1 = split * eb * N / k``
+      (:func:`ccoll.collectives.model.split_multiple`). ``None`` (default): chosen by the
+      cost model from the number of ranks
       (:func:`ccoll.collectives.model.split_fraction`); ``0``: no split (every rank
       decodes the reduced sum). Host data only (device data runs without a split);
       ``reduce_scatter`` has no allgather and keeps the whole bound.
@@ -904,7 +907,7 @@ class Communicator:
             params, ratio = pol.model_params(count, p.dtype)
         else:
             params, ratio = model.DEFAULTS, model.DEFAULT_RATIO
-        share = 0.0 if requant is None else requant.bound / p.eb_abs  # e2 = share * eb
+        share = 0.0 if requant is None else requant.share
         size = float(count * itemsize)
         block = -(-count // n_ranks)
         chunks = max(1, -(-block // max(1, p.chunk_elems)))
@@ -1035,19 +1038,33 @@ class Communicator:
 
         ``eb_abs`` bounds the result (the average for ``avg``). With a split share ``f``,
         ``e2 = fl(f eb)`` and ``e1 = fl(eb - e2)``: the sum is bounded by ``e1`` (``N e1``
-        for an average) and each reduced block is requantized within ``e2``; otherwise the
-        sum is bounded by ``eb`` (``N eb``) and nothing is requantized (docs/error-bound.md,
-        "Split bound"). ``ring_ranks``: the ranks of the ring when it is not all ``n_ranks``
-        (the inter-node ring of a hierarchical call, whose split the model chooses for its
-        own size); ``N`` stays the number of ranks the average divides by.
+        for an average) and each reduced block is requantized within ``e2``. Where ``f``
+        makes the allgather's grid an odd multiple ``k`` of the reduced sum's
+        (:func:`model.split_multiple`), ``e1 = fl(eb f K / k)``, the grid is ``k`` times the
+        sum's (``e2 = fl(k eb_r / D)``, ``eb_r`` one stream's grid bound, ``D`` the divisor)
+        and the requantization may move a value by ``fl(eb - e1)`` at most, which the owner
+        checks. Without a split the sum is bounded by ``eb`` (``N eb``) and nothing is
+        requantized (docs/error-bound.md, "Split bound"). ``ring_ranks``: the ranks of the
+        ring when it is not all ``n_ranks`` (the inter-node ring of a hierarchical call,
+        whose split the model chooses for its own size); ``N`` stays the number of ranks the
+        average divides by.
         """
-        share = self.split_share(n_ranks if ring_ranks is None else ring_ranks, algorithm,
-                                 device)
+        streams = n_ranks if ring_ranks is None else ring_ranks
+        share = self.split_share(streams, algorithm, device)
         if share <= 0.0 or eb_abs == 0.0:
             return sum_bound(eb_abs, n_ranks, avg), None
+        divide = n_ranks if avg else 1
+        k = model.split_multiple(streams, share)
+        if k:  # the allgather's grid is k times the reduced sum's
+            e1 = eb_abs * model.split_reduce_share(streams, share)
+            accept = eb_abs - e1
+            ring_eb = sum_bound(e1, n_ranks, avg)
+            e2 = k * rank_bound(ring_eb, streams) / divide
+            if 0.0 < accept < e2 and 0.0 < e1 < eb_abs:
+                return ring_eb, Requant(e2, divide, accept, share)
         e2 = eb_abs * share
         e1 = eb_abs - e2
-        return sum_bound(e1, n_ranks, avg), Requant(e2, n_ranks if avg else 1)
+        return sum_bound(e1, n_ranks, avg), Requant(e2, divide, None, share)
 
     def _run_reduce_scatter(self, ch: Channel, p: _Prepared) -> Any:
         n_ranks, r = ch.comm.Get_size(), ch.comm.Get_rank()

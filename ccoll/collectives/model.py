@@ -21,6 +21,7 @@ Symbols (all sizes in bytes of the uncompressed message, all rates in bytes per 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -58,6 +59,8 @@ __all__ = [
     "Floor",
     "floor",
     "split_bits",
+    "split_multiple",
+    "split_reduce_share",
     "split_ratios",
     "split_fraction",
     "SPLIT_CANDIDATES",
@@ -189,15 +192,56 @@ def ratio_at_finer_bound(ratio: float, factor: float, width: float = DEFAULT_WID
     return ratio * (1.0 + width) / (1.0 + width + log2(factor))
 
 
-# Shares of the bound the split may give the allgather phase (0: no requantization).
+# Shares of the bound the split may give the allgather phase (0: no requantization); the
+# model also tries the shares where the aligned grid gains most (:func:`split_fraction`).
 SPLIT_CANDIDATES = tuple(j / 16 for j in range(16))
+
+# A share counts as reaching an odd multiple this close below it (its float64 quotient
+# may land an ulp or two above an integer); the owner's check keeps the bound regardless.
+_MULTIPLE_SLACK = 1e-9
+
+
+def split_multiple(ranks: int, share: float) -> int:
+    """Odd multiple ``k`` of the reduced sum's grid that the allgather's grid is; 0: none.
+
+    The reduce-scatter's sum of ``K = ranks`` streams, each on a grid ``2 e1 / K`` (in
+    units of the result: the average's grid for ``avg``), lies on that grid too. The
+    allgather's grid is ``2 f eb`` (``f = share``). When it is ``k`` times the sum's grid
+    for an odd ``k``, rounding a value of the sum's grid to it moves it by at most
+    ``(k - 1) / 2`` of the sum's steps, ``(k - 1) e1 / K``, not ``f eb``; so ``e1 = f eb K / k``
+    keeps the total within ``eb`` whenever ``k >= f (K - 1) / (1 - f)``. ``k`` is the least
+    odd number (at least 3) with that property, used where it gives a larger ``e1`` than the
+    plain ``(1 - f) eb``; 0 otherwise (docs/error-bound.md, "Split bound"). A pure function
+    of agreed numbers: the same on every rank.
+    """
+    if ranks < 2 or not 0.0 < share < 1.0:
+        return 0
+    need = share * (ranks - 1) / (1.0 - share)
+    k = max(3, math.ceil(need - _MULTIPLE_SLACK))
+    k += 1 - k % 2
+    reduce_share = share * ranks / k
+    if reduce_share <= 1.0 - share or reduce_share < 2.0**-20:
+        return 0
+    return k
+
+
+def split_reduce_share(ranks: int, share: float) -> float:
+    """``e1 / eb`` of a split with allgather share ``share`` among ``ranks`` streams.
+
+    ``share * K / k`` with ``k`` from :func:`split_multiple`, else ``1 - share`` (1 without
+    a split).
+    """
+    if share <= 0.0:
+        return 1.0
+    k = split_multiple(ranks, share)
+    return share * ranks / k if k else 1.0 - share
 
 
 def _split_words(ranks: int, share: float, width: float,
                  growth: float) -> tuple[float, float]:
     """Words per non-zero block of the reduce-scatter's and the allgather's messages (sums)."""
     n = ranks
-    finer = 0.0 if share <= 0 else -log2(1.0 - share)
+    finer = -log2(split_reduce_share(n, share))
     rs = sum(1.0 + width + growth * log2(k) + finer for k in range(1, n))
     if share <= 0:
         ag = (n - 1) * (1.0 + width + growth * log2(n))
@@ -213,7 +257,8 @@ def split_bits(ranks: int, share: float, width: float = DEFAULT_WIDTH,
     Without a split (``share`` 0) the reduce-scatter sends partial sums of ``k = 1 .. N-1``
     streams (``1 + w + g log2 k`` words a block) and the allgather forwards the full sum
     ``N - 1`` times (``1 + w + g log2 N``). With ``share = e2 / eb`` the reduce-scatter's
-    grid is ``1 - share`` times finer (``log2(1 / (1 - share))`` more bits) and the allgather
+    grid is ``e1 / eb`` times finer (``log2(eb / e1)`` more bits; ``e1`` by
+    :func:`split_reduce_share`: ``1 - share``, or more on an aligned grid) and the allgather
     forwards the reduced block requantized at ``e2``: a value about ``N^g`` times one rank's
     on a grid ``N * share`` times coarser than one rank's (``eb / N`` for a sum; for an
     average both are ``N`` times smaller), so ``w + (g - 1) log2 N + log2(1 / share)`` bits,
@@ -244,12 +289,21 @@ def split_ratios(ratio: float, ranks: int, share: float, width: float = DEFAULT_
 def split_fraction(ranks: int, width: float = DEFAULT_WIDTH) -> float:
     """Share of the bound the allgather phase gets (``e2 = share * eb``); 0: no split.
 
-    The candidate of :data:`SPLIT_CANDIDATES` with the fewest words by :func:`split_bits`
-    (the first of equals, so no split where it gains nothing). A pure function of agreed
-    numbers computed with :func:`log2`: the same on every rank.
+    The candidate with the fewest words by :func:`split_bits` (the first of equals, so no
+    split where it gains nothing), among :data:`SPLIT_CANDIDATES` and the shares
+    ``k / (K + k - 1)`` for odd ``k`` from 3 to ``2K + 1``, where the allgather's grid is
+    exactly ``k`` times the reduced sum's with the largest ``e1`` (:func:`split_multiple`).
+    A pure function of agreed numbers computed with :func:`log2`: the same on every rank.
     """
+    return _split_fraction(int(ranks), float(width))
+
+
+@functools.lru_cache(maxsize=256)
+def _split_fraction(ranks: int, width: float) -> float:
+    aligned = (k / (ranks + k - 1) for k in range(3, 2 * ranks + 2, 2))
+    candidates = sorted({*SPLIT_CANDIDATES[1:], *aligned})
     best, best_bits = 0.0, split_bits(ranks, 0.0, width)
-    for share in SPLIT_CANDIDATES[1:]:
+    for share in candidates:
         bits = split_bits(ranks, share, width)
         if bits < best_bits * (1 - 1e-9):
             best, best_bits = share, bits
@@ -373,7 +427,7 @@ def halving_words(ranks: int, share: float = 0.0, width: float = DEFAULT_WIDTH,
     """
     m, rest = halving_shape(ranks)
     f = 1 if rest else 0
-    finer = 0.0 if share <= 0 else -log2(1.0 - share)
+    finer = -log2(split_reduce_share(ranks, share))
     base = 1.0 + width + finer
     steps = [(1.0, base)] if f else []
     steps += [(0.5 ** (j + 1), base + growth * (j + f)) for j in range(m)]

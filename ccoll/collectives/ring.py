@@ -46,6 +46,7 @@ from ccoll.collectives.devices import HOST, HostPlace, device_add
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
+from ccoll.compressor import format as fmt
 from ccoll.errors import FormatError
 
 __all__ = [
@@ -68,11 +69,18 @@ class Requant:
 
     ``bound`` is the absolute bound of the requantized streams (``e2``, on the result);
     ``divide`` is ``N`` for an average (the owner divides the reduced sum before it
-    requantizes, so nobody divides afterwards) and 1 for a sum. Host data only.
+    requantizes, so nobody divides afterwards) and 1 for a sum. ``accept``, when set, is
+    what the requantization may move a value by (below ``bound``: the allgather's grid is an
+    odd multiple of the reduced sum's, :func:`ccoll.collectives.model.split_multiple`); the
+    owner checks every element against it and requantizes within ``accept`` instead where
+    one is farther (values off the sum's grid: raw lanes). ``share`` is the split's share of
+    the bound, for the cost model. Host data only.
     """
 
     bound: float
     divide: int = 1
+    accept: float | None = None
+    share: float = 0.0
 
 
 class RingOps(Protocol):
@@ -571,14 +579,36 @@ def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant) -> A
 
     The chunk's float64 values (before any rounding to the dtype), divided by ``N`` in
     float64 for an average, are compressed with the allgather's bound into a float64
-    stream; this rank decodes that stream like every other rank does.
+    stream; with ``rq.accept``, the blocks with a value moved by ``rq.accept`` or more are
+    stored raw instead. This rank decodes that stream like every other rank does.
     """
     from ccoll.compressor.cpu import decompress_wide
+    from ccoll.compressor.cpu.slices import raw_blocks
 
     wide = decompress_wide(stream[:stream_nbytes(stream)])
     if rq.divide > 1:
         np.divide(wide, float(rq.divide), out=wide)
     a = api()
     out = a.compress_abs(wide, rq.bound)
+    if rq.accept is not None:
+        far = _far_blocks(decompress_wide(out), wide, rq.accept)
+        if far.size:
+            out = raw_blocks(out, wide, far)
     _decode_one(out, stream_nbytes(out), flat_out, lo, hi, flat_out.dtype != np.float64)
     return out
+
+
+def _far_blocks(w: np.ndarray, v: np.ndarray, accept: float) -> np.ndarray:
+    """Blocks (of 32) with an element whose decoded ``w`` is not within ``accept`` of ``v``.
+
+    Decided exactly: ``fl(|w - v|) < accept`` implies ``|w - v| < accept`` (rounding is
+    monotone and ``accept`` is a float64), the compressor's own acceptance test
+    (docs/error-bound.md). Non-finite values pass when ``w`` has ``v``'s bits.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        near = np.abs(w - v) < accept
+    if near.all():
+        return np.zeros(0, np.int64)
+    far = np.flatnonzero(~near)
+    far = far[w[far].view(np.uint64) != v[far].view(np.uint64)]
+    return np.unique(far // fmt.BLOCK)

@@ -45,22 +45,54 @@ def test_split_within_bound_and_identical(comm, op, dtype, eb, split, chunk):
     assert_same_on_every_rank(comm, y)
 
 
+@pytest.mark.parametrize("schedule", ["ring", "halving"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_values_off_the_sums_grid_stay_within_bound(comm, op, dtype, schedule):
+    # A value whose code needs more than 31 bits on the ring's grid, not on the allgather's
+    # (k times coarser): its block of that rank's input is raw, so the reduced lane holds
+    # float64 sums off the sum's grid, which the coarse grid could move farther than the
+    # rest of the bound allows. The owner stores those blocks raw; its stream keeps its
+    # header, so the halving's owners still join their streams.
+    from ccoll.collectives.homomorphic import rank_bound
+
+    eb = 1e-3
+    x = gradient_like(comm.rank, 20_011, dtype)
+    with ccoll.Communicator(comm, policy="compress", schedule=schedule) as c:
+        ring_eb, rq = c.ring_bounds(eb, comm.size, op == "avg")
+        step_r = 2 * rank_bound(ring_eb, comm.size)
+        if comm.rank == comm.size - 1:
+            x[100] = dtype(1.5 * 2**31 * step_r)
+            x[5000] = dtype(-1.25 * 2**31 * step_r)
+        y = c.allreduce(x, ccoll.ABS(eb), op=op)
+        rnd = roundings(c, op)
+    ref = allreduce_reference(comm, x, op)
+    assert_within(y, ref, eb, roundings=rnd)
+    assert_same_on_every_rank(comm, y)
+    if rq is not None and rq.accept is not None:
+        # the plain coarse grid would have moved some value of that block too far
+        assert rq.accept < rq.bound
+
+
 def test_split_result_lies_on_the_allgather_grid(comm):
     # float64 data: every fixed-length lane of a requantized result is q * 2 e2 for an
     # integer q (one float64 product), which the reduced sum on its finer grid is not.
+    # e2 is 0.5 eb, or just below where the grid is an odd multiple of the sum's.
     x = gradient_like(comm.rank, 50_000, np.float64)
     eb = 1e-3
     with ccoll.Communicator(comm, policy="compress", split=0.5) as c:
         share = c.split_share(comm.size, "homomorphic", False)
         y = c.allreduce(x, ccoll.ABS(eb), op="avg")
         sent = c.last_call.bytes_sent
-    step2 = 2 * (eb * 0.5)
+        rq = c.ring_bounds(eb, comm.size, True)[1]
+    if comm.size == 1:
+        assert share == 0.0 and sent == 0 and rq is None  # one rank: nothing to split
+        return
+    assert share == 0.5 and rq is not None
+    assert eb * 0.5 * (1 - 2**-18) <= rq.bound <= eb * 0.5
+    step2 = 2 * rq.bound
     q = y / step2
     on_grid = np.abs(q - np.round(q)) <= 1e-6
-    if comm.size == 1:
-        assert share == 0.0 and sent == 0  # one rank: no allgather, nothing to split
-        return
-    assert share == 0.5
     assert on_grid.all(), (int((~on_grid).sum()), q[~on_grid][:5])
     with ccoll.Communicator(comm, policy="compress", split=0) as c:
         y0 = c.allreduce(x, ccoll.ABS(eb), op="avg")

@@ -1,0 +1,122 @@
+"""The owner's requantization of a split allreduce on an aligned grid (no MPI traffic).
+
+Where the allgather's grid is an odd multiple ``k`` of the reduced sum's
+(``model.split_multiple``), rounding a reduced value to it moves it by at most
+``(k - 1) / 2`` of the sum's steps, which is what lets the reduce-scatter keep the larger
+bound ``e1 = f eb K / k``. The owner checks that on every element and stores a block raw
+where a value is off the sum's grid (a raw lane). Checked exactly here: the allowance on
+every element, the total against the exact sum, and which blocks the owner stores raw
+(docs/error-bound.md, "Split bound").
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from kit import assert_within
+
+from ccoll.collectives import model
+from ccoll.collectives.codec import api, stream_nbytes
+from ccoll.collectives.homomorphic import rank_bound, sum_bound
+from ccoll.collectives.ring import Requant, _requant_one
+from ccoll.compressor.cpu import decompress_wide
+
+N_ELEMS = 4099
+EB = 1e-3
+
+
+def _setup(ranks: int, share: float, avg: bool) -> tuple[float, Requant]:
+    """The ring's bound of the sum and the Requant, as ``Communicator.ring_bounds`` makes them."""
+    k = model.split_multiple(ranks, share)
+    assert k >= 3 and k % 2 == 1
+    e1 = EB * model.split_reduce_share(ranks, share)
+    assert e1 > EB * (1 - share)  # the aligned grid leaves the reduce-scatter more
+    ring_eb = sum_bound(e1, ranks, avg)
+    divide = ranks if avg else 1
+    return ring_eb, Requant(k * rank_bound(ring_eb, ranks) / divide, divide, EB - e1, share)
+
+
+def _reduce(xs: list[np.ndarray], ring_eb: float) -> np.ndarray:
+    """The fully reduced stream of ``xs`` as the ring builds it (homomorphic adds)."""
+    a, eb_r = api(), rank_bound(ring_eb, len(xs))
+    s = a.compress_abs(xs[0], eb_r)
+    for x in xs[1:]:
+        s = a.add_data(s, x, eb_r)
+    return s
+
+
+def _inputs(ranks: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(ranks)
+    return [(rng.standard_normal(N_ELEMS) * 0.02).astype(np.float32) for _ in range(ranks)]
+
+
+def _exact(xs: list[np.ndarray], divide: int) -> list[Fraction]:
+    return [sum((Fraction(float(x[i])) for x in xs), Fraction(0)) / divide
+            for i in range(N_ELEMS)]
+
+
+@pytest.mark.parametrize("avg", [True, False], ids=["avg", "sum"])
+@pytest.mark.parametrize(("ranks", "share"), [(3, 0.6), (4, 0.5), (5, 5 / 9), (8, 0.5)])
+def test_aligned_requantization_moves_values_less(ranks, share, avg):
+    ring_eb, rq = _setup(ranks, share, avg)
+    xs = _inputs(ranks)
+    s = _reduce(xs, ring_eb)
+    v = decompress_wide(s[:stream_nbytes(s)]) / rq.divide
+    out = np.empty(N_ELEMS, np.float64)
+    got = _requant_one(s, out, 0, N_ELEMS, rq)
+    assert api().header(got).bound == rq.bound  # on the sum's grid: no fallback
+    w = decompress_wide(got[:stream_nbytes(got)])
+    assert np.array_equal(out, w)
+    k = model.split_multiple(ranks, share)
+    step = 2 * rank_bound(ring_eb, ranks) / rq.divide  # the sum's grid, in the result's units
+    assert_within(w, v, Fraction(step) * (k - 1) / 2 * (1 + Fraction(1, 2**30)))
+    assert_within(w, v, rq.accept, strict=True)
+    # Plain rounding to that grid could move a value by up to e2, beyond the allowance:
+    # only the alignment keeps these within it (the data reaches past it off the grid).
+    assert rq.bound > rq.accept
+    # And the total, against the exact sum (or average) of the inputs, in rationals.
+    for i, exact in enumerate(_exact(xs, rq.divide)):
+        assert abs(Fraction(float(w[i])) - exact) < Fraction(EB), i
+
+
+@pytest.mark.parametrize("avg", [True, False], ids=["avg", "sum"])
+def test_off_grid_values_fall_back_to_the_allowance(avg):
+    # A value too large for 31-bit codes on the ring's grid (not on the k = 3 times coarser
+    # one) makes its block of one input raw, so the reduced lane holds float64 sums off the
+    # grid; rounding those to the coarse grid would move some beyond the allowance, so the
+    # owner stores that block raw (and only that one).
+    ranks, share = 4, 0.5
+    ring_eb, rq = _setup(ranks, share, avg)
+    xs = _inputs(ranks)
+    xs[1][100] = np.float32(3 * 2**31 * rank_bound(ring_eb, ranks))
+    s = _reduce(xs, ring_eb)
+    v = decompress_wide(s[:stream_nbytes(s)]) / rq.divide
+    plain = api().compress_abs(v, rq.bound)
+    moved = np.abs(decompress_wide(plain[:stream_nbytes(plain)]) - v)
+    assert moved.max() >= rq.accept  # the coarse grid alone would break the allowance
+    out = np.empty(N_ELEMS, np.float64)
+    got = _requant_one(s, out, 0, N_ELEMS, rq)
+    assert api().header(got).bound == rq.bound  # same header: the owners' streams still join
+    w = decompress_wide(got[:stream_nbytes(got)])
+    assert_within(w, v, rq.accept, strict=True)
+    far = np.unique(np.flatnonzero(moved >= rq.accept) // 32)
+    assert far.size and np.array_equal(far, [100 // 32])  # only the raw lane's block
+    raw = np.arange(N_ELEMS) // 32 == far[0]
+    assert np.array_equal(w[raw], v[raw])  # stored raw: the reduced values bit for bit
+    assert np.array_equal(w[~raw], decompress_wide(plain[:stream_nbytes(plain)])[~raw])
+
+
+def test_non_finite_values_pass_the_check_bit_for_bit():
+    ranks, share = 4, 0.5
+    ring_eb, rq = _setup(ranks, share, True)
+    xs = _inputs(ranks)
+    xs[0][7], xs[2][2000] = np.nan, np.inf
+    s = _reduce(xs, ring_eb)
+    v = decompress_wide(s[:stream_nbytes(s)]) / rq.divide
+    out = np.empty(N_ELEMS, np.float64)
+    got = _requant_one(s, out, 0, N_ELEMS, rq)
+    w = decompress_wide(got[:stream_nbytes(got)])
+    assert np.isnan(w[7]) and w[2000] == np.inf
+    assert_within(w, v, rq.accept, strict=True)
