@@ -84,3 +84,49 @@ def test_decompress_wide_gives_the_values_before_rounding(dtype):
     assert np.all(np.abs(q - np.round(q)) <= 1e-9)
     if dtype == np.float32:
         assert not np.array_equal(wide[fixed], y[fixed].astype(np.float64))  # not widened y
+
+
+def test_split_time_counts_the_requantization():
+    from dataclasses import replace
+
+    p = replace(model.DEFAULTS, compress=1e9, decompress=2e9)
+    size, n = 64e6, 4
+    want = size / n * (4 / 2e9 + 1 / 1e9) + (n - 1) / n * size * 1 / 2e9
+    assert model.split_time(size, n, p) == pytest.approx(want)
+    assert model.split_time(size, 1, p) == 0.0
+
+
+def test_split_pays_where_the_link_bounds_the_call():
+    from dataclasses import replace
+
+    def pays(gbit: float, n: int) -> bool:
+        p = replace(model.DEFAULTS, beta=gbit * 1e9 / 8)
+        return model.split_pays(64 << 20, n, p, 10.0, model.split_fraction(n))
+
+    # The compressor at its CPU defaults: the few percent of bytes a split saves at 4 ranks
+    # pay only on a very slow link; at 16 ranks it saves a quarter.
+    assert not pays(10, 4) and not pays(1, 4) and pays(0.01, 4)
+    assert not pays(10, 16) and pays(0.1, 16)
+    for n in (4, 8, 16, 64):  # a slower link never makes it pay less
+        got = [pays(g, n) for g in (100, 10, 1, 0.1, 0.01)]
+        assert got == sorted(got), (n, got)
+    assert not model.split_pays(64 << 20, 4, model.DEFAULTS, 10.0, 0.0)
+
+
+def test_ring_bounds_take_the_split_only_where_it_pays_under_auto():
+    from dataclasses import replace
+
+    from mpi4py import MPI
+
+    import ccoll
+
+    slow = (replace(model.DEFAULTS, beta=0.01e9 / 8), 10.0)
+    fast = (replace(model.DEFAULTS, beta=10e9 / 8), 10.0)
+    size = float(64 << 20)
+    with ccoll.Communicator(MPI.COMM_SELF, policy="compress") as c:
+        assert c.ring_bounds(1e-3, 4, True)[1] is not None  # no timing: fewest bytes
+        assert c.ring_bounds(1e-3, 4, True, timing=slow, size=size)[1] is not None
+        ring_eb, rq = c.ring_bounds(1e-3, 4, True, timing=fast, size=size)
+        assert rq is None and ring_eb == 4e-3  # the whole bound, as without a split
+    with ccoll.Communicator(MPI.COMM_SELF, policy="compress", split=0.5) as c:
+        assert c.ring_bounds(1e-3, 4, True, timing=fast, size=size)[1] is not None  # asked

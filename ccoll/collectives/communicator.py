@@ -156,9 +156,10 @@ class Communicator:
       bound"). Where the allgather's grid is then an odd multiple ``k`` of the reduced
       sum's, the reduce-scatter keeps more, ``e1 = split * eb * N / k``
       (:func:`ccoll.collectives.model.split_multiple`). ``None`` (default): chosen by the
-      cost model from the number of ranks
-      (:func:`ccoll.collectives.model.split_fraction`); ``0``: no split (every rank
-      decodes the reduced sum). Host data only (device data runs without a split);
+      cost model from the number of ranks, the share with the fewest bytes
+      (:func:`ccoll.collectives.model.split_fraction`), which ``policy="auto"`` uses only
+      where :func:`ccoll.collectives.model.split_pays` predicts it faster; ``0``: no
+      split (every rank decodes the reduced sum). Host data only (device data runs without a split);
       ``reduce_scatter`` has no allgather and keeps the whole bound.
     - ``ranks_per_node``: the node grouping of hierarchical collectives. ``None`` (default):
       nodes are MPI's shared-memory domains (``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``);
@@ -869,8 +870,10 @@ class Communicator:
             return _result(p, y, p.out)
         elif p.flat.size:
             # The ring bounds the sum; avg's bound is on the sum divided by N.
-            ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
-                                                p.dev is not None)
+            ring_eb, requant = self.ring_bounds(
+                p.eb_abs, n_ranks, p.avg, p.algorithm, p.dev is not None,
+                timing=self._timing(ch, p.flat.size, p.dtype),
+                size=float(p.flat.size * p.dtype.itemsize))
             pieces = self._halving(ch, p, p.flat.size, n_ranks, requant, p.dtype.itemsize)
             if pieces:
                 halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, pieces=pieces,
@@ -914,6 +917,15 @@ class Communicator:
         choice = model.choose_schedule(size, n_ranks, params, ratio, share=share,
                                        chunks=chunks, pieces=pieces)
         return pieces if choice == "halving" else 0
+
+    def _timing(self, ch: Channel, count: int,
+                dtype: np.dtype) -> tuple[model.Params, float] | None:
+        """Return the ``policy="auto"`` state's model constants and ratio; None without one.
+
+        The same agreed calibrations as the schedule's choice (:meth:`_halving`).
+        """
+        pol = self._auto.get(ch.name) or self._auto.get(self._sync.name)
+        return None if pol is None else pol.model_params(count, dtype)
 
     def split_share(self, n_ranks: int, algorithm: str, device: bool) -> float:
         """Share of an allreduce's bound that its allgather phase gets (0: no split).
@@ -978,8 +990,10 @@ class Communicator:
             t1 = rec.clock()
             rec.span("node reduce", t0, t1, {"shared memory": shm is not None})
         if share.size:  # the same size on every node's rank l: all skip, or none
-            ring_eb, requant = self.ring_bounds(p.eb_abs, n_ranks, p.avg, p.algorithm,
-                                                ring_ranks=g.nodes)
+            ring_eb, requant = self.ring_bounds(
+                p.eb_abs, n_ranks, p.avg, p.algorithm, ring_ranks=g.nodes,
+                timing=self._timing(inter, share.size, p.dtype),
+                size=float(share.size * p.dtype.itemsize))
             pieces = self._halving(inter, p, share.size, g.nodes, requant, share.itemsize)
             if pieces:
                 halving_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
@@ -1032,7 +1046,8 @@ class Communicator:
         return shm
 
     def ring_bounds(self, eb_abs: float, n_ranks: int, avg: bool, algorithm: str = "homomorphic",
-                    device: bool = False, ring_ranks: int | None = None,
+                    device: bool = False, ring_ranks: int | None = None, *,
+                    timing: tuple[model.Params, float] | None = None, size: float = 0.0,
                     ) -> tuple[float, Requant | None]:
         """Bound of the reduce-scatter's sum and the requantization of an allreduce.
 
@@ -1047,10 +1062,18 @@ class Communicator:
         requantized (docs/error-bound.md, "Split bound"). ``ring_ranks``: the ranks of the
         ring when it is not all ``n_ranks`` (the inter-node ring of a hierarchical call,
         whose split the model chooses for its own size); ``N`` stays the number of ranks the
-        average divides by.
+        average divides by. ``timing`` (the ``policy="auto"`` state's agreed model constants
+        and ratio) and ``size`` (bytes per rank of the ring): with ``split=None`` the model's
+        share is used only where :func:`model.split_pays` predicts it faster than no split
+        (its requantization costs compute); without ``timing`` it is used as it minimizes
+        bytes.
         """
         streams = n_ranks if ring_ranks is None else ring_ranks
         share = self.split_share(streams, algorithm, device)
+        if share > 0.0 and self.split is None and timing is not None:
+            params, ratio = timing
+            if not model.split_pays(size, streams, params, ratio, share):
+                share = 0.0
         if share <= 0.0 or eb_abs == 0.0:
             return sum_bound(eb_abs, n_ranks, avg), None
         divide = n_ranks if avg else 1

@@ -61,6 +61,8 @@ __all__ = [
     "split_bits",
     "split_multiple",
     "split_reduce_share",
+    "split_time",
+    "split_pays",
     "split_ratios",
     "split_fraction",
     "SPLIT_CANDIDATES",
@@ -308,6 +310,50 @@ def _split_fraction(ranks: int, width: float) -> float:
         if bits < best_bits * (1 - 1e-9):
             best, best_bits = share, bits
     return best
+
+
+# The split's requantization, in decodes and compressions of the data it covers (measured
+# on MiniLM gradients, 16 MiB of float32 per owner block; docs/performance.md, "Split:
+# time"): the owner decodes its reduced chunk to float64, compresses that, decodes the
+# result and compares it with the values it came from (about four decodes and one
+# compression of S/N); every rank decodes float64 streams, about one decode of the
+# (N-1)/N S it receives more than float32 ones.
+SPLIT_OWNER_DECODES = 4.0
+SPLIT_GATHER_DECODES = 1.0
+
+
+def split_time(size: float, ranks: int, p: Params) -> float:
+    """Seconds the split's requantization adds to a homomorphic ring allreduce (no overlap).
+
+    ``S/N (4/decompress + 1/compress) + (N-1)/N S (1/decompress)``: the owner's
+    requantization of its block and everyone's wider decoding (``SPLIT_*_DECODES``).
+    """
+    if ranks < 2:
+        return 0.0
+    n = ranks
+    return (size / n * (SPLIT_OWNER_DECODES / p.decompress + 1.0 / p.compress)
+            + (n - 1) / n * size * SPLIT_GATHER_DECODES / p.decompress)
+
+
+def split_pays(size: float, ranks: int, p: Params, ratio: float, share: float, *,
+               width: float = DEFAULT_WIDTH, max_chunks: int = 64) -> bool:
+    """Whether a split at ``share`` is predicted faster than none for ``size`` bytes per rank.
+
+    The homomorphic ring priced with the split's message ratios (:func:`split_ratios`,
+    each at its best chunk count) plus :func:`split_time`, against the ring without a
+    split. The bytes a split saves are a few percent at 4 ranks and a quarter at 16
+    (docs/performance.md, "Scale out"), so it pays where the link, not the compressor,
+    bounds the call. Pure arithmetic on agreed numbers: the same on every rank.
+    """
+    if ranks < 2 or share <= 0.0:
+        return False
+
+    def ring(s: float) -> float:
+        rs, ag = split_ratios(ratio, ranks, s, width)
+        k = best_chunks(size, ranks, p, rs, ratio_sum=ag, width=width, max_chunks=max_chunks)
+        return predict_homomorphic(size, ranks, p, rs, ratio_sum=ag, chunks=k, width=width)
+
+    return ring(share) + split_time(size, ranks, p) < ring(0.0)
 
 
 def predict_raw(size: float, ranks: int, p: Params) -> float:

@@ -1,0 +1,106 @@
+"""Split bound on against off, and MPI_Allreduce: one allreduce, interleaved A/B/C.
+
+Run under MPI (any rank count; on the emulated cluster too)::
+
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py bench/split_ab.py --iters 7
+
+Every rank loads one MiniLM gradient step of ``datasets/minilm.h5`` (rank ``i``: step
+``i mod 4``), cut or tiled to ``--mib`` MiB of float32, and times ``allreduce(x,
+REL(--rel), op="avg")`` on two Communicators (``policy="compress"``: ``split=None``, the
+model's choice, and ``split=0``, none; ``--policy auto`` lets each choose raw or
+compressed) and ``MPI_Allreduce`` of the same array, rotating the order call by call after
+one untimed call of each. Rank 0 prints, per variant, the median and best of the slowest
+rank's seconds, the bytes all ranks sent in the last call (the wire ratio: a raw ring's
+bytes over them), the error over the bound (over ``2^-24`` of the largest result for a
+raw call) and how many timed calls were compressed; ``--json`` writes the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import ccoll
+from ccoll.bench import load_gradients
+
+DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
+VARIANTS = ("split auto", "no split", "MPI_Allreduce")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mib", type=float, default=64.0, help="MiB of float32 per rank")
+    ap.add_argument("--iters", type=int, default=7, help="timed calls per variant")
+    ap.add_argument("--rel", type=float, default=1e-3)
+    ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--policy", default="compress", choices=("compress", "auto"))
+    ap.add_argument("--json", help="write the rows here (rank 0)")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    n, r = comm.Get_size(), comm.Get_rank()
+    g = load_gradients(args.data, r)
+    count = int(args.mib * (1 << 20)) // 4
+    x = np.resize(g, count).astype(np.float32)
+    exact = np.empty(count, np.float64)
+    comm.Allreduce(x.astype(np.float64), exact, op=MPI.SUM)
+    exact /= n
+    ccs = {"split auto": ccoll.Communicator(comm, policy=args.policy, split=None),
+           "no split": ccoll.Communicator(comm, policy=args.policy, split=0)}
+    share = ccs["split auto"].split_share(n, "homomorphic", False)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    sent: dict[str, int] = {}
+    err: dict[str, float] = {}
+    compressed: dict[str, int] = {}
+    y_mpi = np.empty_like(x)
+    for it in range(args.iters + 1):
+        order = VARIANTS[it % 3:] + VARIANTS[:it % 3]
+        for v in order:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            if v == "MPI_Allreduce":
+                comm.Allreduce(x, y_mpi, op=MPI.SUM)
+                y_mpi /= n
+            else:
+                y = ccs[v].allreduce(x, ccoll.REL(args.rel), op="avg")
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if it:
+                times[v].append(dt)
+            if v != "MPI_Allreduce":
+                rep = ccs[v].last_call
+                assert rep is not None
+                sent[v] = comm.allreduce(rep.bytes_sent, op=MPI.SUM)
+                eb_abs = rep.eb_abs or float(np.max(np.abs(exact))) * 2.0**-24  # raw: MPI's
+                err[v] = float(np.max(np.abs(y - exact))) / eb_abs
+                compressed[v] = compressed.get(v, 0) + int(rep.compressed and it > 0)
+    for c in ccs.values():
+        c.close()
+    if r:
+        return
+    raw = 2 * (n - 1) * x.nbytes
+    sent["MPI_Allreduce"], err["MPI_Allreduce"] = raw, 0.0
+    compressed["MPI_Allreduce"] = 0
+    rows = []
+    print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, model's "
+          f"split share {share:g}; {args.iters} calls each, rotating; slowest rank's seconds")
+    print("variant        median_ms  best_ms  bytes_all_ranks  wire_ratio  err/eb  compressed")
+    for v in VARIANTS:
+        row = {"variant": v, "ranks": n, "mib": args.mib, "share": share,
+               "median_s": statistics.median(times[v]), "best_s": min(times[v]),
+               "bytes": sent[v], "wire_ratio": raw / sent[v], "err_over_eb": err[v],
+               "compressed_calls": compressed[v], "times_s": times[v]}
+        rows.append(row)
+        print(f"{v:13s}  {row['median_s'] * 1e3:9.1f}  {row['best_s'] * 1e3:7.1f}  "
+              f"{sent[v]:15d}  {row['wire_ratio']:10.2f}  {err[v]:6.3f}  "
+              f"{compressed[v]}/{args.iters}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
