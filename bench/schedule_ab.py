@@ -15,38 +15,26 @@ both schedules gave the same output bytes; ``--json`` writes the same.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 
+import abkit  # bench/ is on sys.path when a script here runs
 import numpy as np
 from mpi4py import MPI
 
 import ccoll
-from ccoll.bench import load_gradients
 
-DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
 SCHEDULES = ("ring", "halving")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mib", type=float, default=64.0, help="MiB of float32 per rank")
-    ap.add_argument("--iters", type=int, default=7, help="timed calls per schedule")
-    ap.add_argument("--rel", type=float, default=1e-3)
-    ap.add_argument("--data", default=str(DATA))
-    ap.add_argument("--json", help="write the rows here (rank 0)")
+    ap = abkit.parser(__doc__.split("\n")[0], "schedule")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     n, r = comm.Get_size(), comm.Get_rank()
-    g = load_gradients(args.data, r)
-    count = int(args.mib * (1 << 20)) // 4
-    x = np.resize(g, count).astype(np.float32)
-    exact = np.empty(count, np.float64)
-    comm.Allreduce(x.astype(np.float64), exact, op=MPI.SUM)
-    exact /= n
+    x, exact = abkit.gradients(args)
     ccs = {s: ccoll.Communicator(comm, policy="compress", schedule=s) for s in SCHEDULES}
     times: dict[str, list[float]] = {s: [] for s in SCHEDULES}
     out: dict[str, np.ndarray] = {}
