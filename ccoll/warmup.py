@@ -32,8 +32,10 @@ DTYPES = ("float32", "float64")
 def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
     """Run every CPU kernel of the stream ``versions`` once on a small array of ``dtype``.
 
-    Also the node sum of a two-level allreduce (:func:`ccoll.collectives.nodesum.sum_slots`,
-    with the argument types the Communicator passes), which needs no MPI to compile.
+    Also the wide decoder of format 1 (:func:`ccoll.compressor.cpu.decompress_wide`, which
+    the split allreduce's requantization runs on sums and on float64 streams) and the node
+    sum of a two-level allreduce (:func:`ccoll.collectives.nodesum.sum_slots`, with the
+    argument types the Communicator passes), which need no MPI to compile.
     Returns the seconds taken.
     """
     from ccoll.collectives.nodesum import sum_slots
@@ -48,6 +50,9 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
         cpu.decompress(a, out=np.empty_like(x))
         b = cpu.compress_abs(x[::-1].copy(), eb, version=v)
         cpu.decompress(cpu.add(a, b))
+        if v == 1:  # the split allreduce's requantization (ccoll.collectives.ring)
+            cpu.decompress_wide(cpu.add(a, b), out=np.empty(x.size))
+            cpu.decompress_wide(a, out=np.empty(x.size))
         cpu.add_data(a, x)
         cpu.decompress(cpu.compress_abs(x, 0.0, version=v))  # lossless
     slots = np.stack([x, x[::-1], x])

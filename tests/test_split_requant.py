@@ -120,3 +120,63 @@ def test_non_finite_values_pass_the_check_bit_for_bit():
     w = decompress_wide(got[:stream_nbytes(got)])
     assert np.isnan(w[7]) and w[2000] == np.inf
     assert_within(w, v, rq.accept, strict=True)
+
+
+WARM_PROG = r"""
+import importlib, json, pkgutil, sys
+import numpy as np
+from ccoll import warmup
+for d in warmup.DTYPES:  # what `python -m ccoll.warmup` runs
+    warmup.warm(d)
+import ccoll.compressor.cpu as cpu
+kernels = {}
+for m in pkgutil.iter_modules(cpu.__path__, "ccoll.compressor.cpu."):
+    if "v2" in m.name:
+        continue
+    mod = importlib.import_module(m.name)
+    for k, v in vars(mod).items():
+        if hasattr(v, "signatures") and hasattr(v, "py_func"):
+            kernels[f"{m.name}.{k}"] = v
+before = {k: len(v.signatures) for k, v in kernels.items()}
+from ccoll.collectives import model
+from ccoll.collectives.codec import api, stream_nbytes
+from ccoll.collectives.homomorphic import rank_bound, sum_bound
+from ccoll.collectives.ring import Requant, _decode_one, _requant_one
+dtype = np.dtype(sys.argv[1])
+ranks, share, n = 4, 0.5, 5000
+k = model.split_multiple(ranks, share)
+e1 = 1e-3 * model.split_reduce_share(ranks, share)
+ring_eb = sum_bound(e1, ranks, True)
+eb_r = rank_bound(ring_eb, ranks)
+rq = Requant(k * eb_r / ranks, ranks, 1e-3 - e1, share)
+rng = np.random.default_rng(0)
+xs = [(rng.standard_normal(n) * 0.02).astype(dtype) for _ in range(ranks)]
+xs[1][100] = 3 * 2**31 * eb_r  # a raw lane: its block goes raw in the requantized stream
+s = api().compress_abs(xs[0], eb_r)
+for x in xs[1:]:
+    s = api().add_data(s, x, eb_r)
+out = np.empty(n, dtype)
+r = _requant_one(s, out, 0, n, rq)
+_decode_one(r, stream_nbytes(r), out, 0, n, dtype != np.float64)
+print(json.dumps(sorted(k for k, v in kernels.items() if len(v.signatures) > before[k])))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_warmup_compiles_what_the_requantization_runs(dtype):
+    # In a process of its own: numba compiles (or loads) a kernel's signature on first use
+    # in a process, and a fresh cache compiles then, on every rank side by side, inside a
+    # collective's timeout. `python -m ccoll.warmup` must leave nothing to the split.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    p = subprocess.run([sys.executable, "-c", WARM_PROG, dtype], env=env, capture_output=True,
+                       text=True, timeout=900, cwd=repo)
+    assert p.returncode == 0, p.stderr
+    added = json.loads(p.stdout.strip().splitlines()[-1])
+    assert added == [], f"warm() left these kernels' signatures for the split: {added}"
