@@ -73,8 +73,8 @@ def test_aligned_requantization_moves_values_less(ranks, share, avg):
     step = 2 * rank_bound(ring_eb, ranks) / rq.divide  # the sum's grid, in the result's units
     assert_within(w, v, Fraction(step) * (k - 1) / 2 * (1 + Fraction(1, 2**30)))
     assert_within(w, v, rq.accept, strict=True)
-    # Plain rounding to that grid could move a value by up to e2, beyond the allowance:
-    # only the alignment keeps these within it (the data reaches past it off the grid).
+    # Rounding to that grid could move a value by up to e2, beyond the allowance: only the
+    # alignment keeps these within it (off the grid it does not: the raw-lane test below).
     assert rq.bound > rq.accept
     # And the total, against the exact sum (or average) of the inputs, in rationals.
     for i, exact in enumerate(_exact(xs, rq.divide)):

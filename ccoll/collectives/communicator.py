@@ -159,8 +159,8 @@ class Communicator:
       cost model from the number of ranks, the share with the fewest bytes
       (:func:`ccoll.collectives.model.split_fraction`), which ``policy="auto"`` uses only
       where :func:`ccoll.collectives.model.split_pays` predicts it faster; ``0``: no
-      split (every rank decodes the reduced sum). Host data only (device data runs without a split);
-      ``reduce_scatter`` has no allgather and keeps the whole bound.
+      split (every rank decodes the reduced sum). Host data only (device data runs
+      without a split); ``reduce_scatter`` has no allgather and keeps the whole bound.
     - ``ranks_per_node``: the node grouping of hierarchical collectives. ``None`` (default):
       nodes are MPI's shared-memory domains (``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)``);
       an int ``R``: consecutive blocks of ``R`` ranks form a node (emulated clusters, or a
@@ -922,7 +922,9 @@ class Communicator:
                 dtype: np.dtype) -> tuple[model.Params, float] | None:
         """Return the ``policy="auto"`` state's model constants and ratio; None without one.
 
-        The same agreed calibrations as the schedule's choice (:meth:`_halving`).
+        The same agreed calibrations as the schedule's choice (:meth:`_halving`): the state
+        exists on every rank of the channel once a call on it ran with ``policy="auto"``
+        (all ranks make the same calls), so every rank gets the same answer.
         """
         pol = self._auto.get(ch.name) or self._auto.get(self._sync.name)
         return None if pol is None else pol.model_params(count, dtype)
