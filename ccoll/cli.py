@@ -126,6 +126,7 @@ examples:
   ccoll compress datasets/minilm.h5 minilm.ccoll.h5 --eb rel:1e-3
   ccoll compress dump.h5 small.h5 --eb abs:1e-5 --include '/step_*/*.weight' --lossless zstd
   ccoll compress dump.h5 small.h5 --eb rel:1e-2 --exclude '*LayerNorm*' --force --json
+  ccoll compress datasets/minilm.h5 minilm.v2.h5 --eb rel:1e-3 --format-version 2
 
 """
         + EXIT_CODES,
@@ -147,6 +148,15 @@ examples:
         choices=("none", "zstd"),
         default="none",
         help="wrap each stream in a zstd frame (needs the zstd extra); default none",
+    )
+    p.add_argument(
+        "--format-version",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="stream format version (docs/format.md); default 1. Version 2 stores the same "
+        "values (the same bound) in fewer bytes, is slower to write and read, and compiles "
+        "its kernels once on first use; ccoll decompress reads both",
     )
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     _common(p)
@@ -217,6 +227,7 @@ examples:
 examples:
   ccoll eval datasets/minilm.h5 --eb rel:1e-2,1e-3,1e-4 --vs sz3,zfp --plot rd.png
   ccoll eval datasets/digits_cnn.h5 --eb abs:1e-4,1e-5 --vs sz3 --include '/step_0000/*' --json
+  ccoll eval datasets/minilm.h5 --eb rel:1e-3 --format-version 1,2 --summary
 
 --eb takes a comma-separated list; a bare number keeps the kind before it
 (rel:1e-2,1e-3,abs:1e-6 is two REL bounds and one ABS bound).
@@ -233,6 +244,13 @@ examples:
         metavar="PEERS",
         help="peers to compare against, comma-separated: sz3, zfp (default sz3,zfp); "
         "'none' for ccoll alone",
+    )
+    p.add_argument(
+        "--format-version",
+        default="1",
+        metavar="VERSIONS",
+        help="ccoll's stream format versions to run, comma-separated: 1, 2 (default 1); "
+        "version 2 is reported as codec 'ccoll v2'",
     )
     p.add_argument(
         "--plot", metavar="PNG", help="write a rate-distortion plot (bits/value vs PSNR)"
@@ -323,7 +341,8 @@ def _report_compress(doc: dict[str, Any]) -> str:
     )
     return (
         f"{head}\n\n{doc['output']}: {t['compressed']} dataset(s) compressed at {doc['bound']} "
-        f"(lossless {doc['lossless']}), {doc['copied_unchanged']} copied unchanged; "
+        f"(format version {doc['format_version']}, lossless {doc['lossless']}), "
+        f"{doc['copied_unchanged']} copied unchanged; "
         f"{format_bytes(t['original_bytes'])} -> {format_bytes(t['stored_bytes'])}, "
         f"ratio {_num(t['ratio'], '.2f')} in {doc['seconds']:.2f} s"
     )
@@ -468,6 +487,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
             include=args.include,
             exclude=args.exclude,
             lossless=args.lossless,
+            version=args.format_version,
             force=args.force,
             progress=_progress(args),
         )
@@ -489,10 +509,11 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         doc = inspect_file(args.input, verify=args.verify)
         return doc, _report_inspect(doc), EXIT_FAILURE if doc["damaged"] else EXIT_OK
     if args.command == "eval":
-        from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers
+        from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers, parse_versions
         from ccoll.h5.output import atomic_output, check_output
 
         bounds = parse_bounds(args.eb)
+        versions = parse_versions(args.format_version)
         peers = [] if args.vs.strip().lower() == "none" else parse_peers(args.vs)
         if args.plot:
             check_output(args.plot, force=args.force, inputs=(args.input,))
@@ -503,6 +524,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
             include=args.include,
             exclude=args.exclude,
             repeat=args.repeat,
+            versions=versions,
             progress=_progress(args),
         )
         if args.plot:

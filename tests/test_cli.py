@@ -52,6 +52,7 @@ def test_each_command_help_has_examples_and_exit_codes(capsys, command):
         ["frobnicate"],
         ["decompress", "a", "b", "--on-error", "ignore"],
         ["compress", "a", "b", "--eb", "rel:1", "--lossless", "lz4"],
+        ["compress", "a", "b", "--eb", "rel:1", "--format-version", "3"],
     ],
 )
 def test_usage_errors_exit_2(capsys, argv):
@@ -118,6 +119,11 @@ def test_human_output(capsys, sample, tmp_path):
             "unknown compressor",
         ),
         ("eval bad list", ["eval", "{sample}", "--eb", "1e-3,rel:1e-4"], "must start with a kind"),
+        (
+            "eval bad format version",
+            ["eval", "{sample}", "--eb", "rel:1e-3", "--format-version", "1,3"],
+            "format version must be one of 1, 2, got 3",
+        ),
         (
             "plot exists",
             ["eval", "{sample}", "--eb", "rel:1e-3", "--plot", "{tmp}/t.txt"],
@@ -232,9 +238,9 @@ def test_a_stop_whose_exception_was_lost_still_stops(capsys, sample, tmp_path, m
 
     real = cm.compress_array
 
-    def swallowed(x, bound):
+    def swallowed(x, bound, *args):
         out._stop.append(signal.SIGTERM)  # what request_stop records before its lost raise
-        return real(x, bound)
+        return real(x, bound, *args)
 
     monkeypatch.setattr(cm, "compress_array", swallowed)
     code, _, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")

@@ -12,6 +12,7 @@ from h5kit import DIGITS, MINILM, assert_restored, flip_byte, make_sample, repla
 from kit import assert_within, rel_bound
 
 import ccoll
+from ccoll.compressor import header
 from ccoll.errors import ErrorBoundError, FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5.compress import compress_file
@@ -39,11 +40,13 @@ def leftovers(folder, keep):
     return sorted(set(os.listdir(folder)) - set(keep))
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("eb", ["rel:1e-3", "abs:1e-4", "rel:1e-6"])
 @pytest.mark.parametrize("lossless", ["none", "zstd"])
-def test_sample_round_trip(sample, tmp_path, eb, lossless):
+def test_sample_round_trip(sample, tmp_path, eb, lossless, version):
     c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
-    rep = compress_file(sample, c, eb, lossless=lossless)
+    rep = compress_file(sample, c, eb, lossless=lossless, version=version)
+    assert rep["format_version"] == version
     names = {r["path"] for r in rep["datasets"]}
     assert names == {
         "/step_0000/fc.weight",
@@ -57,11 +60,36 @@ def test_sample_round_trip(sample, tmp_path, eb, lossless):
         "/step_0000/chunked",
         "/step_0000/sub/deep.weight",
     }
+    with h5py.File(c) as f:
+        for name in names:
+            ds = f[name]
+            assert ds.attrs[A.FORMAT_VERSION] == version
+            if lossless == "none":  # the stream's own header says the same
+                assert header(ds[()]).version == version
     decompress_file(c, b)
     n = assert_restored(sample, b, lambda path, x: exact_eb(eb, x))
     assert n == len(names)
     assert leftovers(tmp_path, ["c.h5", "b.h5"]) == []
 
+
+@pytest.mark.parametrize("src, eb", [("sample", "rel:1e-3"), (MINILM, "rel:1e-4")])
+def test_format_versions_restore_the_same_values_and_v2_stores_fewer_bytes(
+    sample, tmp_path, src, eb
+):
+    # Version 2 codes the values version 1 quantizes: restored files are equal bit for bit.
+    src = sample if src == "sample" else src
+    include = ["/step_0000/*"] if src == MINILM else []
+    out = {}
+    for v in (1, 2):
+        c, b = str(tmp_path / f"c{v}.h5"), str(tmp_path / f"b{v}.h5")
+        out[v] = compress_file(src, c, eb, include=include, version=v)
+        decompress_file(c, b)
+    with h5py.File(tmp_path / "b1.h5") as f1, h5py.File(tmp_path / "b2.h5") as f2:
+        for r in out[1]["datasets"]:
+            y1, y2 = f1[r["path"]][()], f2[r["path"]][()]
+            assert y1.dtype == y2.dtype and y1.tobytes() == y2.tobytes(), r["path"]
+    if src == MINILM:  # real gradients: fewer bytes in total
+        assert out[2]["totals"]["stored_bytes"] < out[1]["totals"]["stored_bytes"]
 
 def test_compressed_layout_is_self_describing(sample, tmp_path):
     c = str(tmp_path / "c.h5")
@@ -152,6 +180,8 @@ def test_patterns_select_by_full_path(sample, tmp_path, include, exclude, expect
         (dict(include=["/labels"]), "matches none of the .* floating-point"),
         (dict(include=["*fc*"], exclude=["*fc*"]), "no floating-point dataset to compress"),
         (dict(lossless="lz4"), "--lossless must be one of"),
+        (dict(version=3), "format version must be one of 1, 2, got 3"),
+        (dict(version="2"), "format version must be one of 1, 2, got '2'"),
     ],
 )
 def test_bad_selection_or_option_is_an_input_error(sample, tmp_path, kw, match):
@@ -243,6 +273,11 @@ DAMAGE = {
     "dtype attribute": (_set_attr(A.DTYPE, "float64"), "attributes say float64"),
     "shape attribute": (_set_attr(A.SHAPE, np.array([3, 3])), "attributes say"),
     "format version": (_set_attr(A.FORMAT_VERSION, 9), "format version 9"),
+    "format version of the other kind": (
+        _set_attr(A.FORMAT_VERSION, 2),
+        "stream is format version 1, its attribute ccoll_format_version says 2",
+    ),
+    "format version not a number": (_set_attr(A.FORMAT_VERSION, "two"), "is not a number"),
     "lossless attribute": (_set_attr(A.LOSSLESS, "lz4"), "lz4"),
 }
 
@@ -294,11 +329,11 @@ def test_interrupted_compress_leaves_no_file(sample, tmp_path, monkeypatch, exc)
 
     real, calls = mod.compress_array, []
 
-    def failing(x, bound):
+    def failing(x, bound, *args):
         calls.append(1)
         if len(calls) == 3:
             raise exc()
-        return real(x, bound)
+        return real(x, bound, *args)
 
     monkeypatch.setattr(mod, "compress_array", failing)
     out = tmp_path / "c.h5"

@@ -15,7 +15,7 @@ from ccoll.errorbound import ABS, REL
 from ccoll.errors import ErrorBoundError, InputError
 from ccoll.h5 import evaluate as ev
 from ccoll.h5.compress import compress_file
-from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers
+from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers, parse_versions
 from ccoll.h5.inspect import inspect_file
 from ccoll.h5.peers import load
 
@@ -56,6 +56,45 @@ def test_inspect_compressed_file_matches_compress_report(sample, tmp_path):
         and by_path["/step_0000/chunked"]["codec"] == "ccoll+zstd"
     )
     assert rep["compressed_totals"]["datasets"] == len(crep["datasets"])
+    assert by_path["/step_0000/fc.weight"]["format_version"] == 1
+    assert by_path["/labels"]["format_version"] is None
+
+
+def test_inspect_names_format_version_2(sample, tmp_path):
+    c = str(tmp_path / "c.h5")
+    crep = compress_file(sample, c, "rel:1e-3", version=2)
+    rep = inspect_file(c)
+    comp = [d for d in rep["datasets"] if d["format_version"] is not None]
+    assert len(comp) == len(crep["datasets"]) and rep["damaged"] == []
+    assert {d["codec"] for d in comp} == {"ccoll v2"}
+    assert {d["format_version"] for d in comp} == {2}
+
+
+@pytest.mark.parametrize("spec, expect", [("1", [1]), ("2,1", [2, 1]), (" 1 , 2,2", [1, 2])])
+def test_parse_versions(spec, expect):
+    assert parse_versions(spec) == expect
+
+
+@pytest.mark.parametrize("spec", ["", "3", "1,x", "v2", "1,,2"])
+def test_parse_versions_rejects(spec):
+    with pytest.raises(InputError, match="format version"):
+        parse_versions(spec)
+
+
+def test_eval_runs_each_format_version_at_the_same_bound():
+    rep = evaluate_file(DIGITS, [REL(1e-3)], [], include=["/step_0000/*"], repeat=1,
+                        versions=[1, 2])
+    assert list(rep["codecs"]) == ["ccoll", "ccoll v2"]
+    by = {(r["path"], r["codec"]): r for r in rep["runs"]}
+    for (path, _), r in by.items():
+        assert r["max_err_over_eb"] <= 1.0
+        # the same quantized values: the same error, whatever the version
+        assert r["max_abs_error"] == by[(path, "ccoll")]["max_abs_error"]
+    t = {r["codec"]: r for r in rep["totals"]}
+    assert t["ccoll v2"]["datasets"] == t["ccoll"]["datasets"] == 6
+    assert t["ccoll v2"]["psnr_db"] == t["ccoll"]["psnr_db"]
+    with pytest.raises(InputError, match="at least one version"):
+        evaluate_file(DIGITS, [REL(1e-3)], [], versions=[])
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 import ccoll
+from ccoll.compressor.format import VERSIONS
 from ccoll.errorbound import ABS, ErrorBound, as_bound, finite_range
 from ccoll.errors import InputError
 from ccoll.h5 import attrs as A
@@ -26,11 +27,28 @@ from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
-__all__ = ["compress_file", "compress_array", "bound_label", "F16_EB_CAP"]
+__all__ = ["compress_file", "compress_array", "bound_label", "check_format_version",
+           "F16_EB_CAP", "FORMAT_VERSIONS"]
 
 # float16 data is compressed as float32 with half the bound, capped so that no value can round
 # to ±inf on the way back: x <= 65504 and y <= x + 8 < 65520, the float16 overflow threshold.
 F16_EB_CAP = 8.0
+
+# Stream format versions a file may hold (docs/format.md): version 1, the default, and
+# version 2, which codes the same quantized values (so the same decoded values and bound)
+# in fewer bytes, slower to write and read.
+FORMAT_VERSIONS = VERSIONS
+
+
+def check_format_version(version: int) -> int:
+    """Return ``version`` if it is a stream format version a file may hold, else InputError."""
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
+            or int(version) not in FORMAT_VERSIONS:
+        raise InputError(
+            f"format version must be one of {', '.join(map(str, FORMAT_VERSIONS))}, "
+            f"got {version!r}"
+        )
+    return int(version)
 
 
 def bound_label(bound: ErrorBound) -> str:
@@ -38,8 +56,12 @@ def bound_label(bound: ErrorBound) -> str:
     return f"{bound.kind}:{bound.value!r}"
 
 
-def compress_array(x: np.ndarray, bound: ErrorBound) -> tuple[np.ndarray, float]:
+def compress_array(
+    x: np.ndarray, bound: ErrorBound, version: int = 1
+) -> tuple[np.ndarray, float]:
     """Compress one host array; returns the stream and the absolute bound it guarantees.
+
+    ``version``: the stream format version (1 or 2) written.
 
     float32/float64 go to :func:`ccoll.compress` as they are, and the guarantee is the
     stream's own bound. float16 is upcast to float32 (exactly) and compressed with
@@ -56,9 +78,10 @@ def compress_array(x: np.ndarray, bound: ErrorBound) -> tuple[np.ndarray, float]
         eb = bound.resolve(*finite_range(x))
         x32 = x.astype(np.float32)
         if eb > 0.0:
-            return ccoll.compress(x32, ABS(min(eb / 2.0, F16_EB_CAP))), eb
-        return ccoll.compress(x32, bound), 0.0  # constant data: REL resolves to 0, lossless
-    stream = ccoll.compress(x, bound)
+            return ccoll.compress(x32, ABS(min(eb / 2.0, F16_EB_CAP)), version=version), eb
+        # constant data: REL resolves to 0, lossless
+        return ccoll.compress(x32, bound, version=version), 0.0
+    stream = ccoll.compress(x, bound, version=version)
     return stream, float(header(stream).eb)
 
 
@@ -75,16 +98,21 @@ def compress_file(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     lossless: str = "none",
+    version: int = 1,
     force: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Write ``dst``: ``src`` with its selected floating-point datasets compressed.
+
+    ``version``: the stream format version of every dataset written (1 or 2,
+    :data:`FORMAT_VERSIONS`); ``ccoll decompress`` reads either.
 
     Returns a JSON-ready report (one record per compressed dataset, totals). Raises
     :class:`InputError`, ``FileNotFoundError`` or ``FileExistsError`` for unusable input,
     :class:`ccoll.ErrorBoundError` for a bad bound; ``dst`` is never left half-written.
     """
     bound = as_bound(eb)
+    version = check_format_version(version)
     if lossless not in A.LOSSLESS_CHOICES:
         raise InputError(
             f"--lossless must be one of {', '.join(A.LOSSLESS_CHOICES)}, got {lossless!r}"
@@ -129,7 +157,9 @@ def compress_file(
                     elif e.kind == "dataset" and e.path in chosen:
                         pb.set_postfix_str(e.path[-40:], refresh=False)
                         records.append(
-                            _compress_dataset(fin[e.path], fout[e.parent], e.name, bound, lossless)
+                            _compress_dataset(
+                                fin[e.path], fout[e.parent], e.name, bound, lossless, version
+                            )
                         )
                         pb.update(1)
                     else:
@@ -143,6 +173,7 @@ def compress_file(
         "output": dst,
         "bound": bound_label(bound),
         "lossless": lossless,
+        "format_version": version,
         "datasets": records,
         "copied_unchanged": copied,
         "totals": {
@@ -156,7 +187,8 @@ def compress_file(
 
 
 def _compress_dataset(
-    ds: h5py.Dataset, parent: h5py.Group, name: str, bound: ErrorBound, lossless: str
+    ds: h5py.Dataset, parent: h5py.Group, name: str, bound: ErrorBound, lossless: str,
+    version: int,
 ) -> dict[str, Any]:
     clash = [k for k in ds.attrs if k.startswith(A.PREFIX)]
     if clash:
@@ -165,13 +197,11 @@ def _compress_dataset(
             "reserves; rename them before compressing"
         )
     x = np.asarray(ds[()])
-    stream, eb_abs = compress_array(x, bound)
-    from ccoll.compressor.format import VERSION
-
+    stream, eb_abs = compress_array(x, bound, version)
     stored = zstdframe.wrap(stream) if lossless == "zstd" else stream
     out = parent.create_dataset(name, data=stored, track_order=tracks_order(ds))
     A.copy_attrs(ds, out)
-    out.attrs[A.FORMAT_VERSION] = np.int64(VERSION)
+    out.attrs[A.FORMAT_VERSION] = np.int64(version)
     out.attrs[A.DTYPE] = _dtype_label(ds.dtype)
     out.attrs[A.SHAPE] = np.asarray(ds.shape, dtype=np.int64)
     out.attrs[A.BOUND] = bound_label(bound)

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 
 import ccoll
-from ccoll.compressor.format import VERSION, max_nbytes, parse_header
+from ccoll.compressor.format import VERSIONS, StreamHeader, max_nbytes, parse_header
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
@@ -38,16 +38,27 @@ def _attr_str(ds: h5py.Dataset, name: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _read_stream(ds: h5py.Dataset) -> tuple[np.ndarray, np.dtype, tuple[int, ...], np.dtype]:
-    """Check a ccoll dataset's attributes and CRC-32; return (stream, dtype, shape, stream dtype).
+def _read_stream(
+    ds: h5py.Dataset,
+) -> tuple[np.ndarray, np.dtype, tuple[int, ...], np.dtype, int]:
+    """Check a ccoll dataset's attributes and CRC-32.
 
-    Raises :class:`FormatError` naming the first problem.
+    Returns (stream, dtype, shape, stream dtype, format version); raises
+    :class:`FormatError` naming the first problem.
     """
     if ds.dtype != np.uint8 or ds.ndim != 1:
         raise FormatError(f"a ccoll dataset is 1-D uint8, this one is {ds.dtype} {ds.shape}")
-    version = int(ds.attrs.get(A.FORMAT_VERSION, -1))
-    if version != VERSION:
-        raise FormatError(f"stream format version {version}; this ccoll reads version {VERSION}")
+    try:
+        version = int(ds.attrs.get(A.FORMAT_VERSION, -1))
+    except (TypeError, ValueError):
+        raise FormatError(
+            f"attribute {A.FORMAT_VERSION}={ds.attrs[A.FORMAT_VERSION]!r} is not a number"
+        ) from None
+    if version not in VERSIONS:
+        raise FormatError(
+            f"stream format version {version}; this ccoll reads versions "
+            f"{' and '.join(map(str, VERSIONS))}"
+        )
     try:
         dtype = np.dtype(_attr_str(ds, A.DTYPE))
     except TypeError:
@@ -69,25 +80,31 @@ def _read_stream(ds: h5py.Dataset) -> tuple[np.ndarray, np.dtype, tuple[int, ...
         raise FormatError("stored bytes fail their CRC-32 check (the dataset was altered)")
     stream_dtype = np.dtype(np.float32) if dtype.itemsize == 2 else dtype.newbyteorder("=")
     if lossless == "zstd":
-        stored = zstdframe.unwrap(stored, max_nbytes(int(np.prod(shape)), stream_dtype, len(shape)))
-    return stored, dtype, shape, stream_dtype
+        cap = max_nbytes(int(np.prod(shape)), stream_dtype, len(shape), version)
+        stored = zstdframe.unwrap(stored, cap)
+    return stored, dtype, shape, stream_dtype, version
 
 
-def _check_kind(got_dtype: np.dtype, got_n: int, got_shape: tuple[int, ...],
-                stream_dtype: np.dtype, shape: tuple[int, ...]) -> None:
+def _check_kind(hdr: StreamHeader, stream_dtype: np.dtype, shape: tuple[int, ...],
+                version: int) -> None:
     # The element count must agree; the shape attribute is authoritative (a 0-d dataset may
     # travel as a 1-element stream).
-    if got_dtype != stream_dtype or got_n != math.prod(shape):
+    if hdr.dtype != stream_dtype or hdr.n != math.prod(shape):
         raise FormatError(
-            f"stream holds {got_dtype} {got_shape}, attributes say {stream_dtype} {shape}"
+            f"stream holds {hdr.dtype} {hdr.shape}, attributes say {stream_dtype} {shape}"
+        )
+    if hdr.version != version:
+        raise FormatError(
+            f"stream is format version {hdr.version}, its attribute {A.FORMAT_VERSION} "
+            f"says {version}"
         )
 
 
 def restore_dataset(ds: h5py.Dataset) -> np.ndarray:
     """Decode one ccoll dataset to the original array; :class:`FormatError` if damaged."""
-    stored, dtype, shape, stream_dtype = _read_stream(ds)
+    stored, dtype, shape, stream_dtype, version = _read_stream(ds)
+    _check_kind(parse_header(stored), stream_dtype, shape, version)
     y = ccoll.decompress(stored)
-    _check_kind(y.dtype, y.size, tuple(y.shape), stream_dtype, shape)
     return y.reshape(shape).astype(dtype, copy=False)
 
 
@@ -98,9 +115,8 @@ def verify_dataset(ds: h5py.Dataset) -> None:
     attributes, the CRC-32 of the stored bytes, the zstd frame, and the stream's header
     (magic, version, fields, exact length) against the attributes.
     """
-    stored, _, shape, stream_dtype = _read_stream(ds)
-    hdr = parse_header(stored)
-    _check_kind(hdr.dtype, hdr.n, hdr.shape, stream_dtype, shape)
+    stored, _, shape, stream_dtype, version = _read_stream(ds)
+    _check_kind(parse_header(stored), stream_dtype, shape, version)
 
 
 def _needs_zstd(f: h5py.File) -> bool:

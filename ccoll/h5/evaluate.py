@@ -20,13 +20,13 @@ import numpy as np
 
 from ccoll.errorbound import ErrorBound, as_bound, finite_range
 from ccoll.errors import ErrorBoundError, InputError
-from ccoll.h5.compress import bound_label
+from ccoll.h5.compress import bound_label, check_format_version
 from ccoll.h5.output import check_input, check_stop
-from ccoll.h5.peers import PEER_NAMES, Codec, load
+from ccoll.h5.peers import PEER_NAMES, Codec, ccoll_codec, load
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select
 
-__all__ = ["parse_bounds", "parse_peers", "evaluate_file", "evaluate_array"]
+__all__ = ["parse_bounds", "parse_peers", "parse_versions", "evaluate_file", "evaluate_array"]
 
 
 def parse_bounds(spec: str) -> list[ErrorBound]:
@@ -55,6 +55,20 @@ def parse_peers(spec: str) -> list[str]:
     if bad:
         raise InputError(f"unknown compressor(s) {bad} in --vs; known: {', '.join(PEER_NAMES)}")
     return list(dict.fromkeys(names))
+
+
+def parse_versions(spec: str) -> list[int]:
+    """``"1,2"`` -> stream format versions; anything else raises :class:`InputError`."""
+    out: list[int] = []
+    for item in (s.strip() for s in spec.split(",")):
+        try:
+            v = int(item)
+        except ValueError:
+            raise InputError(
+                f"--format-version takes format versions (1, 2), comma-separated; got {spec!r}"
+            ) from None
+        out.append(check_format_version(v))
+    return list(dict.fromkeys(out))
 
 
 def _best_time(fn: Any, repeat: int) -> tuple[Any, float]:
@@ -142,9 +156,13 @@ def evaluate_file(
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
     repeat: int = 3,
+    versions: Sequence[int] = (1,),
     progress: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ccoll and ``peers`` on the selected floating-point datasets of ``path``.
+
+    ccoll runs once per stream format version in ``versions`` (codec ``ccoll`` for
+    version 1, ``ccoll v2`` for version 2).
 
     Returns a JSON-ready report: ``runs`` (one per dataset, bound and codec), ``totals``
     (one per bound and codec), ``missing`` (peers not installed), ``skipped`` (datasets
@@ -154,10 +172,12 @@ def evaluate_file(
         raise ErrorBoundError("--eb needs at least one bound")
     if repeat < 1:
         raise InputError(f"--repeat must be >= 1, got {repeat}")
+    if not versions:
+        raise InputError("--format-version needs at least one version")
+    codecs: list[Codec] = [ccoll_codec(check_format_version(v)) for v in dict.fromkeys(versions)]
     check_input(path)
-    codecs: list[Codec] = []
     missing: dict[str, str] = {}
-    for name in ("ccoll", *peers):
+    for name in peers:
         c, why = load(name)
         if c is None:
             missing[name] = why or "not available"

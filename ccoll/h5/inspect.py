@@ -27,6 +27,13 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
 def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
     stored = int(ds.id.get_storage_size())
     damage: str | None = None
@@ -43,7 +50,10 @@ def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
         shape = [int(d) for d in np.asarray(ds.attrs.get(A.SHAPE, [])).reshape(-1)]
         dtype = np.dtype(_s(ds.attrs.get(A.DTYPE, "uint8")))
         lossless = _s(ds.attrs.get(A.LOSSLESS, "none"))
-        codec = "ccoll" if lossless == "none" else f"ccoll+{lossless}"
+        version: int | None = _int_or_none(ds.attrs.get(A.FORMAT_VERSION))
+        codec = "ccoll" if version == 1 else f"ccoll v{'?' if version is None else version}"
+        if lossless != "none":
+            codec += f"+{lossless}"
         bound = _s(ds.attrs.get(A.BOUND, "?"))
         eb_abs: float | None = float(ds.attrs.get(A.EB_ABS, math.nan))
     else:
@@ -52,6 +62,7 @@ def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
         codec = ds.compression or "raw"
         bound = "exact"
         eb_abs = None
+        version = None
     n = math.prod(shape) if ds.shape is not None else 0
     original = n * dtype.itemsize
     return {
@@ -59,6 +70,7 @@ def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
         "shape": shape,
         "dtype": dtype.name if dtype.isnative else dtype.str,
         "codec": codec,
+        "format_version": version,  # None: not a ccoll dataset
         "stored_bytes": stored,
         "original_bytes": original,
         "ratio": original / stored if stored else None,

@@ -1,5 +1,7 @@
 """Compressors that ``ccoll eval`` compares at one absolute error bound: ccoll, SZ3, ZFP.
 
+ccoll runs once per stream format version asked for (``ccoll`` for version 1, ``ccoll v2``).
+
 Each adapter compresses a host float32/float64 array with an absolute bound and returns the
 compressed bytes; decompression returns the array. A peer whose Python package is absent is
 reported as missing, not as an error. SZ3 and ZFP take at most 4 dimensions, so a tensor
@@ -17,7 +19,7 @@ import numpy as np
 import ccoll
 from ccoll.errorbound import ABS
 
-__all__ = ["Codec", "PEER_NAMES", "load"]
+__all__ = ["Codec", "PEER_NAMES", "ccoll_codec", "load"]
 
 PEER_NAMES = ("sz3", "zfp")
 
@@ -40,13 +42,18 @@ def _at_most_4d(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _ccoll() -> Codec:
+def ccoll_codec(version: int = 1) -> Codec:
+    """Return ccoll writing stream format ``version``: ``ccoll`` (1) or ``ccoll v2`` (2)."""
     return Codec(
-        "ccoll",
-        lambda x, eb: ccoll.compress(x, ABS(eb)),
+        "ccoll" if version == 1 else f"ccoll v{version}",
+        lambda x, eb: ccoll.compress(x, ABS(eb), version=version),
         lambda buf, x: ccoll.decompress(buf).reshape(x.shape),
         ccoll.__version__,
     )
+
+
+def _ccoll() -> Codec:
+    return ccoll_codec(1)
 
 
 def _sz3() -> Codec:

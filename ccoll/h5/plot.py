@@ -17,7 +17,7 @@ def rd_plot(report: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
-    markers = {"ccoll": "o", "sz3": "s", "zfp": "^"}
+    markers = {"ccoll": "o", "ccoll v2": "D", "sz3": "s", "zfp": "^"}
     for codec in report["codecs"]:
         pts = [
             (t["bits_per_value"], t["psnr_db"], t["bound"], t["max_err_over_eb"])
