@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ccoll.compressor import compress, decompress
+from ccoll.compressor.format import VERSIONS
 from ccoll.errorbound import as_bound
 
 
@@ -88,12 +89,16 @@ class CCollCodec(Codec):
     dtype : str, optional
         Data type of raw byte buffers given to ``encode`` (``"float32"`` or ``"float64"``).
         Not needed for numpy float arrays, which carry their dtype.
+    version : int, optional
+        Stream format version written by ``encode``: 1 (the default) or 2, which stores
+        the same values in fewer bytes and is slower (docs/format.md). ``decode`` reads
+        both, whatever this says.
 
     """
 
     codec_id = "ccoll"
 
-    def __init__(self, eb: str = "rel:1e-3", dtype: str | None = None) -> None:
+    def __init__(self, eb: str = "rel:1e-3", dtype: str | None = None, version: int = 1) -> None:
         if not isinstance(eb, str):
             raise ValueError(
                 f"ccoll codec: eb must be a string like 'rel:1e-3' or 'abs:1e-5' (JSON config), "
@@ -109,16 +114,30 @@ class CCollCodec(Codec):
             self.dtype: str | None = dt.name
         else:
             self.dtype = None
+        if isinstance(version, bool) or version not in VERSIONS:
+            raise ValueError(
+                f"ccoll codec: version must be one of {', '.join(map(str, VERSIONS))}, "
+                f"got {version!r}"
+            )
+        self.version = int(version)
 
     def get_config(self) -> dict[str, Any]:
-        """Return ``{"id": "ccoll", "eb": ...}`` (plus ``"dtype"`` when set); JSON only."""
+        """Return ``{"id": "ccoll", "eb": ...}``, JSON only.
+
+        Plus ``"dtype"`` when set and ``"version"`` when not 1 (so a version-1 codec's
+        config is what it was before versions existed).
+        """
         config: dict[str, Any] = {"id": self.codec_id, "eb": self.eb}
         if self.dtype is not None:
             config["dtype"] = self.dtype
+        if self.version != 1:
+            config["version"] = self.version
         return config
 
     def __repr__(self) -> str:
         extra = f", dtype={self.dtype!r}" if self.dtype is not None else ""
+        if self.version != 1:
+            extra += f", version={self.version}"
         return f"CCollCodec(eb={self.eb!r}{extra})"
 
     def _array(self, buf: Any) -> np.ndarray:
@@ -144,7 +163,7 @@ class CCollCodec(Codec):
 
     def encode(self, buf: Any) -> bytes:
         """Compress ``buf`` into one self-describing ccoll stream."""
-        return compress(self._array(buf), self._bound).tobytes()
+        return compress(self._array(buf), self._bound, version=self.version).tobytes()
 
     def decode(self, buf: Any, out: Any = None) -> Any:
         """Decompress a stream; into ``out`` (any writable buffer of the right size) if given."""

@@ -86,15 +86,34 @@ def test_decode_into_out():
 
 
 @pytest.mark.parametrize(
-    "kw", [dict(eb="rel:1e-3"), dict(eb="abs:1e-05"), dict(eb="abs:2.5e-07", dtype="float64")]
+    "kw",
+    [
+        dict(eb="rel:1e-3"),
+        dict(eb="abs:1e-05"),
+        dict(eb="abs:2.5e-07", dtype="float64"),
+        dict(eb="rel:1e-3", version=2),
+    ],
 )
 def test_config_round_trips_through_json_and_the_registry(kw):
     codec = CCollCodec(**kw)
     common.check_config(codec)  # JSON round trip, then numcodecs.get_codec -> equal codec
     config = json.loads(json.dumps(codec.get_config()))
-    assert config["id"] == "ccoll" and set(config) <= {"id", "eb", "dtype"}
+    assert config["id"] == "ccoll" and set(config) <= {"id", "eb", "dtype", "version"}
+    assert ("version" in config) == (kw.get("version", 1) != 1)
     assert CCollCodec.from_config({k: v for k, v in config.items() if k != "id"}) == codec
     assert eval(repr(codec), {"CCollCodec": CCollCodec}) == codec
+
+
+@pytest.mark.parametrize("name", sorted(ARRAYS))
+def test_version_2_writes_version_2_and_decodes_to_version_1s_values(name):
+    arr = ARRAYS[name]
+    v1, v2 = CCollCodec("rel:1e-3"), CCollCodec("rel:1e-3", version=2)
+    e1, e2 = v1.encode(arr), v2.encode(arr)
+    assert e1[4] == 1 and e2[4] == 2  # the stream header's version byte
+    # the same quantized values: the same decoded bytes, whichever codec decodes
+    d1 = np.asarray(v1.decode(e1))
+    assert np.asarray(v2.decode(e2)).tobytes() == d1.tobytes()
+    assert np.asarray(v1.decode(e2)).tobytes() == d1.tobytes()
 
 
 def test_registered_through_the_entry_point():
@@ -113,6 +132,8 @@ def test_registered_through_the_entry_point():
         (dict(eb="rel:0"), ErrorBoundError, "> 0"),
         (dict(eb="1e-3"), ErrorBoundError, "rel:1e-3"),
         (dict(eb="rel:1e-3", dtype="int32"), ValueError, "float32 or float64"),
+        (dict(eb="rel:1e-3", version=3), ValueError, "version must be one of 1, 2, got 3"),
+        (dict(eb="rel:1e-3", version=True), ValueError, "version must be one of"),
     ],
 )
 def test_bad_arguments(kw, exc, match):
