@@ -27,25 +27,22 @@ from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
-__all__ = ["compress_file", "compress_array", "bound_label", "check_format_version",
-           "F16_EB_CAP", "FORMAT_VERSIONS"]
+__all__ = ["compress_file", "compress_array", "bound_label", "check_format_version", "F16_EB_CAP"]
 
 # float16 data is compressed as float32 with half the bound, capped so that no value can round
 # to ±inf on the way back: x <= 65504 and y <= x + 8 < 65520, the float16 overflow threshold.
 F16_EB_CAP = 8.0
 
-# Stream format versions a file may hold (docs/format.md): version 1, the default, and
-# version 2, which codes the same quantized values (so the same decoded values and bound)
-# in fewer bytes, slower to write and read.
-FORMAT_VERSIONS = VERSIONS
-
-
 def check_format_version(version: int) -> int:
-    """Return ``version`` if it is a stream format version a file may hold, else InputError."""
+    """Return ``version`` if it is a stream format version (``format.VERSIONS``), else InputError.
+
+    Version 1 is the default; version 2 codes the same quantized values (so the same decoded
+    values and bound) in fewer bytes, slower to write and read (docs/format.md).
+    """
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)) \
-            or int(version) not in FORMAT_VERSIONS:
+            or int(version) not in VERSIONS:
         raise InputError(
-            f"format version must be one of {', '.join(map(str, FORMAT_VERSIONS))}, "
+            f"format version must be one of {', '.join(map(str, VERSIONS))}, "
             f"got {version!r}"
         )
     return int(version)
@@ -104,8 +101,8 @@ def compress_file(
 ) -> dict[str, Any]:
     """Write ``dst``: ``src`` with its selected floating-point datasets compressed.
 
-    ``version``: the stream format version of every dataset written (1 or 2,
-    :data:`FORMAT_VERSIONS`); ``ccoll decompress`` reads either.
+    ``version``: the stream format version of every dataset written (1 or 2);
+    ``ccoll decompress`` reads either.
 
     Returns a JSON-ready report (one record per compressed dataset, totals). Raises
     :class:`InputError`, ``FileNotFoundError`` or ``FileExistsError`` for unusable input,
