@@ -31,16 +31,18 @@ def allreduce_reference(comm, x: np.ndarray, op: str):
     return ref / comm.size if op == "avg" else ref
 
 
-def roundings(c: ccoll.Communicator, op: str) -> int:
+def roundings(c: ccoll.Communicator, op: str, bound: object = None) -> int:
     """Half spacings of the dtype a compressed allreduce on ``c`` may add to its bound.
 
     Two levels round once to the dtype, sum and average alike (the average divides in
     float64 first). Flat: a sum and a requantized (split) result once; a split-free
-    average three (the sum's rounding over N and the quotient's).
+    average three (the sum's rounding over N and the quotient's). A ``bound`` of 0 (a REL
+    bound on data whose finite values are all equal) leaves nothing to split: the call
+    runs split-free.
     """
     if c.grouping.hierarchical:
         return 1
-    split = c.split_share(c.size, "homomorphic", False) > 0
+    split = c.split_share(c.size, "homomorphic", False) > 0 and bound != 0
     return 1 if op == "sum" or split or c.size == 1 else 3
 
 

@@ -1,0 +1,157 @@
+"""Random calls at the edges: the bound on every element and identical results on every rank.
+
+Each trial draws, from a seed that every rank shares, one collective (allreduce twice as
+often as reduce_scatter, allgather and bcast), a Communicator (algorithm, schedule, node
+grouping, split, chunk size; ``policy="compress"``), a dtype (float16, float32, float64),
+a count (0 to 200,003, block edges included), a layout (contiguous, a strided view, 2-D),
+an op and a bound (ABS scaled to the data, or REL), and data that rank draws itself from
+one of the shapes that break codecs: scales from ``1e-20`` to ``1e20`` (float64), mixed
+scales within one array, lone spikes among zeros, constants, subnormals, values near the
+dtype's largest (clipped so that sums stay finite), NaN and ±Inf, integers. The checks
+are the contracts of docs/error-bound.md, decided exactly (tests/kit.py): float16 gets
+its one rounding to float16 plus the float32 roundings of the float32 path. Marked slow
+(``make test-slow`` runs it at 2 and 4 ranks); ``CCOLL_RANDOM_TRIALS`` sets the number
+of trials.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from collkit import global_eb, my_block, roundings
+from kit import ExactSum, assert_same_on_every_rank, assert_within
+from mpi4py import MPI
+
+import ccoll
+
+pytestmark = pytest.mark.slow
+
+SIZE = MPI.COMM_WORLD.Get_size()
+TRIALS = int(os.environ.get("CCOLL_RANDOM_TRIALS", "60"))
+DTYPES = (np.float16, np.float32, np.float64)
+COUNTS = (0, 1, 7, 31, 32, 33, 100, 1000, 4097, 70_001, 200_003)
+SHAPES = ("normal", "mixed", "spiky", "const", "subnormal", "nearmax", "nonfinite", "ints")
+COLLECTIVES = ("allreduce", "allreduce", "reduce_scatter", "allgather", "bcast")
+
+
+@pytest.fixture(scope="module")
+def communicators():
+    world = MPI.COMM_WORLD.Dup()
+    made: dict[tuple, ccoll.Communicator] = {}
+
+    def get(alg, schedule, rpn, split, chunk):
+        key = (alg, schedule, rpn, split, chunk)
+        if key not in made:
+            made[key] = ccoll.Communicator(world, policy="compress", algorithm=alg,
+                                           schedule=schedule, ranks_per_node=rpn, split=split,
+                                           chunk_elems=chunk)
+        return made[key]
+
+    yield world, get
+    for c in made.values():
+        c.close()
+    world.Free()
+
+
+def _data(rng: np.random.Generator, shape: str, n: int, dt: type) -> np.ndarray:
+    fi = np.finfo(dt)
+    decades = {np.float16: 3, np.float32: 12, np.float64: 20}[dt]
+    scale = 10.0 ** rng.uniform(-decades, decades)
+    with np.errstate(all="ignore"):
+        if shape == "normal":
+            x = rng.standard_normal(n) * scale
+        elif shape == "mixed":
+            x = rng.standard_normal(n) * scale * 10.0 ** rng.integers(-6, 7, n)
+        elif shape == "spiky":
+            x = np.zeros(n)
+            k = max(1, n // 1000)
+            if n:
+                x[rng.integers(0, n, k)] = rng.standard_normal(k) * scale * 1e3
+        elif shape == "const":
+            x = np.full(n, scale)
+        elif shape == "subnormal":
+            x = rng.standard_normal(n) * float(fi.tiny) * 100
+        elif shape == "nearmax":
+            x = rng.standard_normal(n) * float(fi.max) / (16 * SIZE)
+        elif shape == "nonfinite":
+            x = rng.standard_normal(n) * scale
+        else:
+            x = rng.integers(-50, 50, n).astype(np.float64) * scale
+        # Sums stay finite in the dtype: a result beyond its range is ±Inf by contract,
+        # which the checks would have to allow everywhere instead.
+        top = float(fi.max) / (4 * SIZE)
+        x = np.clip(x, -top, top)
+        if shape == "nonfinite" and n:
+            at = rng.integers(0, n, max(1, n // 500))
+            x[at] = rng.choice([np.nan, np.inf, -np.inf], at.size)
+        return x.astype(dt)
+
+
+def _f32_roundings(y: np.ndarray, k: int) -> np.ndarray:
+    """``k`` float32 half spacings below a float16 result (docs/error-bound.md)."""
+    with np.errstate(invalid="ignore"):
+        return k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_random_call_within_bound_and_identical(communicators, trial):
+    world, get = communicators
+    rank = world.rank
+    rng = np.random.default_rng([SIZE, trial])  # the same draws on every rank
+    dt = DTYPES[rng.integers(len(DTYPES))]
+    n = int(rng.choice(COUNTS))
+    shape = str(rng.choice(SHAPES))
+    rpns = [None, 1] + ([2] if SIZE % 2 == 0 and SIZE >= 4 else [])
+    c = get(str(rng.choice(["homomorphic", "dar"])), str(rng.choice(["ring", "halving", "auto"])),
+            rpns[rng.integers(len(rpns))], [None, 0.0, 0.25, 0.5][rng.integers(4)],
+            [None, 64, 1000][rng.integers(3)])
+    op = str(rng.choice(["sum", "avg"]))
+    coll = str(rng.choice(COLLECTIVES))
+    root = int(rng.integers(SIZE))
+    rel = bool(rng.random() < 0.5)
+    e = 10.0 ** rng.uniform(-7, -1)
+    layout = int(rng.integers(3))
+    own = np.random.default_rng([SIZE, trial] if shape == "const" else [SIZE, trial, rank])
+    x = _data(own, shape, 2 * n if layout == 1 else n, dt)
+    if layout == 1:
+        x = x[::2]  # a strided view
+    elif layout == 2 and n and n % 7 == 0:
+        x = x.reshape(7, -1)
+    fin = np.abs(x[np.isfinite(x)].astype(np.float64))
+    mag = world.allreduce(float(fin.max()) if fin.size else 0.0, op=MPI.MAX)
+    eb = ccoll.REL(e) if rel else ccoll.ABS(max(e * (mag if mag > 0 else 1.0), 1e-300))
+
+    xs = np.stack([np.asarray(v, np.float64) for v in world.allgather(x)])
+    if coll == "bcast":
+        bound = world.bcast(global_eb(world, x if rank == root else np.zeros(0, dt), eb),
+                            root=root)
+    else:
+        bound = global_eb(world, x, eb)
+    f16 = dt == np.float16
+    ref = ExactSum(xs.reshape((SIZE, *x.shape)))
+    if coll in ("allreduce", "reduce_scatter"):
+        if op == "avg":
+            ref = ref / SIZE
+        if coll == "allreduce":
+            y = c.allreduce(x, eb, op=op)
+            k = roundings(c, op, bound)
+        else:
+            y = c.reduce_scatter(x, eb, op=op)
+            ref, k = my_block(ref, world), (1 if op == "sum" else 3)
+        assert y.dtype == x.dtype
+        assert_within(y, ref, bound, roundings=1 if f16 else k,
+                      extra=_f32_roundings(y, k) if f16 else 0.0)
+    elif coll == "allgather":
+        y = c.allgather(x, eb)
+        assert y.shape == (SIZE, *x.shape) and y.dtype == x.dtype
+        for r in range(SIZE):
+            assert_within(y[r], xs[r].astype(dt).reshape(x.shape), bound,
+                          roundings=1 if f16 else 0)
+    else:
+        y = c.bcast(x if rank == root else None, eb, root=root)
+        assert y.shape == x.shape and y.dtype == x.dtype
+        assert_within(y, xs[root].astype(dt).reshape(x.shape), bound, roundings=1 if f16 else 0)
+    if coll != "reduce_scatter":
+        assert_same_on_every_rank(world, y)
