@@ -9,9 +9,10 @@ one of the shapes that break codecs: scales from ``1e-20`` to ``1e20`` (float64)
 scales within one array, lone spikes among zeros, constants, subnormals, values near the
 dtype's largest (clipped so that sums stay finite), NaN and ±Inf, integers. The checks
 are the contracts of docs/error-bound.md, decided exactly (tests/kit.py): float16 gets
-its one rounding to float16 plus the float32 roundings of the float32 path. Marked slow
-(``make test-slow`` runs it at 2 and 4 ranks); ``CCOLL_RANDOM_TRIALS`` sets the number
-of trials.
+its one rounding to float16 plus the float32 roundings of the float32 path. The first
+10 trials run in ``make test`` (at 1-5 ranks: other draws at each rank count), the rest
+are marked slow (``make test-slow`` runs them at 2 and 4 ranks); ``CCOLL_RANDOM_TRIALS``
+sets the number of trials.
 """
 
 from __future__ import annotations
@@ -26,10 +27,9 @@ from mpi4py import MPI
 
 import ccoll
 
-pytestmark = pytest.mark.slow
-
 SIZE = MPI.COMM_WORLD.Get_size()
 TRIALS = int(os.environ.get("CCOLL_RANDOM_TRIALS", "60"))
+QUICK = 10  # the first trials run in `make test` too; the rest are marked slow
 DTYPES = (np.float16, np.float32, np.float64)
 COUNTS = (0, 1, 7, 31, 32, 33, 100, 1000, 4097, 70_001, 200_003)
 SHAPES = ("normal", "mixed", "spiky", "const", "subnormal", "nearmax", "nonfinite", "ints")
@@ -95,7 +95,8 @@ def _f32_roundings(y: np.ndarray, k: int) -> np.ndarray:
         return k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
 
 
-@pytest.mark.parametrize("trial", range(TRIALS))
+@pytest.mark.parametrize("trial", [
+    t if t < QUICK else pytest.param(t, marks=pytest.mark.slow) for t in range(TRIALS)])
 def test_random_call_within_bound_and_identical(communicators, trial):
     world, get = communicators
     rank = world.rank
