@@ -207,3 +207,54 @@ def assert_clear_error(
         fn(*args, **kw)
     assert isinstance(info.value, CCollError), f"{type(info.value).__name__} is not a CCollError"
     assert re.search(match, str(info.value))
+
+
+# Shapes of data that break codecs, for the random tests (tests/mpi/test_random_calls.py,
+# tests/cuda/test_cuda_random.py).
+EDGE_SHAPES = ("normal", "mixed", "spiky", "const", "subnormal", "nearmax", "nonfinite",
+               "signed zeros", "ints")
+
+
+def edge_data(rng: np.random.Generator, shape: str, n: int, dtype: Any, *,
+              top: float | None = None) -> np.ndarray:
+    """``n`` values of ``dtype`` of one of :data:`EDGE_SHAPES`, drawn from ``rng``.
+
+    Scales reach far into the dtype's range (``10**±20`` for float64, ``10**±12`` for
+    float32, ``10**±3`` for float16); "mixed" spreads 18 decades over one array, "spiky"
+    puts lone values a million times the scale among zeros, "nearmax" draws around a
+    quarter of ``top`` (default: the dtype's largest; values beyond it become ±Inf),
+    "nonfinite" puts NaN and ±Inf among normal values. ``top`` also clips every finite
+    value to ``[-top, top]`` (so that sums stay finite).
+    """
+    fi = np.finfo(dtype)
+    decades = {2: 3, 4: 12, 8: 20}[np.dtype(dtype).itemsize]
+    scale = 10.0 ** rng.uniform(-decades, decades)
+    big = float(fi.max) if top is None else float(top)
+    with np.errstate(all="ignore"):
+        if shape == "normal" or shape == "nonfinite":
+            x = rng.standard_normal(n) * scale
+        elif shape == "mixed":
+            x = rng.standard_normal(n) * scale * 10.0 ** rng.integers(-9, 10, n)
+        elif shape == "spiky":
+            x = np.zeros(n)
+            k = max(1, n // 100)
+            if n:
+                x[rng.integers(0, n, k)] = rng.standard_normal(k) * scale * 1e6
+        elif shape == "const":
+            x = np.full(n, scale)
+        elif shape == "subnormal":
+            x = rng.standard_normal(n) * float(fi.tiny) * rng.uniform(1e-3, 100)
+        elif shape == "nearmax":
+            x = rng.standard_normal(n) * big / 4
+        elif shape == "signed zeros":
+            x = np.where(rng.random(n) < 0.5, -0.0, 0.0) + (rng.random(n) < 0.05) * scale
+        elif shape == "ints":
+            x = rng.integers(-50, 50, n).astype(np.float64) * scale
+        else:
+            raise ValueError(f"unknown shape {shape!r}")
+        if top is not None:
+            x = np.clip(x, -top, top)
+        if shape == "nonfinite" and n:
+            at = rng.integers(0, n, max(1, n // 50))
+            x[at] = rng.choice([np.nan, np.inf, -np.inf], at.size)
+        return x.astype(dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kit import assert_within, rel_bound
+from kit import EDGE_SHAPES, assert_within, edge_data, rel_bound
 from numba import cuda
 
 from ccoll.compressor import _cuda
@@ -25,40 +25,6 @@ from ccoll.compressor import cpu as _cpu
 TRIALS = 24
 QUICK = 2
 COUNTS = (0, 1, 5, 31, 32, 33, 64, 100, 257, 1023, 1025)
-SHAPES = ("normal", "mixed", "spiky", "const", "subnormal", "nearmax", "nonfinite",
-          "signed zeros", "ints")
-
-
-def _data(rng: np.random.Generator, shape: str, n: int, dt: type) -> np.ndarray:
-    fi = np.finfo(dt)
-    decades = {np.float32: 12, np.float64: 20}[dt]
-    scale = 10.0 ** rng.uniform(-decades, decades)
-    with np.errstate(all="ignore"):
-        if shape == "normal":
-            x = rng.standard_normal(n) * scale
-        elif shape == "mixed":
-            x = rng.standard_normal(n) * scale * 10.0 ** rng.integers(-9, 10, n)
-        elif shape == "spiky":
-            x = np.zeros(n)
-            k = max(1, n // 100)
-            if n:
-                x[rng.integers(0, n, k)] = rng.standard_normal(k) * scale * 1e6
-        elif shape == "const":
-            x = np.full(n, scale)
-        elif shape == "subnormal":
-            x = rng.standard_normal(n) * float(fi.tiny) * rng.uniform(1e-3, 100)
-        elif shape == "nearmax":
-            x = rng.standard_normal(n) * float(fi.max) / 4
-        elif shape == "nonfinite":
-            x = rng.standard_normal(n) * scale
-            if n:
-                at = rng.integers(0, n, max(1, n // 50))
-                x[at] = rng.choice([np.nan, np.inf, -np.inf], at.size)
-        elif shape == "signed zeros":
-            x = np.where(rng.random(n) < 0.5, -0.0, 0.0) + (rng.random(n) < 0.05) * scale
-        else:
-            x = rng.integers(-50, 50, n).astype(np.float64) * scale
-        return x.astype(dt)  # out of range: ±Inf, which the streams keep raw
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -68,8 +34,8 @@ def test_random_streams_equal_across_backends(trial, version):
     rng = np.random.default_rng([7, version, trial])
     dt = (np.float32, np.float64)[rng.integers(2)]
     n = int(rng.choice(COUNTS))
-    shape = str(rng.choice(SHAPES))
-    x = _data(rng, shape, n, dt)
+    shape = str(rng.choice(EDGE_SHAPES))
+    x = edge_data(rng, shape, n, dt)
     kind = int(rng.integers(3))
     if kind == 0:
         eb = float(rel_bound(10.0 ** rng.uniform(-7, -1), x))
@@ -87,7 +53,7 @@ def test_random_streams_equal_across_backends(trial, version):
         assert_within(y, x, eb, strict=True)
     else:
         np.testing.assert_array_equal(y, x)  # lossless (NaN == NaN here)
-    x2 = _data(np.random.default_rng([7, version, trial, 2]), shape, n, dt)
+    x2 = edge_data(np.random.default_rng([7, version, trial, 2]), shape, n, dt)
     c2 = _cpu.compress_abs(x2, eb, version)
     s = _cuda.add(cuda.to_device(c), cuda.to_device(c2)).copy_to_host()
     assert s.tobytes() == _cpu.add(c, c2).tobytes(), "sum streams differ"

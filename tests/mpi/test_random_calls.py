@@ -7,7 +7,7 @@ a count (0 to 200,003, block edges included), a layout (contiguous, a strided vi
 an op and a bound (ABS scaled to the data, or REL), and data that rank draws itself from
 one of the shapes that break codecs: scales from ``1e-20`` to ``1e20`` (float64), mixed
 scales within one array, lone spikes among zeros, constants, subnormals, values near the
-dtype's largest (clipped so that sums stay finite), NaN and ±Inf, integers. The checks
+dtype's largest (clipped so that sums stay finite), NaN and ±Inf, signed zeros, integers. The checks
 are the contracts of docs/error-bound.md, decided exactly (tests/kit.py): float16 gets
 its one rounding to float16 plus the float32 roundings of the float32 path. The first
 10 trials run in ``make test`` (at 1-5 ranks: other draws at each rank count), the rest
@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pytest
 from collkit import global_eb, my_block, roundings
-from kit import ExactSum, assert_same_on_every_rank, assert_within
+from kit import EDGE_SHAPES, ExactSum, assert_same_on_every_rank, assert_within, edge_data
 from mpi4py import MPI
 
 import ccoll
@@ -32,7 +32,6 @@ TRIALS = int(os.environ.get("CCOLL_RANDOM_TRIALS", "60"))
 QUICK = 10  # the first trials run in `make test` too; the rest are marked slow
 DTYPES = (np.float16, np.float32, np.float64)
 COUNTS = (0, 1, 7, 31, 32, 33, 100, 1000, 4097, 70_001, 200_003)
-SHAPES = ("normal", "mixed", "spiky", "const", "subnormal", "nearmax", "nonfinite", "ints")
 COLLECTIVES = ("allreduce", "allreduce", "reduce_scatter", "allgather", "bcast")
 
 
@@ -55,40 +54,6 @@ def communicators():
     world.Free()
 
 
-def _data(rng: np.random.Generator, shape: str, n: int, dt: type) -> np.ndarray:
-    fi = np.finfo(dt)
-    decades = {np.float16: 3, np.float32: 12, np.float64: 20}[dt]
-    scale = 10.0 ** rng.uniform(-decades, decades)
-    with np.errstate(all="ignore"):
-        if shape == "normal":
-            x = rng.standard_normal(n) * scale
-        elif shape == "mixed":
-            x = rng.standard_normal(n) * scale * 10.0 ** rng.integers(-6, 7, n)
-        elif shape == "spiky":
-            x = np.zeros(n)
-            k = max(1, n // 1000)
-            if n:
-                x[rng.integers(0, n, k)] = rng.standard_normal(k) * scale * 1e3
-        elif shape == "const":
-            x = np.full(n, scale)
-        elif shape == "subnormal":
-            x = rng.standard_normal(n) * float(fi.tiny) * 100
-        elif shape == "nearmax":
-            x = rng.standard_normal(n) * float(fi.max) / (16 * SIZE)
-        elif shape == "nonfinite":
-            x = rng.standard_normal(n) * scale
-        else:
-            x = rng.integers(-50, 50, n).astype(np.float64) * scale
-        # Sums stay finite in the dtype: a result beyond its range is ±Inf by contract,
-        # which the checks would have to allow everywhere instead.
-        top = float(fi.max) / (4 * SIZE)
-        x = np.clip(x, -top, top)
-        if shape == "nonfinite" and n:
-            at = rng.integers(0, n, max(1, n // 500))
-            x[at] = rng.choice([np.nan, np.inf, -np.inf], at.size)
-        return x.astype(dt)
-
-
 def _f32_roundings(y: np.ndarray, k: int) -> np.ndarray:
     """``k`` float32 half spacings below a float16 result (docs/error-bound.md)."""
     with np.errstate(invalid="ignore"):
@@ -103,7 +68,7 @@ def test_random_call_within_bound_and_identical(communicators, trial):
     rng = np.random.default_rng([SIZE, trial])  # the same draws on every rank
     dt = DTYPES[rng.integers(len(DTYPES))]
     n = int(rng.choice(COUNTS))
-    shape = str(rng.choice(SHAPES))
+    shape = str(rng.choice(EDGE_SHAPES))
     rpns = [None, 1] + ([2] if SIZE % 2 == 0 and SIZE >= 4 else [])
     c = get(str(rng.choice(["homomorphic", "dar"])), str(rng.choice(["ring", "halving", "auto"])),
             rpns[rng.integers(len(rpns))], [None, 0.0, 0.25, 0.5][rng.integers(4)],
@@ -115,7 +80,10 @@ def test_random_call_within_bound_and_identical(communicators, trial):
     e = 10.0 ** rng.uniform(-7, -1)
     layout = int(rng.integers(3))
     own = np.random.default_rng([SIZE, trial] if shape == "const" else [SIZE, trial, rank])
-    x = _data(own, shape, 2 * n if layout == 1 else n, dt)
+    # Sums stay finite in the dtype: a result beyond its range is ±Inf by contract, which
+    # the checks would have to allow everywhere instead.
+    top = float(np.finfo(dt).max) / (4 * SIZE)
+    x = edge_data(own, shape, 2 * n if layout == 1 else n, dt, top=top)
     if layout == 1:
         x = x[::2]  # a strided view
     elif layout == 2 and n and n % 7 == 0:
