@@ -1012,13 +1012,15 @@ class Communicator:
             # The one rounding to the dtype, before sharing. Only this rank touches
             # [lo, hi) of the regions, and every rank copied the previous call's result
             # out before it passed this call's first barrier.
-            result[lo:hi] = reduced
+            with np.errstate(over="ignore"):  # beyond the dtype's range: ±Inf
+                result[lo:hi] = reduced
             wait_all([node.comm.Ibarrier()], p.deadline, "node barrier (result written)",
                      poll=True)
             np.copyto(yflat, result[:p.flat.size])
             node.stats.bytes_sent += (r - 1) * (hi - lo) * p.dtype.itemsize
         else:
-            mine = reduced.astype(p.dtype)  # the one rounding to the dtype, before sharing
+            with np.errstate(over="ignore"):  # the one rounding to the dtype, before sharing
+                mine = reduced.astype(p.dtype)
             displs = [a for a, _ in bounds]
             if p.deadline.at is None:
                 node.comm.Allgatherv(mine, [yflat, (counts, displs)])

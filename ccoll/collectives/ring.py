@@ -115,7 +115,10 @@ def ring_ops(flat: Any, layout: Layout, algorithm: str, eb_abs: float,
 
 
 def _host_add(a: np.ndarray, b: np.ndarray) -> None:
-    np.add(a, b, out=a)
+    # IEEE sums, as MPI's: Inf + (-Inf) is NaN and a sum past the largest value is ±Inf,
+    # without numpy's warnings (which -W error would turn into an exception on one rank).
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.add(a, b, out=a)
 
 
 def ring_allreduce(
@@ -595,7 +598,9 @@ def _scratch(n: int, slot: int) -> np.ndarray:
 def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: bool,
                 kw: dict[str, Any] | None = None) -> None:
     if wide:  # a requantized float64 stream into float32: one rounding, to nearest
-        flat_out[lo:hi] = api().decompress(stream[:nb], out=_scratch(hi - lo, 0))
+        w = api().decompress(stream[:nb], out=_scratch(hi - lo, 0))
+        with np.errstate(over="ignore"):  # beyond the dtype's range: ±Inf, by contract
+            flat_out[lo:hi] = w
     else:  # kw: the reduce lane's stream= for device data
         api().decompress(stream[:nb], out=flat_out[lo:hi], **(kw or {}))
 
@@ -623,7 +628,8 @@ def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant) -> A
         if far.size:
             out = raw_blocks(out, wide, far)
             w = decompress_wide(out, out=w)
-    flat_out[lo:hi] = w  # one rounding to the dtype, as _decode_one's
+    with np.errstate(over="ignore"):  # one rounding to the dtype, as _decode_one's
+        flat_out[lo:hi] = w
     return out
 
 

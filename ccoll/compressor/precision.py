@@ -67,7 +67,8 @@ class Narrow:
             # Not np.ascontiguousarray: it turns a 0-d array into a 1-d one.
             y32 = y32 if y32.flags.c_contiguous else y32.copy(order="C")
             return torch.from_numpy(y32).to(self.dtype)
-        return y32.astype(self.dtype)
+        with np.errstate(over="ignore"):  # beyond float16's range: ±Inf, by contract
+            return y32.astype(self.dtype)
 
     def into(self, out: Any, y32: np.ndarray) -> None:
         """Write ``y32`` rounded once to nearest into ``out`` (of the caller's dtype)."""
@@ -76,7 +77,8 @@ class Narrow:
 
             out.copy_(torch.from_numpy(np.ascontiguousarray(y32)).reshape(out.shape))
         else:
-            np.copyto(out, y32.reshape(out.shape), casting="unsafe")
+            with np.errstate(over="ignore"):
+                np.copyto(out, y32.reshape(out.shape), casting="unsafe")
 
 
 def widen(x: Any) -> tuple[np.ndarray, Narrow] | None:

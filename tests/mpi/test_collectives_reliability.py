@@ -13,6 +13,7 @@ import gc
 import numpy as np
 import pytest
 from collkit import gradient_like
+from kit import assert_same_on_every_rank
 from mpi4py import MPI
 
 import ccoll
@@ -241,3 +242,43 @@ def test_env_fingerprint_is_exact_in_float64(monkeypatch):
     code, text = agreement.env_code()
     assert text == "CCOLL_RATIO=3" and code != none
     assert 0 <= code < 2**52 and float(code) == code
+
+
+# IEEE outcomes in the sums (Inf + -Inf is NaN, a sum past the dtype's largest is ±Inf)
+# are results, not errors: numpy's RuntimeWarnings for them, which pytest here (and any
+# user running with -W error) turns into exceptions, must not escape from one rank's
+# collective. Element 3: +Inf on rank 0, -Inf on rank 1. Element 5: a value of about 0.6
+# of the dtype's largest on every rank, so that a sum of two or more overflows.
+def _ieee_input(comm, dtype) -> np.ndarray:
+    x = gradient_like(comm.rank, 4000, dtype)
+    if comm.rank == 0:
+        x[3] = np.inf
+    elif comm.rank == 1:
+        x[3] = -np.inf
+    x[5] = dtype(float(np.finfo(dtype).max) * 0.6)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("opts", [
+    {"algorithm": "dar"},
+    {"algorithm": "homomorphic", "split": 0.0},
+    {"algorithm": "homomorphic", "split": 0.5},
+    {"algorithm": "homomorphic", "ranks_per_node": 2},
+], ids=["dar", "homomorphic", "split", "two-levels"])
+def test_inf_and_overflow_in_sums_give_nan_and_inf_without_warnings(comm, opts, dtype):
+    if "ranks_per_node" in opts and SIZE % 2:
+        opts = {**opts, "ranks_per_node": 1}
+    x = _ieee_input(comm, dtype)
+    with ccoll.Communicator(comm, policy="compress", chunk_elems=1000, **opts) as c:
+        y = c.allreduce(x, ccoll.ABS(1e-3))
+        assert c.last_call.compressed
+    assert y.dtype == x.dtype
+    if SIZE >= 2:
+        assert np.isnan(y[3])
+        assert np.isposinf(y[5])
+    else:
+        assert np.isposinf(y[3]) and y[5] == x[5]
+    rest = np.r_[0:3, 6:4000]
+    assert np.all(np.isfinite(y[rest]))
+    assert_same_on_every_rank(comm, y)
