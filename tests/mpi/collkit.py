@@ -46,6 +46,17 @@ def roundings(c: ccoll.Communicator, op: str, bound: object = None) -> int:
     return 1 if op == "sum" or split or c.size == 1 else 3
 
 
+def f32_rounding(y16: np.ndarray, k: int = 1) -> np.ndarray:
+    """``k`` float32 half spacings at the float32 value that rounded to ``y16`` (upper bound).
+
+    A float16 result is a float32 result rounded once more (docs/error-bound.md, "float16
+    and bfloat16"); float32 has 13 more significand bits, so its half spacing is at most
+    ``2^-14`` of float16's spacing.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):  # ±Inf results: no allowance needed
+        return k * np.spacing(np.abs(y16)).astype(np.float64) * 2.0**-14
+
+
 def global_eb(comm, x: np.ndarray, eb) -> Fraction:
     """The absolute bound the collective must meet, exactly: ABS's value, or REL's value
     times the range of every rank's finite values (computed here, not by ccoll)."""

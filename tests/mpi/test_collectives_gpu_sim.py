@@ -21,7 +21,13 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "cuda"))
 
 import warp_shim  # noqa: E402
-from collkit import exact_sum, global_eb, gradient_like, my_block  # noqa: E402
+from collkit import (  # noqa: E402
+    exact_sum,
+    f32_rounding,
+    global_eb,
+    gradient_like,
+    my_block,
+)
 from kit import assert_same_on_every_rank, assert_within  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from numba import cuda  # noqa: E402
@@ -129,11 +135,6 @@ def test_out_partly_overlapping_device_x_is_refused_everywhere(comm):
     assert np.array_equal(d.copy_to_host(), np.arange(11, dtype=np.float32))
 
 
-def _f32_rounding(y16: np.ndarray, k: int = 1) -> np.ndarray:
-    """``k`` float32 half spacings at the float32 value that rounded to ``y16`` (upper bound)."""
-    return k * np.spacing(np.abs(y16)).astype(np.float64) * 2.0**-14
-
-
 def _device_f16(y):
     """The host copy of a numba device float16 result, after checking its kind and dtype."""
     assert cuda.devicearray.is_cuda_ndarray(y), type(y)
@@ -155,7 +156,7 @@ def test_device_float16_allreduce_equals_host_float16_within_bound(comm, policy)
     assert y.tobytes() == want.tobytes()
     if compressed:
         assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb), roundings=1,
-                      extra=_f32_rounding(y))
+                      extra=f32_rounding(y))
     else:  # MPI's float32 sum: within (N - 1) 2^-24 sum|x| (plus O(2^-48)), rounded once
         mag = np.sum(np.abs(np.stack(comm.allgather(x)).astype(np.float64)), axis=0)
         assert_within(y, exact_sum(comm, x), 0.0, roundings=1, extra=comm.size * 2.0**-24 * mag)
@@ -175,7 +176,7 @@ def test_device_float16_allreduce_avg_into_out_and_in_place(comm):
         assert y.tobytes() == want.tobytes()
         # The bound is on the average (docs/error-bound.md, "avg").
         assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, eb),
-                      roundings=1, extra=_f32_rounding(y, 3))
+                      roundings=1, extra=f32_rounding(y, 3))
         d = cuda.to_device(x)  # out=x: the float32 copy moves, the result lands in x
         assert c.allreduce(d, eb=None, out=d) is d
         assert d.copy_to_host().tobytes() == c.allreduce(x, eb=None).tobytes()
@@ -198,7 +199,7 @@ def test_device_float16_reduce_scatter_allgather_bcast(comm):
         assert bc.tobytes() == cc.bcast(x, eb=eb, root=root).tobytes()
         assert cc.stats.compressed_calls == 6
     assert_within(rs, my_block(exact_sum(comm, x), comm), 1e-3, roundings=1,
-                  extra=_f32_rounding(rs))
+                  extra=f32_rounding(rs))
     # The decoder's float32 is within eb of a float16 value; rounding adds at most s/2.
     assert_within(ag, np.stack(comm.allgather(x)), 1e-3, roundings=1)
     assert_within(bc, comm.bcast(x, root=root), 1e-3, roundings=1)

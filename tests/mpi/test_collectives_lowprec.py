@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from collkit import exact_sum, global_eb, gradient_like, my_block
+from collkit import exact_sum, f32_rounding, global_eb, gradient_like, my_block
 from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
@@ -23,11 +23,6 @@ BOUNDS = [ccoll.ABS(1e-3), ccoll.REL(1e-3)]
 
 def _bid(b):
     return f"{type(b).__name__}{b.value:g}"
-
-
-def _f32_rounding(y16: np.ndarray, k: int = 1) -> np.ndarray:
-    """``k`` float32 half spacings at the float32 value that rounded to ``y16`` (upper bound)."""
-    return k * np.spacing(np.abs(y16)).astype(np.float64) * 2.0**-14
 
 
 @pytest.fixture
@@ -44,7 +39,7 @@ def test_allreduce_float16_within_bound(comm, compressing, n, eb):
     assert y.dtype == np.float16 and y.shape == x.shape
     assert compressing.last_call.compressed
     assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb), roundings=1,
-                  extra=_f32_rounding(y))
+                  extra=f32_rounding(y))
     assert_same_on_every_rank(comm, y)
 
 
@@ -56,7 +51,7 @@ def test_allreduce_float16_avg_and_out(comm, compressing):
     bound = global_eb(comm, x, ccoll.REL(1e-3))  # the bound is on the average
     # The float32 average has three float32 half spacings (tests/mpi/test_collectives.py).
     assert_within(y, exact_sum(comm, x) / comm.size, bound, roundings=1,
-                  extra=_f32_rounding(y, 3))
+                  extra=f32_rounding(y, 3))
     assert_same_on_every_rank(comm, y)
 
 
@@ -77,7 +72,7 @@ def test_reduce_scatter_float16(comm, compressing, eb):
     y = compressing.reduce_scatter(x, eb)
     assert y.dtype == np.float16
     assert_within(y, my_block(exact_sum(comm, x), comm), global_eb(comm, x, eb),
-                  roundings=1, extra=_f32_rounding(y))
+                  roundings=1, extra=f32_rounding(y))
 
 
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bid)
@@ -95,7 +90,7 @@ def test_iallreduce_float16(comm, compressing):
     x = gradient_like(comm.rank, 3000, np.float16)
     y = compressing.iallreduce(x, ccoll.ABS(1e-3)).wait()
     assert y.dtype == np.float16
-    assert_within(y, exact_sum(comm, x), 1e-3, roundings=1, extra=_f32_rounding(y))
+    assert_within(y, exact_sum(comm, x), 1e-3, roundings=1, extra=f32_rounding(y))
     assert compressing.last_async_call.compressed
 
 

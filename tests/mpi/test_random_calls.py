@@ -21,7 +21,7 @@ import os
 
 import numpy as np
 import pytest
-from collkit import global_eb, my_block, roundings
+from collkit import f32_rounding, global_eb, my_block, roundings
 from kit import EDGE_SHAPES, ExactSum, assert_same_on_every_rank, assert_within, edge_data
 from mpi4py import MPI
 
@@ -52,12 +52,6 @@ def communicators():
     for c in made.values():
         c.close()
     world.Free()
-
-
-def _f32_roundings(y: np.ndarray, k: int) -> np.ndarray:
-    """``k`` float32 half spacings below a float16 result (docs/error-bound.md)."""
-    with np.errstate(invalid="ignore"):
-        return k * np.spacing(np.abs(y)).astype(np.float64) * 2.0**-14
 
 
 @pytest.mark.parametrize("trial", [
@@ -111,7 +105,7 @@ def test_random_call_within_bound_and_identical(communicators, trial):
             ref, k = my_block(ref, world), (1 if op == "sum" else 3)
         assert y.dtype == x.dtype
         assert_within(y, ref, bound, roundings=1 if f16 else k,
-                      extra=_f32_roundings(y, k) if f16 else 0.0)
+                      extra=f32_rounding(y, k) if f16 else 0.0)
     elif coll == "allgather":
         y = c.allgather(x, eb)
         assert y.shape == (SIZE, *x.shape) and y.dtype == x.dtype
