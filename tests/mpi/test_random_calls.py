@@ -5,11 +5,12 @@ often as reduce_scatter, allgather and bcast), a Communicator (algorithm, schedu
 grouping, split, chunk size; ``policy="compress"``), a dtype (float16, float32, float64),
 a count (0 to 200,003, block edges included), a layout (contiguous, a strided view, 2-D),
 an op and a bound (ABS scaled to the data, or REL), and data that rank draws itself from
-one of the shapes that break codecs: scales from ``1e-20`` to ``1e20`` (float64), mixed
-scales within one array, lone spikes among zeros, constants, subnormals, values near the
-dtype's largest (clipped so that sums stay finite), NaN and ±Inf, signed zeros, integers. The checks
-are the contracts of docs/error-bound.md, decided exactly (tests/kit.py): float16 gets
-its one rounding to float16 plus the float32 roundings of the float32 path. The first
+one of the shapes that break codecs (``tests/kit.py:edge_data``): scales from ``1e-20``
+to ``1e20`` (float64), mixed scales within one array, lone spikes among zeros, constants,
+subnormals, values near the dtype's largest (clipped so that sums stay finite), NaN and
+±Inf, signed zeros, integers. The checks are the contracts of docs/error-bound.md,
+decided exactly (tests/kit.py): float16 gets its one rounding to float16 plus the
+float32 roundings of the float32 path. The first
 10 trials run in ``make test`` (at 1-5 ranks: other draws at each rank count), the rest
 are marked slow (``make test-slow`` runs them at 2 and 4 ranks); ``CCOLL_RANDOM_TRIALS``
 sets the number of trials.
@@ -87,11 +88,8 @@ def test_random_call_within_bound_and_identical(communicators, trial):
     eb = ccoll.REL(e) if rel else ccoll.ABS(max(e * (mag if mag > 0 else 1.0), 1e-300))
 
     xs = np.stack([np.asarray(v, np.float64) for v in world.allgather(x)])
-    if coll == "bcast":
-        bound = world.bcast(global_eb(world, x if rank == root else np.zeros(0, dt), eb),
-                            root=root)
-    else:
-        bound = global_eb(world, x, eb)
+    # bcast: the root's data only (global_eb's exchange gives every rank its range).
+    bound = global_eb(world, x if coll != "bcast" or rank == root else np.zeros(0, dt), eb)
     f16 = dt == np.float16
     ref = ExactSum(xs.reshape((SIZE, *x.shape)))
     if coll in ("allreduce", "reduce_scatter"):
