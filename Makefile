@@ -3,9 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 VPY    := $(VENV)/bin/python
 STAMP  := $(VENV)/.ccoll-installed
+BASE   := $(VENV)/.ccoll-base
 MPIEXEC := $(VENV)/bin/mpiexec
-# Ranks for the MPI test runs; each run has a per-test timeout so a hung rank fails fast.
-MPI_RANKS ?= 1 2 3 4 5
+# Ranks for the MPI test runs: every test at MPI_RANKS, the tests marked many_ranks (halving
+# steps, two nodes of two, odd rings of five) also at MPI_MANY_RANKS; each run has a
+# per-test timeout so a hung rank fails fast. `make test-slow` runs the rest at 4 and 5.
+MPI_RANKS ?= 1 2 3
+MPI_MANY_RANKS ?= 4 5
 MPI_TEST_TIMEOUT ?= 60
 PYTEST_MPI = $(VPY) -m mpi4py -m pytest tests/mpi -q -p no:cacheprovider \
 	--timeout=$(MPI_TEST_TIMEOUT) --timeout-method=thread
@@ -16,9 +20,15 @@ PYTEST_MPI = $(VPY) -m mpi4py -m pytest tests/mpi -q -p no:cacheprovider \
 
 all: test
 
-$(STAMP): pyproject.toml
+# Two stamps: the base install (the core and the mpich wheel) is all `make demo` needs; the
+# full one adds the extras that the tests, the PTX checks and the linters use.
+$(BASE): pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e ".[mpich]"
+	@touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(VPY) -m pip install -q -e ".[mpich,cuda,test,torch,lint]"
 	$(VPY) -m ccoll.warmup --v2 --jobs 2  # compile the CPU kernels (formats 1 and 2) into numba's cache once, now
 	@touch $(STAMP)
@@ -27,7 +37,7 @@ venv: $(STAMP)
 
 # 4 ranks on an emulated 1 Gbit/s network as root (where `ip netns` works), else on shared
 # memory with a note on why no speed-up can show there (ccoll/demo.py).
-demo: $(STAMP)
+demo: $(BASE)
 	$(VPY) -m ccoll.warmup float32
 	timeout 1200 $(VPY) -m ccoll.demo
 
@@ -53,12 +63,21 @@ test-mpi: $(STAMP)
 	@set -e; for n in $(MPI_RANKS); do \
 	  echo "== tests/mpi with $$n rank(s)"; \
 	  timeout 900 $(MPIEXEC) -n $$n $(PYTEST_MPI) -m "not slow"; \
+	done; \
+	for n in $(MPI_MANY_RANKS); do \
+	  echo "== tests/mpi marked many_ranks with $$n ranks"; \
+	  timeout 900 $(MPIEXEC) -n $$n $(PYTEST_MPI) -m "many_ranks and not slow"; \
 	done
 
+# The long runs: what `make test` leaves out (each has a short version there), and the MPI
+# tests not marked many_ranks at 4 and 5 ranks.
 test-slow: $(STAMP)
 	$(VPY) -m pytest tests -m slow --ignore=tests/mpi --ignore=tests/cuda
 	NUMBA_ENABLE_CUDASIM=1 $(VPY) -m pytest tests/cuda -m slow
 	@set -e; for n in 2 4; do timeout 3600 $(MPIEXEC) -n $$n $(PYTEST_MPI) -m slow --timeout=1800; done
+	@set -e; for n in $(MPI_MANY_RANKS); do \
+	  timeout 1800 $(MPIEXEC) -n $$n $(PYTEST_MPI) -m "not many_ranks and not slow"; \
+	done
 
 # ccoll bench: collectives against plain MPI, side by side (docs/performance.md,
 # "Collectives speedup"). `bench` runs on shared memory; `bench-cluster` (root) on emulated

@@ -176,7 +176,10 @@ def task_lines(output: str) -> list[tuple[int, int, str]]:
 # (RANKS_PER_NODE, nodes, ranks per node, grouping, hierarchical) the job's report must show.
 # One Slurm node: the hosts' grouping is one node, flat; RANKS_PER_NODE=2 makes ccoll see
 # 2 nodes of 2 tasks and run its two levels, as on 2 real nodes with --ntasks-per-node=2.
-GROUPINGS = [("", 1, 4, "shared memory", False), ("2", 2, 2, "ranks_per_node=2", True)]
+# The flat grouping runs in `make test-slow`: the two-level one goes through the same job
+# script, launch, report, CSV and plot, and also checks the grouping ccoll reports.
+GROUPINGS = [pytest.param("", 1, 4, "shared memory", False, marks=pytest.mark.slow),
+             ("2", 2, 2, "ranks_per_node=2", True)]
 
 
 @pytest.mark.parametrize(("rpn", "nodes", "per_node", "source", "hier"), GROUPINGS)

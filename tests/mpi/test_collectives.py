@@ -43,6 +43,7 @@ def same_error_everywhere(comm, exc_info, exc_type, match):
     assert len(set(msgs)) == 1, msgs
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("algorithm", ALGOS)
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -148,6 +149,7 @@ def test_allreduce_out_and_in_place(comm, policy):
     assert np.array_equal(xin, want)
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("algorithm", ALGOS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("n", [0, 1, 33, 10_007])
@@ -160,6 +162,7 @@ def test_reduce_scatter(comm, n, dtype, algorithm):
     assert_within(y, want, global_eb(comm, x, eb), roundings=1)
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(0,), (1,), (7, 5), (3000,)])
@@ -172,6 +175,7 @@ def test_allgather(comm, compressing, shape, dtype, eb):
     assert_same_on_every_rank(comm, y)
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bound_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("shape", [(0,), (1,), (20, 30)])
@@ -190,6 +194,7 @@ def test_bcast(comm, compressing, shape, dtype, eb):
 # -- exact path: plain MPI bit for bit ---------------------------------------------------
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 @pytest.mark.parametrize("n", [0, 5, 100_003])
 def test_exact_equals_mpi(comm, n, dtype):

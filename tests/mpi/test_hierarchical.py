@@ -28,6 +28,8 @@ import ccoll
 from ccoll.errors import InputError, MismatchError
 
 SIZE = MPI.COMM_WORLD.Get_size()
+# Two nodes of two ranks need 4 ranks: this module also runs at 4 and 5 ranks.
+pytestmark = pytest.mark.many_ranks
 # Groupings the tests use at each size: (2 nodes x 2) at 4 ranks; one node of all ranks
 # at 2 and 3; one rank per node at 3 and 5 (and 1); None: MPI's shared-memory domains
 # (one machine here: one node of all ranks).

@@ -57,6 +57,7 @@ def communicators():
 
 @pytest.mark.parametrize("trial", [
     t if t < QUICK else pytest.param(t, marks=pytest.mark.slow) for t in range(TRIALS)])
+@pytest.mark.many_ranks
 def test_random_call_within_bound_and_identical(communicators, trial):
     world, get = communicators
     rank = world.rank

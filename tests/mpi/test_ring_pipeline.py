@@ -85,6 +85,7 @@ def test_allgather_starts_before_the_reduce_scatter_ends(comm, monkeypatch, algo
     assert_same_on_every_rank(comm, y)
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("n_elems", [N_ELEMS, 7 * CHUNK + 5, 3])
 def test_chunks_out_of_order_give_the_same_bytes(comm, monkeypatch, n_elems):
     """Odd ranks run their chunks last-first, so every neighbour receives them reversed."""

@@ -27,6 +27,7 @@ from ccoll.errors import InputError, MismatchError
 SIZE = MPI.COMM_WORLD.Get_size()
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("chunk", [None, 1000])
 @pytest.mark.parametrize("split", [None, 0.25, 0.5])
 @pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
@@ -45,6 +46,7 @@ def test_split_within_bound_and_identical(comm, op, dtype, eb, split, chunk):
     assert_same_on_every_rank(comm, y)
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("schedule", ["ring", "halving"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("op", ["sum", "avg"])
@@ -75,6 +77,7 @@ def test_values_off_the_sums_grid_stay_within_bound(comm, op, dtype, schedule):
         assert rq.accept < rq.bound
 
 
+@pytest.mark.many_ranks
 def test_split_result_lies_on_the_allgather_grid(comm):
     # float64 data: every fixed-length lane of a requantized result is q * 2 e2 for an
     # integer q (one float64 product), which the reduced sum on its finer grid is not.

@@ -71,6 +71,7 @@ def rank_batch(step: int = 0) -> torch.Tensor:
     return torch.randn(16, 1, 8, 8, generator=g)
 
 
+@pytest.mark.many_ranks
 @pytest.mark.parametrize("eb", [ccoll.ABS(1e-4), ccoll.REL(1e-2)], ids=repr)
 def test_bound_on_every_element_and_exempt_exact(comm, made, eb) -> None:
     model = sharded_cnn()
