@@ -49,7 +49,7 @@ import numpy as np
 
 from ccoll.runtime.cpu_threads import thread_count
 
-__all__ = ["add_parser", "run_bench", "Row", "bench", "load_gradients"]
+__all__ = ["add_parser", "run_bench", "Row", "bench", "load_gradients", "data_for_size"]
 
 ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
 _DEFAULT_DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
@@ -101,6 +101,11 @@ def load_gradients(path: str | os.PathLike[str], rank: int) -> np.ndarray:
     if not parts:
         raise ValueError(f"{path}: step {steps[rank % len(steps)]} has no datasets")
     return np.concatenate(parts)
+
+
+def data_for_size(base: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` values that ``bench`` times at one size, taken from ``base``."""
+    return np.resize(base, count)
 
 
 def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[int]:
@@ -301,7 +306,7 @@ def bench(
     try:
         for size in size_list:
             count = size // 4
-            x = np.resize(base, count)
+            x = data_for_size(base, count)
             lo, hi = finite_range(x)
             glo = _allreduce_float(comm, lo, MPI.MIN)
             ghi = _allreduce_float(comm, hi, MPI.MAX)
