@@ -26,7 +26,10 @@ Chrome/Perfetto trace-event JSON (open it in https://ui.perfetto.dev); ``--trace
 draws them. Times count from a barrier that starts each traced call.
 
 Data: the tensors of one step of a gradient dump (``datasets/minilm.h5``), concatenated,
-rank ``r`` taking step ``r mod steps``, tiled to the size.
+rank ``r`` taking step ``r mod steps``. A size below the step's takes whole 32-value blocks
+spread evenly over the whole step, the same places on every rank (:func:`data_for_size`),
+so that 64 KiB hold the dump's mix of tensors and not only its first one; a larger size
+repeats the step.
 """
 
 from __future__ import annotations
@@ -103,9 +106,28 @@ def load_gradients(path: str | os.PathLike[str], rank: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+SAMPLE_BLOCK = 32  # values per sampled piece: the compressor's block (docs/format.md)
+
+
 def data_for_size(base: np.ndarray, count: int) -> np.ndarray:
-    """The ``count`` values that ``bench`` times at one size, taken from ``base``."""
-    return np.resize(base, count)
+    """Return the ``count`` values that ``bench`` times at one size, taken from ``base``.
+
+    Up to the size of ``base``: ``ceil(count / 32)`` whole 32-value blocks of ``base``
+    spread evenly over all of it (the middle block of each of as many equal stretches), so
+    that a small size holds the same mix of tensors as the whole dump, not only its first
+    tensor; the last block is cut to ``count``. Above it: ``base`` repeated. The positions
+    depend only on ``base.size`` and ``count``: every rank takes the same places of its own
+    step.
+    """
+    n = base.size
+    full = n // SAMPLE_BLOCK
+    if count > full * SAMPLE_BLOCK:  # more than the whole blocks: all of it, repeated
+        return np.resize(base, count)
+    k = -(-count // SAMPLE_BLOCK)
+    # block indices floor((i + 1/2) * full / k): increasing by at least 1, as full >= k
+    blocks = ((2 * np.arange(k, dtype=np.int64) + 1) * full) // (2 * k)
+    pos = (blocks[:, None] * SAMPLE_BLOCK + np.arange(SAMPLE_BLOCK)).ravel()[:count]
+    return base[pos]
 
 
 def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[int]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ccoll import bench
@@ -43,6 +44,47 @@ def test_gradients_differ_by_rank_and_cycle() -> None:
     with h5py.File(data) as f:
         steps = len([k for k in f if k.startswith("step_")])
     assert (bench.load_gradients(data, steps) == a).all()
+
+
+@pytest.mark.parametrize("size", ["16K", "64K", "256K", "1M"])
+def test_small_sizes_compress_like_the_whole_dump(size: str) -> None:
+    # MiniLM's dump starts with the word-embedding gradient, almost all zeros: its first
+    # 64 KiB-1 MiB compress 55-130x at the bound where the whole step compresses 13x. The
+    # data of a size must come from the whole dump, so that its ratio says what real
+    # gradients do. (The same absolute bound for both: a REL bound would follow the range of
+    # each sample, and a sample need not hold the dump's extremes.)
+    import ccoll
+    from ccoll.units import parse_size
+
+    base = bench.load_gradients(REPO / "datasets" / "minilm.h5", 0)
+    eb = ccoll.ABS(1e-3 * float(base.max() - base.min()))
+    count = parse_size(size) // 4
+    x = bench.data_for_size(base, count)
+    assert x.dtype == base.dtype and x.shape == (count,)
+    whole = base.nbytes / ccoll.compress(base, eb).nbytes
+    got = x.nbytes / ccoll.compress(x, eb).nbytes
+    assert 10 < whole < 16
+    assert whole / 1.15 < got < whole * 1.15, (size, got, whole)
+    zeros = float(np.mean(base == 0))
+    assert abs(float(np.mean(x == 0)) - zeros) < 0.05, (size, float(np.mean(x == 0)), zeros)
+
+
+def test_data_for_size_spreads_whole_blocks_over_the_dump() -> None:
+    n = 1_000_003
+    base = np.arange(n, dtype=np.float64) + 0.5  # each value says where it came from
+    for count in (1, 31, 33, 1024, 4096, 16384, 65536, 262144, n // 32 * 32, n - 1):
+        pos = (bench.data_for_size(base, count) - 0.5).astype(np.int64)
+        assert pos.shape == (count,) and (np.diff(pos) > 0).all(), count  # distinct, in order
+        # the same positions on every call (every rank takes the same places of its step)
+        assert (bench.data_for_size(base, count) == pos + 0.5).all()
+        # whole 32-value blocks of the dump (the compressor's block size)
+        starts = pos[np.r_[0, np.flatnonzero(np.diff(pos) > 1) + 1]]
+        assert (starts % 32 == 0).all(), count
+        if count >= 16 * 32:  # from the first to the last sixteenth of the dump
+            assert pos[0] < n // 16 and pos[-1] >= n - n // 16, count
+    # at least the whole dump: the dump itself, repeated
+    x = bench.data_for_size(base, 2 * n + 5)
+    assert (x[:n] == base).all() and (x[n:2 * n] == base).all() and (x[2 * n:] == base[:5]).all()
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
