@@ -1,35 +1,8 @@
 """``ccoll bench``: OSU / nccl-tests style sweep of ccoll's collectives against plain MPI.
 
-Run under MPI on ``MPI.COMM_WORLD``; rank 0 prints::
-
-    mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
-
-For each size (bytes of the array each rank passes) it times, side by side in one run and
-interleaved iteration by iteration, plain MPI (``MPI_Allreduce`` / ``MPI_Reduce_scatter`` /
-``MPI_Allgather`` through mpi4py's buffer interface), ccoll's homomorphic ring, the
-decompress-add-recompress (DAR) ring and ccoll with ``policy="auto"``. Every timed call sits
-between a ``Barrier`` and the stop watch; an iteration's time is the slowest rank's, and
-avg/min/max are over iterations. Columns follow nccl-tests: ``algbw = size / time``,
-``busbw = algbw * 2(N-1)/N`` for allreduce, ``(N-1)/N`` for reduce_scatter and ``N-1`` for
-allgather (whose size is the per-rank input). ``ratio`` is the traffic a raw ring sends
-over what the algorithm sent; ``err/eb`` is the largest error against the exact result
-(float64) over the resolved bound; ``speedup`` is MPI's average time over the algorithm's.
-``model`` is the cost model's prediction (docs/model.md) from this run's calibration;
-``floor`` the least time the call could take on this hardware by the same calibration,
-the larger of its compute critical path (the compressor's own rates) and its wire time (the
-link's full bandwidth) (docs/model.md, "The floor"), and ``of-floor`` the measured time
-over it (1 would be perfect).
-
-``--trace FILE`` adds, after each size's timed loop (so the timed numbers never include
-it), one traced call of every ccoll algorithm, and writes their timelines as
-Chrome/Perfetto trace-event JSON (open it in https://ui.perfetto.dev); ``--trace-png``
-draws them. Times count from a barrier that starts each traced call.
-
-Data: the tensors of one step of a gradient dump (``datasets/minilm.h5``), concatenated,
-rank ``r`` taking step ``r mod steps``. A size below the step's takes whole 32-value blocks
-spread evenly over the whole step, the same places on every rank (:func:`data_for_size`),
-so that 64 KiB hold the dump's mix of tensors and not only its first one; a larger size
-repeats the step.
+:data:`DESCRIPTION` and :data:`EPILOG` are its ``--help`` (plain text, read in a terminal):
+what is timed, every column of the output, and how the data of each size is chosen
+(:func:`data_for_size`). docs/cli.md, "ccoll bench", shows a run.
 """
 
 from __future__ import annotations
@@ -52,7 +25,10 @@ import numpy as np
 
 from ccoll.runtime.cpu_threads import thread_count
 
-__all__ = ["add_parser", "run_bench", "Row", "bench", "load_gradients", "data_for_size"]
+__all__ = [
+    "add_parser", "run_bench", "Row", "bench", "load_gradients", "data_for_size", "COLUMNS",
+    "DESCRIPTION", "EPILOG",
+]
 
 ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
 _DEFAULT_DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
@@ -539,6 +515,74 @@ def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: in
 
 # ---------------------------------------------------------------------------- output
 
+DESCRIPTION = """\
+Time ccoll's collectives against plain MPI over a range of sizes, as the OSU
+micro-benchmarks and nccl-tests do. Run it under MPI, on all ranks of MPI_COMM_WORLD:
+
+  mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
+
+For each size, the algorithms of --algorithms run side by side in one job, interleaved
+call by call:
+  mpi          plain MPI (MPI_Allreduce, MPI_Reduce_scatter or MPI_Allgather through
+               mpi4py's buffers)
+  homomorphic  ccoll's ring that adds compressed streams without decoding them
+  dar          ccoll's decompress-add-recompress ring (not for allgather)
+  auto         ccoll with policy="auto": compresses only where its cost model expects
+               a gain, else sends the data raw through MPI
+Each timed call starts after a barrier; its time is the slowest rank's. Sizes up to
+--large run -w warm-up and -n timed calls, larger ones --warmup-large and --iters-large.
+
+Rank 0 prints one row per size and algorithm:
+  size         bytes of the float32 array each rank passes
+  count        values per rank (size / 4)
+  algorithm    as above; with several --ranks-per-node groupings, e.g. homomorphic/rpn=1
+  avg(us)      mean time per call in microseconds, over the timed calls
+  min(us)      fastest timed call
+  max(us)      slowest timed call
+  algbw(GB/s)  size / avg(us), in 10^9 bytes per second
+  busbw(GB/s)  algbw times 2(N-1)/N for allreduce, (N-1)/N for reduce_scatter and N-1
+               for allgather (N ranks), as nccl-tests defines it: comparable across N
+  ratio        bytes a raw ring would send / bytes the algorithm sent (ccoll rows; a
+               two-level row counts its exact intra-node bytes too)
+  err/eb       largest |result - exact float64 result| over the resolved bound, every
+               element of the last timed call: at most 1 for ccoll (--no-check: -)
+  speedup      avg(us) of mpi / avg(us) of this row
+  comp         share of the timed calls that compressed (ccoll rows): 1.00 all, 0.00 none
+               (sent raw through MPI), in between for auto, which decides call by call
+  model(us)    the cost model's prediction from this run's calibration (docs/model.md);
+               for auto only when all or none of its calls compressed
+  floor(us)    the least time the call could take by that calibration: the larger of
+               its compute critical path and its wire time (docs/model.md, "The floor");
+               none for a row that ran in two levels
+  of-floor     avg(us) / floor(us); 1 would be the hardware's limit
+A "-" marks a value that does not apply; --no-model, or one rank, leaves out the last
+three.
+
+Data: the tensors of one training step of a gradient dump (--data, default
+datasets/minilm.h5) concatenated, rank r taking step r mod steps. A size smaller than
+the step takes whole 32-value blocks (the compressor's block) spread evenly over the
+whole step, the same places on every rank, so that a small size holds the step's mix of
+tensors and not only its first one; a larger size repeats the step. The bound (--eb)
+resolves over the data of each size on all ranks: a REL bound follows its value range.
+
+--trace FILE adds, after each size's timed calls (so the timed numbers never include
+it), one traced call of every ccoll algorithm, and writes their timelines as
+Chrome/Perfetto trace-event JSON (open it in https://ui.perfetto.dev); --trace-png
+draws them. Times count from a barrier that starts each traced call.
+"""
+
+EPILOG = """\
+examples:
+  mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 64K -e 64M -f 4
+  mpiexec -n 4 python -m mpi4py -m ccoll.cli bench allreduce -b 64M -e 64M \\
+      --algorithms mpi,homomorphic --json ar.json --plot ar.png
+  mpiexec -n 4 python -m mpi4py -m ccoll.cli bench reduce_scatter --eb abs:1e-5 --csv rs.csv
+
+The model's calibration of the links and the compressor goes to the calibration cache
+(~/.cache/ccoll/links.json, or CCOLL_CACHE_DIR; rank 0 writes it): `ccoll model --cached`
+starts from its newest entry to predict other sizes, rank counts, ratios or links.
+"""
+
 _COLS = [
     ("size", ">12", lambda r: f"{r.size}"),
     ("count", ">11", lambda r: f"{r.count}"),
@@ -556,6 +600,9 @@ _COLS = [
     ("floor(us)", ">11", lambda r: "-" if r.floor_us is None else f"{r.floor_us:.1f}"),
     ("of-floor", ">8", lambda r: "-" if r.of_floor is None else f"{r.of_floor:.2f}"),
 ]
+
+
+COLUMNS = tuple(name for name, _, _ in _COLS)
 
 
 def _format_rows(rows: Sequence[Row], header: bool) -> str:
@@ -635,7 +682,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench",
         help="OSU-style sweep of ccoll's collectives against plain MPI (run under mpiexec)",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=DefaultsFormatter,
     )
     p.add_argument("collective", choices=sorted(_BUSBW), help="collective to time")
