@@ -652,7 +652,8 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
     ax2.axhline(1.0, color="k", lw=0.8)
     ax2.set_yscale("log")
     ax2.set_ylabel("speedup over MPI (x, log scale)")
-    ax2.legend()
+    if any(a != "mpi" for a in algos):
+        ax2.legend()
     ax1.legend()
     ax3.axhline(1.0, color="k", lw=0.8)
     ax3.set_ylabel("time over the model's floor (x, log scale)")
@@ -725,6 +726,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also write rows and run metadata as JSON")
     p.add_argument("--plot", metavar="FILE",
                    help="also write a PNG of time, speedup and time over the floor")
+    p.add_argument("--force", action="store_true",
+                   help="replace output files (--csv, --json, --plot, --trace, --trace-png) "
+                   "that exist; without it the run is refused before it starts")
     p.add_argument("--trace", metavar="FILE",
                    help="after each size's timed loop, trace one more call of every ccoll "
                         "algorithm and write the timelines as Chrome/Perfetto JSON")
@@ -763,6 +767,10 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     rpns = parse_ranks_per_node(args.ranks_per_node)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
+    outputs = [(opt, path) for opt, path in (
+        ("--trace", args.trace), ("--trace-png", args.trace_png), ("--csv", args.csv),
+        ("--json", args.json_out), ("--plot", args.plot)) if path]
+    _check_outputs(comm, outputs, force=args.force, data=args.data)
     live = rank0 and not args.quiet
     size_list = sizes(args.minbytes, args.maxbytes, args.stepfactor, 4)
     if live:
@@ -780,25 +788,77 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
     if rank0:
+        from ccoll.h5.output import write_atomically
+
+        def text(content: str) -> Callable[[str], None]:
+            def write(name: str) -> None:
+                Path(name).write_text(content)
+
+            return write
+
         if timeline is not None and args.trace:
-            Path(args.trace).write_text(json.dumps(timeline))
+            write_atomically(args.trace, text(json.dumps(timeline)))
         if timeline is not None and args.trace_png:
             from ccoll.collectives.trace import plot as plot_trace
 
             rate = meta.get("link_rate_bps")
             link = f"link {float(rate) / 1e9:g} Gbit/s" if rate else "shared memory"
-            plot_trace(timeline, args.trace_png,
-                       f"ccoll {args.collective}, {meta['ranks']} ranks, eb {meta['eb']}, "
-                       f"{link}, load {meta['loadavg'][0]:.1f}, {meta['date_utc']}")
+            title = (f"ccoll {args.collective}, {meta['ranks']} ranks, eb {meta['eb']}, "
+                     f"{link}, load {meta['loadavg'][0]:.1f}, {meta['date_utc']}")
+            write_atomically(args.trace_png, lambda name: plot_trace(timeline, name, title),
+                             default_suffix=".png")
         if args.csv:
-            Path(args.csv).write_text(to_csv(rows))
+            write_atomically(args.csv, text(to_csv(rows)))
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str))
+            write_atomically(args.json_out, text(json.dumps(doc, indent=1, default=str)))
         if args.plot:
-            plot(rows, meta, args.plot)
+            write_atomically(args.plot, lambda name: plot(rows, meta, name),
+                             default_suffix=".png")
     # Rows were printed as they came; the CLI prints nothing more (other ranks: nothing).
     args.quiet = True
     return doc, "", 0
+
+
+def _check_outputs(comm: Any, outputs: Sequence[tuple[str, str]], *, force: bool,
+                   data: str) -> None:
+    """Refuse output files that exist (unless ``force``) or are the data, on every rank.
+
+    Rank 0 writes the files, so rank 0 checks them (:func:`ccoll.h5.output.check_output`,
+    as ``ccoll eval --plot`` does) and broadcasts the verdict: every rank raises the same
+    error before the sweep, and none waits in one of its collectives.
+    """
+    from mpi4py import MPI
+
+    from ccoll.errors import InputError
+    from ccoll.h5.output import check_output
+
+    verdict = np.zeros(2, np.int64)  # kind (0 fine, 1 exists, 2 other), message bytes
+    msg = b""
+    if comm.Get_rank() == 0:
+        seen: dict[str, str] = {}
+        try:
+            for opt, path in outputs:
+                key = os.path.abspath(path)
+                if key in seen:
+                    raise InputError(f"{seen[key]} and {opt} name the same file {path!r}")
+                seen[key] = opt
+                try:
+                    check_output(path, force=force, inputs=(data,))
+                except (FileExistsError, InputError) as exc:
+                    raise type(exc)(f"{opt}: {exc}") from None
+        except FileExistsError as exc:
+            verdict[0], msg = 1, str(exc).encode()
+        except InputError as exc:
+            verdict[0], msg = 2, str(exc).encode()
+        verdict[1] = len(msg)
+    comm.Bcast([verdict, MPI.INT64_T], root=0)
+    if verdict[0] == 0:
+        return
+    buf = np.frombuffer(msg, np.uint8).copy() if comm.Get_rank() == 0 else np.empty(
+        int(verdict[1]), np.uint8)
+    comm.Bcast([buf, MPI.UINT8_T], root=0)
+    text = buf.tobytes().decode()
+    raise (FileExistsError if verdict[0] == 1 else InputError)(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -524,7 +524,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         return doc, _report_inspect(doc), EXIT_FAILURE if doc["damaged"] else EXIT_OK
     if args.command == "eval":
         from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers, parse_versions
-        from ccoll.h5.output import atomic_output, check_output
+        from ccoll.h5.output import check_output, write_atomically
 
         bounds = parse_bounds(args.eb)
         versions = parse_versions(args.format_version)
@@ -544,15 +544,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         if args.plot:
             from ccoll.h5.plot import rd_plot
 
-            # The temporary name must keep the extension: matplotlib picks the format from it.
-            with atomic_output(args.plot) as tmp:
-                png = tmp + ".png"
-                try:
-                    rd_plot(doc, png)
-                    os.replace(png, tmp)
-                finally:
-                    if os.path.exists(png):
-                        os.unlink(png)
+            write_atomically(args.plot, lambda name: rd_plot(doc, name), default_suffix=".png")
             doc["plot"] = args.plot
         return doc, _report_eval(doc, args.summary), EXIT_OK
     raise AssertionError(args.command)  # argparse only lets known commands through

@@ -254,3 +254,65 @@ def test_schedule_must_be_known() -> None:
     bench.add_parser(ap.add_subparsers())
     with pytest.raises(SystemExit):
         ap.parse_args(["bench", "allreduce", "--schedule", "tree"])
+
+
+def _bench_args(*argv: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    bench.add_parser(ap.add_subparsers())
+    return ap.parse_args(["bench", "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+                          "--algorithms", "mpi", "--no-model", *argv])
+
+
+@pytest.mark.parametrize("option", ["--plot", "--json", "--csv"])
+def test_existing_output_is_refused_without_force(tmp_path: Path, option: str) -> None:
+    # As ccoll eval --plot (and compress, decompress): an existing file is kept, the run
+    # refused before it starts, unless --force.
+    out = tmp_path / "out.png"
+    out.write_bytes(b"keep me")
+    with pytest.raises(FileExistsError, match=rf"{option}: output '.*out.png' exists; pass "
+                       "--force to replace it"):
+        bench.run_bench(_bench_args(option, str(out)))
+    assert out.read_bytes() == b"keep me"
+    bench.run_bench(_bench_args(option, str(out), "--force", "-q"))  # one rank: MPI only
+    assert out.read_bytes() != b"keep me" and sorted(os.listdir(tmp_path)) == ["out.png"]
+    if option == "--plot":
+        assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_output_over_the_data_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "d.h5"
+    data.write_bytes((REPO / "datasets" / "digits_cnn.h5").read_bytes())
+    with pytest.raises(InputError, match="is the input file"):
+        bench.run_bench(_bench_args("--data", str(data), "--json", str(data), "--force"))
+
+
+def test_cli_exit_status_2_names_the_option(tmp_path: Path, capsys) -> None:
+    from ccoll import cli
+
+    png = tmp_path / "b.png"
+    png.write_bytes(b"keep me")
+    code = cli.main(["bench", "allreduce", "-b", "4K", "-e", "4K", "--plot", str(png)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and f"ccoll bench: error: --plot: output '{png}' exists" in err
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_every_rank_stops_on_an_existing_output(tmp_path: Path) -> None:
+    # Rank 0 checks the files; every rank learns the verdict and stops, none waits in a
+    # collective of the sweep.
+    png = tmp_path / "b.png"
+    png.write_bytes(b"keep me")
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--plot", str(png)]
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert p.stderr.count(f"ccoll bench: error: --plot: output '{png}' exists") == 2, p.stderr
+    assert png.read_bytes() == b"keep me" and "algorithm" not in p.stdout
+
+
+def test_two_outputs_on_one_file_are_refused(tmp_path: Path) -> None:
+    out = str(tmp_path / "b.out")
+    with pytest.raises(InputError, match="--csv and --json name the same file"):
+        bench.run_bench(_bench_args("--csv", out, "--json", out))
+    assert os.listdir(tmp_path) == []
