@@ -142,6 +142,15 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert png.read_bytes()[:4] == b"\x89PNG"
     # rank 0 printed the table, once
     assert p.stdout.count("algorithm") == 1
+    # `ccoll model --cached` starts from this run's calibration (README.md, "On a cluster").
+    m = subprocess.run([sys.executable, "-m", "ccoll", "model", "--cached", "--ranks", "64",
+                        "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert m.returncode == 0, m.stderr
+    params, cal = json.loads(m.stdout)["params"], doc["meta"]["calibration"]
+    for key in ("alpha", "beta", "reduce"):
+        assert params[key] == cal["link"][key], key
+    assert any(params[k] == c[k] for c in cal["compressor"].values() for k in ("compress",
+                                                                               "decompress"))
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
