@@ -1,32 +1,8 @@
 """``ccoll bench``: OSU / nccl-tests style sweep of ccoll's collectives against plain MPI.
 
-Run under MPI on ``MPI.COMM_WORLD``; rank 0 prints::
-
-    mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
-
-For each size (bytes of the array each rank passes) it times, side by side in one run and
-interleaved iteration by iteration, plain MPI (``MPI_Allreduce`` / ``MPI_Reduce_scatter`` /
-``MPI_Allgather`` through mpi4py's buffer interface), ccoll's homomorphic ring, the
-decompress-add-recompress (DAR) ring and ccoll with ``policy="auto"``. Every timed call sits
-between a ``Barrier`` and the stop watch; an iteration's time is the slowest rank's, and
-avg/min/max are over iterations. Columns follow nccl-tests: ``algbw = size / time``,
-``busbw = algbw * 2(N-1)/N`` for allreduce, ``(N-1)/N`` for reduce_scatter and ``N-1`` for
-allgather (whose size is the per-rank input). ``ratio`` is the traffic a raw ring sends
-over what the algorithm sent; ``err/eb`` is the largest error against the exact result
-(float64) over the resolved bound; ``speedup`` is MPI's average time over the algorithm's.
-``model`` is the cost model's prediction (docs/model.md) from this run's calibration;
-``floor`` the least time the call could take on this hardware by the same calibration,
-the larger of its compute critical path (the compressor's own rates) and its wire time (the
-link's full bandwidth) (docs/model.md, "The floor"), and ``of-floor`` the measured time
-over it (1 would be perfect).
-
-``--trace FILE`` adds, after each size's timed loop (so the timed numbers never include
-it), one traced call of every ccoll algorithm, and writes their timelines as
-Chrome/Perfetto trace-event JSON (open it in https://ui.perfetto.dev); ``--trace-png``
-draws them. Times count from a barrier that starts each traced call.
-
-Data: the tensors of one step of a gradient dump (``datasets/minilm.h5``), concatenated,
-rank ``r`` taking step ``r mod steps``, tiled to the size.
+:data:`DESCRIPTION` and :data:`EPILOG` are its ``--help`` (plain text, read in a terminal):
+what is timed, every column of the output, and how the data of each size is chosen
+(:func:`data_for_size`). docs/cli.md, "ccoll bench", shows a run.
 """
 
 from __future__ import annotations
@@ -49,7 +25,10 @@ import numpy as np
 
 from ccoll.runtime.cpu_threads import thread_count
 
-__all__ = ["add_parser", "run_bench", "Row", "bench", "load_gradients"]
+__all__ = [
+    "add_parser", "run_bench", "Row", "bench", "load_gradients", "data_for_size", "COLUMNS",
+    "DESCRIPTION", "EPILOG",
+]
 
 ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
 _DEFAULT_DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
@@ -101,6 +80,30 @@ def load_gradients(path: str | os.PathLike[str], rank: int) -> np.ndarray:
     if not parts:
         raise ValueError(f"{path}: step {steps[rank % len(steps)]} has no datasets")
     return np.concatenate(parts)
+
+
+SAMPLE_BLOCK = 32  # values per sampled piece: the compressor's block (docs/format.md)
+
+
+def data_for_size(base: np.ndarray, count: int) -> np.ndarray:
+    """Return the ``count`` values that ``bench`` times at one size, taken from ``base``.
+
+    Up to the size of ``base``: ``ceil(count / 32)`` whole 32-value blocks of ``base``
+    spread evenly over all of it (the middle block of each of as many equal stretches), so
+    that a small size holds the same mix of tensors as the whole dump, not only its first
+    tensor; the last block is cut to ``count``. Above it: ``base`` repeated. The positions
+    depend only on ``base.size`` and ``count``: every rank takes the same places of its own
+    step.
+    """
+    n = base.size
+    full = n // SAMPLE_BLOCK
+    if count > full * SAMPLE_BLOCK:  # more than the whole blocks: all of it, repeated
+        return np.resize(base, count)
+    k = -(-count // SAMPLE_BLOCK)
+    # block indices floor((i + 1/2) * full / k): increasing by at least 1, as full >= k
+    blocks = ((2 * np.arange(k, dtype=np.int64) + 1) * full) // (2 * k)
+    pos = (blocks[:, None] * SAMPLE_BLOCK + np.arange(SAMPLE_BLOCK)).ravel()[:count]
+    return base[pos]
 
 
 def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[int]:
@@ -301,7 +304,7 @@ def bench(
     try:
         for size in size_list:
             count = size // 4
-            x = np.resize(base, count)
+            x = data_for_size(base, count)
             lo, hi = finite_range(x)
             glo = _allreduce_float(comm, lo, MPI.MIN)
             ghi = _allreduce_float(comm, hi, MPI.MAX)
@@ -512,6 +515,74 @@ def _meta(collective: str, n: int, bound: Any, data: Any, iters: int, warmup: in
 
 # ---------------------------------------------------------------------------- output
 
+DESCRIPTION = """\
+Time ccoll's collectives against plain MPI over a range of sizes, as the OSU
+micro-benchmarks and nccl-tests do. Run it under MPI, on all ranks of MPI_COMM_WORLD:
+
+  mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
+
+For each size, the algorithms of --algorithms run side by side in one job, interleaved
+call by call:
+  mpi          plain MPI (MPI_Allreduce, MPI_Reduce_scatter or MPI_Allgather through
+               mpi4py's buffers)
+  homomorphic  ccoll's ring that adds compressed streams without decoding them
+  dar          ccoll's decompress-add-recompress ring (not for allgather)
+  auto         ccoll with policy="auto": compresses only where its cost model expects
+               a gain, else sends the data raw through MPI
+Each timed call starts after a barrier; its time is the slowest rank's. Sizes up to
+--large run -w warm-up and -n timed calls, larger ones --warmup-large and --iters-large.
+
+Rank 0 prints one row per size and algorithm:
+  size         bytes of the float32 array each rank passes
+  count        values per rank (size / 4)
+  algorithm    as above; with several --ranks-per-node groupings, e.g. homomorphic/rpn=1
+  avg(us)      mean time per call in microseconds, over the timed calls
+  min(us)      fastest timed call
+  max(us)      slowest timed call
+  algbw(GB/s)  size / avg(us), in 10^9 bytes per second
+  busbw(GB/s)  algbw times 2(N-1)/N for allreduce, (N-1)/N for reduce_scatter and N-1
+               for allgather (N ranks), as nccl-tests defines it: comparable across N
+  ratio        bytes a raw ring would send / bytes the algorithm sent (ccoll rows; a
+               two-level row counts its exact intra-node bytes too)
+  err/eb       largest |result - exact float64 result| over the resolved bound, every
+               element of the last timed call: at most 1 for ccoll (--no-check: -)
+  speedup      avg(us) of mpi / avg(us) of this row
+  comp         share of the timed calls that compressed (ccoll rows): 1.00 all, 0.00 none
+               (sent raw through MPI), in between for auto, which decides call by call
+  model(us)    the cost model's prediction from this run's calibration (docs/model.md);
+               for auto only when all or none of its calls compressed
+  floor(us)    the least time the call could take by that calibration: the larger of
+               its compute critical path and its wire time (docs/model.md, "The floor");
+               none for a row that ran in two levels
+  of-floor     avg(us) / floor(us); 1 would be the hardware's limit
+A "-" marks a value that does not apply; --no-model, or one rank, leaves out the last
+three.
+
+Data: the tensors of one training step of a gradient dump (--data, default
+datasets/minilm.h5) concatenated, rank r taking step r mod steps. A size smaller than
+the step takes whole 32-value blocks (the compressor's block) spread evenly over the
+whole step, the same places on every rank, so that a small size holds the step's mix of
+tensors and not only its first one; a larger size repeats the step. The bound (--eb)
+resolves over the data of each size on all ranks: a REL bound follows its value range.
+
+--trace FILE adds, after each size's timed calls (so the timed numbers never include
+it), one traced call of every ccoll algorithm, and writes their timelines as
+Chrome/Perfetto trace-event JSON (open it in https://ui.perfetto.dev); --trace-png
+draws them. Times count from a barrier that starts each traced call.
+"""
+
+EPILOG = """\
+examples:
+  mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 64K -e 64M -f 4
+  mpiexec -n 4 python -m mpi4py -m ccoll.cli bench allreduce -b 64M -e 64M \\
+      --algorithms mpi,homomorphic --json ar.json --plot ar.png
+  mpiexec -n 4 python -m mpi4py -m ccoll.cli bench reduce_scatter --eb abs:1e-5 --csv rs.csv
+
+The model's calibration of the links and the compressor goes to the calibration cache
+(~/.cache/ccoll/links.json, or CCOLL_CACHE_DIR; rank 0 writes it): `ccoll model --cached`
+starts from its newest entry to predict other sizes, rank counts, ratios or links.
+"""
+
 _COLS = [
     ("size", ">12", lambda r: f"{r.size}"),
     ("count", ">11", lambda r: f"{r.count}"),
@@ -529,6 +600,9 @@ _COLS = [
     ("floor(us)", ">11", lambda r: "-" if r.floor_us is None else f"{r.floor_us:.1f}"),
     ("of-floor", ">8", lambda r: "-" if r.of_floor is None else f"{r.of_floor:.2f}"),
 ]
+
+
+COLUMNS = tuple(name for name, _, _ in _COLS)
 
 
 def _format_rows(rows: Sequence[Row], header: bool) -> str:
@@ -578,7 +652,8 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
     ax2.axhline(1.0, color="k", lw=0.8)
     ax2.set_yscale("log")
     ax2.set_ylabel("speedup over MPI (x, log scale)")
-    ax2.legend()
+    if any(a != "mpi" for a in algos):
+        ax2.legend()
     ax1.legend()
     ax3.axhline(1.0, color="k", lw=0.8)
     ax3.set_ylabel("time over the model's floor (x, log scale)")
@@ -608,7 +683,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench",
         help="OSU-style sweep of ccoll's collectives against plain MPI (run under mpiexec)",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=DefaultsFormatter,
     )
     p.add_argument("collective", choices=sorted(_BUSBW), help="collective to time")
@@ -650,6 +726,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="also write rows and run metadata as JSON")
     p.add_argument("--plot", metavar="FILE",
                    help="also write a PNG of time, speedup and time over the floor")
+    p.add_argument("--force", action="store_true",
+                   help="replace output files (--csv, --json, --plot, --trace, --trace-png) "
+                   "that exist; without it the run is refused before it starts")
     p.add_argument("--trace", metavar="FILE",
                    help="after each size's timed loop, trace one more call of every ccoll "
                         "algorithm and write the timelines as Chrome/Perfetto JSON")
@@ -688,6 +767,10 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     rpns = parse_ranks_per_node(args.ranks_per_node)
     comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
+    outputs = [(opt, path) for opt, path in (
+        ("--trace", args.trace), ("--trace-png", args.trace_png), ("--csv", args.csv),
+        ("--json", args.json_out), ("--plot", args.plot)) if path]
+    _check_outputs(comm, outputs, force=args.force, data=args.data)
     live = rank0 and not args.quiet
     size_list = sizes(args.minbytes, args.maxbytes, args.stepfactor, 4)
     if live:
@@ -705,25 +788,77 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     timeline = meta.pop("trace", None)
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
     if rank0:
+        from ccoll.h5.output import write_atomically
+
+        def text(content: str) -> Callable[[str], None]:
+            def write(name: str) -> None:
+                Path(name).write_text(content)
+
+            return write
+
         if timeline is not None and args.trace:
-            Path(args.trace).write_text(json.dumps(timeline))
+            write_atomically(args.trace, text(json.dumps(timeline)))
         if timeline is not None and args.trace_png:
             from ccoll.collectives.trace import plot as plot_trace
 
             rate = meta.get("link_rate_bps")
             link = f"link {float(rate) / 1e9:g} Gbit/s" if rate else "shared memory"
-            plot_trace(timeline, args.trace_png,
-                       f"ccoll {args.collective}, {meta['ranks']} ranks, eb {meta['eb']}, "
-                       f"{link}, load {meta['loadavg'][0]:.1f}, {meta['date_utc']}")
+            title = (f"ccoll {args.collective}, {meta['ranks']} ranks, eb {meta['eb']}, "
+                     f"{link}, load {meta['loadavg'][0]:.1f}, {meta['date_utc']}")
+            write_atomically(args.trace_png, lambda name: plot_trace(timeline, name, title),
+                             default_suffix=".png")
         if args.csv:
-            Path(args.csv).write_text(to_csv(rows))
+            write_atomically(args.csv, text(to_csv(rows)))
         if args.json_out:
-            Path(args.json_out).write_text(json.dumps(doc, indent=1, default=str))
+            write_atomically(args.json_out, text(json.dumps(doc, indent=1, default=str)))
         if args.plot:
-            plot(rows, meta, args.plot)
+            write_atomically(args.plot, lambda name: plot(rows, meta, name),
+                             default_suffix=".png")
     # Rows were printed as they came; the CLI prints nothing more (other ranks: nothing).
     args.quiet = True
     return doc, "", 0
+
+
+def _check_outputs(comm: Any, outputs: Sequence[tuple[str, str]], *, force: bool,
+                   data: str) -> None:
+    """Refuse output files that exist (unless ``force``) or are the data, on every rank.
+
+    Rank 0 writes the files, so rank 0 checks them (:func:`ccoll.h5.output.check_output`,
+    as ``ccoll eval --plot`` does) and broadcasts the verdict: every rank raises the same
+    error before the sweep, and none waits in one of its collectives.
+    """
+    from mpi4py import MPI
+
+    from ccoll.errors import InputError
+    from ccoll.h5.output import check_output
+
+    verdict = np.zeros(2, np.int64)  # kind (0 fine, 1 exists, 2 other), message bytes
+    msg = b""
+    if comm.Get_rank() == 0:
+        seen: dict[str, str] = {}
+        try:
+            for opt, path in outputs:
+                key = os.path.abspath(path)
+                if key in seen:
+                    raise InputError(f"{seen[key]} and {opt} name the same file {path!r}")
+                seen[key] = opt
+                try:
+                    check_output(path, force=force, inputs=(data,))
+                except (FileExistsError, InputError) as exc:
+                    raise type(exc)(f"{opt}: {exc}") from None
+        except FileExistsError as exc:
+            verdict[0], msg = 1, str(exc).encode()
+        except InputError as exc:
+            verdict[0], msg = 2, str(exc).encode()
+        verdict[1] = len(msg)
+    comm.Bcast([verdict, MPI.INT64_T], root=0)
+    if verdict[0] == 0:
+        return
+    buf = np.frombuffer(msg, np.uint8).copy() if comm.Get_rank() == 0 else np.empty(
+        int(verdict[1]), np.uint8)
+    comm.Bcast([buf, MPI.UINT8_T], root=0)
+    text = buf.tobytes().decode()
+    raise (FileExistsError if verdict[0] == 1 else InputError)(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -120,10 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
         "that make the file self-describing). Groups, attributes, links and other datasets "
         "are copied unchanged. A REL bound resolves per dataset: rel * (max - min) of that "
         "dataset's finite values. float16 is compressed as float32 with half the bound "
-        "(capped at 8) and restored to float16 within the full bound.",
+        "(capped at 8) and restored to float16 within the full bound. Prints one line: how "
+        "many datasets, the bytes before and after, the ratio and the time (--table adds a "
+        "row per dataset).",
         epilog="""\
 examples:
   ccoll compress datasets/minilm.h5 minilm.ccoll.h5 --eb rel:1e-3
+  ccoll compress dump.h5 small.h5 --eb abs:1e-5 --include '/step_*/*.weight' --table
   ccoll compress dump.h5 small.h5 --eb abs:1e-5 --include '/step_*/*.weight' --lossless zstd
   ccoll compress dump.h5 small.h5 --eb rel:1e-2 --exclude '*LayerNorm*' --force --json
   ccoll compress datasets/minilm.h5 minilm.v2.h5 --eb rel:1e-3 --format-version 2
@@ -159,6 +162,13 @@ examples:
         "its kernels once on first use; ccoll decompress reads both",
     )
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument(
+        "--table",
+        action="store_true",
+        help="after the one-line summary, print one row per compressed dataset (path, shape, "
+        "dtype, original and stored bytes, ratio, absolute bound); `ccoll inspect OUT` "
+        "shows them later",
+    )
     _common(p)
 
     p = sub.add_parser(
@@ -320,7 +330,18 @@ def _shape(s: Sequence[int]) -> str:
     return "(" + ", ".join(str(d) for d in s) + ("," if len(s) == 1 else "") + ")"
 
 
-def _report_compress(doc: dict[str, Any]) -> str:
+def _report_compress(doc: dict[str, Any], table: bool) -> str:
+    """Format the one-line summary, then (with ``table``) one row per compressed dataset."""
+    t = doc["totals"]
+    summary = (
+        f"{doc['output']}: {t['compressed']} dataset(s) compressed at {doc['bound']} "
+        f"(format version {doc['format_version']}, lossless {doc['lossless']}), "
+        f"{doc['copied_unchanged']} copied unchanged; "
+        f"{format_bytes(t['original_bytes'])} -> {format_bytes(t['stored_bytes'])}, "
+        f"ratio {_num(t['ratio'], '.2f')} in {doc['seconds']:.2f} s"
+    )
+    if not table:
+        return summary
     rows = [
         [
             r["path"],
@@ -333,19 +354,12 @@ def _report_compress(doc: dict[str, Any]) -> str:
         ]
         for r in doc["datasets"]
     ]
-    t = doc["totals"]
     head = _table(
         ["dataset", "shape", "dtype", "original", "stored", "ratio", "eb_abs"],
         rows,
         [False, False, False, True, True, True, True],
     )
-    return (
-        f"{head}\n\n{doc['output']}: {t['compressed']} dataset(s) compressed at {doc['bound']} "
-        f"(format version {doc['format_version']}, lossless {doc['lossless']}), "
-        f"{doc['copied_unchanged']} copied unchanged; "
-        f"{format_bytes(t['original_bytes'])} -> {format_bytes(t['stored_bytes'])}, "
-        f"ratio {_num(t['ratio'], '.2f')} in {doc['seconds']:.2f} s"
-    )
+    return f"{summary}\n\n{head}"
 
 
 def _report_decompress(doc: dict[str, Any]) -> str:
@@ -491,7 +505,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
             force=args.force,
             progress=_progress(args),
         )
-        return doc, _report_compress(doc), EXIT_OK
+        return doc, _report_compress(doc, args.table), EXIT_OK
     if args.command == "decompress":
         from ccoll.h5.decompress import decompress_file
 
@@ -510,7 +524,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         return doc, _report_inspect(doc), EXIT_FAILURE if doc["damaged"] else EXIT_OK
     if args.command == "eval":
         from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers, parse_versions
-        from ccoll.h5.output import atomic_output, check_output
+        from ccoll.h5.output import check_output, write_atomically
 
         bounds = parse_bounds(args.eb)
         versions = parse_versions(args.format_version)
@@ -530,15 +544,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         if args.plot:
             from ccoll.h5.plot import rd_plot
 
-            # The temporary name must keep the extension: matplotlib picks the format from it.
-            with atomic_output(args.plot) as tmp:
-                png = tmp + ".png"
-                try:
-                    rd_plot(doc, png)
-                    os.replace(png, tmp)
-                finally:
-                    if os.path.exists(png):
-                        os.unlink(png)
+            write_atomically(args.plot, lambda name: rd_plot(doc, name), default_suffix=".png")
             doc["plot"] = args.plot
         return doc, _report_eval(doc, args.summary), EXIT_OK
     raise AssertionError(args.command)  # argparse only lets known commands through

@@ -79,7 +79,16 @@ def test_compress_inspect_decompress_json(capsys, sample, tmp_path):
 def test_human_output(capsys, sample, tmp_path):
     c = str(tmp_path / "c.h5")
     code, out, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3")
-    assert code == 0 and "10 dataset(s) compressed at abs:0.001" in out and "/step_0000/half" in out
+    # One line: the summary, without a row per dataset (ccoll inspect or --table shows them).
+    assert code == 0 and out.count("\n") == 1, out
+    assert out.startswith(f"{c}: 10 dataset(s) compressed at abs:0.001 (format version 1")
+    assert "ratio" in out and "/step_0000/" not in out
+    code, table, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3", "--force", "--table")
+    lines = table.splitlines()
+    assert code == 0 and lines[0].startswith(f"{c}: 10 dataset(s) compressed"), table
+    assert lines[2].split() == ["dataset", "shape", "dtype", "original", "stored", "ratio",
+                                "eb_abs"]
+    assert len(lines) == 2 + 2 + 10 and "/step_0000/half" in lines[4] + "".join(lines[5:])
     code, out, _ = run(capsys, "inspect", c)
     assert code == 0 and "written by ccoll" in out and "abs:0.001 (abs 0.001)" in out
     code, out, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3", "--force", "--quiet")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -85,3 +86,31 @@ def test_example_help_shows_every_default_and_names_make_minilm() -> None:
 def test_appended_default_is_rendered() -> None:
     text = PARSERS["ccoll eval"].format_help()
     assert "best kept (default: 3)" in " ".join(text.split())
+
+
+_MARKUP = re.compile(r"``|:(?:func|mod|class|meth|attr|data|exc):`")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in PARSERS if n.startswith("ccoll")))
+def test_help_is_plain_text(name: str) -> None:
+    # --help is read in a terminal: no reST roles or double backquotes from docstrings.
+    text = PARSERS[name].format_help()
+    assert _MARKUP.findall(text) == [], text
+
+
+def test_bench_help_explains_every_column_and_the_data() -> None:
+    from ccoll import bench
+
+    text = " ".join(PARSERS["ccoll bench"].format_help().split())
+    for column in bench.COLUMNS:
+        assert re.search(rf"(^| ){re.escape(column)} ", text), column
+    assert "spread evenly over the whole step" in text  # how each size's data is chosen
+
+
+def test_docs_explain_every_bench_column() -> None:
+    from ccoll import bench
+
+    doc = (REPO / "docs" / "cli.md").read_text()
+    rows = re.findall(r"^\| `([^`]+)` \|", doc.split("## ccoll bench: columns", 1)[1],
+                      flags=re.MULTILINE)
+    assert rows[: len(bench.COLUMNS)] == list(bench.COLUMNS)

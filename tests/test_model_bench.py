@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ccoll import bench
@@ -43,6 +44,47 @@ def test_gradients_differ_by_rank_and_cycle() -> None:
     with h5py.File(data) as f:
         steps = len([k for k in f if k.startswith("step_")])
     assert (bench.load_gradients(data, steps) == a).all()
+
+
+@pytest.mark.parametrize("size", ["16K", "64K", "256K", "1M"])
+def test_small_sizes_compress_like_the_whole_dump(size: str) -> None:
+    # MiniLM's dump starts with the word-embedding gradient, almost all zeros: its first
+    # 64 KiB-1 MiB compress 55-130x at the bound where the whole step compresses 13x. The
+    # data of a size must come from the whole dump, so that its ratio says what real
+    # gradients do. (The same absolute bound for both: a REL bound would follow the range of
+    # each sample, and a sample need not hold the dump's extremes.)
+    import ccoll
+    from ccoll.units import parse_size
+
+    base = bench.load_gradients(REPO / "datasets" / "minilm.h5", 0)
+    eb = ccoll.ABS(1e-3 * float(base.max() - base.min()))
+    count = parse_size(size) // 4
+    x = bench.data_for_size(base, count)
+    assert x.dtype == base.dtype and x.shape == (count,)
+    whole = base.nbytes / ccoll.compress(base, eb).nbytes
+    got = x.nbytes / ccoll.compress(x, eb).nbytes
+    assert 10 < whole < 16
+    assert whole / 1.15 < got < whole * 1.15, (size, got, whole)
+    zeros = float(np.mean(base == 0))
+    assert abs(float(np.mean(x == 0)) - zeros) < 0.05, (size, float(np.mean(x == 0)), zeros)
+
+
+def test_data_for_size_spreads_whole_blocks_over_the_dump() -> None:
+    n = 1_000_003
+    base = np.arange(n, dtype=np.float64) + 0.5  # each value says where it came from
+    for count in (1, 31, 33, 1024, 4096, 16384, 65536, 262144, n // 32 * 32, n - 1):
+        pos = (bench.data_for_size(base, count) - 0.5).astype(np.int64)
+        assert pos.shape == (count,) and (np.diff(pos) > 0).all(), count  # distinct, in order
+        # the same positions on every call (every rank takes the same places of its step)
+        assert (bench.data_for_size(base, count) == pos + 0.5).all()
+        # whole 32-value blocks of the dump (the compressor's block size)
+        starts = pos[np.r_[0, np.flatnonzero(np.diff(pos) > 1) + 1]]
+        assert (starts % 32 == 0).all(), count
+        if count >= 16 * 32:  # from the first to the last sixteenth of the dump
+            assert pos[0] < n // 16 and pos[-1] >= n - n // 16, count
+    # at least the whole dump: the dump itself, repeated
+    x = bench.data_for_size(base, 2 * n + 5)
+    assert (x[:n] == base).all() and (x[n:2 * n] == base).all() and (x[2 * n:] == base[:5]).all()
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
@@ -100,6 +142,15 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert png.read_bytes()[:4] == b"\x89PNG"
     # rank 0 printed the table, once
     assert p.stdout.count("algorithm") == 1
+    # `ccoll model --cached` starts from this run's calibration (README.md, "On a cluster").
+    m = subprocess.run([sys.executable, "-m", "ccoll", "model", "--cached", "--ranks", "64",
+                        "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert m.returncode == 0, m.stderr
+    params, cal = json.loads(m.stdout)["params"], doc["meta"]["calibration"]
+    for key in ("alpha", "beta", "reduce"):
+        assert params[key] == cal["link"][key], key
+    assert any(params[k] == c[k] for c in cal["compressor"].values() for k in ("compress",
+                                                                               "decompress"))
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
@@ -212,3 +263,65 @@ def test_schedule_must_be_known() -> None:
     bench.add_parser(ap.add_subparsers())
     with pytest.raises(SystemExit):
         ap.parse_args(["bench", "allreduce", "--schedule", "tree"])
+
+
+def _bench_args(*argv: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    bench.add_parser(ap.add_subparsers())
+    return ap.parse_args(["bench", "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+                          "--algorithms", "mpi", "--no-model", *argv])
+
+
+@pytest.mark.parametrize("option", ["--plot", "--json", "--csv"])
+def test_existing_output_is_refused_without_force(tmp_path: Path, option: str) -> None:
+    # As ccoll eval --plot (and compress, decompress): an existing file is kept, the run
+    # refused before it starts, unless --force.
+    out = tmp_path / "out.png"
+    out.write_bytes(b"keep me")
+    with pytest.raises(FileExistsError, match=rf"{option}: output '.*out.png' exists; pass "
+                       "--force to replace it"):
+        bench.run_bench(_bench_args(option, str(out)))
+    assert out.read_bytes() == b"keep me"
+    bench.run_bench(_bench_args(option, str(out), "--force", "-q"))  # one rank: MPI only
+    assert out.read_bytes() != b"keep me" and sorted(os.listdir(tmp_path)) == ["out.png"]
+    if option == "--plot":
+        assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_output_over_the_data_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "d.h5"
+    data.write_bytes((REPO / "datasets" / "digits_cnn.h5").read_bytes())
+    with pytest.raises(InputError, match="is the input file"):
+        bench.run_bench(_bench_args("--data", str(data), "--json", str(data), "--force"))
+
+
+def test_cli_exit_status_2_names_the_option(tmp_path: Path, capsys) -> None:
+    from ccoll import cli
+
+    png = tmp_path / "b.png"
+    png.write_bytes(b"keep me")
+    code = cli.main(["bench", "allreduce", "-b", "4K", "-e", "4K", "--plot", str(png)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE and f"ccoll bench: error: --plot: output '{png}' exists" in err
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_every_rank_stops_on_an_existing_output(tmp_path: Path) -> None:
+    # Rank 0 checks the files; every rank learns the verdict and stops, none waits in a
+    # collective of the sweep.
+    png = tmp_path / "b.png"
+    png.write_bytes(b"keep me")
+    cmd = [str(MPIEXEC), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench",
+           "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0", "--plot", str(png)]
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert p.stderr.count(f"ccoll bench: error: --plot: output '{png}' exists") == 2, p.stderr
+    assert png.read_bytes() == b"keep me" and "algorithm" not in p.stdout
+
+
+def test_two_outputs_on_one_file_are_refused(tmp_path: Path) -> None:
+    out = str(tmp_path / "b.out")
+    with pytest.raises(InputError, match="--csv and --json name the same file"):
+        bench.run_bench(_bench_args("--csv", out, "--json", out))
+    assert os.listdir(tmp_path) == []

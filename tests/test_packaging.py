@@ -5,6 +5,8 @@
   cannot be imported stands for such a machine).
 - pyproject.toml follows mpi4py's convention: the embedded MPI (``mpich``) and the CUDA
   toolchain (``cuda``) are extras; the make targets install them.
+- LICENSE holds the BSD-3-Clause text that pyproject.toml names, and the sdist and wheel that
+  setuptools builds from the package's files carry it.
 - slow: tests/packaging/smoke.sh builds the sdist and wheel, installs the wheel in a fresh
   venv and runs the smoke test there.
 """
@@ -18,7 +20,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -108,6 +112,61 @@ def test_pyproject_keeps_mpi_and_cuda_wheels_in_extras():
     line = re.search(r'pip install -q -e "\.\[([a-z,]+)\]"', makefile)
     assert line is not None
     assert {"mpich", "cuda", "test", "torch", "lint"} <= set(line.group(1).split(","))
+
+
+# The three conditions of the BSD 3-Clause License (https://opensource.org/license/bsd-3-clause).
+BSD3_CLAUSES = (
+    "Redistributions of source code must retain the above copyright notice, this list of "
+    "conditions and the following disclaimer.",
+    "Redistributions in binary form must reproduce the above copyright notice, this list of "
+    "conditions and the following disclaimer in the documentation and/or other materials "
+    "provided with the distribution.",
+    "Neither the name of the copyright holder nor the names of its contributors may be used to "
+    "endorse or promote products derived from this software without specific prior written "
+    "permission.",
+)
+
+
+def test_license_file_is_the_bsd_3_clause_text_pyproject_names():
+    tomllib = pytest.importorskip("tomllib")
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"] == (
+        "BSD-3-Clause"
+    )
+    text = " ".join((ROOT / "LICENSE").read_text().split())
+    assert text.startswith("BSD 3-Clause License Copyright (c) 2026, the ccoll developers")
+    for clause in BSD3_CLAUSES:
+        assert clause in text
+    assert 'THIS SOFTWARE IS PROVIDED BY THE COPYRIGHT HOLDERS AND CONTRIBUTORS "AS IS"' in text
+
+
+def test_sdist_and_wheel_carry_the_license(tmp_path, monkeypatch):
+    build_meta = pytest.importorskip("setuptools.build_meta")
+    # What the sdist is built from (MANIFEST.in decides the rest), without numba's caches.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "MANIFEST.in", "LICENSE"):
+        shutil.copy2(ROOT / name, src / name)
+    shutil.copytree(ROOT / "ccoll", src / "ccoll",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc", "*.pyc"))
+    (src / "tests").mkdir()
+    (src / "tests" / "test_x.py").write_text("")  # MANIFEST.in prunes it
+    dist = tmp_path / "dist"
+    monkeypatch.chdir(src)  # setuptools builds the project in the current folder
+    sdist = dist / build_meta.build_sdist(str(dist))
+    wheel = dist / build_meta.build_wheel(str(dist))
+    with tarfile.open(sdist) as tf:
+        names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
+        pkg_info = tf.extractfile(next(m for m in tf.getmembers()
+                                       if m.name.count("/") == 1
+                                       and m.name.endswith("/PKG-INFO"))).read().decode()
+        shipped = tf.extractfile(next(m for m in tf.getmembers()
+                                      if m.name.endswith("/LICENSE"))).read()
+    assert "LICENSE" in names and not any(n.startswith("tests/") for n in names)
+    assert shipped == (ROOT / "LICENSE").read_bytes()
+    assert "License-Expression: BSD-3-Clause" in pkg_info and "License-File: LICENSE" in pkg_info
+    with zipfile.ZipFile(wheel) as zf:
+        licenses = [n for n in zf.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert len(licenses) == 1 and zf.read(licenses[0]) == (ROOT / "LICENSE").read_bytes()
 
 
 @pytest.mark.slow

