@@ -86,7 +86,7 @@ BENCH_OUT ?= build/bench
 bench: $(STAMP)
 	$(VPY) bench/compressor.py
 	@mkdir -p $(BENCH_OUT)
-	timeout 1800 $(MPIEXEC) -n 2 $(VPY) -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 4 \
+	timeout 1800 $(MPIEXEC) -n 2 $(VPY) -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 4 --force \
 	  --csv $(BENCH_OUT)/allreduce_shm_2.csv --json $(BENCH_OUT)/allreduce_shm_2.json \
 	  --plot $(BENCH_OUT)/allreduce_shm_2.png
 
@@ -94,7 +94,7 @@ bench-cluster: $(STAMP)
 	@mkdir -p $(BENCH_OUT)
 	@set -e; for spec in "2 1gbit" "4 1gbit" "2 10gbit" "4 10gbit"; do set -- $$spec; \
 	  timeout 3600 $(VPY) jobs/emulated_cluster.py --ranks $$1 --rate $$2 --timeout 3500 -- \
-	    ccoll bench allreduce -b 4 -e 256M -f 2 --csv $(BENCH_OUT)/allreduce_$$2_$$1.csv \
+	    ccoll bench allreduce -b 4 -e 256M -f 2 --force --csv $(BENCH_OUT)/allreduce_$$2_$$1.csv \
 	    --json $(BENCH_OUT)/allreduce_$$2_$$1.json --plot $(BENCH_OUT)/allreduce_$$2_$$1.png; \
 	done
 

@@ -33,7 +33,7 @@ for rate in $RATES; do
         --timeout "$TIMEOUT" -- \
         ccoll bench allreduce -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" \
         --iters-large "$ITERS" --warmup-large "$WARMUP" --algorithms "mpi,$ALGO" \
-        --ranks-per-node 1,shm --no-model --json "$json"
+        --ranks-per-node 1,shm --no-model --force --json "$json"
     "$PY" - "$json" "$rate" "$ALGO" <<'PYEOF'
 import json, sys
 doc = json.load(open(sys.argv[1]))
