@@ -3,6 +3,11 @@
 A rank that raises in the middle of a collective must end the whole job (``python -m
 mpi4py`` aborts on an uncaught exception), and with ``Communicator(timeout=...)`` ranks
 stuck behind a stalled peer raise ``CollectiveError`` instead of waiting forever.
+
+No check reads the clock for an upper limit: a stalled peer here never resumes, so a rank
+that did not give up would wait until the job's own limit (``run_job``), which fails the
+test. What the ranks print says which deadline ended the wait (its timeout in seconds),
+and the time they waited is checked from below only: a timeout never fires early.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -45,28 +49,25 @@ def print(*args, **kw):
 """
 
 
-def run_job(
-    tmp_path: Path, body: str, limit: float = 240
-) -> tuple[subprocess.CompletedProcess, float]:
+def run_job(tmp_path: Path, body: str, limit: float = 240) -> subprocess.CompletedProcess:
+    """Run ``body`` on 4 ranks; a job still running after ``limit`` s fails the test."""
     script = tmp_path / "job.py"
     script.write_text(PRELUDE + textwrap.dedent(body))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "MPI"))}
-    t0 = time.monotonic()
     proc = subprocess.run(
         [str(MPIEXEC), "-n", "4", sys.executable, "-m", "mpi4py", str(script)],
         capture_output=True, text=True, timeout=limit, env=env,
     )
-    elapsed = time.monotonic() - t0
     # What the ranks printed, from their own files (complete even where MPI_Abort cut
     # mpiexec's forwarding short), rank by rank.
     logs = sorted(tmp_path.glob("rank*.out"))
     if logs:
         proc.stdout = "".join(p.read_text() for p in logs)
-    return proc, elapsed
+    return proc
 
 
 def test_exception_mid_collective_ends_the_job(tmp_path):
-    proc, elapsed = run_job(tmp_path, """
+    proc = run_job(tmp_path, """
         if comm.rank == 2:
             calls = [0]
             real = homomorphic.HomomorphicOps.combine
@@ -85,18 +86,18 @@ def test_exception_mid_collective_ends_the_job(tmp_path):
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "injected failure on rank 2" in proc.stderr
     assert proc.stdout.count("finished") < 4
-    assert elapsed < 120, f"the job took {elapsed:.0f} s to end"
 
 
 def test_timeout_turns_a_stalled_peer_into_collective_error(tmp_path):
-    proc, elapsed = run_job(tmp_path, """
+    proc = run_job(tmp_path, """
+        import threading
         c = ccoll.Communicator(comm, chunk_elems=4096, timeout=3.0, policy="compress")
         c.allreduce(x[:1000], eb=ccoll.REL(1e-3))  # warm-up: compile before timing
         if comm.rank == 2:
             real = homomorphic.HomomorphicOps.combine
 
             def stalled(self, *args):
-                time.sleep(60)  # a peer that stops making progress mid-ring
+                threading.Event().wait()  # a peer that stops making progress mid-ring, for good
                 return real(self, *args)
 
             homomorphic.HomomorphicOps.combine = stalled
@@ -121,17 +122,16 @@ def test_timeout_turns_a_stalled_peer_into_collective_error(tmp_path):
     assert out.count("refuses: this ccoll Communicator cannot be used") == 4, out
     for line in out.splitlines():
         if "CollectiveError after" in line:
-            waited = float(line.split("after ")[1].split(" s")[0])
-            assert 2.9 <= waited < 15, line
+            assert "timeout of 3.0 s" in line, line
+            assert float(line.split("after ")[1].split(" s")[0]) >= 2.9, line
     assert proc.returncode != 0
-    assert elapsed < 120
 
 
 def test_failure_in_the_decision_stage_fails_the_channel_everywhere(tmp_path):
     # The decision (policy="auto", whose calibrations are collectives) runs after the
     # agreement: a rank that raises there leaves its peers waiting, so it must mark its
     # channel failed like a failure while data moves.
-    proc, elapsed = run_job(tmp_path, """
+    proc = run_job(tmp_path, """
         from types import SimpleNamespace
         from ccoll.collectives import communicator
 
@@ -148,17 +148,15 @@ def test_failure_in_the_decision_stage_fails_the_channel_everywhere(tmp_path):
         try:
             c.allreduce(x, eb=ccoll.REL(1e-3))
             print(f"rank {comm.rank} finished", flush=True)
-        except CollectiveError:  # a RuntimeError too: first
-            print(f"rank {comm.rank} CollectiveError after {time.monotonic() - t0:.1f} s",
-                  flush=True)
+        except CollectiveError as exc:  # a RuntimeError too: first
+            print(f"rank {comm.rank} CollectiveError after {time.monotonic() - t0:.1f} s: "
+                  f"{exc}", flush=True)
         except RuntimeError as exc:
             print(f"rank {comm.rank} RuntimeError: {exc}", flush=True)
-        t0 = time.monotonic()
         try:
             c.allreduce(x, eb=ccoll.REL(1e-3))
         except CollectiveError as exc:
-            print(f"rank {comm.rank} refuses after {time.monotonic() - t0:.2f} s: {exc}",
-                  flush=True)
+            print(f"rank {comm.rank} refuses: {exc}", flush=True)
         comm.Barrier()
         if comm.rank == 0:
             comm.Abort(7)  # what an application does after a failed collective
@@ -170,35 +168,48 @@ def test_failure_in_the_decision_stage_fails_the_channel_everywhere(tmp_path):
     assert out.count("CollectiveError after") == 3, out + proc.stderr
     for line in out.splitlines():
         if "CollectiveError after" in line:
-            waited = float(line.split("after ")[1].split(" s")[0])
-            assert 3.9 <= waited < 15, line
-    refusals = [ln for ln in out.splitlines() if "refuses after" in ln]
+            assert "timeout of 4.0 s" in line, line
+            assert float(line.split("after ")[1].split(" s")[0]) >= 3.9, line
+    refusals = [ln for ln in out.splitlines() if "refuses:" in ln]
     assert len(refusals) == 4, out
     for line in refusals:
+        # refused at once: no second wait for the peers (that would end in the timeout's
+        # message instead)
         assert "cannot be used after an earlier collective failed" in line, line
-        assert float(line.split("after ")[1].split(" s")[0]) < 1.0, line
     assert proc.returncode != 0
-    assert elapsed < 120
 
 
 def test_two_threads_create_defaults_for_two_communicators_in_opposite_orders(tmp_path):
     # Creating a default Communicator is collective over its communicator; the ranks
     # start the two creations in opposite orders, so a process-wide lock held across the
     # creation would deadlock them.
-    proc, elapsed = run_job(tmp_path, """
+    proc = run_job(tmp_path, """
         import threading
+        from ccoll.collectives import communicator
         from ccoll.collectives.communicator import default_communicator
 
         c1, c2 = comm.Dup(), comm.Dup()
         first, second = (c1, c2) if comm.rank % 2 == 0 else (c2, c1)
         made = {}
 
+        # The creation's first collective (MPI_Comm_dup of its communicator) cannot finish
+        # before the other ranks' second thread joins it: once the first thread is there,
+        # whatever it holds it holds until the second thread has gone through.
+        entered = threading.Event()
+        real_dup = communicator.dup_comm
+
+        def dup_comm(*args):
+            entered.set()
+            return real_dup(*args)
+
+        communicator.dup_comm = dup_comm
+
         def make(c, name):
             made[name] = default_communicator(c)
 
         t1 = threading.Thread(target=make, args=(first, "first"), daemon=True)
         t1.start()
-        time.sleep(1.0)  # the first creation is waiting for the other ranks by now
+        assert entered.wait(60)  # the first creation has started its collective
         t2 = threading.Thread(target=make, args=(second, "second"), daemon=True)
         t2.start()
         t1.join(30)
@@ -216,14 +227,13 @@ def test_two_threads_create_defaults_for_two_communicators_in_opposite_orders(tm
     """, limit=120)
     assert proc.stdout.count("finished") == 4, proc.stdout + proc.stderr
     assert proc.returncode == 0
-    assert elapsed < 100
 
 
 @pytest.mark.parametrize("stage", ["Communicator", "iallreduce"])
 def test_duplicating_the_communicator_honours_the_timeout(tmp_path, stage):
     # Rank 3 never joins the collective MPI_Comm_dup (of the Communicator, or of its
     # iallreduce channel): the others must give up after their timeout.
-    proc, elapsed = run_job(tmp_path, f"""
+    proc = run_job(tmp_path, f"""
         stage = {stage!r}
         w = comm.Dup()  # the stalled collective stays off COMM_WORLD (Barrier below)
         c = None
@@ -246,14 +256,13 @@ def test_duplicating_the_communicator_honours_the_timeout(tmp_path, stage):
         time.sleep(60)
     """, limit=90)
     assert_three_timed_out(proc, "duplicating the communicator")
-    assert elapsed < 80
 
 
 def test_agreement_error_report_honours_the_timeout(tmp_path):
     # Ranks 0-2 disagree with rank 3 and go on to exchange their error reports; rank 3
     # stops right after the agreement (as if it died there): the others must give up
     # after the timeout instead of waiting in the exchange forever.
-    proc, elapsed = run_job(tmp_path, """
+    proc = run_job(tmp_path, """
         from ccoll.collectives import agreement
         from ccoll.errors import MismatchError
 
@@ -283,7 +292,6 @@ def test_agreement_error_report_honours_the_timeout(tmp_path):
         time.sleep(60)
     """, limit=90)
     assert_three_timed_out(proc, "error report")
-    assert elapsed < 80
 
 
 def assert_three_timed_out(proc, where):
@@ -292,5 +300,5 @@ def assert_three_timed_out(proc, where):
     assert out.count("CollectiveError after") == 3, out + proc.stderr
     for line in out.splitlines():
         if "CollectiveError after" in line:
-            assert where in line, line
-            assert 1.9 <= float(line.split("after ")[1].split(" s")[0]) < 15, line
+            assert where in line and "timeout of 2.0 s" in line, line
+            assert float(line.split("after ")[1].split(" s")[0]) >= 1.9, line

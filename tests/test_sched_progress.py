@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
@@ -74,11 +73,11 @@ def test_error_is_delivered_to_the_waiter_and_engine_continues(eng, exc_type):
 def test_timeout_raises_ccoll_timeout_and_request_keeps_running(eng):
     gate = threading.Event()
     r = eng.submit(gate.wait)
-    t0 = time.monotonic()
+    # The gate stays closed until after the wait: a wait that ignored its timeout would
+    # never return (pytest's timeout then fails the test).
     with pytest.raises(CCollTimeoutError, match=r"did not finish within 0\.05 s") as info:
         r.wait(timeout=0.05)
     assert isinstance(info.value, TimeoutError) and isinstance(info.value, CCollError)
-    assert time.monotonic() - t0 < 5
     assert not r.test() and not r.done()
     gate.set()
     assert r.wait(timeout=10) is True
@@ -88,9 +87,8 @@ def test_timeout_raises_ccoll_timeout_and_request_keeps_running(eng):
 def test_test_never_blocks(eng):
     gate = threading.Event()
     r = eng.submit(gate.wait)
-    t0 = time.monotonic()
+    # The gate opens only afterwards: a test() that waited for the request would never return.
     assert [r.test() for _ in range(1000)] == [False] * 1000
-    assert time.monotonic() - t0 < 5.0  # generous: the machine may be busy
     gate.set()
     r.wait(timeout=10)
 
@@ -163,9 +161,7 @@ def test_shutdown_fails_pending_requests_and_finishes_running_one(eng):
 
 def test_shutdown_timeout_abandons_a_stuck_request(eng):
     stuck, gate = _blocked(eng)
-    t0 = time.monotonic()
-    eng.shutdown(wait=True, timeout=0.1)
-    assert time.monotonic() - t0 < 5
+    eng.shutdown(wait=True, timeout=0.1)  # the gate is closed: only the timeout ends this
     with pytest.raises(CollectiveError, match="still running"):
         stuck.wait(timeout=1)
     gate.set()
@@ -200,14 +196,17 @@ def _run(script: str, timeout: float = 60, **env: str) -> subprocess.CompletedPr
 def test_exit_with_pending_requests_fails_them_and_does_not_hang():
     p = _run(
         """
-        import sys, threading, time
+        import sys, threading
         from ccoll.runtime import progress
-        started = threading.Event()
-        reqs = [progress.submit(lambda: (started.set(), time.sleep(0.3)))]
+        started, release = threading.Event(), threading.Event()
+        reqs = [progress.submit(lambda: (started.set(), release.wait(60)))]
         started.wait(10)
         reqs += [progress.submit(print, i) for i in range(4)]
         for r in reqs:
             r.add_done_callback(lambda r: sys.stderr.write(f"DONE {r.name}: {r.exception()}\\n"))
+        # The running request returns once exit has failed the queued ones (their callbacks
+        # run on the exiting thread, before it waits for the running one).
+        reqs[-1].add_done_callback(lambda r: release.set())
         """,
         CCOLL_SHUTDOWN_TIMEOUT="20",
     )
@@ -217,26 +216,26 @@ def test_exit_with_pending_requests_fails_them_and_does_not_hang():
 
 
 def test_exit_with_a_stuck_request_gives_up_after_the_timeout():
-    t0 = time.monotonic()
     p = _run(
         """
-        import threading
+        import sys, threading
         from ccoll.runtime import progress
         started = threading.Event()
-        progress.submit(lambda: (started.set(), threading.Event().wait()))
+        r = progress.submit(lambda: (started.set(), threading.Event().wait()))
         started.wait(10)
+        r.add_done_callback(lambda r: sys.stderr.write(f"FAILED: {r.exception()}\\n"))
         """,
         CCOLL_SHUTDOWN_TIMEOUT="0.5",
     )
     assert p.returncode == 0, p.stderr
-    assert "still running" in p.stderr, p.stderr
-    assert time.monotonic() - t0 < 30
+    # The request never returns: exit gave up after the configured timeout, not the default.
+    assert "FAILED: request#0 was still running 0.5 s after shutdown" in p.stderr, p.stderr
 
 
 def test_exit_with_queued_mpi_work_stops_engine_before_mpi_finalize():
     p = _run(
         """
-        import sys, time
+        import sys
         import numpy as np
         from mpi4py import MPI
         from ccoll.runtime import progress
@@ -249,12 +248,13 @@ def test_exit_with_queued_mpi_work_stops_engine_before_mpi_finalize():
         first = progress.submit(ar, 1000, comm=c)
         assert first.wait(timeout=30)[999] == 999.0 * c.size
         import threading
-        started = threading.Event()
-        progress.submit(lambda: (started.set(), time.sleep(0.3)))
+        started, release = threading.Event(), threading.Event()
+        progress.submit(lambda: (started.set(), release.wait(60)))
         started.wait(10)
         for _ in range(3):
-            progress.submit(ar, 10, comm=c).add_done_callback(
-                lambda r: sys.stderr.write(f"{r.exception()}\\n"))
+            last = progress.submit(ar, 10, comm=c)
+            last.add_done_callback(lambda r: sys.stderr.write(f"{r.exception()}\\n"))
+        last.add_done_callback(lambda r: release.set())  # as above: once exit failed them
         """,
         CCOLL_SHUTDOWN_TIMEOUT="20",
     )
@@ -314,7 +314,6 @@ class _Overlap:
             started.set()
         if gate is not None:
             assert gate.wait(10)
-        time.sleep(0.05)
         with self.lock:
             self.inside -= 1
         return threading.current_thread().ident
@@ -334,12 +333,23 @@ def test_new_engine_waits_for_the_old_one_on_the_same_comm(monkeypatch, how):
     if how == "no_wait":
         progress.shutdown(wait=False)
     else:
-        progress.shutdown(wait=True, timeout=0.1)
+        progress.shutdown(wait=True, timeout=0.1)  # expires: the gate is still closed
         with pytest.raises(CollectiveError, match="still running"):
             first.wait(timeout=10)
-    second = progress.submit(ov.run, comm=comm)
-    with pytest.raises(CCollTimeoutError):
-        second.wait(timeout=0.3)  # held back while the old thread is inside comm
+    # Whichever comes first: the new engine's thread holds back (the seam in
+    # progress._comm_in_use reports it), or it runs the request beside the old one.
+    seen, sign = [], threading.Event()
+
+    def note(what):
+        seen.append(what)
+        sign.set()
+
+    monkeypatch.setattr(progress, "_on_comm_wait",
+                        lambda c: note("held back") if c is comm else None)
+    second = progress.submit(lambda: (note("ran"), ov.run())[1], comm=comm)
+    assert sign.wait(10)
+    assert seen[0] == "held back", "the new engine ran a request on comm beside the old thread"
+    assert not second.done()
     gate.set()
     assert second.wait(timeout=10) != first._engine.thread.ident  # the new engine's thread
     assert ov.most == 1, "two engine threads ran requests on one communicator at once"

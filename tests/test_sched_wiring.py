@@ -201,7 +201,9 @@ def test_a_worker_runs_one_lane_task_at_a_time_lowest_key_first():
     gate = _hold(w, "compress", (1, 0))
     ran: list[str] = []
     w.submit((0, 9), _name_into(ran), "combine", lane="reduce")  # the reduce lane is free
-    time.sleep(0.05)
+    # Everything handed to the reduce lane so far has run once synchronize() returns, so a
+    # task dispatched beside the running compress would be in ``ran`` now.
+    default_scheduler("cpu").lane("reduce").synchronize()
     assert ran == []  # but this worker's compress is running: as on one thread
     gate.set()
     _collect(w)

@@ -193,6 +193,11 @@ class Request:
 _busy_cv = threading.Condition()
 _busy: list[Any] = []
 
+# Test seam: when set, called with the communicator each time an engine thread finds it held
+# by another engine's thread and is about to wait (with ``_busy_cv`` held, so it must not
+# block). The tests use it to wait for that moment instead of sleeping; None otherwise.
+_on_comm_wait: Callable[[Any], None] | None = None
+
 
 @contextlib.contextmanager
 def _comm_in_use(comm: Any) -> Iterator[None]:
@@ -202,6 +207,8 @@ def _comm_in_use(comm: Any) -> Iterator[None]:
         return
     with _busy_cv:
         while any(c is comm or c == comm for c in _busy):
+            if _on_comm_wait is not None:
+                _on_comm_wait(comm)
             _busy_cv.wait()
         _busy.append(comm)
     try:

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 import pytest
-from collkit import f32_rounding, global_eb, my_block, roundings
+from collkit import allowance, global_eb, my_block
 from kit import EDGE_SHAPES, ExactSum, assert_same_on_every_rank, assert_within, edge_data
 from mpi4py import MPI
 
@@ -98,13 +98,11 @@ def test_random_call_within_bound_and_identical(communicators, trial):
             ref = ref / SIZE
         if coll == "allreduce":
             y = c.allreduce(x, eb, op=op)
-            k = roundings(c, op, bound)
         else:
             y = c.reduce_scatter(x, eb, op=op)
-            ref, k = my_block(ref, world), (1 if op == "sum" else 3)
+            ref = my_block(ref, world)
         assert y.dtype == x.dtype
-        assert_within(y, ref, bound, roundings=1 if f16 else k,
-                      extra=f32_rounding(y, k) if f16 else 0.0)
+        assert_within(y, ref, **allowance(bound, y, SIZE, op))
     elif coll == "allgather":
         y = c.allgather(x, eb)
         assert y.shape == (SIZE, *x.shape) and y.dtype == x.dtype
