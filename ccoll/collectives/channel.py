@@ -9,6 +9,13 @@ the process-wide CPU scheduler, see docs/scheduler.md) and its receive buffers
 (sized for worst-case streams): :meth:`Channel.close` releases them, and so does garbage
 collection of a channel that was never closed (a ``weakref.finalize``, which frees the
 communicator without any collective call: ``MPI_Comm_free`` is local in MPICH).
+
+Closing a channel while a request of the progress engine runs a call on it (an
+``iallreduce``, a DDP hook bucket) or waits in the engine's queue fails those requests
+with :class:`~ccoll.errors.CollectiveError` (:func:`ccoll.runtime.progress.cancel`): the
+running one stops at its next wait, the queued ones never start, the engine goes on with
+the next request. The communicator of a call stopped that way is not freed, as after a
+failure (:meth:`Channel.fail`).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from mpi4py import MPI
 from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
 from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler, lanes_enabled
+from ccoll.runtime import progress
 
 __all__ = ["Channel", "Stats"]
 
@@ -53,6 +61,7 @@ class Channel:
         self.worker = Worker(f"ccoll-{name}-worker", lanes=_process_lanes)
         self.stats = Stats()
         self.failed: str | None = None
+        self._closing = False
         self._pool: list[np.ndarray] = []
         self._pinned: list[np.ndarray] = []
         # [failed]: shared with the finalizer, which must not free a failed communicator.
@@ -63,18 +72,23 @@ class Channel:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran (or the communicator was freed)."""
-        return not self._finalizer.alive or self.comm == MPI.COMM_NULL
+        return self._closing or not self._finalizer.alive or self.comm == MPI.COMM_NULL
 
     def check_usable(self) -> None:
-        """Raise :class:`CollectiveError` if an earlier call on this channel failed midway."""
+        """Raise :class:`CollectiveError` if an earlier call on this channel failed midway.
+
+        Every call starts here: on the progress engine's thread it also notes that the
+        request uses this channel, so that :meth:`close` can stop it.
+        """
+        progress.uses(self)
+        if self.closed:
+            raise CollectiveError("this ccoll Communicator has been closed (freed)")
         if self.failed is not None:
             raise CollectiveError(
                 f"this ccoll Communicator cannot be used after an earlier collective failed on "
                 f"this rank ({self.failed}); its messages may still be in flight. Create a new "
                 "ccoll.Communicator (and make sure every rank does)"
             )
-        if self.closed:
-            raise CollectiveError("this ccoll Communicator has been closed (freed)")
 
     def fail(self, reason: str) -> None:
         """Mark the channel unusable: receives may still land in its buffers.
@@ -125,10 +139,23 @@ class Channel:
                 return
 
     def close(self) -> None:
-        """Stop the worker, drop the buffers and free the private communicator (once)."""
+        """Stop the worker, drop the buffers and free the private communicator (once).
+
+        Requests of the progress engine on this channel fail with
+        :class:`CollectiveError`; if one was running, its MPI operations may still be
+        pending, and the communicator is left unfreed (see :meth:`fail`).
+        """
+        if not self._closing:
+            self._closing = True
+            if progress.cancel((self, self.comm), _CLOSED):
+                self._failed_flag[0] = True
         self._pool = []
         self._pinned = []
         self._finalizer()
+
+
+_CLOSED = ("its ccoll Communicator was closed before the request finished (wait for "
+           "every request before close())")
 
 
 def _process_lanes() -> Scheduler | None:
