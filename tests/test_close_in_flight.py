@@ -8,12 +8,17 @@ tests/mpi/test_close_in_flight.py runs the whole path at 2 and 3 ranks.
 
 from __future__ import annotations
 
+import gc
+import mmap
 import threading
+import weakref
 
+import numpy as np
 import pytest
 from mpi4py import MPI
 
 import ccoll.gpu_sched as gs
+from ccoll.collectives.channel import Channel
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
@@ -155,3 +160,39 @@ def test_cancel_reaches_a_request_through_what_it_uses():
 def test_a_deadline_off_the_engine_thread_still_blocks_as_before():
     d = Deadline(None, "x")
     assert d.at is None and d.req is None and not d.expired()
+
+
+# -- what a stopped call leaves pending stays alive ---------------------------------------
+
+
+def _posted_receive() -> tuple[MPI.Request, weakref.ref[mmap.mmap]]:
+    """A receive nobody sends to, into memory of its own; a weak reference to that memory.
+
+    On a duplicate of COMM_SELF that is never freed, like a failed channel's.
+    """
+    mem = mmap.mmap(-1, 1 << 16)
+    req = MPI.COMM_SELF.Dup().Irecv([np.frombuffer(mem, np.uint8), MPI.BYTE], source=0,
+                                    tag=4712)
+    return req, weakref.ref(mem)
+
+
+def test_a_wait_that_gives_up_keeps_its_requests_and_their_buffers():
+    # MPI may still write a late message into the buffer: it must never be freed.
+    req, mem = _posted_receive()
+    with pytest.raises(CollectiveError, match="timeout"):
+        wait_all([req], Deadline(0.0, "the test wait"), "waiting for nobody")
+    del req
+    gc.collect()
+    assert mem() is not None
+
+
+def test_a_failed_channel_keeps_its_buffers():
+    ch = Channel(MPI.COMM_SELF.Dup(), "test", None)
+    ch.check_usable()
+    (buf,) = ch.recv_buffers(1, 1 << 20)
+    kept = weakref.ref(buf.base if buf.base is not None else buf)
+    del buf
+    ch.fail("a test failure")
+    ch.close()
+    gc.collect()
+    assert kept() is not None

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
+from ccoll.collectives import waiting
 from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
 from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler, lanes_enabled
@@ -90,6 +91,7 @@ class Channel:
         # channel (pooled or lent), by id.
         self._pinned: list[np.ndarray] = []
         self._pinned_seen: dict[int, int] = {}
+        self._lent: dict[int, np.ndarray] = {}  # pinned buffers handed out, by id
         # [failed]: shared with the finalizer, which must not free a failed communicator.
         self._failed_flag = [False]
         self._finalizer = weakref.finalize(self, _release, comm, self.worker,
@@ -131,8 +133,15 @@ class Channel:
         """
         self.failed = reason
         self._failed_flag[0] = True
-        self._drop_pools()  # never hand these buffers out again
+        # Never hand these buffers out again, and never free them: MPI may still write
+        # into them (an operation of the failed call left pending).
+        self.abandon(self._pool, self._pinned, list(self._lent.values()))
+        self._drop_pools()
         self.worker.discard()
+
+    def abandon(self, *objs: object) -> None:
+        """Keep ``objs`` alive for good: see :func:`ccoll.collectives.waiting.abandon`."""
+        waiting.abandon(*objs)
 
     def recv_buffers(self, count: int, nbytes: int) -> list[np.ndarray]:
         """``count`` host byte buffers of at least ``nbytes`` each, reused across calls."""
@@ -165,10 +174,12 @@ class Channel:
             buf = cuda.pinned_array(max(nbytes, 4096), dtype=np.uint8)
         if 2 * nbytes >= buf.size or id(buf) not in self._pinned_seen:
             self._pinned_seen[id(buf)] = self._calls
+        self._lent[id(buf)] = buf
         return buf
 
     def unpin(self, buf: np.ndarray) -> None:
         """Return a buffer from :meth:`pinned` to the pool."""
+        self._lent.pop(id(buf), None)
         if self.failed is None and not self._closing:
             self._pinned.append(buf)
         else:
@@ -202,7 +213,7 @@ class Channel:
 
     def _drop_pools(self) -> None:
         self._pool, self._pool_seen = [], []
-        self._pinned, self._pinned_seen = [], {}
+        self._pinned, self._pinned_seen, self._lent = [], {}, {}
 
     def close(self) -> None:
         """Stop the worker, drop the buffers and free the private communicator (once).
@@ -215,6 +226,7 @@ class Channel:
             self._closing = True
             if progress.cancel((self, self.comm), _CLOSED):
                 self._failed_flag[0] = True
+                self.abandon(self._pool, self._pinned, list(self._lent.values()))
         self._drop_pools()
         self._finalizer()
 

@@ -59,7 +59,11 @@ def allgather(
     if deadline.at is None:
         comm.Allgather(mine_n, counts)
     else:
-        wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+        try:
+            wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+        except BaseException:
+            ch.abandon(mine_n, counts)  # MPI may still use them
+            raise
     for q in range(n_ranks):
         check_announced(f"rank {q}", int(counts[q]), flat.size, flat.dtype)
     displs = np.zeros(n_ranks, dtype=np.int64)
@@ -67,7 +71,11 @@ def allgather(
     recv = np.empty(int(counts.sum()), dtype=np.uint8)
     req = comm.Iallgatherv([mine, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
     ch.stats.bytes_sent += int(counts.sum()) - int(counts[(r + 1) % n_ranks])
-    wait_all([req], deadline, "allgather of the compressed arrays")
+    try:
+        wait_all([req], deadline, "allgather of the compressed arrays")
+    except BaseException:
+        ch.abandon(mine, recv, counts, displs)  # MPI may still use them
+        raise
     everything = place.to_place(recv)
     for q in range(n_ranks):
         lo, hi = int(displs[q]), int(displs[q]) + int(counts[q])
@@ -100,10 +108,18 @@ def bcast(
         place.lanes.finish("compress")
         n[0] = stream_nbytes(stream)
         host = np.ascontiguousarray(place.to_host(stream, int(n[0])))
-    _bcast(comm, n, root, deadline, "broadcast of the stream size")
+    try:
+        _bcast(comm, n, root, deadline, "broadcast of the stream size")
+    except BaseException:
+        ch.abandon(n)  # MPI may still write it
+        raise
     check_announced(f"the root, rank {root},", int(n[0]), flat.size, flat.dtype)
     buf = host if host is not None else np.empty(int(n[0]), dtype=np.uint8)
-    _bcast(comm, buf, root, deadline, "broadcast of the stream")
+    try:
+        _bcast(comm, buf, root, deadline, "broadcast of the stream")
+    except BaseException:
+        ch.abandon(buf)
+        raise
     if comm.Get_rank() != (root - 1) % comm.Get_size():
         ch.stats.bytes_sent += buf.nbytes
     got = check_stream(buf, flat.size, flat.dtype, eb)

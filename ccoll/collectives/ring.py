@@ -533,8 +533,14 @@ class _Ring:
                     self.pump_mpi()
 
     def run(self) -> list[Any]:
-        with self.place.lanes.busy():
-            return self._run()
+        try:
+            with self.place.lanes.busy():
+                return self._run()
+        except BaseException:
+            # MPI may still write into the receive buffers and read the streams of the
+            # operations left pending: they must outlive this call (Channel.abandon).
+            self.ch.abandon(self.reqs, self.meta, self.bufs)
+            raise
 
     def _run(self) -> list[Any]:
         self.start()

@@ -30,7 +30,21 @@ from ccoll.collectives import trace as _trace
 from ccoll.errors import CollectiveError
 from ccoll.runtime.progress import Request, current_request
 
-__all__ = ["Deadline", "wait_all", "poll_pause", "test_some", "drain_tasks"]
+__all__ = ["Deadline", "wait_all", "poll_pause", "test_some", "drain_tasks", "abandon"]
+
+# What calls that stopped with MPI operations pending left behind: see abandon().
+_ABANDONED: list[tuple[object, ...]] = []
+
+
+def abandon(*objs: object) -> None:
+    """Keep ``objs`` alive for the life of the process: pending MPI operations use them.
+
+    A call that stops with operations pending (a failure, a timeout, ``close()`` during
+    the call) leaves MPI requests whose buffers MPI may still write or read; freeing them
+    would let a late message land in memory reused for something else. Like the failed
+    channel's communicator, they are never released.
+    """
+    _ABANDONED.append(objs)
 
 # Polling starts fast (a reply usually arrives within microseconds on one node) and backs
 # off so that a rank waiting for a slow peer leaves the CPU to the peer's compressor.
@@ -43,7 +57,8 @@ class Deadline:
 
     Made on the progress engine's thread, it also ends when the engine's request is
     cancelled; ``at`` is then never ``None`` (``inf`` without a timeout), so that every wait
-    that branches on ``at is None`` polls instead of blocking in MPI.
+    that branches on ``at is None`` takes MPI's nonblocking form, which :func:`wait_all`
+    can end.
     """
 
     __slots__ = ("timeout", "at", "what", "req")
@@ -101,6 +116,7 @@ def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
         pause = _POLL_MIN_S
         while not MPI.Request.Testall(reqs):
             if deadline.expired():
+                abandon(reqs)  # the requests hold their buffers
                 raise deadline.error(stage)
             pause = poll_pause(pause, deadline)
     if rec is not None:
@@ -114,6 +130,7 @@ def _wait_or_cancel(reqs: list[MPI.Request], req: Request, deadline: Deadline,
     pending = reqs
     while pending:
         if req.cancelled is not None:  # after posting the wake: see wake_handle
+            abandon(pending)  # the requests hold their buffers
             raise deadline.error(stage)
         idx = MPI.Request.Waitsome([*pending, wake])
         if idx:
