@@ -6,6 +6,12 @@ decodes every stream, its own included, so all ranks hold identical arrays.
 
 bcast: the root compresses, broadcasts the length and then the bytes, and every rank,
 the root included, returns the decoded bytes.
+
+A length announced by a peer is checked before anything is allocated for it: no stream of
+the call's element count and dtype is longer than the format's worst case
+(:func:`ccoll.compressor.format.max_nbytes`, every block raw, the largest of the format
+versions), which the ring's receive buffers are sized by too. Every rank sees the same
+lengths, so every rank raises the same :class:`~ccoll.errors.CollectiveError`.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from mpi4py import MPI
 
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
-from ccoll.collectives.codec import api, check_stream, stream_nbytes
+from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
 from ccoll.collectives.devices import HOST, DeviceLanes, HostPlace
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.compressor.format import VERSIONS
+from ccoll.errors import CollectiveError
 
-__all__ = ["allgather", "bcast", "decode_block"]
+__all__ = ["allgather", "bcast", "decode_block", "check_announced", "largest_stream"]
 
 
 def allgather(
@@ -51,13 +59,23 @@ def allgather(
     if deadline.at is None:
         comm.Allgather(mine_n, counts)
     else:
-        wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+        try:
+            wait_all([comm.Iallgather(mine_n, counts)], deadline, "exchange of stream sizes")
+        except BaseException:
+            ch.abandon(mine_n, counts)  # MPI may still use them
+            raise
+    for q in range(n_ranks):
+        check_announced(f"rank {q}", int(counts[q]), flat.size, flat.dtype)
     displs = np.zeros(n_ranks, dtype=np.int64)
     np.cumsum(counts[:-1], out=displs[1:])
     recv = np.empty(int(counts.sum()), dtype=np.uint8)
     req = comm.Iallgatherv([mine, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
     ch.stats.bytes_sent += int(counts.sum()) - int(counts[(r + 1) % n_ranks])
-    wait_all([req], deadline, "allgather of the compressed arrays")
+    try:
+        wait_all([req], deadline, "allgather of the compressed arrays")
+    except BaseException:
+        ch.abandon(mine, recv, counts, displs)  # MPI may still use them
+        raise
     everything = place.to_place(recv)
     for q in range(n_ranks):
         lo, hi = int(displs[q]), int(displs[q]) + int(counts[q])
@@ -90,9 +108,18 @@ def bcast(
         place.lanes.finish("compress")
         n[0] = stream_nbytes(stream)
         host = np.ascontiguousarray(place.to_host(stream, int(n[0])))
-    _bcast(comm, n, root, deadline, "broadcast of the stream size")
+    try:
+        _bcast(comm, n, root, deadline, "broadcast of the stream size")
+    except BaseException:
+        ch.abandon(n)  # MPI may still write it
+        raise
+    check_announced(f"the root, rank {root},", int(n[0]), flat.size, flat.dtype)
     buf = host if host is not None else np.empty(int(n[0]), dtype=np.uint8)
-    _bcast(comm, buf, root, deadline, "broadcast of the stream")
+    try:
+        _bcast(comm, buf, root, deadline, "broadcast of the stream")
+    except BaseException:
+        ch.abandon(buf)
+        raise
     if comm.Get_rank() != (root - 1) % comm.Get_size():
         ch.stats.bytes_sent += buf.nbytes
     got = check_stream(buf, flat.size, flat.dtype, eb)
@@ -100,6 +127,23 @@ def bcast(
         raise_size(root, got, buf.size)
     a.decompress(place.to_place(buf), out=out, **place.lanes.kw("reduce"))
     place.lanes.finish("reduce")
+
+
+def largest_stream(count: int, dtype: np.dtype) -> int:
+    """Bytes of the longest valid stream of ``count`` elements of ``dtype``, any version."""
+    return max(max_nbytes(count, dtype, 1, v) for v in VERSIONS)
+
+
+def check_announced(who: str, nbytes: int, count: int, dtype: np.dtype) -> None:
+    """Raise :class:`CollectiveError` if no stream of ``count`` ``dtype`` has ``nbytes``."""
+    cap = largest_stream(count, dtype)
+    if not 0 <= nbytes <= cap:
+        raise CollectiveError(
+            f"{who} announced a stream of {nbytes} bytes for {count} {np.dtype(dtype)} "
+            f"elements, where the longest possible is {cap} bytes; nothing was allocated for "
+            "it. A peer runs another ccoll version or is corrupted; this ccoll Communicator "
+            "cannot be used any more"
+        )
 
 
 def decode_block(

@@ -48,7 +48,7 @@ from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
 from ccoll.compressor import format as fmt
-from ccoll.errors import FormatError
+from ccoll.errors import CollectiveError, FormatError
 
 __all__ = [
     "Requant",
@@ -533,8 +533,14 @@ class _Ring:
                     self.pump_mpi()
 
     def run(self) -> list[Any]:
-        with self.place.lanes.busy():
-            return self._run()
+        try:
+            with self.place.lanes.busy():
+                return self._run()
+        except BaseException:
+            # MPI may still write into the receive buffers and read the streams of the
+            # operations left pending: they must outlive this call (Channel.abandon).
+            self.ch.abandon(self.reqs, self.meta, self.bufs)
+            raise
 
     def _run(self) -> list[Any]:
         self.start()
@@ -549,6 +555,9 @@ class _Ring:
                 continue
             if deadline.expired():
                 raise deadline.error(stage)
+            if worker.closed:  # its queued tasks came back as errors; nothing more will
+                raise CollectiveError(f"{stage}: this ccoll Communicator was closed during "
+                                      "the call")
             # Nothing ready in MPI: decode here rather than wait for the worker. Host data
             # only: device decodes are kernel launches, which stay on the worker's thread
             # (one launching thread per channel; the CUDA simulator runs one at a time).

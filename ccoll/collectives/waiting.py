@@ -7,10 +7,19 @@ With one (``Communicator(timeout=)``) they poll ``MPI_Testall`` with short sleep
 for a rank that failed or never entered the collective. The requests left behind cannot be
 completed safely, so the communicator that timed out is marked unusable (see
 docs/collectives.md, "Faults").
+
+A deadline made on the progress engine's thread belongs to the request running there: when
+:func:`ccoll.runtime.progress.cancel` cancels that request (its Communicator was closed),
+the deadline expires at once with the reason. Its waits never block in MPI on the data's
+requests alone: without a timeout they block in ``MPI_Waitsome`` on them and on the
+request's wake receive (:meth:`~ccoll.runtime.progress.Request.wake_handle`), which the
+cancel completes; with one they poll. A closed Communicator so never leaves the engine
+thread inside an MPI wait, and a wait that nobody cancels costs what a plain one does.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,8 +28,23 @@ from mpi4py import MPI
 
 from ccoll.collectives import trace as _trace
 from ccoll.errors import CollectiveError
+from ccoll.runtime.progress import Request, current_request
 
-__all__ = ["Deadline", "wait_all", "poll_pause", "test_some", "drain_tasks"]
+__all__ = ["Deadline", "wait_all", "poll_pause", "test_some", "drain_tasks", "abandon"]
+
+# What calls that stopped with MPI operations pending left behind: see abandon().
+_ABANDONED: list[tuple[object, ...]] = []
+
+
+def abandon(*objs: object) -> None:
+    """Keep ``objs`` alive for the life of the process: pending MPI operations use them.
+
+    A call that stops with operations pending (a failure, a timeout, ``close()`` during
+    the call) leaves MPI requests whose buffers MPI may still write or read; freeing them
+    would let a late message land in memory reused for something else. Like the failed
+    channel's communicator, they are never released.
+    """
+    _ABANDONED.append(objs)
 
 # Polling starts fast (a reply usually arrives within microseconds on one node) and backs
 # off so that a rank waiting for a slow peer leaves the CPU to the peer's compressor.
@@ -29,25 +53,41 @@ _POLL_MAX_S = 1e-3
 
 
 class Deadline:
-    """A point in time after which a collective gives up; ``None`` seconds means never."""
+    """A point in time after which a collective gives up; ``None`` seconds means never.
 
-    __slots__ = ("timeout", "at", "what")
+    Made on the progress engine's thread, it also ends when the engine's request is
+    cancelled; ``at`` is then never ``None`` (``inf`` without a timeout), so that every wait
+    that branches on ``at is None`` takes MPI's nonblocking form, which :func:`wait_all`
+    can end.
+    """
+
+    __slots__ = ("timeout", "at", "what", "req")
 
     def __init__(self, timeout: float | None, what: str) -> None:
         self.timeout = timeout
-        self.at = None if timeout is None else time.monotonic() + timeout
+        self.req: Request | None = current_request()
+        if timeout is not None:
+            self.at: float | None = time.monotonic() + timeout
+        else:
+            self.at = None if self.req is None else math.inf
         self.what = what
 
     def remaining(self) -> float | None:
         """Seconds left (may be negative), or ``None`` without a deadline."""
+        if self.req is not None and self.req.cancelled is not None:
+            return 0.0
         return None if self.at is None else self.at - time.monotonic()
 
     def expired(self) -> bool:
-        """Return True once the deadline has passed."""
+        """Return True once the deadline has passed (or its request was cancelled)."""
+        if self.req is not None and self.req.cancelled is not None:
+            return True
         return self.at is not None and time.monotonic() >= self.at
 
     def error(self, stage: str) -> CollectiveError:
         """Return the error to raise when ``stage`` of the collective ran past the deadline."""
+        if self.req is not None and self.req.cancelled is not None:
+            return CollectiveError(f"{self.what} stopped ({stage}): {self.req.cancelled}")
         return CollectiveError(
             f"{self.what} did not complete within its timeout of {self.timeout} s ({stage}): "
             "another rank failed, is slower than the timeout, or did not enter the same "
@@ -70,14 +110,32 @@ def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
     t0 = rec.clock() if rec is not None else 0.0
     if deadline.at is None and not poll:
         MPI.Request.Waitall(reqs)
+    elif deadline.at == math.inf and deadline.req is not None and not poll:
+        _wait_or_cancel(reqs, deadline.req, deadline, stage)
     else:
         pause = _POLL_MIN_S
         while not MPI.Request.Testall(reqs):
             if deadline.expired():
+                abandon(reqs)  # the requests hold their buffers
                 raise deadline.error(stage)
             pause = poll_pause(pause, deadline)
     if rec is not None:
         rec.span("wait", t0, rec.clock(), {"stage": stage})
+
+
+def _wait_or_cancel(reqs: list[MPI.Request], req: Request, deadline: Deadline,
+                    stage: str) -> None:
+    """Block until ``reqs`` complete or the engine's request ``req`` is cancelled."""
+    wake = req.wake_handle()
+    pending = reqs
+    while pending:
+        if req.cancelled is not None:  # after posting the wake: see wake_handle
+            abandon(pending)  # the requests hold their buffers
+            raise deadline.error(stage)
+        idx = MPI.Request.Waitsome([*pending, wake])
+        if idx:
+            done = set(idx)
+            pending = [r for i, r in enumerate(pending) if i not in done]
 
 
 def poll_pause(pause: float, deadline: Deadline) -> float:

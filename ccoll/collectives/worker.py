@@ -19,6 +19,10 @@ With ``inline=True`` tasks run at once on the submitting thread; the ring uses t
 there is nothing to overlap (one chunk per block), which saves two thread hand-offs per
 task. :meth:`Worker.help` lets the driving thread take a queued task when it has nothing
 to do in MPI (the ring's decodes run on both threads at once that way).
+
+:meth:`Worker.close` (its Communicator was closed) refuses new tasks and hands every queued
+task back from :meth:`drain` as a :class:`~ccoll.errors.CollectiveError`, so a collective
+that still waits for them sees the error instead of waiting for outcomes that never come.
 """
 
 from __future__ import annotations
@@ -30,12 +34,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from ccoll.errors import CCollError
+from ccoll.errors import CCollError, CollectiveError
 from ccoll.gpu_sched import scheduler as _sched
 
 __all__ = ["Worker", "Done"]
 
 Done = tuple[Any, Any, BaseException | None]  # (tag, result, exception)
+
+_CLOSED = ("this ccoll Communicator was closed while one of its collectives was running: "
+           "its remaining compute tasks were dropped")
 
 
 class Worker:
@@ -63,11 +70,17 @@ class Worker:
         self._outstanding = 0
         self._thread: threading.Thread | None = None
         self._stop = False
+        self._closed = False
         # Key of the task the thread is running (None: idle), read by help().
         self._running: Any = None
         #: Whether a task of this worker has gone to a lane (shown by Communicator repr).
         self.used_lanes = False
         self._device = "cpu"  # of the scheduler whose lanes the queued lane tasks are on
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran: no task is accepted any more."""
+        return self._closed
 
     @property
     def outstanding(self) -> int:
@@ -85,8 +98,11 @@ class Worker:
         """Run ``fn()``; its outcome comes back from :meth:`drain` as ``(tag, result, exc)``.
 
         ``lane``: the scheduler lane to run on (``"compress"`` or ``"reduce"``) when the
-        worker has lanes; else the private thread runs it.
+        worker has lanes; else the private thread runs it. Raises
+        :class:`~ccoll.errors.CollectiveError` after :meth:`close`.
         """
+        if self._closed:
+            raise CollectiveError(_CLOSED)
         if inline:
             self._outstanding += 1
             try:
@@ -227,12 +243,15 @@ class Worker:
             if not self._done:
                 self._cv.wait(timeout)
 
-    def _drop_queued(self) -> None:
+    def _drop_queued(self) -> list[Any]:
         # Called with self._cv held; a task already handed to its lane still finishes.
+        # Returns the tags of the dropped tasks.
+        tags = [item[3] for item in self._heap] + [item[3] for item in self._lane_heap]
         self._heap.clear()
         for _ in self._lane_heap:
             _sched.task_finished(self._device)
         self._lane_heap.clear()
+        return tags
 
     def discard(self) -> None:
         """Drop queued tasks and finished outcomes (after a failed collective)."""
@@ -242,13 +261,21 @@ class Worker:
         self._outstanding = 0
 
     def close(self) -> None:
-        """Drop queued tasks; stop the private thread after the task it is running."""
+        """Refuse new tasks, fail the queued ones, stop the private thread.
+
+        Each queued task comes back from :meth:`drain` as ``(tag, None, CollectiveError)``,
+        so :attr:`outstanding` still falls to zero; a task already running (on the private
+        thread or a lane) finishes and comes back as usual. The private thread stops after
+        it; this waits for that only when the thread is idle (a task may wait for MPI).
+        """
         with self._cv:
-            self._stop = True
-            self._drop_queued()
+            self._closed = self._stop = True
+            for tag in self._drop_queued():
+                self._done.append((tag, None, CollectiveError(_CLOSED)))
             self._cv.notify_all()
             t, self._thread = self._thread, None
-        if t is not None and t is not threading.current_thread():
+            idle = self._running is None
+        if t is not None and idle and t is not threading.current_thread():
             t.join(timeout=10)
 
     def _loop(self) -> None:

@@ -71,6 +71,7 @@ def _read_stream(
     lossless = _attr_str(ds, A.LOSSLESS)
     if lossless not in A.LOSSLESS_CHOICES:
         raise FormatError(f"attribute {A.LOSSLESS}={lossless!r} is not one of {A.LOSSLESS_CHOICES}")
+    _check_stored_size(ds)
     try:
         stored = np.asarray(ds[()], dtype=np.uint8).reshape(-1)
     except OSError as exc:  # HDF5 could not read the bytes (damaged chunk, filter failure)
@@ -80,9 +81,37 @@ def _read_stream(
         raise FormatError("stored bytes fail their CRC-32 check (the dataset was altered)")
     stream_dtype = np.dtype(np.float32) if dtype.itemsize == 2 else dtype.newbyteorder("=")
     if lossless == "zstd":
-        cap = max_nbytes(int(np.prod(shape)), stream_dtype, len(shape), version)
+        # What the stream can be: no longer than the worst case of its shape, and no longer
+        # than the frame's own bytes can regenerate. The shape is only a claim of the file;
+        # the frame's size is what is actually there.
+        cap = min(max_nbytes(math.prod(shape), stream_dtype, len(shape), version),
+                  ZSTD_MAX_EXPANSION * stored.size)
         stored = zstdframe.unwrap(stored, cap)
     return stored, dtype, shape, stream_dtype, version
+
+
+# Most bytes one stored byte of a zstd frame can regenerate: every block regenerates at
+# most 128 KiB (RFC 8878, Block_Maximum_Size) and takes at least 4 bytes (a 3-byte block
+# header and the one byte of an RLE block).
+ZSTD_MAX_EXPANSION = (128 << 10) // 4
+
+
+def _check_stored_size(ds: h5py.Dataset) -> None:
+    """Refuse a dataset that declares more bytes than the file stores for it, unfiltered.
+
+    ``ccoll compress`` writes every byte of its datasets without HDF5 filters; HDF5 gives
+    the unwritten part of a dataset its fill value, so an empty dataset of any declared
+    size would otherwise be read into memory whole. (A file repacked with a compression
+    filter stores fewer bytes than it declares; that is allowed.)
+    """
+    if ds.id.get_create_plist().get_nfilters():
+        return
+    stored = ds.id.get_storage_size()
+    if stored < ds.nbytes:
+        raise FormatError(
+            f"the dataset declares {ds.nbytes} bytes but stores {stored}: it was not written "
+            "by ccoll compress"
+        )
 
 
 def _check_kind(hdr: StreamHeader, stream_dtype: np.dtype, shape: tuple[int, ...],

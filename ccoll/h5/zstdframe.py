@@ -38,8 +38,9 @@ def wrap(stream: np.ndarray) -> np.ndarray:
 def unwrap(frame: np.ndarray, max_nbytes: int) -> np.ndarray:
     """Extract the stream from a zstd frame; :class:`FormatError` if damaged or over ``max_nbytes``.
 
-    ``max_nbytes`` (the largest stream the dataset's shape allows) stops a damaged or
-    hostile frame from claiming gigabytes.
+    ``max_nbytes`` (the largest stream the dataset's shape allows and the frame's bytes can
+    hold) stops a damaged or hostile frame from claiming gigabytes: the frame must state
+    its content size, at most ``max_nbytes``, before anything is allocated for it.
     """
     zstd = require()
     try:
@@ -47,8 +48,8 @@ def unwrap(frame: np.ndarray, max_nbytes: int) -> np.ndarray:
         size = params.content_size
         if size > max_nbytes:
             raise FormatError(
-                f"zstd frame says {size} bytes, more than the {max_nbytes} bytes a stream of "
-                "this shape can take"
+                f"zstd frame says {size} bytes, more than the {max_nbytes} bytes that a stream "
+                "of this shape, in a frame of this size, can take"
             )
         data = zstd.ZstdDecompressor().decompress(frame.tobytes(), max_output_size=max_nbytes)
     except zstd.ZstdError as exc:

@@ -17,6 +17,14 @@ MPI must run at ``MPI_THREAD_MULTIPLE``. ``submit(..., comm=c)`` checks
 lower. Passing ``comm`` is how a caller says "``fn`` calls MPI"; with ``comm=None`` the
 engine runs any callable and never touches MPI itself (it then works without mpi4py).
 
+Cancelling. :func:`cancel` (``ccoll.Communicator.close()`` calls it for each of its private
+communicators) fails with :class:`~ccoll.errors.CollectiveError` every request that has not
+finished and belongs to what is being closed: the queued ones (whose ``comm`` is that
+communicator) never start, and the running one (which named it as ``comm`` or called
+:func:`uses` on it) finishes with the error at once, while every wait it makes from then on
+(a :class:`~ccoll.collectives.waiting.Deadline` made on the engine thread) ends with the
+same error, so the engine thread leaves it and runs the next request.
+
 Shutdown. :func:`shutdown` (also run at interpreter exit, before mpi4py's
 ``MPI_Finalize``) stops accepting work, fails every request that has not started with
 :class:`~ccoll.errors.CollectiveError` ("... pending at shutdown ..."), and waits a bounded
@@ -40,7 +48,8 @@ from typing import Any
 
 from ccoll.errors import CCollError, CCollTimeoutError, CollectiveError
 
-__all__ = ["Request", "ProgressEngine", "submit", "engine", "shutdown", "check_thread_level"]
+__all__ = ["Request", "ProgressEngine", "submit", "engine", "shutdown", "check_thread_level",
+           "cancel", "current_request", "uses"]
 
 _log = logging.getLogger(__name__)
 
@@ -67,6 +76,9 @@ class Request:
         "_done",
         "_lock",
         "_callbacks",
+        "cancelled",
+        "_uses",
+        "_wake",
     )
 
     def __init__(
@@ -90,6 +102,13 @@ class Request:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[Request], Any]] = []
+        #: Why :func:`cancel` stopped the request (None: not cancelled).
+        self.cancelled: str | None = None
+        # What the request said it uses (see uses()); cancel() matches it by identity.
+        self._uses: list[Any] = []
+        # [MPI request, tag, sent] of the receive that cancel() completes to end a blocking
+        # wait of this request (see wake_handle), or None.
+        self._wake: list[Any] | None = None
 
     def __repr__(self) -> str:
         return f"<ccoll Request {self.name} {self._state}>"
@@ -147,6 +166,46 @@ class Request:
 
     # -- engine side --------------------------------------------------------------------
 
+    def wake_handle(self) -> Any:
+        """Return the MPI receive that :func:`cancel` completes; wait on it beside yours.
+
+        Posted on a private duplicate of ``MPI_COMM_SELF`` at the first call, cancelled when
+        the request ends. A wait that includes it (``MPI_Waitsome``) blocks in MPI as a
+        plain wait does, and still returns when the request is cancelled. Check
+        :attr:`cancelled` after this call, before waiting: a cancel that came first sent
+        nothing.
+        """
+        with self._lock:
+            if self._wake is None:
+                from mpi4py import MPI
+
+                comm, tag = _self_comm(), next(_wake_tags) % 32768
+                self._wake = [comm.Irecv([bytearray(1), 0, MPI.BYTE], source=0, tag=tag),
+                              tag, False]
+            return self._wake[0]
+
+    def _ring_wake(self) -> None:
+        # Complete the wake receive if it is posted (under the lock: never after _drop_wake).
+        with self._lock:
+            w = self._wake
+            if w is not None and not w[2]:
+                from mpi4py import MPI
+
+                w[2] = True
+                _self_comm().Send([bytearray(1), 0, MPI.BYTE], dest=0, tag=w[1])
+
+    def _drop_wake(self) -> None:
+        with self._lock:
+            w, self._wake = self._wake, None
+        if w is None:
+            return
+        from mpi4py import MPI
+
+        if w[0] != MPI.REQUEST_NULL:
+            if not w[2]:
+                w[0].Cancel()
+            w[0].Wait()
+
     def _run(self) -> None:
         with self._lock:
             if self._done.is_set():  # failed by shutdown while queued
@@ -186,12 +245,19 @@ class Request:
             _log.exception("done-callback %r of %s raised; ignored", cb, self.name)
 
 
-# Communicators that an engine thread is running a request on. An engine shut down without
-# waiting (or whose wait expired) leaves its thread inside its last request; the next
-# engine's thread must not enter a collective on the same communicator beside it, or the
-# two threads' messages would mix. Requests on other communicators, or on none, go ahead.
+# Requests that an engine thread is running. An engine shut down without waiting (or whose
+# wait expired) leaves its thread inside its last request; the next engine's thread must not
+# enter a collective on the same communicator beside it, or the two threads' messages would
+# mix. Requests on other communicators, or on none, go ahead. cancel() finds the running
+# requests here too.
 _busy_cv = threading.Condition()
-_busy: list[Any] = []
+_busy: list[Request] = []
+# The request the engine thread is running (unset on other threads): see current_request().
+_current = threading.local()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (a is not None and b is not None and a == b)
 
 # Test seam: when set, called with the communicator each time an engine thread finds it held
 # by another engine's thread and is about to wait (with ``_busy_cv`` held, so it must not
@@ -200,23 +266,23 @@ _on_comm_wait: Callable[[Any], None] | None = None
 
 
 @contextlib.contextmanager
-def _comm_in_use(comm: Any) -> Iterator[None]:
-    """Hold ``comm`` for one request, after any other engine thread has let it go."""
-    if comm is None:
-        yield
-        return
+def _comm_in_use(req: Request) -> Iterator[None]:
+    """Hold ``req.comm`` for one request, after any other engine thread has let it go."""
+    comm = req.comm
     with _busy_cv:
-        while any(c is comm or c == comm for c in _busy):
+        while comm is not None and any(_same(r.comm, comm) for r in _busy):
             if _on_comm_wait is not None:
                 _on_comm_wait(comm)
             _busy_cv.wait()
-        _busy.append(comm)
+        _busy.append(req)
+    _current.req = req
     try:
         yield
     finally:
+        _current.req = None
         with _busy_cv:
-            for i, c in enumerate(_busy):
-                if c is comm:
+            for i, r in enumerate(_busy):
+                if r is req:
                     del _busy[i]
                     break
             _busy_cv.notify_all()
@@ -274,12 +340,31 @@ class ProgressEngine:
                     return
                 req = self._running = self._queue.popleft()
             try:
-                with _comm_in_use(req.comm):
-                    req._run()
+                with _comm_in_use(req):
+                    try:
+                        req._run()
+                    finally:
+                        req._drop_wake()
             finally:
                 with self._cv:
                     self._running = None
                     self._cv.notify_all()
+
+    def _cancel(self, objs: tuple[Any, ...], reason: str) -> tuple[list[Request], Request | None]:
+        """Take the queued requests whose ``comm`` is one of ``objs`` off the queue.
+
+        Returns them, and the running request (popped, perhaps not started yet) if it
+        belongs to ``objs`` and has not finished; that one is marked cancelled.
+        """
+        with self._cv:
+            dropped = [r for r in self._queue if _matches(r, objs)]
+            if dropped:
+                self._queue = collections.deque(r for r in self._queue if not _matches(r, objs))
+            running = self._running
+            if running is None or not _matches(running, objs) or running.done():
+                return dropped, None
+            running.cancelled = reason
+        return dropped, running
 
     def shutdown(self, wait: bool = True, timeout: float | None = None) -> None:
         """Stop accepting work, fail queued requests, and optionally wait for the running one.
@@ -359,6 +444,74 @@ def shutdown(wait: bool = True, timeout: float | None = None) -> None:
         eng, _engine = _engine, None
     if eng is not None:
         eng.shutdown(wait=wait, timeout=timeout)
+
+
+def current_request() -> Request | None:
+    """Return the request this thread runs for the engine (None on any other thread)."""
+    return getattr(_current, "req", None)
+
+
+def uses(obj: Any) -> None:
+    """Note that the request running on this thread uses ``obj`` (nothing on other threads).
+
+    :func:`cancel` of ``obj`` then cancels the request. A collective's channel calls this
+    when a call starts, so that closing a Communicator stops a request that runs a call on
+    it (the DDP hook's requests name the user's communicator, not the channel's).
+    """
+    req = getattr(_current, "req", None)
+    if req is not None and not any(o is obj for o in req._uses):
+        req._uses.append(obj)
+
+
+def _matches(req: Request, objs: tuple[Any, ...]) -> bool:
+    return any(req.comm is o for o in objs) or any(u is o for u in req._uses for o in objs)
+
+
+def cancel(objs: tuple[Any, ...], reason: str) -> bool:
+    """Fail every unfinished request that belongs to one of ``objs``; True if one was running.
+
+    A request belongs to ``obj`` when it was submitted with ``comm=obj`` or called
+    :func:`uses` with it (both by identity). Queued ones are taken off the queue and never
+    run; a running one finishes at once; each with ``CollectiveError(name + ": " +
+    reason)``. The running one is marked cancelled, so that its waits end with that error
+    too (:class:`~ccoll.collectives.waiting.Deadline`) and the engine goes on with the next
+    request. The return value tells the caller that MPI operations of the running request
+    may still be pending on its communicator (which must then not be freed).
+    """
+    with _lock:
+        eng = _engine
+    dropped: list[Request] = []
+    hits: list[Request] = []
+    if eng is not None:
+        dropped, hit = eng._cancel(objs, reason)
+        if hit is not None:
+            hits.append(hit)
+    with _busy_cv:  # also the running requests of engines shut down without waiting
+        for r in _busy:
+            if _matches(r, objs) and not r.done() and all(r is not h for h in hits):
+                r.cancelled = reason
+                hits.append(r)
+    for r in hits:
+        r._ring_wake()  # a blocking wait of the request returns
+    for r in [*dropped, *hits]:
+        r._finish(None, CollectiveError(f"{r.name}: {reason}"))
+    return bool(hits)
+
+
+_self_lock = threading.Lock()
+_self_dup: Any = None
+_wake_tags = itertools.count()
+
+
+def _self_comm() -> Any:
+    """Return the private duplicate of ``MPI_COMM_SELF`` for wake receives (made once)."""
+    global _self_dup
+    with _self_lock:
+        if _self_dup is None:
+            from mpi4py import MPI
+
+            _self_dup = MPI.COMM_SELF.Dup()
+        return _self_dup
 
 
 def check_thread_level() -> None:
