@@ -281,6 +281,7 @@ examples:
 
     bench.add_parser(sub)
     cli_model.add_parser(sub)
+    cli_model.add_tune_parser(sub)
     return parser
 
 

@@ -38,7 +38,7 @@ from mpi4py import MPI
 from ccoll.collectives import waiting
 from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
-from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler, lanes_enabled
+from ccoll.gpu_sched.scheduler import Scheduler, configured_on, default_scheduler
 from ccoll.runtime import progress
 
 __all__ = ["Channel", "Stats", "IDLE_CALLS"]
@@ -74,11 +74,17 @@ class Stats:
 class Channel:
     """One private duplicate of the user's communicator and the state its calls reuse."""
 
-    def __init__(self, comm: MPI.Intracomm, name: str, timeout: float | None) -> None:
+    def __init__(self, comm: MPI.Intracomm, name: str, timeout: float | None, *,
+                 lanes: bool = True) -> None:
         self.comm = comm
         self.name = name
         self.timeout = timeout
-        self.worker = Worker(f"ccoll-{name}-worker", lanes=_process_lanes)
+        # Fixed for the channel's life: the communicator's size (asked on every call).
+        self.size = comm.Get_size()
+        # Host tasks run on the lanes of the process-wide CPU scheduler (CCOLL_SCHED).
+        self.lanes = lanes
+        self.worker = Worker(f"ccoll-{name}-worker",
+                             lanes=_process_lanes if lanes else _no_lanes)
         self.stats = Stats()
         self.failed: str | None = None
         self._closing = False
@@ -267,7 +273,12 @@ def _trim_heap() -> None:
 
 def _process_lanes() -> Scheduler | None:
     """Return the process-wide CPU scheduler whose lanes run host tasks (None: off)."""
-    return default_scheduler("cpu") if lanes_enabled() else None
+    return default_scheduler("cpu") if configured_on() else None
+
+
+def _no_lanes() -> Scheduler | None:
+    """No lanes: the channel's worker runs its host tasks on a thread of its own."""
+    return None
 
 
 def _release(comm: MPI.Intracomm, worker: Worker, failed: list[bool]) -> None:

@@ -51,6 +51,7 @@ __all__ = [
     "current_stream",
     "default_scheduler",
     "lanes_enabled",
+    "configured_on",
     "yield_to_training",
 ]
 
@@ -371,6 +372,11 @@ def yield_to_training() -> None:
 def _check_number(what: str, f: Any) -> None:
     if isinstance(f, bool) or not isinstance(f, (int, float)):
         raise ValueError(f"{what} must be a number in (0, 1], got {f!r}")
+
+
+def configured_on() -> bool:
+    """Whether :func:`configure` left the lanes on (the process-wide switch)."""
+    return _enabled
 
 
 def lanes_enabled() -> bool:

@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 import ccoll
 from ccoll.collectives import CallReport, last_call
-from ccoll.collectives.communicator import default_communicator
+from ccoll.collectives.registry import default_communicator
 from ccoll.errors import InputError
 
 SIZE = MPI.COMM_WORLD.Get_size()

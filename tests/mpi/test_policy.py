@@ -21,7 +21,7 @@ from mpi4py import MPI
 import ccoll
 from ccoll.collectives import communicator
 from ccoll.collectives.channel import Channel
-from ccoll.collectives.communicator import default_communicator
+from ccoll.collectives.registry import default_communicator
 from ccoll.collectives.policy import auto
 from ccoll.collectives.policy.auto import AutoPolicy, link_calibration
 from ccoll.collectives.policy.cache import cache_dir
