@@ -53,11 +53,13 @@ class Settings:
     def digest(self) -> int:
         """A 52-bit fingerprint of the settings that change which collectives run.
 
-        Exact in float64 (it travels in the agreement). The log level and the
-        progress engine's exit timeout change no collective and are left out.
+        Exact in float64 (it travels in the agreement). Settings that may differ by rank
+        without changing any collective are left out: the log level, the progress engine's
+        exit timeout, the threads, the lanes, the node's shared memory (the node agrees on
+        it when it sets it up), device staging and the cache's folder (rank 0's is used).
         """
         vals = [(f.name, getattr(self, f.name)) for f in fields(self)
-                if f.name not in ("log", "shutdown_timeout")]
+                if f.name not in _LOCAL]
         raw = repr(vals).encode()
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 12
 
@@ -69,13 +71,17 @@ class Settings:
         return " ".join(out) if out else "none set"
 
 
+_LOCAL = frozenset({"log", "shutdown_timeout", "threads", "sched", "node_shm", "cuda_aware",
+                    "cache_dir"})
+
+
 def _switch(name: str, raw: str) -> bool:
     v = raw.strip().lower()
     if v in ("", "1", "on", "true", "yes"):
         return True
     if v in ("0", "off", "false", "no"):
         return False
-    raise ValueError(f"{name}={raw!r} is not a switch: set it to on or off (or unset it)")
+    raise ValueError(f"{name}={raw!r} is not a switch: set it to 'off' or 'on' (or unset it)")
 
 
 def _positive(name: str, raw: str, parse_fn: Any = float) -> float:

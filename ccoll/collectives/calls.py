@@ -166,6 +166,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     deadline = Deadline(ch.timeout, f"ccoll.{collective}")
     t0 = time.perf_counter()
     sent0 = ch.stats.bytes_sent
+    plan = st.cached  # what this call runs (counting it may make the next plan)
     try:
         if collective == "allreduce":
             y = fast.allreduce(st, r, op == "avg", deadline)
@@ -179,8 +180,6 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     if y is None:
         fast.history.note(None)
         return None
-    plan = st.cached
-    assert plan is not None
     dtype = r.narrow.name if r.narrow is not None else r.x.dtype.name
     route.last = (collective, plan, _POLICY_NAMES[pol], _ALGORITHM_NAMES[alg],  # type: ignore[index]
                   dtype, r.x.size, None, r.x.nbytes, True, ch.stats.bytes_sent - sent0,

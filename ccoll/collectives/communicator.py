@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -105,8 +106,6 @@ class Communicator:
         call = Call("Communicator")
         for problem in problems:
             call.problem(InputError, problem)
-        call.settings = settings.digest
-        call.shown["settings"] = settings.overrides()
         call.algorithm = check_option(call, "algorithm", algorithm, ALGORITHMS)
         call.policy = check_option(call, "policy", policy, POLICIES)
         call.schedule = check_option(call, "schedule", schedule, SCHEDULES)
@@ -151,6 +150,11 @@ class Communicator:
         self.schedule = schedule
         self.chunk_elems: int | None = None if chunk_elems is None else int(chunk_elems)
         self.timeout = None if timeout is None else float(timeout)
+        # The timeout decides blocking or nonblocking MPI calls, which must match: agreed,
+        # with the settings that decide which collectives run.
+        settings = replace(settings, timeout=self.timeout)
+        call.settings = settings.digest
+        call.shown["settings"] = settings.overrides()
         self.settings: Settings = settings
         self._comm = comm
         # Kept so that rank and size still answer after close() (the duplicate is freed).
@@ -282,6 +286,7 @@ class Communicator:
         reference), so ranks may close at different times.
         """
         self._finalizer()
+        self._async = None  # a later iallreduce raises (no new duplicate once closed)
         two = self._sync.two
         if two is not None:
             two.release()

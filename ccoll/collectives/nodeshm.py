@@ -25,22 +25,16 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ccoll.collectives.waiting import Deadline, wait_all
 
-__all__ = ["NodeShm", "shm_enabled"]
+__all__ = ["NodeShm"]
 
 _SHM_DIR = "/dev/shm"
 _NAME_BYTES = 128
-
-
-def shm_enabled(environ: Any = os.environ) -> bool:
-    """Whether this rank may use shared memory for the node phases (``CCOLL_NODE_SHM``)."""
-    return environ.get("CCOLL_NODE_SHM", "1").strip().lower() not in ("0", "off", "no", "false")
 
 
 class NodeShm:

@@ -32,7 +32,6 @@ the same exception without running, until ``lane.synchronize()`` (or
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -257,8 +256,6 @@ _FLAT: Mapping[str, int] = dict.fromkeys(LANES, 0)
 _training = False
 
 ENV_SCHED = "CCOLL_SCHED"
-_ENV_ON = ("", "1", "on", "true", "yes")
-_ENV_OFF = ("0", "off", "false", "no")
 
 
 def default_scheduler(device: str = "cpu") -> Scheduler:
@@ -380,19 +377,21 @@ def configured_on() -> bool:
 
 
 def lanes_enabled() -> bool:
-    """Whether collectives run on the process-wide lanes (configure(), ``CCOLL_SCHED``)."""
+    """Whether Communicators made now run on the process-wide lanes.
+
+    :func:`configure` and the ``CCOLL_SCHED`` setting (:mod:`ccoll.settings`, read here as a
+    Communicator reads it when it is made); a value that is not a switch raises
+    :class:`~ccoll.errors.InputError`.
+    """
     if not _enabled:
         return False
-    raw = os.environ.get(ENV_SCHED, "").strip().lower()
-    if raw in _ENV_ON:
-        return True
-    if raw in _ENV_OFF:
-        return False
-    raise InputError(
-        f"{ENV_SCHED}={os.environ[ENV_SCHED]!r} is not a switch: set it to 'off' to run "
-        "collectives on a private thread per channel, 'on' (or unset it) for the scheduler's "
-        "lanes"
-    )
+    from ccoll.settings import parse
+
+    settings, problems = parse()
+    bad = [p for p in problems if p.startswith(ENV_SCHED + "=")]
+    if bad:
+        raise InputError(bad[0])
+    return settings.sched
 
 
 def task_started(device: str) -> None:

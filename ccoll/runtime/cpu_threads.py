@@ -96,6 +96,7 @@ def prepare() -> str:
     with _prepare_lock:
         if _layer is not None:
             return _layer
+        # CCOLL_THREADS: read once, here (ccoll.settings; a Communicator reads it when made).
         explicit, problem = env_threads(os.environ)
         if problem is not None:
             raise InputError(problem)

@@ -41,7 +41,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,7 +54,11 @@ _log = logging.getLogger(__name__)
 
 # How long interpreter exit waits for a request that is already running (an MPI collective
 # whose peers never arrive would otherwise block exit forever).
-_EXIT_TIMEOUT_S = float(os.environ.get("CCOLL_SHUTDOWN_TIMEOUT", "30"))
+def _exit_timeout() -> float:
+    """The ``CCOLL_SHUTDOWN_TIMEOUT`` setting (:mod:`ccoll.settings`), read at exit."""
+    from ccoll.settings import current
+
+    return current().shutdown_timeout
 
 _PENDING, _RUNNING, _FINISHED = "pending", "running", "finished"
 
@@ -555,7 +558,7 @@ def _at_exit() -> None:
     global _exiting
     with _lock:
         _exiting = True
-    shutdown(wait=True, timeout=_EXIT_TIMEOUT_S)
+    shutdown(wait=True, timeout=_exit_timeout())
 
 
 atexit.register(_at_exit)

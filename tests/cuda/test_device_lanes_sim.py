@@ -69,8 +69,8 @@ def test_device_lanes_follow_ccoll_sched(monkeypatch, sched):
     assert on.compress_kw() == {"stream": sched.lane("compress").stream,
                                 "max_blocks": sched.grid_limit("compress")}
     assert on.kw("reduce") == {"stream": sched.lane("reduce").stream}
-    monkeypatch.setenv("CCOLL_SCHED", "off")
-    off = device_lanes()
+    # CCOLL_SCHED=off, as a Communicator's settings pass it on (its channels' lanes flag).
+    off = device_lanes(False)
     assert off.sched is None and off.compress_kw() == {} and off.kw("reduce") == {}
 
 

@@ -14,6 +14,10 @@ one defined place (the Communicator's creation), never inside a later call:
    compressed ring allreduces for the fixed costs; written to the cache;
 4. else the model's defaults (:data:`ccoll.collectives.model.DEFAULTS`).
 
+Steps 2 and 3 are ``policy="auto"``'s: a Communicator of a fixed policy plans its chunks
+and split from the settings and the defaults alone, so that its results never depend on
+what a cache file holds.
+
 Every number is the same on every rank (maxima of times, minima of rates, or rank 0's
 cache entry broadcast), and the settings that choose between these steps are checked across
 ranks when the Communicator is made, so every rank makes the same collectives here. The
@@ -46,9 +50,9 @@ from ccoll.settings import Settings
 
 __all__ = ["Calibration", "obtain", "from_params", "synthetic_sample", "DEFAULT"]
 
-# Elements of the synthetic sample the compressor is timed on (16 MiB of float32: larger
-# than the caches, as the messages whose compressor time matters).
-_SAMPLE_ELEMS = 1 << 22
+# Elements of the synthetic sample the compressor is timed on (8 MiB of float32: larger
+# than most last-level caches, as the messages whose compressor time matters).
+_SAMPLE_ELEMS = 1 << 21
 # The bound of the timing, relative to the sample's range (the collectives' default).
 _SAMPLE_REL = 1e-3
 
@@ -184,14 +188,15 @@ def _compressor(ch: Channel, s: Settings, key: str | None, probe: bool,
 def obtain(ch: Channel, s: Settings, *, probe: bool) -> Calibration:
     """The Communicator's calibration (collective over ``ch``; see the module's text).
 
-    ``probe``: measure what neither the settings nor the cache give (``policy="auto"``);
-    otherwise the model's defaults fill in. The same on every rank.
+    ``probe``: ``policy="auto"``: read the cache, and measure what neither the settings nor
+    the cache give; otherwise the settings and the model's defaults. The same on every
+    rank.
     """
     t0 = time.perf_counter()
     n = ch.comm.Get_size()
     key: str | None = None
     entry: dict[str, float] | None = None
-    if n > 1 and s.calibration != "off":
+    if n > 1 and probe and s.calibration != "off":
         key = cache.link_key(ch)
         if s.calibration == "cache":
             entry = cache.read_entry(ch, key, s.cache_dir)

@@ -389,6 +389,7 @@ class Planner:
             if got is None or seconds < got:
                 st.unsent[v] = seconds
         if plan.fast and plan is st.cached:  # a settled raw repeat: nothing else changes
+            st.last_run[v] = st.calls
             st.calls += 1
             if st.calls >= st.due:
                 self._refresh(st)

@@ -60,6 +60,9 @@ _AGREEMENT_DOUBLES = 26
 _RAW_IDLE_S = 5e-3  # idle time before each timed MPI_Allreduce of measure_raw_efficiency
 # MPI_Allreduce and the efficiency fit time this many elements per rank.
 EFF_ELEMS = 1 << 22
+# The link probe's largest ring step: on a link fast enough that this takes under 30 ms
+# (shared memory, 10 Gbit/s and faster), a shaper's burst is a small share of it anyway.
+_PROBE_MAX = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -183,7 +186,7 @@ def probe_link(ch: Channel) -> LinkCalibration:
     """Measure ``alpha`` and ``beta`` with ring steps (collective, ~0.1-0.3 s).
 
     ``alpha`` is the best time of a 1-byte step; ``beta`` comes from the growth of the time
-    between 1 byte and a message large enough to take about 30 ms (at most 32 MiB), so that
+    between 1 byte and a message large enough to take about 30 ms (at most 8 MiB), so that
     a token-bucket shaper's burst does not inflate it. Every rank returns the same numbers.
     """
     comm = ch.comm
@@ -194,7 +197,7 @@ def probe_link(ch: Channel) -> LinkCalibration:
         alpha = _ring_time(ch, 1, 20)
         m = 256 << 10
         t = _ring_time(ch, m, 2)
-        while t < 0.03 and m < (32 << 20):  # same t on every rank: the loop agrees
+        while t < 0.03 and m < _PROBE_MAX:  # same t on every rank: the loop agrees
             m *= 4
             t = _ring_time(ch, m, 2)
         beta = m / max(t - alpha, 1e-9)
