@@ -10,23 +10,19 @@ and at several ranks for the cost of the check that the ranks agree:
     python bench/repeat_cost.py                         # 1 rank, eb=None and REL 1e-3
     mpiexec -n 2 python -m mpi4py bench/repeat_cost.py --sizes 4,8K,64K,1M
 
-``--baseline DIR`` also times the ccoll found in DIR (a checkout) in the same process
-rounds, interleaved, for before/after figures of one run. docs/collectives.md quotes it.
+For before/after figures, run it twice in one session with ``PYTHONPATH`` pointing at each
+checkout. docs/collectives.md quotes it.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_size(text: str) -> int:
@@ -36,31 +32,6 @@ def parse_size(text: str) -> int:
     return int(float(t[:-1] if mult > 1 else t) * mult)
 
 
-def load_ccoll(path: str | None) -> Any:
-    """``ccoll`` from the checkout ``path`` (``None``: this one), as its own module tree."""
-    if path is None:
-        sys.path.insert(0, ROOT)
-        import ccoll
-
-        return ccoll
-    saved = {k: v for k, v in sys.modules.items() if k == "ccoll" or k.startswith("ccoll.")}
-    for k in saved:
-        del sys.modules[k]
-    sys.path.insert(0, os.path.abspath(path))
-    try:
-        mod = importlib.import_module("ccoll")
-        mod.Communicator  # noqa: B018 - load the collectives now, from this path
-        base = {k: v for k, v in sys.modules.items() if k == "ccoll" or k.startswith("ccoll.")}
-    finally:
-        sys.path.pop(0)
-        for k in list(sys.modules):
-            if k == "ccoll" or k.startswith("ccoll."):
-                del sys.modules[k]
-        sys.modules.update(saved)
-    mod._bench_modules = base  # keep its submodules alive
-    return mod
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4", help="message sizes in bytes (K, M), comma-separated")
@@ -68,15 +39,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="bounds to time, comma-separated: none (exact) or rel:/abs:VALUE")
     ap.add_argument("--calls", type=int, default=2000, help="calls per round")
     ap.add_argument("--rounds", type=int, default=15, help="rounds per variant (median counts)")
-    ap.add_argument("--baseline", default=None, metavar="DIR",
-                    help="also time the ccoll of this checkout, interleaved")
     args = ap.parse_args(argv)
 
     from mpi4py import MPI
 
+    import ccoll
+
     comm = MPI.COMM_WORLD
-    new = load_ccoll(None)
-    old = load_ccoll(args.baseline) if args.baseline else None
     bounds = [None if b.strip().lower() == "none" else b.strip() for b in args.eb.split(",")]
     rank, size = comm.Get_rank(), comm.Get_size()
     if rank == 0:
@@ -86,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
               f"cpu {llvm.get_host_cpu_name()}, load average {os.getloadavg()[0]:.2f}; "
               f"median of {args.rounds} rounds x {args.calls} calls, slowest rank; us per call")
         cols = "| size | eb | mpi4py | ccoll | ccoll - mpi4py | speed vs mpi4py |"
-        if old is not None:
-            cols += " before | before - mpi4py |"
         print(cols)
         print("|" + "---:|" * (cols.count("|") - 1))
     for text in args.sizes.split(","):
@@ -98,16 +65,12 @@ def main(argv: list[str] | None = None) -> int:
             def mpi(x: np.ndarray = x, y: np.ndarray = y) -> None:
                 comm.Allreduce(x, y)
 
-            variants: dict[str, Any] = {"mpi4py": mpi}
-            for name, mod in (("ccoll", new), ("before", old)):
-                if mod is None:
-                    continue
-                cc = mod.Communicator(comm)
+            cc = ccoll.Communicator(comm)
 
-                def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x) -> None:
-                    cc.allreduce(x, eb)
+            def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x) -> None:
+                cc.allreduce(x, eb)
 
-                variants[name] = call
+            variants: dict[str, Any] = {"mpi4py": mpi, "ccoll": call}
             times: dict[str, list[float]] = {k: [] for k in variants}
             for f in variants.values():  # warm-up: first calls, plans, kernels
                 for _ in range(50):
@@ -125,8 +88,6 @@ def main(argv: list[str] | None = None) -> int:
                 line = (f"| {nbytes} | {eb or 'none'} | {med['mpi4py']:.2f} | {med['ccoll']:.2f} "
                         f"| {med['ccoll'] - med['mpi4py']:.2f} | "
                         f"{med['mpi4py'] / med['ccoll']:.2f}x |")
-                if old is not None:
-                    line += f" {med['before']:.2f} | {med['before'] - med['mpi4py']:.2f} |"
                 print(line, flush=True)
     return 0
 

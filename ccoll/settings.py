@@ -64,7 +64,7 @@ class Settings:
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 12
 
     def overrides(self) -> str:
-        """The settings that differ from the defaults, as ``name=value`` (for messages)."""
+        """Return the settings that differ from the defaults, as ``name=value`` pairs."""
         base = Settings()
         out = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
                if getattr(self, f.name) != getattr(base, f.name)]
@@ -224,7 +224,7 @@ def parse(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]
 
 
 def current() -> Settings:
-    """The settings a Communicator made now gets (problems ignored: the default stays)."""
+    """Return the settings a Communicator made now gets (a bad value keeps its default)."""
     return parse()[0]
 
 

@@ -9,6 +9,7 @@ tests/mpi/test_chunk_choice.py checks that the ring runs with the chosen chunks.
 from __future__ import annotations
 
 from dataclasses import replace
+
 import pytest
 from mpi4py import MPI
 

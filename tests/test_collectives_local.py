@@ -9,11 +9,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from ccoll.collectives import model
 from ccoll.collectives.agreement import shape_code
 from ccoll.collectives.dar import dar_bound
 from ccoll.collectives.homomorphic import rank_bound
 from ccoll.collectives.layout import Layout, block_bounds
-from ccoll.collectives import model
 from ccoll.collectives.policy.plan import Facts, Options, Planner
 from ccoll.collectives.worker import Worker
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from kit import first_plan
 
 from ccoll.collectives import model

@@ -185,7 +185,7 @@ def test_fixed_policies_ignore_measurements():
 
 
 def test_a_raw_whatever_call_is_fast_from_its_second_call():
-    tiny = FACTS._replace(count=16)
+    tiny = FACTS._replace(elements=16)
     r = Ranks(SLOW, [times(1e-5, 1.0)], facts=tiny)
     assert r.run(5) == "RRRRR"
     assert r.fast == [False, True, True, True, True]

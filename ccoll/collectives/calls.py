@@ -163,7 +163,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
         fast.dummy(st)  # the others run the predicted call: join it, flagged
         fast.history.note(None)
         return None
-    deadline = Deadline(ch.timeout, f"ccoll.{collective}")
+    deadline = _NO_DEADLINE if ch.size == 1 else Deadline(ch.timeout, f"ccoll.{collective}")
     t0 = time.perf_counter()
     sent0 = ch.stats.bytes_sent
     plan = st.cached  # what this call runs (counting it may make the next plan)
@@ -180,16 +180,15 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     if y is None:
         fast.history.note(None)
         return None
-    dtype = r.narrow.name if r.narrow is not None else r.x.dtype.name
-    route.last = (collective, plan, _POLICY_NAMES[pol], _ALGORITHM_NAMES[alg],  # type: ignore[index]
-                  dtype, r.x.size, None, r.x.nbytes, True, ch.stats.bytes_sent - sent0,
-                  time.perf_counter() - t0)
+    route.last = (collective, plan, pol, alg, r.narrow or r.x.dtype, r.x.size, None,
+                  r.x.nbytes, True, ch.stats.bytes_sent - sent0, time.perf_counter() - t0)
     if LOGGER.isEnabledFor(logging.INFO):
         LOGGER.info("%s", report(cc, route))
     return y
 
 
 _POLICY_NAMES = {v: k for k, v in POLICIES.items()}
+_NO_DEADLINE = Deadline(None, "a call on one rank")  # no peer to wait for
 _ALGORITHM_NAMES = {v: k for k, v in ALGORITHMS.items()}
 
 
@@ -197,7 +196,7 @@ _ALGORITHM_NAMES = {v: k for k, v in ALGORITHMS.items()}
 
 
 def call_key(call: Call) -> tuple[Any, ...]:
-    """The planner's key of an agreed call (what :func:`fastpath.fast_key` makes too)."""
+    """Return the planner's key of an agreed call (what :func:`fastpath.ready` makes too)."""
     return (COLLECTIVES[call.collective], call.count, call.dtype, call.bound_kind,
             call.bound_value, call.op, call.algorithm, call.policy, call.root, call.shape,
             call.place)
@@ -295,6 +294,7 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     if isinstance(bound, REL) and may_compress and (root is None or is_root):
         call.lo, call.hi = value_range(arr, dev)
     if may_compress and planner.needs_ratio(st, facts) and (root is None or is_root):
+        assert bound is not None
         call.ratio, call.width = _sample(cc, arr, bound, call, facts)
     call.times = planner.unsent(st)
     call.repeatable = repeatable and dev is None
@@ -321,7 +321,7 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
             if wild:
                 arr = inp.arr
                 shape, dtype, size = arr.shape, arr.dtype, arr.size
-                facts = facts._replace(count=size, itemsize=_moved_itemsize(inp, dtype))
+                facts = facts._replace(elements=size, itemsize=_moved_itemsize(inp, dtype))
         route.fast.history.note(key if agreed.repeatable and not agreed.none else None)
         eb_abs = 0.0
         if bound is not None and not planner.raw_whatever(facts):
@@ -363,7 +363,7 @@ def _facts(call: Call, collective: str, inp: Input, dtype: np.dtype, policy: str
 
 def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
             facts: Facts) -> tuple[float, float]:
-    """This rank's ratio and mean code width of its data at the call's streams' bound.
+    """Return the ratio and mean code width of this rank's data at the streams' bound.
 
     A strided sample of whole 32-element blocks, about 1% of the predicted raw time of
     compressor work. ``REL``'s bound from this rank's own range (at most the global one:
@@ -433,12 +433,15 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
 
 
 def report(cc: Any, route: Route) -> CallReport | None:
-    """The :class:`CallReport` of the route's last call (built when asked for)."""
+    """Return the :class:`CallReport` of the route's last call (built when asked for)."""
     got = route.last
     if got is None:
         return None
     (collective, plan, policy, algorithm, dtype, count, eb_abs, nbytes, fast, sent,
      seconds) = got
+    if fast:  # kept as codes and objects: names cost more than a repeated call
+        policy, algorithm = _POLICY_NAMES[policy], _ALGORITHM_NAMES[algorithm]
+        dtype = dtype.name
     g = cc.grouping
     ratio = None
     if plan.compress and sent > 0:
@@ -466,7 +469,7 @@ def _raw_bytes(collective: str, n: int, nbytes: int) -> int:
 
 
 def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
-    """The data stage of an allreduce: MPI, the flat ring or halving, or two levels."""
+    """Move an allreduce's data: MPI, the flat ring or halving, or two levels."""
     ch = route.ch
     n_ranks = ch.size
     plan = p.plan
@@ -498,7 +501,7 @@ def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
 
 
 def run_reduce_scatter(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
-    """The data stage of a reduce_scatter: MPI, or the ring's reduce-scatter half."""
+    """Move a reduce_scatter's data: MPI, or the ring's reduce-scatter half."""
     ch = route.ch
     n_ranks, r = ch.size, ch.comm.Get_rank()
     plan = p.plan
@@ -522,7 +525,7 @@ def run_reduce_scatter(cc: Any, route: Route, p: Prepared, _root: Any = None) ->
 
 
 def run_allgather(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
-    """The data stage of an allgather: MPI, or compress once and forward the streams."""
+    """Move an allgather's data: MPI, or compress once and forward the streams."""
     ch = route.ch
     n_ranks = ch.size
     y = new_output(p, (n_ranks, *p.shape), None)
@@ -536,7 +539,7 @@ def run_allgather(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
 
 
 def run_bcast(cc: Any, route: Route, p: Prepared, root: int) -> Any:
-    """The data stage of a bcast: MPI, or the root's stream decoded everywhere."""
+    """Move a bcast's data: MPI, or the root's stream decoded everywhere."""
     ch = route.ch
     y = new_output(p, p.shape, None)
     yflat = y.reshape(y.size)

@@ -106,7 +106,7 @@ class Channel:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran (or the communicator was freed)."""
-        return self._closing or not self._finalizer.alive or self.comm == MPI.COMM_NULL
+        return self._closing or not self._finalizer.alive
 
     def check_usable(self) -> None:
         """Raise :class:`CollectiveError` if an earlier call on this channel failed midway.

@@ -249,8 +249,10 @@ class Communicator:
         return None if self._async is None else report(self, self._async)
 
     def plans(self) -> dict[str, Any]:
-        """What the blocking calls' plans rest on: the calibration and, per signature, the
-        calls, the agreed times and the current plan (for logs and ``ccoll bench --json``).
+        """Return what the plans rest on, for logs and ``ccoll bench --json``.
+
+        The calibration and, per signature, the calls, the agreed times and the current
+        plan, of the blocking calls and of ``iallreduce``.
         """
         out: dict[str, Any] = {"calibration": self.calibration.describe(),
                                "sync": self._sync.planner.describe()}
@@ -372,7 +374,7 @@ class Communicator:
         return True
 
     def _last_plan(self) -> Any:
-        """The plan of the last blocking call (``None`` before one)."""
+        """Return the plan of the last blocking call (``None`` before one)."""
         got = self._sync.last
         return None if got is None else got[1]
 

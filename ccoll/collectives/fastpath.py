@@ -134,45 +134,50 @@ def _out_ok(x: Any, out: Any, arr: np.ndarray, narrow: Narrow | None) -> bool:
 
 def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm: int | None,
           policy: int | None, root: Any, size: int) -> Ready | None:
-    """The call as the fast path runs it, or None where it takes the full way.
+    """Return the call as the fast path runs it, or None where it takes the full way.
 
     Host float32/float64 (and, for allreduce, float16/bfloat16) numpy arrays and CPU
     tensors, ``ABS``/``REL``/``None`` bounds and valid options only: the full way converts
-    and checks anything else (and raises its errors on every rank).
+    and checks anything else (and raises its errors on every rank). Every call asks, so
+    the common case (a float32/float64 numpy array) is checked first and cheaply.
     """
     if algorithm is None or policy is None:
         return None
-    got = _host(x)
-    if got is None:
-        return None
-    arr, narrow, as_torch = got
-    if narrow is not None and collective != "allreduce":
-        return None
+    if type(x) is np.ndarray and x.dtype in NATIVE_CODES:
+        arr, narrow, as_torch = x, None, False
+    else:
+        got = _host(x)
+        if got is None:
+            return None
+        arr, narrow, as_torch = got
+        if narrow is not None and collective != "allreduce":
+            return None
     if eb is None:
         kind, value = 0, 0.0
     elif isinstance(eb, ErrorBound):
         kind, value = BOUND_KINDS[eb.kind], eb.value
     else:
         return None
-    o = OPS.get(op or "sum") if op is None or isinstance(op, str) else None
+    o = OPS.get(op) if isinstance(op, str) else (OPS["sum"] if op is None else None)
     if o is None:
         return None
     r, shape_c = 0, 0
-    if collective in ("allgather", "bcast"):
-        shape_c = shape_code(tuple(x.shape))
-        o = 0
-        if collective == "bcast":
-            if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
-                    or not 0 <= root < size:
-                return None
-            r = int(root)
+    if collective != "allreduce":
+        if collective in ("allgather", "bcast"):
+            shape_c = shape_code(tuple(x.shape))
+            o = 0
+            if collective == "bcast":
+                if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+                        or not 0 <= root < size:
+                    return None
+                r = int(root)
     if out is not None and (collective != "allreduce" or not _out_ok(x, out, arr, narrow)):
         return None
-    code = DTYPES[narrow.name] if narrow is not None else NATIVE_CODES[arr.dtype]
-    flat = arr.reshape(-1) if arr.flags.c_contiguous else np.ascontiguousarray(arr).reshape(-1)
+    code = NATIVE_CODES[arr.dtype] if narrow is None else DTYPES[narrow.name]
+    flat = arr.reshape(-1)  # a view of C-contiguous data, else a copy
     key = (COLLECTIVES[collective], flat.size, code, kind, value, o, algorithm, policy, r,
            shape_c, 0)
-    return Ready(key, flat, tuple(x.shape), narrow, as_torch, out)
+    return Ready(key, flat, x.shape, narrow, as_torch, out)
 
 
 class Fast:
@@ -188,7 +193,7 @@ class Fast:
         self.last_seconds = 0.0
 
     def due(self) -> State | None:
-        """The predicted signature's state if its next call skips the agreement, else None."""
+        """Return the predicted signature's state if its call skips the agreement, else None."""
         pred = self.history.predicted
         return None if pred is None else self.planner.fast(pred)
 

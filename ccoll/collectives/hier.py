@@ -152,5 +152,5 @@ class TwoLevel:
         return shm
 
     def describe(self) -> dict[str, Any]:
-        """The grouping and whether the node's memory is shared (for reports)."""
+        """Return the grouping and whether the node's memory is shared (for reports)."""
         return {"grouping": str(self.grouping), "shared memory": self._shm is not None}

@@ -47,7 +47,7 @@ class Input(NamedTuple):
 
 
 def shape_of(inp: Input) -> tuple[tuple[int, ...], np.dtype]:
-    """The shape and dtype of what moves (host array, or device data)."""
+    """Return the shape and dtype of what moves (host array, or device data)."""
     if inp.dev is None:
         return inp.arr.shape, inp.arr.dtype
     return inp.dev.shape, inp.dev.dtype
@@ -83,6 +83,7 @@ def check_option(call: Call, name: str, value: Any, allowed: dict[str, int]) -> 
 
 
 def valid_root(root: Any, n_ranks: int) -> bool:
+    """Whether ``root`` is a rank of a communicator of ``n_ranks`` (an int, not a bool)."""
     return bool(not isinstance(root, bool) and isinstance(root, (int, np.integer))
                 and 0 <= root < n_ranks)
 
@@ -199,6 +200,7 @@ _FUSED_RANGE_MIN = 1 << 22
 
 
 def value_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
+    """Return the min and max of the finite values of this rank's data (host or device)."""
     if dev is None:
         if arr.dtype in _NATIVE and arr.size >= _FUSED_RANGE_MIN:
             # One parallel pass (numba, the rank's threads) instead of numpy's min, max and,
@@ -214,6 +216,7 @@ def value_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
 
 
 def resolve_bound(call: Call, eb: Any) -> ErrorBound | None:
+    """Return the call's bound (None: exact), recording its kind and value, or a problem."""
     if eb is None:
         call.bound_kind = BOUND_KINDS["exact"]
         call.shown["error-bound kind"] = "exact (None)"

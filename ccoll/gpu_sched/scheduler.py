@@ -36,7 +36,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ccoll.errors import CCollError, InputError
+from ccoll.errors import CCollError
 from ccoll.gpu_sched.lanes import LANES, Event, Lane, current_lane, current_stream
 
 __all__ = [
@@ -49,7 +49,6 @@ __all__ = [
     "current_lane",
     "current_stream",
     "default_scheduler",
-    "lanes_enabled",
     "configured_on",
     "yield_to_training",
 ]
@@ -374,24 +373,6 @@ def _check_number(what: str, f: Any) -> None:
 def configured_on() -> bool:
     """Whether :func:`configure` left the lanes on (the process-wide switch)."""
     return _enabled
-
-
-def lanes_enabled() -> bool:
-    """Whether Communicators made now run on the process-wide lanes.
-
-    :func:`configure` and the ``CCOLL_SCHED`` setting (:mod:`ccoll.settings`, read here as a
-    Communicator reads it when it is made); a value that is not a switch raises
-    :class:`~ccoll.errors.InputError`.
-    """
-    if not _enabled:
-        return False
-    from ccoll.settings import parse
-
-    settings, problems = parse()
-    bad = [p for p in problems if p.startswith(ENV_SCHED + "=")]
-    if bad:
-        raise InputError(bad[0])
-    return settings.sched
 
 
 def task_started(device: str) -> None:

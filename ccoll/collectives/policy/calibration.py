@@ -48,7 +48,7 @@ from ccoll.collectives.policy.probes import (
 )
 from ccoll.settings import Settings
 
-__all__ = ["Calibration", "obtain", "from_params", "synthetic_sample", "DEFAULT"]
+__all__ = ["Calibration", "obtain", "synthetic_sample", "DEFAULT"]
 
 # Elements of the synthetic sample the compressor is timed on (8 MiB of float32: larger
 # than most last-level caches, as the messages whose compressor time matters).
@@ -81,7 +81,7 @@ class Calibration:
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 12
 
     def describe(self) -> dict[str, Any]:
-        """The numbers and their sources (``ccoll bench --json``, ``ccoll tune``)."""
+        """Return the numbers and their sources (``ccoll bench --json``, ``ccoll tune``)."""
         return {"params": asdict(self.params), "link": self.link,
                 "compressor": self.compressor, "seconds": self.seconds, "ratio": self.ratio}
 
@@ -89,13 +89,8 @@ class Calibration:
 DEFAULT = Calibration(model.DEFAULTS, "defaults", "defaults")
 
 
-def from_params(p: Params, source: str = "given") -> Calibration:
-    """A Calibration of given constants (tests, ``ccoll model``)."""
-    return Calibration(p, source, source)
-
-
 def synthetic_sample(n: int = _SAMPLE_ELEMS) -> np.ndarray:
-    """A deterministic gradient-like float32 sample: heavy-tailed values, many near zero.
+    """Return a deterministic gradient-like float32 sample: heavy tails, many near zero.
 
     Laplace-distributed magnitudes whose scale varies over runs of 4096 values (layers of
     different sizes), a tenth of the values exactly zero: at REL 1e-3 most blocks quantize
@@ -167,7 +162,7 @@ def _compressor(ch: Channel, s: Settings, key: str | None, probe: bool,
         m = calibrate_compressor(x, eb, _ops())
         n = ch.comm.Get_size()
         call, chunk = measure_ring_costs(ch, x[: 1 << 16], eb / n)
-        mine = np.array([m.compress, m.add, m.decompress, -chunk, -call])
+        mine = np.array([m.compress, m.add, m.decompress, -max(chunk, m.chunk_overhead), -call])
         agreed = allreduce(ch, mine, MPI.MIN, "compressor calibration")
         comp = {"compress": float(agreed[0]), "add": float(agreed[1]),
                 "decompress": float(agreed[2]), "chunk_overhead": float(-agreed[3]),
@@ -186,7 +181,7 @@ def _compressor(ch: Channel, s: Settings, key: str | None, probe: bool,
 
 
 def obtain(ch: Channel, s: Settings, *, probe: bool) -> Calibration:
-    """The Communicator's calibration (collective over ``ch``; see the module's text).
+    """Return the Communicator's calibration (collective over ``ch``; the module's text).
 
     ``probe``: ``policy="auto"``: read the cache, and measure what neither the settings nor
     the cache give; otherwise the settings and the model's defaults. The same on every

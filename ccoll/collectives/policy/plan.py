@@ -45,8 +45,8 @@ from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.model import Params
 
 __all__ = [
-    "Facts", "Plan", "Planner", "State", "Options", "Candidate", "candidates", "phase_bounds", "Bounds",
-    "MARGIN", "TRY_FACTOR", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
+    "Facts", "Plan", "Planner", "State", "Options", "Candidate", "candidates", "phase_bounds",
+    "Bounds", "MARGIN", "TRY_FACTOR", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
 ]
 
 # A compressed path predicted (not measured) faster runs only if faster by this share: the
@@ -71,7 +71,7 @@ class Facts(NamedTuple):
     """The agreed facts of one call that a plan depends on (the same on every rank)."""
 
     collective: str
-    count: int
+    elements: int
     itemsize: int  # of what moves (float16/bfloat16: 4)
     policy: str
     algorithm: str
@@ -138,9 +138,9 @@ class Options(NamedTuple):
 
 def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
           ring_ranks: int | None = None, share_count: int | None = None) -> tuple[Plan, float]:
-    """The flat compressed path of an allreduce-like call: schedule, chunk, split, time."""
+    """Return the flat compressed path of a call: schedule, chunk, split, and its time."""
     n = f.ranks if ring_ranks is None else ring_ranks
-    count = f.count if share_count is None else share_count
+    count = f.elements if share_count is None else share_count
     size = float(count * f.itemsize)
     split = 0.0
     homo = f.algorithm == "homomorphic" and not f.device
@@ -182,7 +182,7 @@ def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options) -> l
     Pure arithmetic on agreed numbers: the same list on every rank.
     """
     n = f.ranks
-    size = float(f.count * f.itemsize)
+    size = float(f.elements * f.itemsize)
     t_raw = model.predict(size, n, p, 1.0, collective=f.collective, chunks=1).raw if n > 1 \
         else 0.0
     out = [Candidate(Plan("raw", "", predicted_raw=t_raw, predicted=t_raw), t_raw)]
@@ -192,9 +192,10 @@ def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options) -> l
     hier = o.hier
     if hier is not None and model.hierarchical_applies(hier, f.collective) and not f.device:
         nodes, rpn = hier
-        share = -(-f.count // rpn)  # one local rank's share, reduced by the inter-node ring
+        share = -(-f.elements // rpn)  # one local rank's share, reduced by the inter-node ring
         two, _ = _flat(f, p, ratio, width, o, ring_ranks=nodes, share_count=share)
-        chunks = max(1, -(-(-(-share // nodes)) // max(1, two.chunk_elems)))
+        block = -(-share // nodes)
+        chunks = max(1, -(-block // max(1, two.chunk_elems)))
         pred = model.predict(size, n, p, ratio, collective=f.collective, hier=hier,
                              chunks=chunks, width=width)
         t2 = pred.homomorphic if f.algorithm == "homomorphic" else pred.dar
@@ -302,7 +303,7 @@ class Planner:
     # -- before the agreement (local, the same on every rank) --------------------------
 
     def state(self, key: Any, facts: Facts) -> State:
-        """The signature's state, made at its first call."""
+        """Return the signature's state, made at its first call."""
         st = self._states.get(key)
         if st is None:
             if len(self._states) >= _MAX_STATES:
@@ -311,7 +312,7 @@ class Planner:
         return st
 
     def digest(self, st: State) -> int:
-        """The fingerprint of everything the signature's plans depend on but the call."""
+        """Return the fingerprint of what the signature's plans depend on but the call."""
         return _mix(st.digest, float(st.calls))
 
     def needs_ratio(self, st: State, facts: Facts) -> bool:
@@ -321,7 +322,7 @@ class Planner:
         signature (the ratio is kept), unless a ratio is forced.
         """
         if (facts.policy != "auto" or facts.exact or facts.device or facts.ranks < 2
-                or facts.count == 0 or self.forced_ratio is not None or st.ratio is not None):
+                or facts.elements == 0 or self.forced_ratio is not None or st.ratio is not None):
             return False
         return not self.raw_whatever(facts)
 
@@ -331,7 +332,7 @@ class Planner:
             return True
         if facts.policy != "auto":
             return False
-        if facts.ranks < 2 or facts.count == 0:
+        if facts.ranks < 2 or facts.elements == 0:
             return True
         known = self._ideal.get(facts)
         if known is None:
@@ -341,7 +342,7 @@ class Planner:
         return known
 
     def fast(self, key: Any) -> State | None:
-        """The state of ``key`` if its next call may skip the agreement, else None.
+        """Return the state of ``key`` if its next call may skip the agreement, else None.
 
         Its plan (:attr:`State.cached`) is raw and settled: nothing it would agree on can
         change it (docs/collectives.md, "Every call").
@@ -355,7 +356,7 @@ class Planner:
 
     def plan(self, st: State, facts: Facts, *, ratio: float | None = None,
              width: float | None = None, times: tuple[float, ...] = ()) -> Plan:
-        """The plan of this call, after its agreement (the same on every rank).
+        """Return the plan of this call, after its agreement (the same on every rank).
 
         ``ratio``/``width``: the agreed sample (first call of the signature); ``times``:
         the agreed seconds per :data:`VARIANTS` (0: none) of the signature's earlier calls.
@@ -405,7 +406,7 @@ class Planner:
         self._refresh(st)  # a first run, a due retry, a trial to repeat
 
     def unsent(self, st: State) -> tuple[float, ...]:
-        """This rank's least unagreed seconds per :data:`VARIANTS` (0: none)."""
+        """Return this rank's least unagreed seconds per :data:`VARIANTS` (0: none)."""
         if not st.unsent:
             return (0.0,) * len(VARIANTS)
         return tuple(st.unsent.get(v, 0.0) for v in VARIANTS)
@@ -415,7 +416,7 @@ class Planner:
         out = {}
         for st in self._states.values():
             f = st.facts
-            name = f"{f.collective} {f.policy} {f.count}x{f.itemsize}B"
+            name = f"{f.collective} {f.policy} {f.elements}x{f.itemsize}B"
             out[name] = {"calls": st.calls, "ratio": st.ratio,
                          "seconds": {v: min(t) for v, t in st.times.items() if t},
                          "plan": None if st.cached is None else st.cached.variant,
@@ -436,7 +437,7 @@ class Planner:
         st.cached = None
 
     def _choose(self, st: State, f: Facts) -> tuple[Plan, float]:
-        """The plan of the signature's next call and the call index it holds until (pure)."""
+        """Return the plan of the signature's next call and the call it holds until (pure)."""
         inf = math.inf
         if f.exact:
             return Plan("raw", "eb=None: exact", fast=True), inf
@@ -447,7 +448,7 @@ class Planner:
             return _named(best.plan, 'policy="compress"'), inf
         if f.ranks < 2:
             return Plan("raw", "one rank", fast=True), inf
-        if f.count == 0:
+        if f.elements == 0:
             return Plan("raw", "empty", fast=True), inf
         if f.lossless:
             return Plan("raw", "lossless bound: nothing to gain"), inf
@@ -512,7 +513,7 @@ class Planner:
 
     def _trial(self, st: State, cands: list[Candidate], best: Candidate,
                measured: dict[str, float], est: dict[str, float]) -> Candidate | None:
-        """The candidate to try on this call instead of the best, or None (pure)."""
+        """Return the candidate to try on this call instead of the best, or None (pure)."""
         bv = best.plan.variant
         if bv not in measured:
             return None  # first measure what the model chose
