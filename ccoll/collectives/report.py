@@ -36,9 +36,10 @@ class CallReport:
     - ``compressed``: whether the data went compressed (else plain MPI: raw);
     - ``reason``: why, in words: ``'policy="compress"'``, ``'policy="raw"'``,
       ``"eb=None: exact"``, or ``policy="auto"``'s reason ("predicted 2.10x faster
-      compressed", "predicted slower compressed", "too small to gain", "known raw from
-      calibration", "sticky raw: the model sent this call raw recently", "measured raw
-      faster: ..." (the measured feedback, docs/model.md), ...);
+      compressed", "predicted slower compressed", "too small to gain", "measured faster:
+      raw ..., compressed ...", "trial of compressed (...)", ...: docs/model.md,
+      "Measured feedback"); a repeat that skipped the agreement adds "; repeated: ran
+      without the agreement";
     - ``predicted_raw_s``, ``predicted_compressed_s``, ``ratio``: the cost model's
       predicted seconds and the estimated compression ratio, where ``policy="auto"``
       consulted the model for this call (else ``None``);
