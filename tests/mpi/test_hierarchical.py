@@ -226,9 +226,6 @@ def test_node_phases_run_in_shared_memory(comm):
         assert made == [None] * 5
 
 
-@pytest.mark.xfail(SIZE >= 2, raises=MismatchError, strict=True, reason=(
-    "bug: Settings.digest covers node_shm, so CCOLL_NODE_SHM=0 on one rank fails the "
-    "Communicator's creation with MismatchError (the node agrees on shared memory itself)"))
 def test_a_rank_without_shared_memory_moves_its_node_to_mpi(comm, monkeypatch):
     # CCOLL_NODE_SHM=0 on rank 1 only (read when the Communicator is made): its node
     # learns it when the memory is set up and runs MPI's Reduce_scatter/Allgatherv; the
