@@ -66,9 +66,13 @@ class Settings:
     def overrides(self) -> str:
         """Return the settings that differ from the defaults, as ``name=value`` pairs."""
         base = Settings()
-        out = [f"{f.name}={getattr(self, f.name)!r}" for f in fields(self)
+        out = [f"{f.name}={_shown(getattr(self, f.name))}" for f in fields(self)
                if getattr(self, f.name) != getattr(base, f.name)]
         return " ".join(out) if out else "none set"
+
+
+def _shown(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else repr(v)
 
 
 _LOCAL = frozenset({"log", "shutdown_timeout", "threads", "sched", "node_shm", "cuda_aware",

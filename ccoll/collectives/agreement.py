@@ -45,7 +45,7 @@ from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = [
-    "Call", "Agreed", "agree", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES",
+    "Call", "Agreed", "agree", "sig_field", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES",
     "SCHEDULES", "PLACES", "shape_code",
 ]
 
@@ -99,7 +99,8 @@ _FIELDS = (
     "sampled width",
     "repeatable",
 )
-_WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape"))
+# A bcast rank that passes None knows neither these nor the state of the call's signature.
+_WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape", "plan state"))
 # The fields from "x is None" on are not compared: every rank reads their min and max.
 _ANY = _FIELDS.index("x is None")
 _TIMES = _FIELDS.index("seconds raw")
@@ -224,6 +225,11 @@ class Agreed(NamedTuple):
     ratio: float = math.inf  # minimum over ranks of Call.ratio
     width: float = 0.0  # maximum over ranks of Call.width
     repeatable: bool = False  # every rank's Call.repeatable
+
+
+def sig_field(sig: tuple[float, ...], name: str) -> float:
+    """The agreed value of field ``name`` in an agreed signature (:attr:`Agreed.sig`)."""
+    return sig[_FIELDS.index(name)]
 
 
 def shape_code(shape: tuple[int, ...]) -> int:

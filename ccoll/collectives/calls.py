@@ -40,6 +40,7 @@ from ccoll.collectives.agreement import (
     Call,
     agree,
     shape_code,
+    sig_field,
 )
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.devices import (
@@ -70,7 +71,7 @@ from ccoll.collectives.inputs import (
 )
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy.fits import estimate_stream
-from ccoll.collectives.policy.plan import Facts, Plan, Planner, State, phase_bounds
+from ccoll.collectives.policy.plan import Facts, Plan, Planner, State, _mix, phase_bounds
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline
@@ -161,7 +162,6 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     fast = route.fast
     if r is None or r.key != st.key:
         fast.dummy(st)  # the others run the predicted call: join it, flagged
-        fast.history.note(None)
         return None
     deadline = _NO_DEADLINE if ch.size == 1 else Deadline(ch.timeout, f"ccoll.{collective}")
     t0 = time.perf_counter()
@@ -177,8 +177,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     except BaseException as exc:
         ch.fail(f"ccoll.{collective} raised {type(exc).__name__} in a repeated call")
         raise
-    if y is None:
-        fast.history.note(None)
+    if y is None:  # some rank's call differs: every rank takes the full way
         return None
     route.last = (collective, plan, pol, alg, r.narrow or r.x.dtype, r.x.size, None,
                   r.x.nbytes, True, ch.stats.bytes_sent - sent0, time.perf_counter() - t0)
@@ -288,7 +287,10 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     key = call_key(call)
     planner = route.planner
     st = planner.state(key, facts)
-    call.plan = planner.digest(st)
+    # The state this call's plan depends on, and the history the fast way reads: ranks whose
+    # states differ (they cannot, but for a bug) fail here, before any data moves.
+    pred = route.fast.history.predicted
+    call.plan = _mix(planner.digest(st), *(pred if pred is not None else ()))
     ok = not call.problems and not wild and policy in POLICIES and algorithm in ALGORITHMS
     may_compress = ok and bound is not None and not planner.raw_whatever(facts)
     if isinstance(bound, REL) and may_compress and (root is None or is_root):
@@ -322,6 +324,9 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
                 arr = inp.arr
                 shape, dtype, size = arr.shape, arr.dtype, arr.size
                 facts = facts._replace(elements=size, itemsize=_moved_itemsize(inp, dtype))
+                # This rank knew neither the signature nor its state: both are the others'.
+                key = _agreed_key(agreed.sig)
+                st = planner.state(key, facts)
         route.fast.history.note(key if agreed.repeatable and not agreed.none else None)
         eb_abs = 0.0
         if bound is not None and not planner.raw_whatever(facts):
@@ -348,6 +353,16 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     except BaseException as exc:
         ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
         raise
+
+
+def _agreed_key(sig: tuple[float, ...]) -> tuple[Any, ...]:
+    """The planner's key of an agreed signature (what :func:`call_key` makes of a call)."""
+    return tuple(int(v) if float(v).is_integer() and name != "error-bound value" else v
+                 for name, v in ((n, sig_field(sig, n)) for n in _KEY_FIELDS))
+
+
+_KEY_FIELDS = ("collective", "element count", "dtype", "error-bound kind", "error-bound value",
+               "op", "algorithm", "policy", "root", "shape", "data location")
 
 
 def _moved_itemsize(inp: Input, dtype: np.dtype) -> int:

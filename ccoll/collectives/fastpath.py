@@ -165,7 +165,7 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
     if collective != "allreduce":
         if collective in ("allgather", "bcast"):
             shape_c = shape_code(tuple(x.shape))
-            o = 0
+            o = OPS["sum"]  # what the full way records for a call without an op
             if collective == "bcast":
                 if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
                         or not 0 <= root < size:

@@ -66,6 +66,7 @@ def node_threads(comm: MPI.Intracomm, deadline: Deadline,
     Collective over ``comm``; also makes the count the process's (``set_thread_count``).
     ``threads``: the ``CCOLL_THREADS`` setting (:class:`ccoll.settings.Settings`).
     """
+    cpu_threads.use_setting(threads)
     node = node_cpus(comm, deadline)
     env = {"NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", "")}
     if threads is not None:

@@ -396,8 +396,9 @@ class Planner:
                 self._refresh(st)
             return
         st.last_run[v] = st.calls
-        if plan.trial:  # a loser's try: the next one waits twice as long
-            st.level[v] = min(st.level.get(v, FIRST_LEVEL - 1) + 1, MAX_LEVEL)
+        if plan.trial:
+            if v in st.times:  # a measured loser's try: the next one waits twice as long
+                st.level[v] = min(st.level.get(v, FIRST_LEVEL) + 1, MAX_LEVEL)
         else:
             st.level.pop(v, None)
         st.calls += 1
