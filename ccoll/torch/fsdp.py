@@ -14,7 +14,8 @@ laid out as ``N`` rows of ``C`` (row ``r`` is what rank ``r`` keeps), each row t
 shards of the module's parameters that have a gradient, in ``fsdp_params`` order; the
 output is this rank's row of the reduction. ``op`` is ``AVG`` for float32 and bfloat16
 reductions (the default) and ``SUM`` for float16 and float64, FSDP then dividing the
-output by its post-division factor. docs/training.md ("FSDP2") has the error bound.
+output by its post-division factor; under HSDP it all-reduces the outputs across the
+replicas first. docs/training.md ("FSDP2", "HSDP") has the error bound and how it is split.
 """
 
 from __future__ import annotations
@@ -59,17 +60,20 @@ class FSDPReduceScatter:
     """FSDP2 reduce-scatter with ccoll's error-bounded ``reduce_scatter``.
 
     Args:
-        eb: bound of every element of the sharded gradient FSDP writes (the average over
-            the ranks, or the sum divided by FSDP's post-division factor): ``ccoll.ABS(e)``,
-            ``ccoll.REL(v)`` (``v`` times the range of the values handed to the
-            reduce-scatter, over all ranks, per FSDP module), or a string ``"rel:1e-3"``.
-            Default ``REL(1e-3)``.
+        eb: bound of every element of the sharded gradient FSDP writes, against the exact
+            average of every data-parallel rank's gradient (the sum divided by FSDP's
+            divide factor; with HSDP after its all-reduce across the replicas; the bound is
+            split with FSDP's division factors and the replicas as docs/training.md says):
+            ``ccoll.ABS(e)``, ``ccoll.REL(v)`` (``v`` times the range of the values handed to
+            the reduce-scatter, over the ranks of ``comm``, per FSDP module), or a string
+            ``"rel:1e-3"``. Default ``REL(1e-3)``.
         policy: ``"auto"`` (ccoll's cost model decides per call whether compressing pays),
             ``"compress"`` (always) or ``"raw"`` (never: plain MPI through the same path).
         comm: mpi4py intracommunicator with the ranks of FSDP's reduce-scatter group, in
             the same order (default ``MPI.COMM_WORLD``, right for 1-D FSDP on a process
-            group made by :func:`ccoll.torch.init_process_group_from_mpi`). The object
-            works on a duplicate of it: constructing it is collective over ``comm``.
+            group made by :func:`ccoll.torch.init_process_group_from_mpi`; with HSDP the
+            ranks of this rank's shard group). The object works on a duplicate of it:
+            constructing it is collective over ``comm``.
         exempt: parameter-name patterns (``fnmatch``, matched against the parameter's
             full name, e.g. ``("*bias", "*norm*")``) whose gradients are reduced exactly.
             Needs :meth:`attach` (a module given the object directly with
@@ -333,14 +337,11 @@ class FSDPReduceScatter:
             view: _ModuleView | None) -> tuple[bool, float]:
         """Return (average?, factor): the bound passed to ccoll is ``eb * factor``.
 
-        ``op="avg"`` bounds the average itself (factor 1). With ``SUM`` FSDP divides the
-        output by its post-division factor afterwards, so the sum may carry that factor
-        times the bound.
+        The factor carries the bound from this reduce-scatter's output to the gradient FSDP
+        writes (:func:`_bound_factor`).
         """
-        if op == dist.ReduceOp.AVG:
-            return True, 1.0
-        if op == dist.ReduceOp.SUM:
-            return False, _post_factor(group, dtype, device, view)
+        if op in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
+            return op == dist.ReduceOp.AVG, _bound_factor(group, dtype, device, view)
         raise InputError(f"FSDP asked for reduce op {op}; ccoll's FSDP reduce-scatter does SUM "
                          "and AVG (leave set_gradient_divide_factor unset, or set it to the "
                          "number of ranks)")
@@ -480,25 +481,55 @@ def _as_input(x: torch.Tensor) -> Any:
     return x.float().numpy()
 
 
-def _post_factor(group: Any, dtype: torch.dtype, device: torch.device,
-                 view: _ModuleView | None) -> float:
-    """FSDP's post-division factor of a ``SUM`` reduce-scatter (1 where it divides before)."""
+def _most_replicas(group: Any) -> int:
+    """Return the most replicas a reduce-scatter over ``group`` can have.
+
+    That is the default process group's size over ``group``'s (1 without either).
+    """
+    if group is None or not dist.is_initialized():
+        return 1
+    return max(1, dist.get_world_size() // max(1, group.size()))
+
+
+def _bound_factor(group: Any, dtype: torch.dtype, device: torch.device,
+                  view: _ModuleView | None) -> float:
+    """Return what ccoll's bound on this reduce-scatter's output is ``eb`` times.
+
+    FSDP writes ``AR(out) / post``: ``out`` is this output on each of the ``R`` replicas of
+    the shard (``R = 1`` without HSDP), ``AR`` FSDP's all-reduce of them across the replicas
+    (``SUM`` or ``AVG``; none without HSDP) and ``post`` its post-division factor (1 where it
+    has none). An error ``e`` on every ``out`` is at most ``R * e`` after a ``SUM`` and
+    ``e`` after an ``AVG``, then divided by ``post``, so ``e = eb * post / R`` (``SUM``) or
+    ``eb * post`` (``AVG``) keeps the gradient within ``eb`` of the exact average. ``post``
+    and the all-reduce's op come from FSDP's own rule (torch 2.13's
+    ``_get_gradient_divide_factors``) with the module's divide factor and
+    ``force_sum_reduction_for_comms``, which only :meth:`FSDPReduceScatter.attach` knows.
+
+    Without them (the object given to ``set_custom_reduce_scatter`` by hand, or a torch
+    without that rule) the factor assumes the worst FSDP can do: no post-division and a
+    ``SUM`` over as many replicas as the default process group leaves room for.
+    """
+    pg = view.param_group if view is not None else None
+    mesh_info = getattr(pg, "mesh_info", None)
+    if mesh_info is None:
+        return 1.0 / _most_replicas(group)
+    # HSDP's mesh (and replicate()'s) has a replicate dimension; 1-D FSDP's has none.
+    ar_group = getattr(mesh_info, "replicate_process_group", None)
+    replicas = ar_group.size() if ar_group is not None else 1
     try:
         from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
             _get_gradient_divide_factors,
         )
-    except ImportError:  # another torch: no factor, a bound on the sum (tighter)
-        return 1.0
-    pg = view.param_group if view is not None else None
+    except ImportError:  # another torch: no factor known
+        return 1.0 / replicas
     factor = getattr(pg, "gradient_divide_factor", None)
     force_sum = bool(getattr(pg, "force_sum_reduction_for_comms", False))
-    ar_group = getattr(pg, "_all_reduce_process_group", None) if pg is not None else None
-    _, post, _, _ = _get_gradient_divide_factors(group, ar_group, dtype, device.type, factor,
-                                                 force_sum)
-    replicas = ar_group.size() if ar_group is not None else 1
-    # With replicas (HSDP), FSDP sums the replicas' outputs before it divides: each
-    # replica's error is added once more, so each sum may carry only post / replicas.
-    return max(1.0, float(post or 1.0) / replicas)
+    _, post, _, ar_op = _get_gradient_divide_factors(group, ar_group, dtype, device.type,
+                                                     factor, force_sum)
+    scale = float(post) if post is not None else 1.0
+    if ar_group is not None and ar_op != dist.ReduceOp.AVG:
+        scale /= replicas
+    return scale
 
 
 def _close(comm: Any, communicator: Any) -> None:

@@ -21,7 +21,7 @@ pytest.importorskip("sklearn")
 import torch.distributed as dist  # noqa: E402
 from kit import ExactSum, assert_clear_error, assert_within, rel_bound  # noqa: E402
 from mpi4py import MPI  # noqa: E402
-from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torchkit import process_group  # noqa: E402, F401
 
 import ccoll  # noqa: E402
@@ -118,6 +118,58 @@ def test_bound_on_every_element_and_exempt_exact(comm, made, eb) -> None:
             assert torch.equal(local, out[off : off + local.numel()])
             off += -(-p.shape[0] // n) * (p.numel() // p.shape[0])
         assert off == out.numel()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_sum_reductions_through_attach_hold_the_bound(comm, made, dtype) -> None:
+    # FSDP reduces float16 and float64 with SUM, dividing by `pre` before and `post` after
+    # (pre * post = n): the gradient it writes must be within eb of the exact average.
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
+        _get_gradient_divide_factors,
+    )
+
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = models.DigitsCNN()
+    kw = {}
+    if dt == torch.float64:
+        model = model.double()
+    else:
+        kw["mp_policy"] = MixedPrecisionPolicy(reduce_dtype=dt)
+    for sub in (model.conv1, model.conv2, model.fc):
+        fully_shard(sub, **kw)
+    fully_shard(model, **kw)
+    eb = 4e-3 if dt == torch.float16 else 1e-3
+    rs = ct.FSDPReduceScatter(ccoll.ABS(eb), policy="compress", min_numel=0)
+    made.append(rs)
+    assert rs.attach(model) == 3
+    calls = spy(rs)
+    x = rank_batch().to(torch.float64 if dt == torch.float64 else torch.float32)
+    (model(x).sum() / 16).backward()
+    pre, post, op, _ = _get_gradient_divide_factors(dist.group.WORLD, None, dt, "cpu")
+    assert op == dist.ReduceOp.SUM and pre * post == comm.size
+    n, r = comm.size, comm.rank
+    # round to nearest in the reduce dtype: |fl(v) - v| <= u |v| + tiny
+    u, tiny = (2.0**-11, 2.0**-25) if dt == torch.float16 else (2.0**-53, 2.0**-1075)
+    u_c, tiny_c = (2.0**-24, 2.0**-150) if dt == torch.float16 else (u, tiny)
+    assert len(calls) == 3
+    for module, (inp, out, _) in zip((model.fc, model.conv2, model.conv1), calls, strict=True):
+        rows = comm.allgather(inp.double().numpy().reshape(n, -1))
+        exact = ExactSum([x[r] for x in rows], Fraction(pre) / n)  # each rank's gradient / n
+        parts = []
+        for p in module.parameters():
+            local = p.grad.to_local().reshape(-1).double().numpy()
+            width = -(-p.shape[0] // n) * (p.numel() // p.shape[0])
+            parts.append(np.pad(local, (0, width - local.size), constant_values=np.nan))
+        y = np.concatenate(parts)
+        real = ~np.isnan(y)
+        # ccoll's own roundings of its output (two in its arithmetic, one to float16), scaled
+        # by FSDP's post-division, then that division's rounding
+        o = np.abs(out.double().numpy())
+        mine = 2 * (u_c * o + tiny_c) + ((u * o + tiny) if dt == torch.float16 else 0.0)
+        extra = 1.01 * (mine / post + u * np.abs(np.nan_to_num(y)) + tiny)
+        assert_within(y[real], exact[real], eb, extra=extra[real])
+    assert rs.compressed == 3
 
 
 def test_small_reduce_scatter_and_no_attach(comm, made) -> None:
