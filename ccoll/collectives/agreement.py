@@ -45,8 +45,8 @@ from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = [
-    "Call", "Agreed", "agree", "sig_field", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES",
-    "SCHEDULES", "PLACES", "shape_code",
+    "Call", "Agreed", "agree", "sig_field", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS",
+    "POLICIES", "SCHEDULES", "PLACES", "shape_code",
 ]
 
 COLLECTIVES = {
@@ -228,7 +228,7 @@ class Agreed(NamedTuple):
 
 
 def sig_field(sig: tuple[float, ...], name: str) -> float:
-    """The agreed value of field ``name`` in an agreed signature (:attr:`Agreed.sig`)."""
+    """Return the value of field ``name`` in an agreed signature (:attr:`Agreed.sig`)."""
     return sig[_FIELDS.index(name)]
 
 

@@ -356,7 +356,7 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
 
 
 def _agreed_key(sig: tuple[float, ...]) -> tuple[Any, ...]:
-    """The planner's key of an agreed signature (what :func:`call_key` makes of a call)."""
+    """Return the planner's key of an agreed signature (:func:`call_key`'s of a call)."""
     return tuple(int(v) if float(v).is_integer() and name != "error-bound value" else v
                  for name, v in ((n, sig_field(sig, n)) for n in _KEY_FIELDS))
 
