@@ -183,7 +183,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     if y is None:  # some rank's call differs: every rank takes the full way
         return None
     route.last = (collective, plan, pol, alg, r.narrow or r.x.dtype, r.x.size, None,
-                  r.x.nbytes, True, ch.stats.bytes_sent - sent0, time.perf_counter() - t0)
+                  r.x.nbytes, True, ch.stats.bytes_sent - sent0, time.perf_counter() - t0, 0)
     if LOGGER.isEnabledFor(logging.INFO):
         LOGGER.info("%s", report(cc, route))
     return y
@@ -466,7 +466,7 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
     """
     ch = route.ch
     t0 = time.perf_counter()
-    sent0 = ch.stats.bytes_sent
+    sent0, coded0 = ch.stats.bytes_sent, ch.stats.bytes_coded
     try:
         y = fn(cc, route, p, *args)
     except BaseException as exc:
@@ -475,6 +475,7 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
     t1 = time.perf_counter()
     stats = ch.stats
     sent = stats.bytes_sent - sent0
+    coded = stats.bytes_coded - coded0
     stats.calls += 1
     nbytes = int(math.prod(p.shape)) * p.dtype.itemsize
     stats.bytes_input += nbytes
@@ -485,7 +486,7 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
     eb_shown = p.eb_abs if p.eb_result is None else p.eb_result
     route.last = (p.collective, p.plan, p.policy, p.algorithm, p.dtype_name,
                   int(math.prod(p.shape)), eb_shown if p.plan.compress else None, nbytes,
-                  False, sent, t1 - p.t_start)
+                  False, sent, t1 - p.t_start, coded)
     if LOGGER.isEnabledFor(logging.INFO):
         LOGGER.info("%s", report(cc, route))
     rec = _trace.ACTIVE
@@ -501,7 +502,7 @@ def report(cc: Any, route: Route) -> CallReport | None:
     if got is None:
         return None
     (collective, plan, policy, algorithm, dtype, count, eb_abs, nbytes, fast, sent,
-     seconds) = got
+     seconds, coded) = got
     if fast:  # kept as codes and objects: names cost more than a repeated call
         policy, algorithm = _POLICY_NAMES[policy], _ALGORITHM_NAMES[algorithm]
         dtype = dtype.name
@@ -509,6 +510,10 @@ def report(cc: Any, route: Route) -> CallReport | None:
     ratio = None
     if plan.compress and sent > 0:
         ratio = _raw_bytes(collective, route.ch.size, nbytes) / sent
+    elif plan.compress and coded > 0:
+        # Nothing sent (one rank: its streams code all of the data; a broadcast's last
+        # rank: the root's stream codes it): the data over its streams.
+        ratio = nbytes / coded
     reason = plan.reason + ("; repeated: ran without the agreement" if fast else "")
     return CallReport(collective, plan.compress, reason, policy, algorithm, dtype, count,
                       eb_abs, nbytes, sent, seconds, plan.predicted_raw,

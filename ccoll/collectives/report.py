@@ -64,7 +64,9 @@ class CallReport:
       ``trial``: the plan ran this path to measure it (docs/model.md, "Measured feedback").
 
     For a compressed call ``ratio`` is the one measured: the bytes a raw call would have
-    sent over the bytes this rank sent.
+    sent over the bytes this rank sent; where this rank sent nothing (one rank, a
+    broadcast's last rank), the data's bytes over its compressed streams' (the root's
+    stream for a broadcast).
     """
 
     collective: str
