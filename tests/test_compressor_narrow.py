@@ -107,3 +107,19 @@ def test_float32_data_is_unchanged_by_the_rule():
     # The split is for float16/bfloat16 only: float32 keeps the whole bound on its grid.
     x = _data(1.0).astype(np.float32)
     assert header(ccoll.compress(x, ccoll.ABS(1e-3))).eb == 1e-3
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_complex_input_advice_keeps_the_imaginary_part(dtype):
+    # astype(np.float32) would drop the imaginary part silently: the advice must not say it.
+    z = (np.arange(8) + 1j * np.arange(8)).astype(dtype)
+    with pytest.raises(ccoll.DTypeError) as info:
+        ccoll.compress(z, ccoll.ABS(1e-3))
+    msg = str(info.value)
+    assert np.dtype(dtype).name in msg and "astype(np.float32)" not in msg, msg
+    assert "imaginary" in msg and ".real" in msg and ".imag" in msg, msg
+    t = torch.from_numpy(z)
+    with pytest.raises(ccoll.DTypeError) as info:
+        ccoll.compress(t, ccoll.ABS(1e-3))
+    msg = str(info.value)
+    assert "x.float()" not in msg and "view_as_real" in msg, msg

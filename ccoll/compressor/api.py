@@ -39,10 +39,24 @@ _TORCH_FLOATS: dict[str, np.dtype] = {
 }
 
 
+def dtype_fix(what: object, name: str = "x") -> str:
+    """Return the advice for data of dtype ``what`` that ccoll does not take.
+
+    Complex data has two parts, and a cast to a real dtype would drop the imaginary one
+    silently: the advice is to pass both parts as real data instead.
+    """
+    if "complex" in str(what):
+        return (f"a complex array has a real and an imaginary part, and a cast to float "
+                f"drops the imaginary one: pass {name}.real and {name}.imag separately, or "
+                f"both as one real array (numpy: {name}.view({name}.real.dtype); torch: "
+                f"torch.view_as_real({name}))")
+    return f"pass {name}.astype(np.float32) (a torch tensor: {name}.float())"
+
+
 def _dtype_error(what: object, name: str = "x") -> DTypeError:
     return DTypeError(
         f"{name} has dtype {what}; ccoll compresses float16, bfloat16, float32 or float64 "
-        f"data: pass {name}.astype(np.float32) (a torch tensor: {name}.float())"
+        f"data: {dtype_fix(what, name)}"
     )
 
 
