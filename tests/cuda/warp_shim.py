@@ -7,6 +7,14 @@ converged warps. As on hardware, every lane of the warp must reach the same sequ
 calls: a lane that skips a call deadlocks its warp (the barrier times out instead of hanging
 forever). Only the full mask is supported, which is all ccoll's kernels use.
 
+``install()`` also stops the simulator's block manager from holding the GIL while it waits:
+numba-cuda's ``BlockManager.run`` polls its threads in a pure-Python loop (``is_alive`` on each
+live thread, over and over) until all are blocked in ``syncthreads`` or done, and such a loop
+gives up the GIL only when the interpreter's switch interval (5 ms) forces it, so the threads
+it waits for run in short slices between long idle polls. A ``time.sleep(0)`` in each
+``is_alive`` call hands the GIL over at once; the scheduling semantics are unchanged (the
+same poll, the same barrier rule) and kernels in the simulator ran about twice as fast.
+
 ``install()`` is idempotent; tests/cuda/conftest.py and the simulator mode of
 bench/gpu/compressor_gpu.py call it.
 """
@@ -14,6 +22,7 @@ bench/gpu/compressor_gpu.py call it.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -130,9 +139,17 @@ _SHIMS = {
 }
 
 
+def _yielding_is_alive(self: threading.Thread) -> bool:
+    """``Thread.is_alive`` that first lets another thread take the GIL (see the docstring)."""
+    time.sleep(0)
+    return threading.Thread.is_alive(self)
+
+
 def install() -> None:
-    """Add the warp intrinsics to the simulator's fake ``cuda`` module (idempotent)."""
-    from numba.cuda.simulator import kernelapi
+    """Add the warp intrinsics to the simulator's fake ``cuda`` module and make its block
+    manager's polling loop yield the GIL (idempotent)."""
+    from numba.cuda.simulator import kernel, kernelapi
 
     for name, fn in _SHIMS.items():
         setattr(kernelapi.FakeCUDAModule, name, fn)
+    kernel.BlockThread.is_alive = _yielding_is_alive  # type: ignore[method-assign]
