@@ -13,7 +13,9 @@ forever). Only the full mask is supported, which is all ccoll's kernels use.
 - numba-cuda's ``BlockManager.run`` polls its threads in a pure-Python loop (``is_alive`` on
   each live thread, over and over), which gives up the GIL only when the interpreter's
   switch interval (5 ms) forces it, so the threads it waits for ran in short slices between
-  long idle polls. A ``time.sleep(0)`` in each ``is_alive`` call hands the GIL over at once.
+  long idle polls. Its ``is_alive`` calls now wait (up to 50 ms) for the thread to end,
+  without the GIL; with ``syncthreads`` off the poll (below), the poll only has to notice
+  threads ending and exceptions.
 - ``syncthreads`` and the warp barrier block each waiting thread on a gate of its own that
   the last thread to arrive opens (:class:`_Block`, :class:`_Warp`), instead of numba's
   polled events and ``threading.Barrier``'s shared condition lock.
@@ -31,7 +33,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -251,9 +252,16 @@ def _syncthreads(self: Any) -> None:
     _block(self).arrive(gate)
 
 
-def _yielding_is_alive(self: threading.Thread) -> bool:
-    """``Thread.is_alive`` that first lets another thread take the GIL (see the docstring)."""
-    time.sleep(0)
+def _waiting_is_alive(self: Any) -> bool:
+    """``Thread.is_alive`` for the block manager's poll: wait up to 50 ms for the thread to
+    end (blocked, without the GIL) instead of answering at once (see the docstring).
+
+    A thread that has recorded an exception counts as alive, so that the poll, which looks
+    at the exceptions of the threads it still counts, raises it on its next round.
+    """
+    if self.exception is not None:
+        return True
+    self.join(0.05)
     return threading.Thread.is_alive(self)
 
 
@@ -292,8 +300,8 @@ def _shared_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> A
 
 def install() -> None:
     """Add the warp intrinsics to the simulator's fake ``cuda`` module, give its thread
-    blocks gate-based ``syncthreads`` and make its block manager's polling loop yield the
-    GIL (idempotent)."""
+    blocks gate-based ``syncthreads`` and shared arrays, and make its block manager's
+    polling loop wait instead of spinning (idempotent)."""
     global _kernelapi
     from numba.cuda.simulator import kernel, kernelapi
 
@@ -309,4 +317,4 @@ def install() -> None:
         sh._ccoll_numba_array = sh.array  # type: ignore[attr-defined]
     sh.array = _shared_array  # type: ignore[method-assign]
     bt.syncthreads = _syncthreads  # type: ignore[method-assign]
-    bt.is_alive = _yielding_is_alive  # type: ignore[method-assign]
+    bt.is_alive = _waiting_is_alive  # type: ignore[method-assign]
