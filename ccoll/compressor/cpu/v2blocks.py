@@ -585,7 +585,9 @@ def _place_words(src, s0, dst, o, nbits):  # type: ignore[no-untyped-def]
     writer started at ``o`` (:func:`_writer_at`) would, it stores every word of ``dst`` it
     completes (the bits before ``o`` in the first one 0) and returns the last, partial
     word (0 if none), so the caller ORs it in. One shift pair per word, no branch: the
-    loop vectorizes.
+    loop vectorizes into plain vector loads and stores. The words are indexed with
+    unsigned offsets: with signed ones numba's negative-index wraparound made LLVM
+    vectorize the loop into gathers and scatters, several times slower.
     """
     p0 = o >> 5
     d = o & 31
@@ -594,13 +596,19 @@ def _place_words(src, s0, dst, o, nbits):  # type: ignore[no-untyped-def]
     nsrc = (nbits + 31) >> 5
     if nfull > 0:
         dst[p0] = (np.int64(src[s0]) << d) & 0xFFFFFFFF
+    up = np.uint64(p0)
+    us = np.uint64(s0)
     if d == 0:
         for j in range(1, nfull):
-            dst[p0 + j] = src[s0 + j]
+            uj = np.uint64(j)
+            dst[up + uj] = src[us + uj]
     else:
+        ud = np.uint32(d)
+        ur = np.uint32(32 - d)
         for j in range(1, nfull):
-            dst[p0 + j] = (((np.int64(src[s0 + j]) << d) | (np.int64(src[s0 + j - 1]) >> (32 - d)))
-                           & 0xFFFFFFFF)
+            uj = np.uint64(j)
+            prev = np.uint32(src[us + uj - np.uint64(1)])
+            dst[up + uj] = (np.uint32(src[us + uj]) << ud) | (prev >> ur)
     if end & 31 == 0:
         return np.int64(0)
     cur = np.int64(src[s0 + nfull]) if nfull < nsrc else np.int64(0)
