@@ -40,20 +40,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELS = (1e-2, 1e-3, 1e-4)
 
 
-def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: str,
+def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: tuple[str, ...],
                 suffix: str) -> str:
     """Copy ``ccoll/compressor/cpu/{names}.py`` of git revision ``rev`` into ``bench/out``.
 
-    Each copy is named ``{name}{suffix}.py`` and imports the module ``shared`` from its
-    sibling copy; returns the folder, put first on ``sys.path``.
+    Each copy is named ``{name}{suffix}.py`` and imports the modules ``shared`` from their
+    sibling copies; returns the folder, put first on ``sys.path``. The folder is named after
+    the commit ``rev`` resolves to: numba keys a cached kernel on its own file only, so a
+    folder reused for another commit (``HEAD`` after a commit) whose ``v2.py`` did not
+    change would load kernels compiled with the old ``v2blocks.py`` inlined.
     """
-    d = os.path.join(ROOT, "bench", "out", f"{folder}_{rev}")
+    sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", f"{rev}^{{commit}}"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    d = os.path.join(ROOT, "bench", "out", f"{folder}_{sha}")
     os.makedirs(d, exist_ok=True)
     for name in names:
         src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ccoll/compressor/cpu/{name}.py"],
                              check=True, capture_output=True, text=True).stdout
-        src = src.replace(f"from ccoll.compressor.cpu.{shared} import",
-                          f"from {shared}{suffix} import")
+        for m in shared:
+            src = src.replace(f"from ccoll.compressor.cpu.{m} import", f"from {m}{suffix} import")
         path = os.path.join(d, f"{name}{suffix}.py")
         old = open(path).read() if os.path.exists(path) else None
         if old != src:  # keep the file (and so numba's cache of it) when unchanged
@@ -64,14 +69,19 @@ def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: str,
 
 
 def _baseline(rev: str) -> ModuleType:
-    """Import the v2 kernels of git revision ``rev`` as a module of their own."""
-    _kernels_of(rev, "v2_kernels", ("v2", "v2blocks"), "v2blocks", "_base")
+    """Import the v2 kernels of git revision ``rev`` as a module of their own.
+
+    The revision's ``intrinsics.py`` comes with them: the kernels call its intrinsics with
+    the signatures of that revision.
+    """
+    _kernels_of(rev, "v2_kernels", ("v2", "v2blocks", "intrinsics"), ("v2blocks", "intrinsics"),
+                "_base")
     return importlib.import_module("v2_base")
 
 
 def _v1_baseline(rev: str) -> tuple[ModuleType, ModuleType]:
     """Import the v1 encoder and decoder of git revision ``rev`` (with its block helpers)."""
-    _kernels_of(rev, "v1_kernels", ("blocks", "encode", "decode"), "blocks", "_v1base")
+    _kernels_of(rev, "v1_kernels", ("blocks", "encode", "decode"), ("blocks",), "_v1base")
     return importlib.import_module("encode_v1base"), importlib.import_module("decode_v1base")
 
 
