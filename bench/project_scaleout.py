@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ccoll.collectives import model
-from ccoll.collectives.policy.auto import DECISION_MARGIN
+from ccoll.collectives.policy.plan import MARGIN as DECISION_MARGIN
 
 HERE = Path(__file__).resolve().parent
 MEASURED = HERE.parent / "docs" / "bench" / "scaleout.json"

@@ -104,7 +104,7 @@ def child(salt: int, n: int) -> int:
         bad1, worst1 = _exact_violations(r1[0], list(g1), 1e-3)
         bad2, worst2 = _exact_violations(r2[0], list(g2), 1e-3)
         ok[0] = int(same and bad1 == 0 and bad2 == 0)
-        from ccoll.collectives.communicator import default_communicator
+        from ccoll.collectives.registry import default_communicator
 
         cc = default_communicator(comm)
         report = {

@@ -244,10 +244,8 @@ def bench(
     from mpi4py import MPI
 
     from ccoll.collectives import trace as _trace
-    from ccoll.collectives.channel import Channel
     from ccoll.collectives.communicator import Communicator
     from ccoll.collectives.homomorphic import rank_bound
-    from ccoll.collectives.policy import AutoPolicy, describe
     from ccoll.errorbound import as_bound, finite_range
 
     comm = MPI.COMM_WORLD if comm is None else comm
@@ -297,8 +295,9 @@ def bench(
                 f"({g.source}); allreduce "
                 f"{'in two levels' if hier_of_rpn[rpn] is not None else 'flat'}")
     # The model's calibration runs on a channel of its own (it keeps its own counters).
-    model_ch = Channel(comm.Dup(), "bench-model", None) if predict else None
-    model_policy = AutoPolicy(model_ch) if model_ch is not None else None
+    # The model's constants: a policy="auto" Communicator's calibration (the cache, else a
+    # probe when it is made), as every auto row's plans use.
+    model_cc = Communicator(comm, policy="auto") if predict else None
     rows: list[Row] = []
     traced: list[tuple[str, list[dict[str, Any]]]] = []
     try:
@@ -357,10 +356,10 @@ def bench(
             # One prediction per kind of row (flat, two levels), in the same order on every
             # rank (_predict is collective).
             preds: dict[tuple[int, int] | None, tuple[Any, dict[str, float] | None]] = {}
-            if model_policy is not None and n > 1:
+            if model_cc is not None and n > 1:
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
                 for h in dict.fromkeys(hier_of[a] for a in algos):
-                    preds[h] = _predict(model_policy, collective, x, share, h)
+                    preds[h] = _predict(model_cc, collective, x, share, h)
             mpi_avg = None
             for a in algos:
                 t = np.empty_like(times[a])
@@ -414,70 +413,62 @@ def bench(
         # Every ccoll row's node grouping (the same on every rank: agreed by its Communicator).
         meta["groupings"] = {a: str(cc.grouping) for a, cc in ccs.items()}
         meta["schedule"] = schedule
-        if model_policy is not None:
-            meta["calibration"] = describe(model_policy)
+        if model_cc is not None:
+            meta["calibration"] = model_cc.calibration.describe()
         autos = [a for a in ccs if base_of[a] == "auto"]
-        if autos:  # what auto's calls measured, per size (docs/model.md); the first grouping's
-            auto_policy = ccs[autos[0]]._auto.get("sync")
-            if auto_policy is not None:
-                meta["auto_feedback"] = auto_policy.feedback.describe()
-            meta["auto_feedback_by_row"] = {
-                a: pol.feedback.describe() for a in autos
-                if (pol := ccs[a]._auto.get("sync")) is not None}
+        if autos:  # what auto's calls measured, per signature (docs/model.md)
+            meta["auto_plans"] = ccs[autos[0]].plans()["sync"]
+            meta["auto_plans_by_row"] = {a: ccs[a].plans()["sync"] for a in autos}
         if trace and r == 0:
             meta["trace"] = _trace.chrome(traced, {k: meta[k] for k in (
                 "collective", "ranks", "eb", "host", "loadavg", "date_utc", "argv")})
     finally:
         for cc in ccs.values():
             cc.free()
-        if model_ch is not None:
-            model_ch.close()
+        if model_cc is not None:
+            model_cc.close()
         comm.Free()
     return rows, meta
 
 
-def _predict(pol: Any, collective: str, x: np.ndarray, eb_share: float,
+def _predict(cc: Any, collective: str, x: np.ndarray, eb_share: float,
              hier: tuple[int, int] | None = None) -> tuple[Any, dict[str, float] | None]:
     """Predict this size with this run's calibration and a sampled ratio; and its floors.
 
-    The floors (seconds, by algorithm: ``raw``, ``homomorphic``, ``dar``) use the
-    compressor's own rates, without the in-collective efficiency that the prediction uses.
+    Collective over ``cc``'s communicator (the ratio is summed over ranks). The floors
+    (seconds, by algorithm: ``raw``, ``homomorphic``, ``dar``) use the same rates.
     ``hier`` (nodes, ranks per node): predicted in two levels
     (:func:`model.predict_hierarchical`); the floors are the flat ring's, so none then.
     """
-    from dataclasses import replace
-
     from mpi4py import MPI
 
     from ccoll.collectives import model
+    from ccoll.collectives.codec import api
     from ccoll.collectives.policy.fits import estimate_stream
 
-    n = pol.comm.Get_size()
-    comp = pol.compressor(x, eb_share) if eb_share > 0 else None
-    p = pol.params_for(x, comp) if comp is not None and collective != "bcast" else pol.params(comp)
-    mine = np.array(estimate_stream(x, eb_share, 4096, pol.ops()[0]) if eb_share > 0
+    comm = cc.comm
+    n = comm.Get_size()
+    p = cc.calibration.params
+    mine = np.array(estimate_stream(x, eb_share, 4096, api().compress_abs) if eb_share > 0
                     else (x.nbytes, 0.0, 0.0))
     tot = np.empty_like(mine)
-    pol.comm.Allreduce(mine, tot, op=MPI.SUM)
+    comm.Allreduce(mine, tot, op=MPI.SUM)
     ratio = n * x.nbytes / max(float(tot[0]), 1.0)
     width = float(tot[2]) / float(tot[1]) if tot[1] > 0 else 1.0
-    # The chunks of the measured rows: a policy="compress" Communicator that never
-    # calibrated picks them with the model's defaults (Communicator._chunk).
+    # The chunks of the measured rows: a policy="compress" Communicator plans them with its
+    # calibration and the default ratio.
     if hier is None:
         block = -(-x.size // n)
-        k = max(1, -(-block // model.chunk_elems_for(x.size, x.itemsize, n, model.DEFAULTS)))
+        k = max(1, -(-block // model.chunk_elems_for(x.size, x.itemsize, n, p)))
     else:  # the inter-node ring's share and ranks, as the Communicator cuts them
         share = -(-x.size // hier[1])
         block = -(-share // hier[0])
-        k = max(1, -(-block // model.chunk_elems_for(share, x.itemsize, hier[0],
-                                                     model.DEFAULTS)))
+        k = max(1, -(-block // model.chunk_elems_for(share, x.itemsize, hier[0], p)))
     pred = model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k,
                          hier=hier)
     if hier is not None:
         return pred, None
-    eta = comp.efficiency if comp is not None and comp.efficiency > 0 else 1.0
-    own = replace(p, compress=p.compress / eta, add=p.add / eta, decompress=p.decompress / eta)
-    floors = {a: model.floor(x.nbytes, n, own, ratio, algorithm=a, collective=collective,
+    floors = {a: model.floor(x.nbytes, n, p, ratio, algorithm=a, collective=collective,
                              ratio_sum=pred.ratio_sum, width=width).seconds
               for a in ("raw", "homomorphic", "dar")}
     return pred, floors

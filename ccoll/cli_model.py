@@ -22,7 +22,7 @@ from ccoll.errors import InputError
 from ccoll.helpformat import DefaultsFormatter
 from ccoll.units import format_iec, format_time, parse_rate, parse_size, parse_time
 
-__all__ = ["add_parser", "params_from_args", "run_model"]
+__all__ = ["add_parser", "add_tune_parser", "params_from_args", "run_model", "run_tune"]
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -34,7 +34,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
             "Predict the time of a raw ring allreduce, ccoll's homomorphic ring and the "
             "decompress-add-recompress ring from link and compressor constants, and print "
             "where compression starts paying (docs/model.md). Constants not given come from "
-            "the calibration cache (~/.cache/ccoll) when --cached is set, else from defaults."
+            "the newest calibration in the cache (CCOLL_CACHE_DIR, default ~/.cache/ccoll: "
+            "written when a policy=\"auto\" Communicator first probes, by ccoll bench, or by "
+            "ccoll tune), else from defaults (--defaults: always)."
         ),
         formatter_class=DefaultsFormatter,
         epilog="units: b = bit, B = byte. Bandwidth: 10Gbit, 10Gb/s, 10Gbps or 1.25GB/s, "
@@ -62,8 +64,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help=f"{what} throughput in GB/s (1e9 bytes of float data per second)")
     ap.add_argument("--overhead", type=parse_time, default=None,
                     help="fixed cost of one compressed call (default 100us)")
-    ap.add_argument("--cached", action="store_true",
-                    help="start from the newest calibration in ~/.cache/ccoll")
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--cached", action="store_true",
+                     help="require the cached calibration (exit 1 without one)")
+    src.add_argument("--defaults", action="store_true",
+                     help="start from the model's defaults, not the cached calibration")
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
     ap.add_argument("-q", "--quiet", action="store_true", help="print nothing (exit code only)")
     ap.set_defaults(handler=run_model)
@@ -86,13 +91,14 @@ def params_from_args(args: argparse.Namespace, base: Params = DEFAULTS) -> Param
     return replace(base, **kw)
 
 
-def _cached_params() -> Params:
-    # Imported here: the calibration cache is only read with --cached.
+def _cached_params(required: bool) -> Params | None:
     from ccoll.collectives.policy.cache import newest_cached_params
+    from ccoll.settings import current
 
-    cached = newest_cached_params()
-    if cached is None:
-        raise InputError("no calibration in the cache yet (run a ccoll collective first)")
+    cached = newest_cached_params(current().cache_dir)
+    if cached is None and required:
+        raise InputError("no calibration in the cache yet: run `mpiexec -n N ccoll tune` (or "
+                         "ccoll bench) where you want to model")
     return cached
 
 
@@ -104,7 +110,8 @@ def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         raise InputError("--ratio and --ratio-sum must be > 0")
     if args.chunks is not None and args.chunks < 1:
         raise InputError(f"--chunks must be >= 1, got {args.chunks}")
-    base = _cached_params() if args.cached else DEFAULTS
+    cached = None if args.defaults else _cached_params(args.cached)
+    base = DEFAULTS if cached is None else cached
     try:
         p = params_from_args(args, base)
     except ValueError as e:
@@ -115,10 +122,11 @@ def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     head = (
         f"# {n} rank{'s' if n != 1 else ''}, {format_iec(s)} per rank, link "
         f"{p.beta * 8 / 1e9:g} Gbit/s, ring-step latency {format_time(p.alpha)}, fixed cost "
-        f"{format_time(p.overhead)} per call"
+        f"{format_time(p.overhead)} per call; constants from "
+        f"{'the calibration cache' if cached is not None else 'the defaults'}"
     )
     doc: dict[str, Any] = {
-        "params": asdict(p),
+        "params": asdict(p), "source": "cache" if cached is not None else "defaults",
         "size": s, "ranks": n, "ratio": pr.ratio, "ratio_sum": pr.ratio_sum, "chunks": pr.chunks,
         "raw_s": pr.raw, "homomorphic_s": pr.homomorphic, "dar_s": pr.dar,
     }
@@ -162,3 +170,63 @@ def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         lines.append(f"break-even bandwidth: compression pays below {be_bw * 8 / 1e9:.3g} "
                      f"Gbit/s for {format_iec(s)}")
     return doc, "\n".join(lines), 0
+
+
+def add_tune_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+    """Register ``ccoll tune`` on the CLI's subparsers."""
+    ap = subparsers.add_parser(
+        "tune",
+        help="measure this launch's link and compressor and write the calibration cache",
+        description=(
+            "Run under MPI (mpiexec -n N ccoll tune) on the ranks, network and cores a job "
+            "will use: probe the link (ring steps), time the compressor on a gradient-like "
+            "sample and the fixed costs of a compressed call, agree on them over the ranks "
+            "and write them to the calibration cache (CCOLL_CACHE_DIR, default "
+            "~/.cache/ccoll). Communicators made later on the same ranks, hosts and network "
+            "start from it (no probe), and ccoll model predicts from it (docs/model.md, "
+            "\"Calibration\")."
+        ),
+        formatter_class=DefaultsFormatter,
+    )
+    ap.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ap.add_argument("-q", "--quiet", action="store_true", help="print nothing (exit code only)")
+    ap.set_defaults(handler=run_tune)
+    return ap
+
+
+def run_tune(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
+    """Body of ``ccoll tune``: probe and cache on every rank; rank 0 reports."""
+    from mpi4py import MPI
+
+    from ccoll.collectives.communicator import Communicator
+    from ccoll.settings import configure, current
+
+    before = current().calibration
+    if before == "off":
+        raise InputError("CCOLL_CALIBRATION=off: ccoll tune would write nothing; unset it")
+    configure(calibration="refresh")
+    try:
+        with Communicator(MPI.COMM_WORLD, policy="auto") as cc:
+            cal = cc.calibration
+    finally:
+        configure(calibration=None)
+    doc = cal.describe()
+    doc["ranks"] = MPI.COMM_WORLD.Get_size()
+    if MPI.COMM_WORLD.Get_rank() != 0:
+        args.quiet = True
+        return doc, "", 0
+    p = cal.params
+    text = "\n".join([
+        f"# {doc['ranks']} rank(s); link: {cal.link}, compressor: {cal.compressor}; "
+        f"{cal.seconds:.2f} s; written to the calibration cache",
+        f"link latency per ring step  {format_time(p.alpha)}",
+        f"link bandwidth              {p.beta * 8 / 1e9:.3g} Gbit/s "
+        f"(MPI_Allreduce reaches {p.raw_efficiency:.0%} of it)",
+        f"compress / add / decompress {p.compress / 1e9:.3g} / {p.add / 1e9:.3g} / "
+        f"{p.decompress / 1e9:.3g} GB/s",
+        f"plain float sum             {p.reduce / 1e9:.3g} GB/s",
+        f"fixed cost per call         {format_time(p.overhead)} "
+        f"(per further chunk {format_time(p.chunk_overhead)})",
+        "next: ccoll model --size 64M --ranks N (predicts from these numbers)",
+    ])
+    return doc, text, 0

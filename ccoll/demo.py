@@ -211,7 +211,7 @@ def run_ranks(args: argparse.Namespace) -> int:
     eb = ccoll.REL(args.rel)
     rows: list[Row] = []
     with ccoll.Communicator(comm, algorithm=args.algorithm, policy=args.policy) as cc:
-        # Warm-up: numba loads the kernels and policy "auto" calibrates on first use.
+        # Warm-up: numba loads the kernels, and each signature's first runs are not timed.
         for _, x in items:
             cc.allreduce(x, eb=eb)
         for name, x in items:

@@ -258,3 +258,22 @@ def edge_data(rng: np.random.Generator, shape: str, n: int, dtype: Any, *,
             at = rng.integers(0, n, max(1, n // 50))
             x[at] = rng.choice([np.nan, np.inf, -np.inf], at.size)
         return x.astype(dtype)
+
+
+def first_plan(count: int, itemsize: int, ranks: int, p: Any, ratio: float,
+               width: float = 3.0, *, hier: tuple[int, int] | None = None,
+               algorithm: str = "homomorphic", collective: str = "allreduce",
+               policy: str = "auto", split: float | None = None,
+               schedule: str = "auto") -> Any:
+    """The plan of the first call of a signature, with ``ratio`` and ``width`` sampled.
+
+    The same arithmetic every rank runs after the agreement
+    (:class:`ccoll.collectives.policy.plan.Planner`), from the model constants ``p``.
+    """
+    from ccoll.collectives.policy.plan import Facts, Options, Planner
+
+    planner = Planner(p, Options(None, split, schedule, hier), 0)
+    f = Facts(collective, count, itemsize, policy, algorithm, False, False, False, False,
+              ranks)
+    st = planner.state(("first",), f)
+    return planner.plan(st, f, ratio=ratio, width=width)

@@ -1,23 +1,21 @@
 """The pipeline chunk of a compressed call when the Communicator does not fix it.
 
-ccoll.collectives.model.chunk_elems_for (the rule), AutoPolicy.model_chunk (the rule with
-the calibrations a channel already made) and the Communicator's chunk_elems option.
+ccoll.collectives.model.chunk_elems_for (the rule), the chunk a compressed plan takes
+(the rule with the Communicator's calibration and the signature's ratio) and the
+Communicator's chunk_elems option.
 tests/mpi/test_chunk_choice.py checks that the ring runs with the chosen chunks.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 from mpi4py import MPI
 
 import ccoll
 from ccoll.collectives import model
-from ccoll.collectives.policy.auto import AutoPolicy
-from ccoll.collectives.policy.fits import CompressorCalibration, size_class
+from ccoll.collectives.policy.plan import Facts, Options, Planner
 from ccoll.errors import InputError
 
 MiB = 1 << 20
@@ -62,32 +60,32 @@ def test_rule_follows_the_message_and_the_link() -> None:
     assert model.chunk_elems_for(2 * MiB, F32, 2, d, min_chunk_bytes=256 << 10) < MiB
 
 
-def _policy(link: object = None, comp: CompressorCalibration | None = None,
-            count: int = 0) -> AutoPolicy:
-    pol = AutoPolicy(SimpleNamespace())  # type: ignore[arg-type]  # model_chunk is local
-    pol._link = link  # type: ignore[assignment]
-    if comp is not None:
-        pol._comp[f"cpu/float32/{size_class(count)}"] = comp
-    return pol
+def _plan_chunk(p: model.Params, count: int, ranks: int, *, ratio: float | None = None,
+                fixed: int | None = None) -> int:
+    """The chunk of a compressed allreduce plan of ``count`` float32 elements per rank."""
+    planner = Planner(p, Options(fixed, 0.0, "ring", None), 0)
+    f = Facts("allreduce", count, F32, "compress", "homomorphic", False, False, False, False,
+              ranks)
+    st = planner.state(("key",), f)
+    return planner.plan(st, f, ratio=ratio).chunk_elems
 
 
-def test_model_chunk_uses_the_calibrations_already_made() -> None:
+def test_a_compressed_plan_takes_the_rule_with_the_calibration_and_the_ratio() -> None:
     count = 256 * MiB // F32
-    # Nothing calibrated: the model's defaults and default ratio.
-    assert _policy().model_chunk(count, np.float32, 2) == model.chunk_elems_for(
+    # The model's defaults and default ratio.
+    assert _plan_chunk(model.DEFAULTS, count, 2) == model.chunk_elems_for(
         count, F32, 2, model.DEFAULTS)
     # A calibrated fast link and compressor: the rule with those parameters.
-    link = SimpleNamespace(alpha=2e-6, beta=5e9, reduce=4e9)
-    comp = CompressorCalibration(2e9, 6e9, 3e9, 50e-6, "measured")
-    pol = _policy(link, comp, count)
     p = replace(model.DEFAULTS, alpha=2e-6, beta=5e9, reduce=4e9, compress=2e9, add=6e9,
                 decompress=3e9, chunk_overhead=50e-6)
     want = model.chunk_elems_for(count, F32, 2, p)
-    assert pol.model_chunk(count, np.float32, 2) == want
+    assert _plan_chunk(p, count, 2) == want
     assert want != model.chunk_elems_for(count, F32, 2, model.DEFAULTS)
-    # The ratio auto last sampled on the channel replaces the default one.
-    pol._done(ccoll.collectives.policy.auto.AutoDecision(False, 0, "sampled", None, 200.0))
-    assert pol.model_chunk(count, np.float32, 2) == model.chunk_elems_for(count, F32, 2, p, 200.0)
+    # policy="compress" plans with the default ratio, whatever is sampled: its bytes do not
+    # change with what other calls measured.
+    assert _plan_chunk(p, count, 2, ratio=200.0) == want
+    # A fixed chunk wins.
+    assert _plan_chunk(p, count, 2, fixed=4096) == 4096
 
 
 def test_communicator_default_is_chosen_per_call_and_an_int_is_checked() -> None:

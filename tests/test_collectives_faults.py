@@ -127,23 +127,22 @@ def test_timeout_turns_a_stalled_peer_into_collective_error(tmp_path):
     assert proc.returncode != 0
 
 
-def test_failure_in_the_decision_stage_fails_the_channel_everywhere(tmp_path):
-    # The decision (policy="auto", whose calibrations are collectives) runs after the
-    # agreement: a rank that raises there leaves its peers waiting, so it must mark its
-    # channel failed like a failure while data moves.
+def test_failure_in_the_plan_stage_fails_the_channel_everywhere(tmp_path):
+    # The plan is made after the agreement: a rank that raises there leaves its peers
+    # waiting in the data collective, so it must mark its channel failed like a failure
+    # while data moves.
     proc = run_job(tmp_path, """
-        from types import SimpleNamespace
-        from ccoll.collectives import communicator
+        from ccoll.collectives.policy import plan
 
-        def decide(d):
+        real = plan.Planner.plan
+
+        def failing(self, *args, **kw):
             if comm.rank == 0:
-                raise RuntimeError("injected failure in the decision on rank 0")
-            d.auto.last = SimpleNamespace(chunk_elems=0, compress=True, prediction=None,
-                                          reason="injected", ratio=None)
-            return "compress"
+                raise RuntimeError("injected failure in the plan on rank 0")
+            return real(self, *args, **kw)
 
-        communicator._decide = decide
-        c = ccoll.Communicator(comm, chunk_elems=4096, timeout=4.0, policy="auto")
+        plan.Planner.plan = failing
+        c = ccoll.Communicator(comm, chunk_elems=4096, timeout=4.0, policy="compress")
         t0 = time.monotonic()
         try:
             c.allreduce(x, eb=ccoll.REL(1e-3))
@@ -163,7 +162,7 @@ def test_failure_in_the_decision_stage_fails_the_channel_everywhere(tmp_path):
         time.sleep(60)
     """)
     out = proc.stdout
-    assert out.count("RuntimeError: injected failure in the decision on rank 0") == 1, (
+    assert out.count("RuntimeError: injected failure in the plan on rank 0") == 1, (
         out + proc.stderr)
     assert out.count("CollectiveError after") == 3, out + proc.stderr
     for line in out.splitlines():
@@ -186,7 +185,7 @@ def test_two_threads_create_defaults_for_two_communicators_in_opposite_orders(tm
     proc = run_job(tmp_path, """
         import threading
         from ccoll.collectives import communicator
-        from ccoll.collectives.communicator import default_communicator
+        from ccoll.collectives.registry import default_communicator
 
         c1, c2 = comm.Dup(), comm.Dup()
         first, second = (c1, c2) if comm.rank % 2 == 0 else (c2, c1)
@@ -267,6 +266,7 @@ def test_agreement_error_report_honours_the_timeout(tmp_path):
         from ccoll.errors import MismatchError
 
         from ccoll.collectives import communicator
+        from ccoll.collectives.policy.calibration import DEFAULT
 
         w = comm.Dup()  # the abandoned exchange stays off COMM_WORLD (Barrier below)
         if comm.rank == 3:
@@ -277,6 +277,7 @@ def test_agreement_error_report_honours_the_timeout(tmp_path):
             from ccoll.collectives.node import grouping_of
             communicator.node_comms = lambda c, r, d: (grouping_of(c.Get_size(), c.Get_rank(),
                                                                    1), None, None)
+            communicator._calibration.obtain = lambda *args, **kw: DEFAULT
         t0 = time.monotonic()
         try:
             c = ccoll.Communicator(w, chunk_elems=1000 + (comm.rank == 3), timeout=2.0)

@@ -9,11 +9,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from ccoll.collectives import model
 from ccoll.collectives.agreement import shape_code
 from ccoll.collectives.dar import dar_bound
 from ccoll.collectives.homomorphic import rank_bound
 from ccoll.collectives.layout import Layout, block_bounds
-from ccoll.collectives.policy import Decision, _decide
+from ccoll.collectives.policy.plan import Facts, Options, Planner
 from ccoll.collectives.worker import Worker
 
 
@@ -150,12 +151,17 @@ def test_worker_inline():
 
 
 @pytest.mark.parametrize(
-    "policy, exact, want", [("compress", False, "compress"), ("raw", False, "raw"),
-                            ("compress", True, "raw")]
+    "policy, exact, want", [("compress", False, True), ("raw", False, False),
+                            ("compress", True, False), ("auto", True, False)]
 )
-def test_decide(policy, exact, want):
-    d = Decision("allreduce", policy, "homomorphic", exact, 100, np.dtype(np.float32), 4, 1e-3)
-    assert _decide(d) == want
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_fixed_rules_need_no_model(policy, exact, want, ranks):
+    planner = Planner(model.DEFAULTS, Options(None, None, "auto", None), 0)
+    f = Facts("allreduce", 100, 4, policy, "homomorphic", exact, False, False, False, ranks)
+    p = planner.plan(planner.state(("k",), f), f)
+    assert p.compress is want
+    # A plan that never compresses repeats without its agreement from the next call on.
+    assert p.fast is (not want)
 
 
 def test_layout_builds_its_lists_once():

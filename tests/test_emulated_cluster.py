@@ -295,7 +295,7 @@ def test_bench_and_probe_across_the_cluster(tmp_path: Path) -> None:
     )
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(out.read_text())
-    beta = doc["meta"]["calibration"]["link"]["beta"]
+    beta = doc["meta"]["calibration"]["params"]["beta"]
     assert 0.5 * 10e6 < beta < 1.3 * 10e6, f"probe saw {beta * 8 / 1e6:.1f} Mbit/s at 80"
     rows = {r["algorithm"]: r for r in doc["rows"]}
     assert set(rows) == {"mpi", "homomorphic", "dar", "auto"}

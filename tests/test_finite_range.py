@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ccoll
-from ccoll.collectives import communicator
+from ccoll.collectives import inputs
 from ccoll.compressor import cpu
 from ccoll.compressor.cpu import encode
 from ccoll.errorbound import finite_range as reference
@@ -81,7 +81,7 @@ def test_strided_input_gives_the_range_of_its_elements():
     x[::2] = np.nan
     v = x[1::2][::-1]  # non-contiguous, negative stride
     assert cpu.finite_range(v) == reference(v) == (-49.0, 49.0)
-    assert communicator._finite_range(v, None) == (-49.0, 49.0)
+    assert inputs.value_range(v, None) == (-49.0, 49.0)
 
 
 def test_the_collectives_check_stage_uses_the_fused_pass(monkeypatch):
@@ -95,11 +95,11 @@ def test_the_collectives_check_stage_uses_the_fused_pass(monkeypatch):
         return kernel(*args)
 
     monkeypatch.setattr(encode, "_range_kernel", spy)
-    n = communicator._FUSED_RANGE_MIN
+    n = inputs._FUSED_RANGE_MIN
     x = np.linspace(-2.0, 3.0, n, dtype=np.float32)
     x[5] = np.nan
-    assert communicator._finite_range(x, None) == (-2.0, 3.0)
+    assert inputs.value_range(x, None) == (-2.0, 3.0)
     assert calls == [n]
     # Below that size numpy's passes are cheaper than a parallel launch: the same range.
-    assert communicator._finite_range(x[: n // 4], None) == (-2.0, float(x[n // 4 - 1]))
+    assert inputs.value_range(x[: n // 4], None) == (-2.0, float(x[n // 4 - 1]))
     assert calls == [n]

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from kit import first_plan
 
 from ccoll.collectives import model
 from ccoll.collectives.node import grouping_of, grouping_of_leaders, rpn_problem
-from ccoll.collectives.policy.auto import best_path, choose
 
 
 def test_override_groups_consecutive_ranks():
@@ -58,13 +58,14 @@ def test_two_level_prediction_shares_the_node_link():
 
 def test_model_chooses_between_raw_and_compressed_two_level():
     size, k, r = 64 << 20, 2, 2
-    slow = choose(size // 4, 4, k * r, SLOW, 20.0, 3.0, hier=(k, r))
+    slow = first_plan(size // 4, 4, k * r, SLOW, 20.0, 3.0, hier=(k, r))
     assert slow.compress  # 1 Gbit/s: compressing the node sums pays
-    fast = choose(size // 4, 4, k * r, replace(SLOW, beta=1e12), 20.0, 3.0, hier=(k, r))
+    fast = first_plan(size // 4, 4, k * r, replace(SLOW, beta=1e12), 20.0, 3.0, hier=(k, r))
     assert not fast.compress  # a link faster than the compressor: raw
     # The chunk is of a ring block of one local rank's share: count / (R K) elements.
-    block = -(-(size // 4) // (r * k))
-    assert slow.chunk_elems == -(-block // slow.prediction.chunks)
+    share = -(-(size // 4) // r)
+    assert slow.two_level and slow.chunk_elems == model.chunk_elems_for(
+        share, 4, k, SLOW, 20.0, width=3.0)
 
 
 def test_two_level_beats_flat_ring_on_a_shared_link():
@@ -79,36 +80,27 @@ def test_two_level_beats_flat_ring_on_a_shared_link():
 
 def test_model_picks_the_flat_ring_when_the_node_phases_cost_more():
     # Slow node phases (shared memory at 0.1 GB/s): the flat ring is predicted faster, so
-    # auto's decision is the flat ring's, with the flat ring's chunk of a block of count / N.
+    # the plan is the flat ring's, with the flat ring's chunk of a block of count / N.
     size, k, r = 64 << 20, 2, 2
     count = size // 4
     slow_node = replace(SLOW, shm=1e8)
-    flat = model.predict(size, k * r, slow_node, 20.0)
-    two = model.predict(size, k * r, slow_node, 20.0, hier=(k, r))
+    flat = model.predict(size, k * r, slow_node, 20.0, width=3.0)
+    two = model.predict(size, k * r, slow_node, 20.0, hier=(k, r), width=3.0)
     assert flat.homomorphic < two.homomorphic
-    d = choose(count, 4, k * r, slow_node, 20.0, 3.0, hier=(k, r))
-    assert d.compress and not d.two_level and d.prediction == flat
-    block = -(-count // (k * r))
-    assert d.chunk_elems == -(-block // flat.chunks)
+    d = first_plan(count, 4, k * r, slow_node, 20.0, 3.0, hier=(k, r), split=0.0)
+    assert d.compress and not d.two_level
+    assert d.chunk_elems == model.chunk_elems_for(count, 4, k * r, slow_node, 20.0, width=3.0)
     assert "two levels" not in d.reason
     # The default node phases: two levels are faster and chosen, and the reason says so.
     # Raw is priced as what a raw call runs: MPI_Allreduce over all ranks, flat.
-    d2 = choose(count, 4, k * r, SLOW, 20.0, 3.0, hier=(k, r))
-    assert d2.compress and d2.two_level and d2.prediction == replace(
-        model.predict(size, k * r, SLOW, 20.0, hier=(k, r)),
-        raw=model.predict(size, k * r, SLOW, 20.0).raw)
+    d2 = first_plan(count, 4, k * r, SLOW, 20.0, 3.0, hier=(k, r), split=0.0)
+    assert d2.compress and d2.two_level
+    assert d2.predicted_raw == pytest.approx(model.predict(size, k * r, SLOW, 1.0).raw)
     assert "in two levels" in d2.reason
 
 
-def test_best_path_is_flat_without_a_hierarchy():
+def test_plan_is_flat_without_a_hierarchy():
     size = 64 << 20
     for hier in (None, (1, 4), (4, 1)):
-        pred, two = best_path(size, 4, SLOW, 20.0, collective="allreduce",
-                              algorithm="homomorphic", hier=hier)
-        assert not two and pred == model.predict(size, 4, SLOW, 20.0)
-    # DAR compares DAR's times.
-    slow_node = replace(SLOW, shm=1e8)
-    pred, two = best_path(size, 4, slow_node, 20.0, collective="allreduce", algorithm="dar",
-                          hier=(2, 2))
-    flat = model.predict(size, 4, slow_node, 20.0)
-    assert (two, pred) == (False, flat) or pred.dar <= flat.dar
+        d = first_plan(size // 4, 4, 4, SLOW, 20.0, 3.0, hier=hier)
+        assert d.compress and not d.two_level

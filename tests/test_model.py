@@ -15,7 +15,6 @@ import pytest
 from ccoll import cli_model
 from ccoll.collectives import model
 from ccoll.collectives.model import Params
-from ccoll.collectives.policy.auto import choose
 from ccoll.errors import InputError
 
 MiB = 1 << 20
@@ -154,7 +153,14 @@ def test_params_reject_nonsense(name: str) -> None:
         replace(P, **{name: -1.0})
 
 
-# -- the auto policy's decision from agreed numbers -----------------------------------
+# -- the first plan of a signature, from agreed numbers ---------------------------------
+
+
+def choose(count: int, itemsize: int, ranks: int, p: model.Params, ratio: float,
+           width: float) -> object:
+    from kit import first_plan
+
+    return first_plan(count, itemsize, ranks, p, ratio, width)
 
 
 def test_tiny_message_goes_raw() -> None:
@@ -165,7 +171,7 @@ def test_tiny_message_goes_raw() -> None:
 def test_huge_message_on_slow_link_with_good_ratio_compresses() -> None:
     d = choose(64 * MiB // 4, 4, 4, replace(P, beta=1.25e8), 16.0, 3.0)
     assert d.compress
-    assert d.prediction is not None and d.prediction.raw / d.prediction.homomorphic > 3
+    assert d.predicted is not None and d.predicted_raw / d.predicted > 3
     assert 1 <= d.chunk_elems <= 64 * MiB // 4 // 4
 
 
@@ -194,9 +200,9 @@ def _model_cmd(*argv: str) -> tuple[dict, str, int]:
 
 
 def test_model_command_prints_times_and_break_even() -> None:
-    doc, text, code = _model_cmd("--ranks", "2", "--bandwidth", "1Gbit", "--size", "64M",
-                                 "--ratio", "16", "--compress-gbps", "2", "--add-gbps", "4",
-                                 "--decompress-gbps", "4")
+    doc, text, code = _model_cmd("--defaults", "--ranks", "2", "--bandwidth", "1Gbit",
+                                 "--size", "64M", "--ratio", "16", "--compress-gbps", "2",
+                                 "--add-gbps", "4", "--decompress-gbps", "4")
     assert code == 0
     assert "raw ring allreduce" in text and "break-even size" in text
     assert doc["choice"] == "homomorphic" and doc["speedup"] > 1
@@ -240,13 +246,23 @@ def test_model_command_one_rank_is_a_copy() -> None:
 def test_model_command_cached_starts_from_the_cache(monkeypatch) -> None:
     cached = replace(model.DEFAULTS, alpha=7e-6, beta=3e9)
     fake = types.ModuleType("ccoll.collectives.policy.cache")
-    fake.newest_cached_params = lambda: cached  # type: ignore[attr-defined]
+    fake.newest_cached_params = lambda folder=None: cached  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ccoll.collectives.policy.cache", fake)
-    doc, _, _ = _model_cmd("--cached", "--latency", "9us")
+    doc, text, _ = _model_cmd("--cached", "--latency", "9us")
     assert doc["params"]["beta"] == 3e9 and doc["params"]["alpha"] == pytest.approx(9e-6)
-    fake.newest_cached_params = lambda: None  # type: ignore[attr-defined]
+    assert doc["source"] == "cache" and "constants from the calibration cache" in text
+    # Without --cached the cache is still where the constants start from, if it has some.
+    doc, _, _ = _model_cmd()
+    assert doc["params"]["beta"] == 3e9 and doc["source"] == "cache"
+    # --defaults ignores it.
+    doc, text, _ = _model_cmd("--defaults")
+    assert doc["params"]["beta"] == model.DEFAULTS.beta and doc["source"] == "defaults"
+    assert "constants from the defaults" in text
+    fake.newest_cached_params = lambda folder=None: None  # type: ignore[attr-defined]
     with pytest.raises(InputError, match="no calibration in the cache"):
         _model_cmd("--cached")
+    doc, _, _ = _model_cmd()  # none cached: the defaults
+    assert doc["source"] == "defaults"
 
 
 

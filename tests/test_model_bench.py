@@ -128,8 +128,10 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert (meta["nodes"], meta["ranks_per_node"], meta["grouping"], meta["hierarchical"]) == (
         1, 2, "shared memory", False)
     assert "# nodes: 1 x 2 ranks (shared memory); allreduce flat" in p.stdout
-    # What auto's calls measured, per size that auto did not settle without the model.
-    assert isinstance(doc["meta"]["auto_feedback"], dict)
+    # What auto's plans rest on, per signature: calls, agreed times, the current plan.
+    plans = doc["meta"]["auto_plans"]
+    assert isinstance(plans, dict) and plans
+    assert all({"calls", "seconds", "plan", "reason"} <= set(v) for v in plans.values())
     # Two ranks on one node share its cores (unless NUMBA_NUM_THREADS sized the pool).
     cores = len(os.sched_getaffinity(0))
     pool = int(os.environ.get("NUMBA_NUM_THREADS") or cores)
@@ -147,10 +149,9 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
                         "--json"], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
     assert m.returncode == 0, m.stderr
     params, cal = json.loads(m.stdout)["params"], doc["meta"]["calibration"]
-    for key in ("alpha", "beta", "reduce"):
-        assert params[key] == cal["link"][key], key
-    assert any(params[k] == c[k] for c in cal["compressor"].values() for k in ("compress",
-                                                                               "decompress"))
+    assert cal["link"] in ("probe", "cache") and cal["compressor"] in ("measured", "cache")
+    for key in ("alpha", "beta", "reduce", "compress", "add", "decompress"):
+        assert params[key] == cal["params"][key], key
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")

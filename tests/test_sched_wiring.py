@@ -130,24 +130,33 @@ def test_configure_refuses_while_a_collective_runs_on_the_lanes():
 
 @pytest.mark.parametrize("how", ["configure", "env"])
 def test_lanes_switched_off_keep_the_private_thread(how, monkeypatch):
+    # configure(enabled=False) for the process, or CCOLL_SCHED=off for Communicators made
+    # from then on: their channels' workers take no lane.
+    from mpi4py import MPI
+
+    import ccoll
+
     if how == "configure":
         configure(enabled=False)
     else:
         monkeypatch.setenv("CCOLL_SCHED", "off")
-    assert not sched_mod.lanes_enabled()
-    w = Worker("test-worker", lanes=lambda: _lanes() if sched_mod.lanes_enabled() else None)
-    w.submit((0,), lambda: threading.current_thread().name, "t", lane="compress")
-    ((tag, name, exc),) = _collect(w)[0]
-    w.close()
-    assert (tag, name, exc) == ("t", "test-worker", None)
-    assert not w.used_lanes
+    with ccoll.Communicator(MPI.COMM_SELF, policy="raw") as cc:
+        w = cc._sync.ch.worker
+        w.submit((0,), lambda: threading.current_thread().name, "t", lane="compress")
+        ((tag, name, exc),) = _collect(w)[0]
+        assert (tag, name, exc) == ("t", "ccoll-sync-worker", None)
+        assert not w.used_lanes
 
 
 def test_a_bad_ccoll_sched_names_the_fix(monkeypatch):
+    from mpi4py import MPI
+
+    import ccoll
+
     monkeypatch.setenv("CCOLL_SCHED", "sometimes")
     with pytest.raises(InputError,
                        match="CCOLL_SCHED='sometimes' is not a switch: set it to 'off'"):
-        sched_mod.lanes_enabled()
+        ccoll.Communicator(MPI.COMM_SELF)
 
 
 def test_worker_on_a_lane_honours_the_priority_keys():

@@ -113,20 +113,26 @@ def test_split_pays_where_the_link_bounds_the_call():
     assert not model.split_pays(64 << 20, 4, model.DEFAULTS, 10.0, 0.0)
 
 
-def test_ring_bounds_take_the_split_only_where_it_pays_under_auto():
+def test_plans_take_the_split_only_where_it_pays():
     from dataclasses import replace
 
-    from mpi4py import MPI
+    from kit import first_plan
 
-    import ccoll
+    from ccoll.collectives.policy.plan import phase_bounds
 
-    slow = (replace(model.DEFAULTS, beta=0.01e9 / 8), 10.0)
-    fast = (replace(model.DEFAULTS, beta=10e9 / 8), 10.0)
-    size = float(64 << 20)
-    with ccoll.Communicator(MPI.COMM_SELF, policy="compress") as c:
-        assert c.ring_bounds(1e-3, 4, True)[1] is not None  # no timing: fewest bytes
-        assert c.ring_bounds(1e-3, 4, True, timing=slow, size=size)[1] is not None
-        ring_eb, rq = c.ring_bounds(1e-3, 4, True, timing=fast, size=size)
-        assert rq is None and ring_eb == 4e-3  # the whole bound, as without a split
-    with ccoll.Communicator(MPI.COMM_SELF, policy="compress", split=0.5) as c:
-        assert c.ring_bounds(1e-3, 4, True, timing=fast, size=size)[1] is not None  # asked
+    slow = replace(model.DEFAULTS, beta=0.01e9 / 8)
+    fast = replace(model.DEFAULTS, beta=10e9 / 8)
+    count = (64 << 20) // 4
+    for policy in ("compress", "auto"):
+        # A slow link: the split's bytes pay for its requantization.
+        p = first_plan(count, 4, 4, slow, 10.0, policy=policy)
+        assert p.compress and p.split == model.split_fraction(4) > 0
+        assert phase_bounds(1e-3, 4, True, p.split).requant is not None
+    # A fast link: no split, the whole bound goes to the sum.
+    p = first_plan(count, 4, 4, fast, 10.0, policy="compress")
+    assert p.compress and p.split == 0.0
+    ring_eb, rq = phase_bounds(1e-3, 4, True, p.split)
+    assert rq is None and ring_eb == 4e-3
+    # A split the Communicator asks for is taken whatever the model says.
+    p = first_plan(count, 4, 4, fast, 10.0, policy="compress", split=0.5)
+    assert p.split == 0.5 and phase_bounds(1e-3, 4, True, p.split).requant is not None

@@ -1,49 +1,40 @@
-"""The agreement step that starts every collective: one small ``MPI_Iallreduce``.
+"""The agreement step that starts every collective call: one small ``MPI_Allreduce``.
 
 Before any data moves, every rank contributes a float64 vector
 ``[lo, f1, f2, ..., -hi, -f1, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give
 the global range of the finite values (for ``REL`` bounds), and each field ``f``
 (collective, invalid-argument flag, count, dtype, bound kind and value, op, algorithm,
-policy, root, shape, chunk size, and the settings that decide which collectives a rank
-makes: a fingerprint of the ``CCOLL_*`` calibration overrides, host or device data, the
-DDP hook's error feedback and iteration settings) comes back as ``min f`` and
-``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same vector
-and so raises the same error. A non-root rank of ``bcast`` that passes ``None`` puts
-``+inf`` in both halves for count, dtype and shape (it takes the root's, which the others
-are still checked against); the fields from "x is None" on are not compared: the maximum
-of "x is None" tells every rank that the root must send its shape and dtype, the maximum of
-"previous call's seconds" is the slowest rank's time of the channel's previous
-``policy="auto"`` call, which the auto policy's measured feedback takes in at the end of
-this call (:mod:`ccoll.collectives.policy.feedback`), and the minimum and maximum of "data
-started" say whether all, some or none of the ranks ran the call's data collective while
-the agreement was in flight (see :func:`agree`: a repeated raw call pays no latency of its
-own for the check). The allreduce is always the nonblocking one, so that it matches on
-every rank either way. Only on the error path a
-second exchange (the lengths with ``MPI_Allgather``, then the bytes with
-``MPI_Allgatherv``, under the same deadline) collects
-what each rank passed, so that the message (identical on every rank) says which rank
-passed what; the values it shows are formatted only then, so that a valid call pays for
-none of that text. Only buffer-based MPI calls are made: mpi4py's pickle-based collectives
-duplicate the communicator on first use while holding the GIL, which can deadlock against
-another thread's collective.
+policy, root, shape, the Communicator's chunk size, split, node grouping and schedule, host
+or device data, the DDP hook's settings, and the fingerprint of the state the call's plan
+depends on, :meth:`ccoll.collectives.policy.plan.Planner.digest`) comes back as ``min f``
+and ``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same
+vector and so raises the same error, before any rank plans or moves data. A non-root rank
+of ``bcast`` that passes ``None`` puts ``+inf`` in both halves for count, dtype and shape
+(it takes the root's, which the others are still checked against). The fields from "x is
+None" on are not compared: the maximum of "x is None" tells every rank that the root must
+send its shape and dtype; the maxima of the "seconds" fields are the slowest rank's times
+of the signature's earlier calls, and the minimum ratio and maximum width are what the
+ranks sampled of their data, which the plan takes in (docs/collectives.md, "Every call").
 
-The Communicator's ``split`` of the allreduce bound is a compared field too: ranks that
-split differently would forward streams of different bounds. So are its node grouping
-("nodes", "ranks per node": the ``ranks_per_node`` setting when a Communicator is made, the
-grouping in use on every call): ranks that group differently would run different rings.
+Only on the error path a second exchange (the lengths with ``MPI_Allgather``, then the
+bytes with ``MPI_Allgatherv``, under the same deadline) collects what each rank passed, so
+that the message (identical on every rank) says which rank passed what; the values it shows
+are formatted only then, so that a valid call pays for none of that text. Only
+buffer-based MPI calls are made: mpi4py's pickle-based collectives duplicate the
+communicator on first use while holding the GIL, which can deadlock against another
+thread's collective.
 
-All fields are small integers or doubles that float64 holds exactly (counts < 2**53,
-fingerprints < 2**52).
+When a Communicator is made, the same step checks its options and its settings'
+fingerprint (:attr:`ccoll.settings.Settings.digest`): ranks that would calibrate or plan
+differently fail there. All fields are small integers or doubles that float64 holds
+exactly (counts < 2**53, fingerprints < 2**52).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -54,8 +45,8 @@ from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = [
-    "Call", "Agreed", "agree", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS", "POLICIES",
-    "SCHEDULES", "ENV_SETTINGS", "PLACES", "env_code", "shape_code",
+    "Call", "Agreed", "agree", "sig_field", "COLLECTIVES", "DTYPES", "OPS", "ALGORITHMS",
+    "POLICIES", "SCHEDULES", "PLACES", "shape_code",
 ]
 
 COLLECTIVES = {
@@ -71,19 +62,12 @@ POLICIES = {"compress": 1, "raw": 2, "auto": 3}
 SCHEDULES = {"auto": 1, "ring": 2, "halving": 3}
 BOUND_KINDS = {"exact": 0, "abs": 1, "rel": 2}
 PLACES = {"host": 0, "device": 1}
-# Environment overrides of policy="auto" that skip calibration collectives (or change
-# which ones run): a rank that sets one alone would leave the others waiting in them.
-ENV_SETTINGS = (
-    "CCOLL_ALPHA", "CCOLL_BANDWIDTH", "CCOLL_COMPRESS_GBPS", "CCOLL_ADD_GBPS",
-    "CCOLL_DECOMPRESS_GBPS", "CCOLL_REDUCE_GBPS", "CCOLL_OVERHEAD", "CCOLL_RATIO",
-    "CCOLL_EFFICIENCY", "CCOLL_CALIBRATION", "CCOLL_CACHE_DIR",
-)
-
 _ERRORS: dict[str, type[Exception]] = {
     e.__name__: e for e in (DTypeError, ErrorBoundError, InputError)
 }
 
-# Field names in vector order; they also name the field in error messages.
+# Field names in vector order; they also name the field in error messages. The compared
+# fields come first; from "x is None" on every rank reads the minimum or the maximum.
 _FIELDS = (
     "collective",
     "invalid arguments",
@@ -97,7 +81,7 @@ _FIELDS = (
     "root",
     "shape",
     "chunk size",
-    "CCOLL_* settings",
+    "settings",
     "data location",
     "error_feedback",
     "start_iter",
@@ -106,20 +90,26 @@ _FIELDS = (
     "nodes",
     "ranks per node",
     "schedule",
+    "plan state",
     "x is None",
-    "previous call's seconds",
-    "data started",
+    "seconds raw",
+    "seconds compressed",
+    "seconds two levels",
+    "sampled ratio",
+    "sampled width",
+    "repeatable",
 )
-_WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape"))
+# A bcast rank that passes None knows neither these nor the state of the call's signature.
+_WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape", "plan state"))
 # The fields from "x is None" on are not compared: every rank reads their min and max.
 _ANY = _FIELDS.index("x is None")
-# Not compared either: each rank's seconds of its previous measured call (the feedback of
-# policy="auto", ccoll.collectives.policy.feedback); only the maximum is read.
-_ELAPSED = _FIELDS.index("previous call's seconds")
-_STARTED = _FIELDS.index("data started")
+_TIMES = _FIELDS.index("seconds raw")
+_RATIO = _FIELDS.index("sampled ratio")
+_WIDTH = _FIELDS.index("sampled width")
+_REPEATABLE = _FIELDS.index("repeatable")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
-    "dtype", "element count", "shape", "error-bound kind", "CCOLL_* settings", "data location",
+    "dtype", "element count", "shape", "error-bound kind", "settings", "data location",
 })
 # The vector as native doubles: packing a list with struct costs less than a numpy array.
 _VECTOR = struct.Struct(f"={2 * (len(_FIELDS) + 1)}d")
@@ -140,7 +130,7 @@ class Call:
     root: int = 0
     shape: int = 0
     chunk: int = 0
-    env: int = 0  # env_code() for policy="auto" calls, else 0
+    settings: int = 0  # the Settings' digest (Communicator creation), else 0
     place: int = 0  # PLACES
     # CCollHookState only: settings that decide which collectives each bucket makes.
     feedback: int = 0
@@ -154,14 +144,22 @@ class Call:
     rpn: int = -1
     # The Communicator's schedule of compressed allreduces (SCHEDULES; 0 for calls).
     schedule: int = 0
+    # The fingerprint of the state the call's plan depends on (Planner.digest).
+    plan: int = 0
     lo: float = math.inf
     hi: float = -math.inf
     # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
     wild: bool = False
-    # Seconds this rank measured for the channel's previous policy="auto" call (0: none).
-    elapsed: float = 0.0
-    # This rank started the call's data collective before the agreement finished (see agree).
-    started: bool = False
+    # This rank's least seconds per candidate of the signature's calls not yet agreed
+    # (raw, compressed, two levels; 0: none): the maximum over ranks comes back.
+    times: tuple[float, ...] = (0.0, 0.0, 0.0)
+    # This rank's sampled ratio and mean code width of its data (+inf: no sample): the
+    # minimum ratio and the maximum width come back.
+    ratio: float = math.inf
+    width: float = 0.0
+    # This rank's call is one the fast path can run (ccoll.collectives.fastpath): its next
+    # repeats may skip the agreement only where every rank's can.
+    repeatable: bool = False
     # (exception class name, message) of each local problem; an invalid call still takes
     # part in the agreement so that the other ranks raise too instead of waiting.
     problems: list[tuple[str, str]] = field(default_factory=list)
@@ -188,7 +186,7 @@ class Call:
             self.root,
             self.shape,
             self.chunk,
-            self.env,
+            self.settings,
             self.place,
             self.feedback,
             self.start_iter,
@@ -197,9 +195,12 @@ class Call:
             self.nodes,
             self.rpn,
             self.schedule,
+            self.plan,
             1 if self.wild else 0,
-            self.elapsed,
-            1 if self.started else 0,
+            *self.times,
+            self.ratio,
+            self.width,
+            1 if self.repeatable else 0,
         ]
 
     def show(self, name: str, value: float) -> str:
@@ -213,19 +214,22 @@ class Call:
 
 
 class Agreed(NamedTuple):
-    """The result of a successful agreement: the global range of the finite values."""
+    """The result of a successful agreement: what every rank now holds identically."""
 
-    lo: float
+    lo: float  # the global range of the finite values
     hi: float
     none: bool = False  # some rank passed None to bcast
-    elapsed: float = 0.0  # the maximum over ranks of Call.elapsed
-    # The agreed compared fields (equal on every rank): what the next call may repeat.
+    # The agreed compared fields (equal on every rank): the call's signature.
     sig: tuple[float, ...] = ()
-    # Every rank ran the data collective with the agreement (agree's ``run``): done.
-    started: bool = False
-    # Some ranks did and some did not (only bcast, where a rank passed None): the
-    # others ran ``dummy``; every request is complete and the data must move again.
-    mixed: bool = False
+    times: tuple[float, ...] = (0.0, 0.0, 0.0)  # maxima over ranks of Call.times
+    ratio: float = math.inf  # minimum over ranks of Call.ratio
+    width: float = 0.0  # maximum over ranks of Call.width
+    repeatable: bool = False  # every rank's Call.repeatable
+
+
+def sig_field(sig: tuple[float, ...], name: str) -> float:
+    """Return the value of field ``name`` in an agreed signature (:attr:`Agreed.sig`)."""
+    return sig[_FIELDS.index(name)]
 
 
 def shape_code(shape: tuple[int, ...]) -> int:
@@ -236,60 +240,9 @@ def shape_code(shape: tuple[int, ...]) -> int:
     return h >> 12
 
 
-_env_cache: tuple[tuple[Any, ...], int, str] = ((), 0, "")
-_ENV_KEYS = tuple(os.fsencode(k) for k in ENV_SETTINGS)
-
-
-def env_code() -> tuple[int, str]:
-    """Return a 52-bit fingerprint of the ``CCOLL_*`` overrides, and their text.
-
-    The fingerprint is exact in float64; the text (``name=value`` pairs, sorted, or
-    ``"none set"``) is what error messages show.
-    """
-    global _env_cache
-    # Every policy="auto" call reads these: os.environ's bytes dict (POSIX) costs a tenth of
-    # os.environ.get, which decodes every key and value.
-    data = getattr(os.environ, "_data", None)
-    if type(data) is dict and os.name == "posix":
-        raw = tuple(map(data.get, _ENV_KEYS))
-    else:
-        raw = tuple([os.environ.get(k) for k in ENV_SETTINGS])
-    cached = _env_cache
-    if cached[0] == raw:
-        return cached[1], cached[2]
-    vals = [os.environ.get(k) for k in ENV_SETTINGS]
-    pairs = sorted(zip(ENV_SETTINGS, vals, strict=True))
-    text = " ".join(f"{k}={v}" for k, v in pairs if v is not None)
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-    code = int.from_bytes(digest, "little") >> 12
-    _env_cache = (raw, code, text or "none set")
-    return code, _env_cache[2]
-
-
-def agree(
-    comm: MPI.Intracomm,
-    call: Call,
-    deadline: Deadline,
-    *,
-    predicted: tuple[float, ...] | None = None,
-    run: Callable[[], None] | None = None,
-    dummy: Callable[[], None] | None = None,
-) -> Agreed:
-    """Run the agreement allreduce; raise the same error on every rank if the call is bad.
-
-    ``predicted`` is the signature (the compared fields, as :attr:`Agreed.sig`) that every
-    rank expects this call to have, from agreed history only, so the same on every rank.
-    A rank whose own fields equal it and that passes ``run`` (the call's raw data
-    collective on buffers already set up) runs ``run`` right after posting the agreement,
-    so that a repeated call pays no latency of its own for the check. Every rank passes
-    ``dummy`` with a prediction: the same collective as ``run`` on scratch buffers, which a
-    rank that did not start runs once the agreement shows that others did, so that their
-    requests complete before every rank raises the same error.
-    """
+def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
+    """Run the agreement allreduce; raise the same error on every rank if the call is bad."""
     vals = call.values()
-    call.started = run is not None and predicted is not None and (
-        tuple(vals[:_ANY]) == predicted)
-    vals[_STARTED] = 1 if call.started else 0
     k = len(vals) + 1
     neg = [-v for v in vals]
     if call.wild:  # +inf in both halves: neither the min nor the max of the others moves
@@ -297,29 +250,21 @@ def agree(
             vals[i] = neg[i] = math.inf
     vec = _VECTOR.pack(call.lo, *vals, -call.hi, *neg)
     res = bytearray(_VECTOR.size)
-    # Always nonblocking, so that it matches on every rank whether or not a rank runs the
-    # data collective while it is in flight (a blocking and a nonblocking collective do
-    # not match each other in MPI).
-    req = comm.Iallreduce([vec, MPI.DOUBLE], [res, MPI.DOUBLE], op=MPI.MIN)
-    if call.started:
-        run()  # type: ignore[misc]
     if deadline.at is None:
-        req.Wait()
+        comm.Allreduce([vec, MPI.DOUBLE], [res, MPI.DOUBLE], op=MPI.MIN)
     else:
+        req = comm.Iallreduce([vec, MPI.DOUBLE], [res, MPI.DOUBLE], op=MPI.MIN)
         wait_all([req], deadline, "agreement on the arguments")
     got = _VECTOR.unpack(res)
     mins = got[1:_ANY + 1]
     maxs = tuple([-v for v in got[k + 1:k + 1 + _ANY]])
-    some_started = -got[k + 1 + _STARTED] > 0
-    all_started = got[1 + _STARTED] > 0
-    failed = mins != maxs or maxs[1] != 0.0  # NaN never equals itself: a mismatch
-    if some_started and not call.started and (failed or not all_started):
-        dummy()  # type: ignore[misc]
-    if failed:
+    if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: a mismatch
         bad = [i for i in range(_ANY) if mins[i] != maxs[i]]
-        _raise(comm, call, bad, maxs[1] != 0.0, deadline, some_started)
-    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, elapsed=-got[k + 1 + _ELAPSED],
-                  sig=mins, started=all_started, mixed=some_started and not all_started)
+        _raise(comm, call, bad, maxs[1] != 0.0, deadline)
+    times = tuple(-got[k + 1 + i] for i in range(_TIMES, _TIMES + 3))
+    return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, sig=mins, times=times,
+                  ratio=got[1 + _RATIO], width=-got[k + 1 + _WIDTH],
+                  repeatable=got[1 + _REPEATABLE] > 0)
 
 
 def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> list[bytes]:
@@ -346,24 +291,15 @@ def _allgather_bytes(comm: MPI.Intracomm, data: bytes, deadline: Deadline) -> li
 
 def _raise(
     comm: MPI.Intracomm, call: Call, bad: list[int], invalid: bool, deadline: Deadline,
-    started: bool = False,
 ) -> None:
-    # Every rank reaches this point with the same `bad`, `invalid` and `started`, so this
-    # exchange is matched on every rank; it runs only when the call fails.
+    # Every rank reaches this point with the same `bad` and `invalid`, so this exchange is
+    # matched on every rank; it runs only when the call fails.
     pairs = zip(_FIELDS, call.values(), strict=True)
     mine = {name: call.show(name, v) for name, v in pairs}
-    report = json.dumps([mine, call.problems, call.started]).encode()
+    report = json.dumps([mine, call.problems]).encode()
     everyone = [json.loads(b) for b in _allgather_bytes(comm, report, deadline)]
     name = f"ccoll.{call.collective}"
     note = ""
-    if started:
-        ranks = [r for r, (_, _, s) in enumerate(everyone) if s]
-        note = (
-            f"; rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} repeated "
-            "the arguments of the previous call and had already run its data collective "
-            "(with zeros from the others): there an allreduce's out buffer, or x itself "
-            "with out=x, may hold a partial result"
-        )
     # A rank in another collective makes every other field meaningless: report that first.
     if 0 in bad:
         who = _by_value(everyone, "collective")
@@ -371,13 +307,21 @@ def _raise(
             f"ranks called different collectives on one communicator: {who}{note}")
     if invalid:
         lines = [
-            f"rank {r}: {msg}" for r, (_, probs, _) in enumerate(everyone) for _, msg in probs
+            f"rank {r}: {msg}" for r, (_, probs) in enumerate(everyone) for _, msg in probs
         ]
         # The first problem (in rank order) picks the exception type, the same on every rank.
-        kinds = [kind for _, probs, _ in everyone for kind, _ in probs]
+        kinds = [kind for _, probs in everyone for kind, _ in probs]
         exc = _ERRORS.get(kinds[0], InputError) if kinds else InputError
         raise exc(f"invalid arguments to {name}: " + "; ".join(lines) + note)
-    fields = ", ".join(f"{_FIELDS[i]} ({_by_value(everyone, _FIELDS[i])})" for i in bad)
+    plan = _FIELDS.index("plan state")
+    if bad == [plan]:
+        raise MismatchError(
+            f"ranks would plan {name} differently: the state their plans depend on (the "
+            "times and ratios earlier calls of this signature agreed on) differs between "
+            f"ranks ({_by_value(everyone, 'plan state')}), which can happen when an earlier "
+            "call failed on some ranks only; create a new ccoll.Communicator on every rank")
+    fields = ", ".join(f"{_FIELDS[i]} ({_by_value(everyone, _FIELDS[i])})" for i in bad
+                       if i != plan)
     raise MismatchError(f"ranks disagree on the arguments of {name}: {fields}{note}")
 
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from ccoll.collectives.communicator import DEFAULT_EB, default_communicator, existing_default
+from ccoll.collectives.communicator import DEFAULT_EB
+from ccoll.collectives.registry import default_communicator, existing_default
 from ccoll.collectives.report import CallReport
 
 __all__ = ["allreduce", "iallreduce", "reduce_scatter", "allgather", "bcast", "last_call"]

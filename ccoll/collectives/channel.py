@@ -38,7 +38,7 @@ from mpi4py import MPI
 from ccoll.collectives import waiting
 from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
-from ccoll.gpu_sched.scheduler import Scheduler, default_scheduler, lanes_enabled
+from ccoll.gpu_sched.scheduler import Scheduler, configured_on, default_scheduler
 from ccoll.runtime import progress
 
 __all__ = ["Channel", "Stats", "IDLE_CALLS"]
@@ -61,12 +61,16 @@ class Stats:
     Point-to-point sends are counted exactly. For MPI collectives called inside ccoll
     (``Allgatherv``, ``Bcast``, the exact path) the count is what a ring (for bcast: a
     pipeline) algorithm sends from this rank, since MPI does not report its traffic.
-    ``bytes_input`` is the size of the input data of each call.
+    ``bytes_input`` is the size of the input data of each call. ``bytes_coded`` counts the
+    compressed streams that a call's report measures its ratio on where this rank sent
+    nothing (one rank, a broadcast's last rank): this rank's reduced blocks, its own
+    allgather stream, the broadcast stream.
     """
 
     calls: int = 0
     bytes_sent: int = 0
     bytes_input: int = 0
+    bytes_coded: int = 0
     compressed_calls: int = 0
     last: dict[str, float] = field(default_factory=dict)
 
@@ -74,11 +78,17 @@ class Stats:
 class Channel:
     """One private duplicate of the user's communicator and the state its calls reuse."""
 
-    def __init__(self, comm: MPI.Intracomm, name: str, timeout: float | None) -> None:
+    def __init__(self, comm: MPI.Intracomm, name: str, timeout: float | None, *,
+                 lanes: bool = True) -> None:
         self.comm = comm
         self.name = name
         self.timeout = timeout
-        self.worker = Worker(f"ccoll-{name}-worker", lanes=_process_lanes)
+        # Fixed for the channel's life: the communicator's size (asked on every call).
+        self.size = comm.Get_size()
+        # Host tasks run on the lanes of the process-wide CPU scheduler (CCOLL_SCHED).
+        self.lanes = lanes
+        self.worker = Worker(f"ccoll-{name}-worker",
+                             lanes=_process_lanes if lanes else _no_lanes)
         self.stats = Stats()
         self.failed: str | None = None
         self._closing = False
@@ -100,7 +110,7 @@ class Channel:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran (or the communicator was freed)."""
-        return self._closing or not self._finalizer.alive or self.comm == MPI.COMM_NULL
+        return self._closing or not self._finalizer.alive
 
     def check_usable(self) -> None:
         """Raise :class:`CollectiveError` if an earlier call on this channel failed midway.
@@ -267,7 +277,12 @@ def _trim_heap() -> None:
 
 def _process_lanes() -> Scheduler | None:
     """Return the process-wide CPU scheduler whose lanes run host tasks (None: off)."""
-    return default_scheduler("cpu") if lanes_enabled() else None
+    return default_scheduler("cpu") if configured_on() else None
+
+
+def _no_lanes() -> Scheduler | None:
+    """No lanes: the channel's worker runs its host tasks on a thread of its own."""
+    return None
 
 
 def _release(comm: MPI.Intracomm, worker: Worker, failed: list[bool]) -> None:

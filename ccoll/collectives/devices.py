@@ -25,7 +25,6 @@ default stream, as before the lanes.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -46,8 +45,10 @@ def cuda_aware_mpi() -> bool:
     global _aware
     with _aware_lock:
         if _aware is None:
-            env = os.environ.get("CCOLL_CUDA_AWARE")
-            _aware = env == "1" if env in ("0", "1") else _query_cuda_support()
+            from ccoll.settings import current
+
+            forced = current().cuda_aware  # CCOLL_CUDA_AWARE, read once
+            _aware = forced if forced is not None else _query_cuda_support()
         return _aware
 
 
@@ -181,11 +182,15 @@ HostPlace.lanes = DeviceLanes(None)
 HOST = HostPlace()
 
 
-def device_lanes() -> DeviceLanes:
-    """Return the lanes for device data now: the CUDA scheduler's, unless lanes are off."""
-    from ccoll.gpu_sched.scheduler import default_scheduler, lanes_enabled
+def device_lanes(enabled: bool = True) -> DeviceLanes:
+    """Return the lanes for device data now: the CUDA scheduler's, unless lanes are off.
 
-    return DeviceLanes(default_scheduler("cuda") if lanes_enabled() else None)
+    ``enabled``: the Communicator's ``CCOLL_SCHED`` setting; :func:`ccoll.gpu_sched.configure`
+    can turn the lanes off too.
+    """
+    from ccoll.gpu_sched.scheduler import configured_on, default_scheduler
+
+    return DeviceLanes(default_scheduler("cuda") if enabled and configured_on() else None)
 
 
 class DevicePlace(HostPlace):

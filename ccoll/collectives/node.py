@@ -59,16 +59,21 @@ def node_cpus(comm: MPI.Intracomm, deadline: Deadline) -> list[frozenset[int]]:
     return [frozenset(np.flatnonzero(r[8:]).tolist()) for r in every if r[:8].tobytes() == host]
 
 
-def node_threads(comm: MPI.Intracomm, deadline: Deadline) -> tuple[int, str]:
+def node_threads(comm: MPI.Intracomm, deadline: Deadline,
+                 threads: int | None = None) -> tuple[int, str]:
     """Return this rank's threads for ccoll's CPU kernels and where the number comes from.
 
     Collective over ``comm``; also makes the count the process's (``set_thread_count``).
+    ``threads``: the ``CCOLL_THREADS`` setting (:class:`ccoll.settings.Settings`).
     """
+    cpu_threads.use_setting(threads)
     node = node_cpus(comm, deadline)
+    env = {"NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", "")}
+    if threads is not None:
+        env[cpu_threads.ENV_THREADS] = str(threads)
     n, why = cpu_threads.threads_per_rank(
-        cpu_threads.allowed_cpus(), node, os.environ, cpu_threads.pool_size())
-    explicit = cpu_threads.env_threads(os.environ)[0] is not None
-    return cpu_threads.set_thread_count(n, explicit=explicit), why
+        cpu_threads.allowed_cpus(), node, env, cpu_threads.pool_size())
+    return cpu_threads.set_thread_count(n, explicit=threads is not None), why
 
 
 # -- node grouping for hierarchical collectives -------------------------------------------

@@ -25,22 +25,16 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ccoll.collectives.waiting import Deadline, wait_all
 
-__all__ = ["NodeShm", "shm_enabled"]
+__all__ = ["NodeShm"]
 
 _SHM_DIR = "/dev/shm"
 _NAME_BYTES = 128
-
-
-def shm_enabled(environ: Any = os.environ) -> bool:
-    """Whether this rank may use shared memory for the node phases (``CCOLL_NODE_SHM``)."""
-    return environ.get("CCOLL_NODE_SHM", "1").strip().lower() not in ("0", "off", "no", "false")
 
 
 class NodeShm:
@@ -61,17 +55,18 @@ class NodeShm:
 
     @staticmethod
     def create(node: MPI.Intracomm, count: int, dtype: np.dtype,
-               deadline: Deadline) -> NodeShm | None:
+               deadline: Deadline, *, enabled: bool = True) -> NodeShm | None:
         """Map a new file on every rank of ``node``, or return ``None`` on every rank.
 
-        Collective over ``node``.
+        Collective over ``node``. ``enabled``: this rank may use shared memory
+        (``CCOLL_NODE_SHM``); a node where one rank may not uses MPI.
         """
         ranks, local = node.Get_size(), node.Get_rank()
         nbytes = max(1, (ranks + 1) * count * np.dtype(dtype).itemsize)
         name = np.zeros(_NAME_BYTES, np.uint8)
         path = ""
         mm: mmap.mmap | None = None
-        if local == 0 and shm_enabled():
+        if local == 0 and enabled:
             path = os.path.join(_SHM_DIR, f"ccoll-{os.getpid()}-{secrets.token_hex(8)}")
             try:
                 mm = _map(path, nbytes, create=True)
@@ -84,7 +79,7 @@ class NodeShm:
             wait_all([node.Ibcast(name, root=0)], deadline, "sharing the node's memory")
             if local != 0:
                 got = bytes(name).rstrip(b"\0").decode()
-                if got and shm_enabled():
+                if got and enabled:
                     try:
                         mm = _map(got, nbytes, create=False)
                     except OSError:

@@ -16,16 +16,14 @@ INFO itself gets the same lines through its own handlers.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass
 
-__all__ = ["CallReport", "LOGGER", "log_level_problem", "configure_logging"]
+__all__ = ["CallReport", "LOGGER", "configure_logging"]
 
 LOGGER = logging.getLogger("ccoll")
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
-_OFF = ("", "off", "0", "none")
 _configured_lock = threading.Lock()
 _handler: logging.Handler | None = None
 
@@ -38,26 +36,37 @@ class CallReport:
     - ``compressed``: whether the data went compressed (else plain MPI: raw);
     - ``reason``: why, in words: ``'policy="compress"'``, ``'policy="raw"'``,
       ``"eb=None: exact"``, or ``policy="auto"``'s reason ("predicted 2.10x faster
-      compressed", "predicted slower compressed", "too small to gain", "known raw from
-      calibration", "sticky raw: the model sent this call raw recently", "measured raw
-      faster: ..." (the measured feedback, docs/model.md), ...);
+      compressed", "predicted slower compressed", "too small to gain", "measured faster:
+      raw ..., compressed ...", "trial of compressed (...)", ...: docs/model.md,
+      "Measured feedback"); a repeat that skipped the agreement adds "; repeated: ran
+      without the agreement";
     - ``predicted_raw_s``, ``predicted_compressed_s``, ``ratio``: the cost model's
       predicted seconds and the estimated compression ratio, where ``policy="auto"``
       consulted the model for this call (else ``None``);
     - ``eb_abs``: the absolute bound the result is within (``None``: exact, or a raw call);
     - ``dtype``, ``count``: the caller's dtype name and element count; ``bytes_input`` the
-      input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves);
+      input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves, raw
+      or compressed: twice the data's own bytes on a raw call, whose ``str()`` says "moved
+      as float32"; docs/collectives.md);
     - ``bytes_sent``: bytes this rank put on the wire (counted as ``Communicator.stats``);
     - ``seconds``: wall time of the call on this rank, from its checks to its result;
-    - ``overlapped``: the call repeated the signature that the agreed history predicted and
-      went raw whatever the data, so its MPI collective ran while the agreement was in
-      flight (docs/collectives.md, "Every call");
+    - ``overlapped``: the call repeated the signature that the agreed history predicted,
+      whose plan is raw and settled, so it ran without the agreement: its MPI collective
+      carried the check (docs/collectives.md, "Every call");
     - ``chunk_elems``: elements per pipeline chunk of a compressed call (0 for a raw one):
       the Communicator's ``chunk_elems``, or the one the model chose for this call;
     - ``hierarchical``: the call ran in two levels (exact sums inside each node, the
       compressed ring between nodes, docs/collectives.md, "Hierarchical collectives");
       ``nodes`` and ``ranks_per_node`` are the Communicator's node grouping (``ranks_per_node``
-      0: nodes of different sizes), whether or not this call used it.
+      0: nodes of different sizes), whether or not this call used it;
+    - ``format_version``: the stream format a compressed call sent; ``path``: what ran
+      (``"raw"``, ``"flat"``: the flat ring or recursive halving, ``"two levels"``);
+      ``trial``: the plan ran this path to measure it (docs/model.md, "Measured feedback").
+
+    For a compressed call ``ratio`` is the one measured: the bytes a raw call would have
+    sent over the bytes this rank sent; where this rank sent nothing (one rank, a
+    broadcast's last rank), the data's bytes over its compressed streams' (the root's
+    stream for a broadcast).
     """
 
     collective: str
@@ -79,6 +88,9 @@ class CallReport:
     hierarchical: bool = False
     nodes: int = 1
     ranks_per_node: int = 0
+    format_version: int = 1
+    path: str = "raw"
+    trial: bool = False
 
     @property
     def mode(self) -> str:
@@ -89,23 +101,23 @@ class CallReport:
         """Return the fields that every rank shares (all but bytes and time)."""
         return (self.collective, self.compressed, self.reason, self.policy, self.algorithm,
                 self.dtype, self.count, self.eb_abs, self.predicted_raw_s,
-                self.predicted_compressed_s, self.ratio, self.overlapped, self.chunk_elems,
-                self.hierarchical, self.nodes, self.ranks_per_node)
+                self.predicted_compressed_s, self.overlapped, self.chunk_elems,
+                self.hierarchical, self.nodes, self.ranks_per_node, self.format_version,
+                self.path, self.trial)
 
     def __str__(self) -> str:
         why = self.reason
         if self.predicted_raw_s is not None and self.predicted_compressed_s is not None:
             why += (f"; predicted raw {_ms(self.predicted_raw_s)}, compressed "
                     f"{_ms(self.predicted_compressed_s)}")
-            if self.ratio is not None:
-                why += f", ratio {self.ratio:.3g}"
-        if self.overlapped:
-            why += "; moved with the agreement"
+        if self.compressed and self.ratio is not None:
+            why += f"; format {self.format_version}, ratio {self.ratio:.3g}"
         if self.hierarchical:
             why += f"; hierarchical: {self.nodes} nodes x {self.ranks_per_node} ranks"
         bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
+        moved = " (moved as float32)" if self.dtype in ("float16", "bfloat16") else ""
         return (f"{self.collective} {self.dtype}[{self.count}] {self.mode} ({why}); {bound}; "
-                f"sent {self.bytes_sent} B of {self.bytes_input} B input in "
+                f"sent {self.bytes_sent} B of {self.bytes_input} B input{moved} in "
                 f"{_ms(self.seconds)}")
 
 
@@ -113,28 +125,18 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3g} ms"
 
 
-def log_level_problem() -> str | None:
-    """Return why ``CCOLL_LOG`` cannot be used (with the fix), or ``None`` when it can."""
-    v = os.environ.get("CCOLL_LOG", "").strip().lower()
-    if v in _OFF or v in _LEVELS:
-        return None
-    return (f"CCOLL_LOG={os.environ['CCOLL_LOG']!r} is not a log level: set it to info, "
-            "debug, warning or off (or unset it)")
+def configure_logging(rank: int, level: str) -> None:
+    """Apply the ``CCOLL_LOG`` setting (:class:`ccoll.settings.Settings`): level and handler.
 
-
-def configure_logging(rank: int) -> None:
-    """Apply ``CCOLL_LOG`` (checked by :func:`log_level_problem`): level and one handler.
-
-    Does nothing when the variable is unset or ``off``. The stderr handler, added once per
-    process, prefixes each line with ``ccoll[rank]``.
+    Does nothing for ``"off"``. The stderr handler, added once per process, prefixes each
+    line with ``ccoll[rank]``.
     """
     global _handler
-    v = os.environ.get("CCOLL_LOG", "").strip().lower()
-    level = _LEVELS.get(v)
-    if level is None:
+    lvl = _LEVELS.get(level)
+    if lvl is None:
         return
     with _configured_lock:
-        LOGGER.setLevel(level)
+        LOGGER.setLevel(lvl)
         if _handler is None:
             _handler = logging.StreamHandler()
             _handler.setFormatter(logging.Formatter(f"ccoll[{rank}]: %(message)s"))

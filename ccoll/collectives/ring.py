@@ -56,7 +56,6 @@ __all__ = [
     "ring_ops",
     "ring_allreduce",
     "reduce_scatter_streams",
-    "allgather_streams",
 ]
 
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
@@ -164,23 +163,6 @@ def reduce_scatter_streams(
     (:mod:`ccoll.collectives.devices`).
     """
     return _traced(ch, layout, dtype, ops, None, bound, None, deadline, place)
-
-
-def allgather_streams(
-    ch: Channel,
-    layout: Layout,
-    dtype: np.dtype,
-    mine: list[Any],
-    bound: float,
-    flat_out: Any,
-    deadline: Deadline,
-    place: HostPlace = HOST,
-) -> None:
-    """Forward every rank's reduced block (bytes unchanged) around the ring, decode all.
-
-    ``mine`` holds this rank's reduced streams of block ``rank``, one per chunk.
-    """
-    _traced(ch, layout, dtype, None, mine, bound, flat_out, deadline, place)
 
 
 def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
@@ -372,6 +354,7 @@ class _Ring:
     def on_final(self, c: int, stream: Any) -> None:
         """Chunk ``c`` of this rank's block is fully reduced."""
         self.final[c] = stream
+        self.ch.stats.bytes_coded += stream_nbytes(stream)
         if not self.gather:
             return
         rec = self.rec

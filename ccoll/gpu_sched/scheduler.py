@@ -32,12 +32,11 @@ the same exception without running, until ``lane.synchronize()`` (or
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ccoll.errors import CCollError, InputError
+from ccoll.errors import CCollError
 from ccoll.gpu_sched.lanes import LANES, Event, Lane, current_lane, current_stream
 
 __all__ = [
@@ -50,7 +49,7 @@ __all__ = [
     "current_lane",
     "current_stream",
     "default_scheduler",
-    "lanes_enabled",
+    "configured_on",
     "yield_to_training",
 ]
 
@@ -256,8 +255,6 @@ _FLAT: Mapping[str, int] = dict.fromkeys(LANES, 0)
 _training = False
 
 ENV_SCHED = "CCOLL_SCHED"
-_ENV_ON = ("", "1", "on", "true", "yes")
-_ENV_OFF = ("0", "off", "false", "no")
 
 
 def default_scheduler(device: str = "cpu") -> Scheduler:
@@ -373,20 +370,9 @@ def _check_number(what: str, f: Any) -> None:
         raise ValueError(f"{what} must be a number in (0, 1], got {f!r}")
 
 
-def lanes_enabled() -> bool:
-    """Whether collectives run on the process-wide lanes (configure(), ``CCOLL_SCHED``)."""
-    if not _enabled:
-        return False
-    raw = os.environ.get(ENV_SCHED, "").strip().lower()
-    if raw in _ENV_ON:
-        return True
-    if raw in _ENV_OFF:
-        return False
-    raise InputError(
-        f"{ENV_SCHED}={os.environ[ENV_SCHED]!r} is not a switch: set it to 'off' to run "
-        "collectives on a private thread per channel, 'on' (or unset it) for the scheduler's "
-        "lanes"
-    )
+def configured_on() -> bool:
+    """Whether :func:`configure` left the lanes on (the process-wide switch)."""
+    return _enabled
 
 
 def task_started(device: str) -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "threads_per_rank",
     "env_threads",
     "set_thread_count",
+    "use_setting",
     "thread_count",
     "pool_size",
 ]
@@ -80,6 +81,8 @@ _serial = threading.RLock()  # held across each parallel launch when the layer i
 # and numba's pool size, fixed when numba loads (NUMBA_NUM_THREADS, else the cores).
 _count: int | None = None
 _count_lock = threading.Lock()
+_UNSET: Any = object()
+_setting: Any = _UNSET  # CCOLL_THREADS as the latest Communicator's settings read it
 _pool = 0
 
 
@@ -96,9 +99,14 @@ def prepare() -> str:
     with _prepare_lock:
         if _layer is not None:
             return _layer
-        explicit, problem = env_threads(os.environ)
-        if problem is not None:
-            raise InputError(problem)
+        # CCOLL_THREADS: a Communicator's settings where one was made (they were read when
+        # it was made), else the environment, read once, here.
+        if _setting is not _UNSET:
+            explicit = _setting
+        else:
+            explicit, problem = env_threads(os.environ)
+            if problem is not None:
+                raise InputError(problem)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         import numba
         from numba.np.ufunc import parallel
@@ -223,6 +231,16 @@ def threads_per_rank(mine: Collection[int], node: Sequence[Collection[int]],
     share = sum((Fraction(1, users.get(c, 1)) for c in mine), Fraction(0))
     n = max(1, min(pool, int(share)))
     return n, f"{len(mine)} cores shared by {len(node)} rank(s) on this node"
+
+
+def use_setting(threads: int | None) -> None:
+    """Take ``CCOLL_THREADS`` from a Communicator's settings (the latest one made).
+
+    The process's first parallel kernel then uses it instead of reading the environment.
+    """
+    global _setting
+    with _count_lock:
+        _setting = threads
 
 
 def set_thread_count(n: int, *, explicit: bool = False) -> int:

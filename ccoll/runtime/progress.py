@@ -41,7 +41,6 @@ import collections
 import contextlib
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -55,7 +54,11 @@ _log = logging.getLogger(__name__)
 
 # How long interpreter exit waits for a request that is already running (an MPI collective
 # whose peers never arrive would otherwise block exit forever).
-_EXIT_TIMEOUT_S = float(os.environ.get("CCOLL_SHUTDOWN_TIMEOUT", "30"))
+def _exit_timeout() -> float:
+    """Return the ``CCOLL_SHUTDOWN_TIMEOUT`` setting (:mod:`ccoll.settings`), at exit."""
+    from ccoll.settings import current
+
+    return current().shutdown_timeout
 
 _PENDING, _RUNNING, _FINISHED = "pending", "running", "finished"
 
@@ -252,8 +255,20 @@ class Request:
 # requests here too.
 _busy_cv = threading.Condition()
 _busy: list[Request] = []
-# The request the engine thread is running (unset on other threads): see current_request().
-_current = threading.local()
+# The request the engine thread is running (None on other threads): see current_request().
+
+
+class _Current(threading.local):
+    """The engine request that a thread runs (None on other threads).
+
+    The class default answers there without the exception that a missing attribute of a
+    plain ``threading.local`` costs.
+    """
+
+    req: Request | None = None
+
+
+_current = _Current()
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -448,7 +463,7 @@ def shutdown(wait: bool = True, timeout: float | None = None) -> None:
 
 def current_request() -> Request | None:
     """Return the request this thread runs for the engine (None on any other thread)."""
-    return getattr(_current, "req", None)
+    return _current.req
 
 
 def uses(obj: Any) -> None:
@@ -458,7 +473,7 @@ def uses(obj: Any) -> None:
     when a call starts, so that closing a Communicator stops a request that runs a call on
     it (the DDP hook's requests name the user's communicator, not the channel's).
     """
-    req = getattr(_current, "req", None)
+    req = _current.req
     if req is not None and not any(o is obj for o in req._uses):
         req._uses.append(obj)
 
@@ -555,7 +570,7 @@ def _at_exit() -> None:
     global _exiting
     with _lock:
         _exiting = True
-    shutdown(wait=True, timeout=_EXIT_TIMEOUT_S)
+    shutdown(wait=True, timeout=_exit_timeout())
 
 
 atexit.register(_at_exit)

@@ -543,15 +543,17 @@ def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np
     """
     from ccoll.collectives.homomorphic import rank_bound
     from ccoll.collectives.layout import Layout
+    from ccoll.collectives.policy.plan import phase_bounds
     from ccoll.compressor import compress_abs, decompress
 
     n = state.comm.Get_size()
-    ring_eb, _ = state.communicator.ring_bounds(eb_avg, n, True, state.communicator.algorithm)
+    # The plan of the call that just ran: its split of the bound and its chunks.
+    plan = state.communicator._last_plan()
+    split = plan.split if plan is not None else 0.0
+    ring_eb, _ = phase_bounds(eb_avg, n, True, split)
     eb_r = rank_bound(ring_eb, n)
-    # The chunks the call just made used (chosen per call unless the Communicator fixes them).
-    last = state.communicator.last_call
-    layout = Layout(x.size, n, last.chunk_elems if last is not None and last.chunk_elems
-                    else (state.communicator.chunk_elems or max(1, x.size)))
+    chunk = plan.chunk_elems if plan is not None and plan.chunk_elems else 0
+    layout = Layout(x.size, n, chunk or state.communicator.chunk_elems or max(1, x.size))
     flat = x.reshape(-1)
     own = np.empty_like(flat)
     for b in range(n):
@@ -805,8 +807,8 @@ def _divert_settled(state: CCollHookState) -> dict[int, tuple[int, Any]]:
     """Return the buckets of an ``"auto"`` step that go through the process group.
 
     Those that ccoll would average exactly whatever their data: too small to compress
-    (``min_numel``), or settled raw by the collectives' policy from its calibrations or a
-    recent decision that repeats (:meth:`ccoll.Communicator.raw_settled`). Through ccoll
+    (``min_numel``), or whose plan is raw and settled (what the Communicator's fast path
+    runs, :meth:`ccoll.Communicator._raw_settled`). Through ccoll
     they would take its MPI path, which costs the backward pass more than the group's
     allreduce does (docs/training.md), and an "auto" step that compresses nothing would
     then run slower than the raw steps it is compared with. Asked at the step's first
@@ -817,12 +819,12 @@ def _divert_settled(state: CCollHookState) -> dict[int, tuple[int, Any]]:
     """
     if state._gate_group is None:
         return {}
-    # With error feedback the calls' bounds (ABS, per step) never match a sticky decision
-    # taken with state.eb: only the calibrations settle its buckets.
+    # With error feedback the calls' bounds (ABS, per step) never repeat state.eb's
+    # signature: only the size test (min_numel) diverts its buckets.
     cc = state.communicator
     out = {}
     for index, (count, dtype) in sorted(state._shapes.items()):
-        if count < state.min_numel or cc.raw_settled(count, dtype, state.eb, consume=True):
+        if count < state.min_numel or cc._raw_settled(count, dtype, state.eb, consume=True):
             out[index] = (count, dtype)
     return out
 

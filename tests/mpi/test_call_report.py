@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 import ccoll
 from ccoll.collectives import CallReport, last_call
-from ccoll.collectives.communicator import default_communicator
+from ccoll.collectives.registry import default_communicator
 from ccoll.errors import InputError
 
 SIZE = MPI.COMM_WORLD.Get_size()
@@ -69,6 +69,23 @@ def same_decision_everywhere(comm, rep: CallReport) -> None:
     assert all(d == every[0] for d in every), every
 
 
+def raw_ring_bytes(collective: str, n: int, nbytes: int) -> int:
+    """Bytes one rank would send for the call raw: a ring's (bcast: the whole message).
+
+    A compressed call's ``ratio`` is this over the bytes it sent (CallReport's docstring).
+    """
+    if n < 2:
+        return 0
+    return {"allreduce": 2 * (n - 1) * nbytes // n, "reduce_scatter": (n - 1) * nbytes // n,
+            "allgather": (n - 1) * nbytes, "bcast": nbytes}[collective]
+
+
+def measured_ratio(rep: CallReport) -> float | None:
+    if not rep.compressed or rep.bytes_sent == 0:
+        return None
+    return raw_ring_bytes(rep.collective, SIZE, rep.bytes_input) / rep.bytes_sent
+
+
 def test_compressed_call_reports_bytes_and_bound(comm):
     x = gradient_like(comm.rank, 100_003, np.float32)
     with ccoll.Communicator(comm, policy="compress") as cc:
@@ -78,16 +95,44 @@ def test_compressed_call_reports_bytes_and_bound(comm):
         cc.allreduce(x, ccoll.ABS(1e-3), policy="raw")
         raw = cc.last_call
     assert rep.collective == "allreduce" and rep.compressed and rep.mode == "compressed"
-    assert rep.reason == "policy='compress'" and rep.eb_abs == 1e-3
+    assert rep.reason == 'policy="compress"' and rep.eb_abs == 1e-3
     assert rep.dtype == "float32" and rep.count == 100_003 and rep.bytes_input == 400_012
     assert rep.bytes_sent < rep.bytes_input
+    assert rep.path == "flat" and not rep.trial and not rep.hierarchical
+    assert rep.format_version == 1  # the collectives send version 1 streams (docs/format.md)
+    assert not rep.overlapped  # a compressed call always takes the agreement
+    assert rep.seconds > 0 and rep.predicted_raw_s is None and rep.predicted_compressed_s is None
+    assert not raw.compressed and raw.reason == 'policy="raw"' and raw.eb_abs is None
+    assert raw.path == "raw" and not raw.trial and raw.ratio is None
     if SIZE > 1:
         assert rep.bytes_sent < raw.bytes_sent
-    assert rep.seconds > 0 and rep.predicted_raw_s is None
-    assert not raw.compressed and raw.reason == "policy='raw'" and raw.eb_abs is None
+        # The measured ratio: what the raw ring would have sent over what this rank sent,
+        # which is what the raw call of the same array did send.
+        assert rep.ratio == raw_ring_bytes("allreduce", SIZE, 400_012) / rep.bytes_sent
+        assert raw.bytes_sent == raw_ring_bytes("allreduce", SIZE, 400_012)
+        assert rep.ratio == raw.bytes_sent / rep.bytes_sent and rep.ratio > 1
+        assert f"; format 1, ratio {rep.ratio:.3g}); eb 0.001; sent" in str(rep)
+    else:
+        assert rep.ratio is None and rep.bytes_sent == 0  # nothing sent: no ratio
     same_decision_everywhere(comm, rep)
     same_decision_everywhere(comm, raw)
-    assert "allreduce float32[100003] compressed (policy='compress'); eb 0.001; sent" in str(rep)
+    assert str(rep).startswith('allreduce float32[100003] compressed (policy="compress"')
+    assert "); eb 0.001; sent" in str(rep)
+    assert str(raw).startswith('allreduce float32[100003] raw (policy="raw"); exact; sent')
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "bcast"])
+def test_every_compressed_collective_reports_its_measured_ratio(comm, collective):
+    x = gradient_like(comm.rank, 20_011, np.float64)
+    with ccoll.Communicator(comm, policy="compress") as cc:
+        getattr(cc, collective)(x, ccoll.ABS(1e-4))
+        rep = cc.last_call
+    assert rep.compressed and rep.collective == collective and rep.path == "flat"
+    assert rep.bytes_input == 20_011 * 8
+    assert rep.ratio == measured_ratio(rep)
+    if SIZE > 1 and rep.bytes_sent:
+        assert rep.ratio > 1
+    same_decision_everywhere(comm, rep)
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "bcast"])
@@ -98,6 +143,7 @@ def test_exact_call_reports_raw_and_why(comm, collective):
         rep = cc.last_call
     assert rep.collective == collective and not rep.compressed
     assert rep.reason == "eb=None: exact" and rep.eb_abs is None
+    assert rep.path == "raw" and not rep.trial and rep.ratio is None
     assert "raw (eb=None: exact); exact;" in str(rep)
     same_decision_everywhere(comm, rep)
 
@@ -109,16 +155,20 @@ def test_auto_report_carries_the_predicted_times(comm, link):
     with ccoll.Communicator(comm) as cc:
         cc.allreduce(x, ccoll.REL(1e-3))
         rep = cc.last_call
-    assert rep.compressed and rep.policy == "auto"
-    assert rep.reason.startswith("predicted") and rep.reason.endswith("x faster compressed")
+        plan = cc._last_plan()
+    assert rep.compressed and rep.policy == "auto" and rep.path == "flat" and not rep.trial
+    assert rep.reason == (f"predicted {rep.predicted_raw_s / rep.predicted_compressed_s:.2f}x "
+                          "faster compressed")
     assert 0 < rep.predicted_compressed_s < rep.predicted_raw_s
-    assert rep.ratio == 20.0
+    # The model priced the call at CCOLL_RATIO; the report gives the ratio measured.
+    assert plan.ratio == 20.0
+    assert rep.ratio == measured_ratio(rep) and rep.ratio > 1
     assert f"predicted raw {rep.predicted_raw_s * 1e3:.3g} ms" in str(rep)
     same_decision_everywhere(comm, rep)
 
 
 @pytest.mark.skipif(SIZE < 2, reason="one rank never consults the model")
-def test_auto_raw_report_says_known_raw(comm, link):
+def test_auto_raw_report_says_too_small_to_gain(comm, link):
     link(FAST_LINK)
     x = gradient_like(comm.rank, 1 << 18, np.float32)
     with ccoll.Communicator(comm) as cc:
@@ -126,13 +176,77 @@ def test_auto_raw_report_says_known_raw(comm, link):
         first = cc.last_call
         cc.allreduce(x, ccoll.ABS(1e-3))
         second = cc.last_call
-    # The model's size tests settle it (which one depends on the number of ranks).
-    assert not first.compressed
-    assert first.reason in ("too small to gain", "compressor slower than the link")
-    assert not second.compressed and second.reason == "known raw from calibration"
+    # No ratio would make compressing pay on this link: raw whatever the data, and its
+    # repeat runs without the agreement.
+    assert not first.compressed and first.reason == "too small to gain"
+    assert first.path == "raw" and not first.trial and first.ratio is None
+    assert first.eb_abs is None and not first.overlapped
+    assert first.predicted_raw_s is not None and first.predicted_compressed_s is None
+    assert not second.compressed and second.overlapped
+    assert second.reason == "too small to gain; repeated: ran without the agreement"
     assert second.eb_abs is None
     same_decision_everywhere(comm, first)
     same_decision_everywhere(comm, second)
+
+
+def test_auto_reasons_that_need_no_model(comm, link):
+    link(SLOW_LINK)  # a link where compressing 4 MiB pays
+    x = gradient_like(comm.rank, 1 << 20, np.float32)
+    with ccoll.Communicator(comm) as cc:
+        cc.allreduce(x[:0], ccoll.REL(1e-3))
+        empty = cc.last_call
+        cc.allreduce(np.full(1 << 20, 0.25, np.float32), ccoll.REL(1e-3))
+        lossless = cc.last_call
+    if SIZE == 1:
+        assert empty.reason == lossless.reason == "one rank"
+    else:
+        assert empty.reason == "empty"
+        # REL of data without a range: the bound is 0, nothing to gain by compressing.
+        assert lossless.reason == "lossless bound: nothing to gain"
+    for rep in (empty, lossless):
+        assert not rep.compressed and rep.path == "raw" and not rep.trial
+        assert rep.eb_abs is None
+        same_decision_everywhere(comm, rep)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="one rank never consults the model")
+def test_trial_and_measured_reasons(comm, link, monkeypatch):
+    # CCOLL_RATIO=1.05 on a slow link: compressing is predicted slower by the margin, and
+    # raw runs. Its measured time is set to the model's raw prediction (the same on every
+    # rank), within twice the compressed path's prediction: the compressed path gets a
+    # trial (two: its first run is never measured), then its own measured time, faster
+    # than the raw one's here by far, decides.
+    from ccoll.collectives.policy.plan import Planner
+
+    link({**SLOW_LINK, "CCOLL_RATIO": "1.05"})
+    x = gradient_like(comm.rank, 1 << 20, np.float32)
+    reports = []
+    with ccoll.Communicator(comm) as cc:
+        cc.allreduce(x, ccoll.REL(1e-3))
+        reports.append(cc.last_call)
+        raw_s = reports[0].predicted_raw_s
+        real_end = Planner.end
+
+        def end(self, st, plan, seconds):
+            real_end(self, st, plan, raw_s if plan.variant == "raw" else seconds)
+
+        monkeypatch.setattr(Planner, "end", end)
+        for _ in range(4):
+            cc.allreduce(x, ccoll.REL(1e-3))
+            reports.append(cc.last_call)
+    for rep in reports:
+        same_decision_everywhere(comm, rep)
+    first, second, trial1, trial2, measured = reports
+    assert first.reason == second.reason == "predicted slower compressed", first
+    assert not first.compressed and not second.compressed and not first.trial
+    for t in (trial1, trial2):
+        assert t.compressed and t.trial and t.path == "flat", t
+        assert t.reason.startswith("trial of compressed (predicted "), t.reason
+        assert f"measured raw {raw_s * 1e3:.3g} ms)" in t.reason, t.reason
+        assert t.ratio == measured_ratio(t)
+    assert measured.compressed and not measured.trial and measured.path == "flat"
+    assert measured.reason.startswith("measured faster: compressed "), measured.reason
+    assert measured.reason.endswith(f", raw {raw_s * 1e3:.3g} ms"), measured.reason
 
 
 def test_module_functions_report_through_last_call(comm):

@@ -89,6 +89,8 @@ class _HeldRing:
         assert self.received.wait(GUARD_S), "the left neighbour's chunks never arrived"
 
 
+@pytest.mark.skipif(MPI.COMM_WORLD.Get_size() < 2,
+                    reason="one rank's ring has no step with a peer to hold")
 @pytest.mark.parametrize("how", ["iallreduce", "engine"])
 def test_close_with_requests_in_flight_fails_them_everywhere(comm, monkeypatch, how):
     # "engine": blocking calls submitted to the progress engine, as the DDP comm hook does.

@@ -12,12 +12,12 @@ import gc
 
 import numpy as np
 import pytest
-from collkit import gradient_like
-from kit import assert_same_on_every_rank
+from collkit import allowance, exact_sum, global_eb, gradient_like
+from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
 import ccoll
-from ccoll.collectives import agreement, layout
+from ccoll.collectives import layout
 from ccoll.collectives.agreement import Call, agree
 from ccoll.collectives.waiting import Deadline
 from ccoll.errors import CollectiveError, InputError, MismatchError
@@ -71,23 +71,79 @@ def test_agreement_error_path_reports_problems_without_pickle(comm):
 # -- settings that decide the collectives a rank makes ---------------------------------
 
 
+# A calibration setting on one rank only: (variable, value, the setting as the message
+# shows it).
+ONE_RANK_SETTINGS = [
+    ("CCOLL_ALPHA", "5us", "alpha=5e-06"),
+    ("CCOLL_RATIO", "3", "ratio=3"),
+    ("CCOLL_CALIBRATION", "off", "calibration='off'"),
+    ("CCOLL_BANDWIDTH", "10Gbit", "bandwidth=1.25e+09"),
+]
+
+
 @needs_two
-@pytest.mark.parametrize(
-    "name, value",
-    [("CCOLL_ALPHA", "5us"), ("CCOLL_RATIO", "3"), ("CCOLL_CALIBRATION", "off")],
-)
-def test_calibration_env_override_on_one_rank_fails_each_auto_call(comm, monkeypatch, name,
-                                                                   value):
+@pytest.mark.parametrize("name, value, shown", ONE_RANK_SETTINGS,
+                         ids=[s[0] for s in ONE_RANK_SETTINGS])
+def test_calibration_setting_on_one_rank_fails_the_communicator_everywhere(
+        comm, monkeypatch, name, value, shown):
+    # Settings are read when a Communicator is made and agreed there (they decide which
+    # calibration collectives run and what every plan rests on): the same MismatchError
+    # on every rank, naming the rank and its setting, before anything calibrates.
+    if comm.rank == comm.size - 1:
+        monkeypatch.setenv(name, value)
+    with pytest.raises(MismatchError) as info:
+        ccoll.Communicator(comm, policy="auto", timeout=60)
+    same_error_everywhere(comm, info, MismatchError, "settings (")
+    assert f"{shown}" in str(info.value) and f"on rank {comm.size - 1}" in str(info.value)
+    # Nothing was left in flight: with the same settings everywhere, calls work.
+    monkeypatch.delenv(name, raising=False)
     with ccoll.Communicator(comm, policy="auto", timeout=60) as c:
-        if comm.rank == comm.size - 1:
-            monkeypatch.setenv(name, value)
         x = gradient_like(comm.rank, 50_000, np.float32)
-        with pytest.raises(MismatchError) as info:
-            c.allreduce(x, eb=ccoll.REL(1e-3))
-        same_error_everywhere(comm, info, MismatchError, f"{name}={value} on rank {comm.size - 1}")
-        # Nothing was left in flight: a call that does not calibrate still works.
         y = c.allreduce(x, eb=None)
-        assert y.shape == x.shape
+        assert_same_on_every_rank(comm, y)
+
+
+@needs_two
+def test_settings_changed_on_one_rank_after_creation_change_nothing(comm, monkeypatch):
+    # A Communicator keeps the settings it was made with: CCOLL_* variables set later on
+    # one rank (the calibration's, the timeout, the ratio) change no call's plan, so every
+    # rank keeps planning alike (no MismatchError, the same reports and results).
+    x = gradient_like(comm.rank, 1 << 18, np.float32)
+    with ccoll.Communicator(comm, policy="auto", timeout=60) as c:
+        settings = c.settings
+        reports = []
+        ref, eb = exact_sum(comm, x), global_eb(comm, x, ccoll.REL(1e-3))
+        c.allreduce(x, eb=ccoll.REL(1e-3))
+        reports.append(c.last_call)
+        if comm.rank == comm.size - 1:
+            for name, value, _ in ONE_RANK_SETTINGS:
+                monkeypatch.setenv(name, value)
+            monkeypatch.setenv("CCOLL_TIMEOUT", "0.001")
+            monkeypatch.setenv("CCOLL_COMPRESS_GBPS", "0.001")
+        for _ in range(6):
+            y = c.allreduce(x, eb=ccoll.REL(1e-3))
+            reports.append(c.last_call)
+            assert_same_on_every_rank(comm, y)
+            assert_within(y, ref, **allowance(eb, y, SIZE, "sum"))
+        assert c.settings is settings
+        every = comm.allgather([r.decision() for r in reports])
+        assert all(d == every[0] for d in every), every
+
+
+def test_settings_digest_is_exact_in_float64():
+    # The settings' fingerprint travels in the agreement as a float64: it must be exact,
+    # and settings that change which collectives run must change it.
+    from ccoll.settings import parse
+
+    none, problems = parse(environ={})
+    assert problems == [] and none.overrides() == "none set"
+    ratio, _ = parse(environ={"CCOLL_RATIO": "3"})
+    assert ratio.overrides() == "ratio=3" and ratio.digest != none.digest
+    for s in (none, ratio, parse(environ={"CCOLL_ALPHA": "5us"})[0],
+              parse(environ={"CCOLL_CALIBRATION": "off"})[0]):
+        assert 0 <= s.digest < 2**52 and float(s.digest) == s.digest
+    assert len({none.digest, ratio.digest, parse(environ={"CCOLL_ALPHA": "5us"})[0].digest,
+                parse(environ={"CCOLL_CALIBRATION": "off"})[0].digest}) == 4
 
 
 @needs_two
@@ -166,7 +222,7 @@ def _used(c: ccoll.Communicator) -> list[MPI.Intracomm]:
     x = gradient_like(c.rank, 4000 * c.size, np.float32)
     c.allreduce(x, eb=ccoll.ABS(1e-3))
     c.iallreduce(x, eb=ccoll.ABS(1e-3)).wait(timeout=60)
-    return [c._sync.comm, c._async.comm]
+    return [c._sync.ch.comm, c._async.ch.comm]
 
 
 def test_close_frees_duplicates_and_is_idempotent(comm):
@@ -185,7 +241,7 @@ def test_close_frees_duplicates_and_is_idempotent(comm):
 def test_dropped_communicator_is_released_by_gc(comm):
     c = ccoll.Communicator(comm, policy="compress", chunk_elems=512)
     dups = _used(c)
-    workers = [c._sync.worker, c._async.worker]
+    workers = [c._sync.ch.worker, c._async.ch.worker]
     # Host tasks ran on the shared lanes (or a private thread with CCOLL_SCHED=off).
     assert any(w._thread is not None or w.used_lanes for w in workers)
     del c
@@ -206,11 +262,11 @@ def test_hook_state_close_with_and_gc(comm):
     import ccoll.torch as ct
 
     with ct.CCollHookState(comm=comm) as s:
-        dups = [s.comm, s.communicator._sync.comm]
+        dups = [s.comm, s.communicator._sync.ch.comm]
     assert all(d == MPI.COMM_NULL for d in dups)
     s.close()  # again: nothing
     s = ct.CCollHookState(comm=comm)
-    dups = [s.comm, s.communicator._sync.comm]
+    dups = [s.comm, s.communicator._sync.ch.comm]
     del s
     gc.collect()
     assert all(d == MPI.COMM_NULL for d in dups)
@@ -231,17 +287,6 @@ def test_ring_with_more_chunks_than_tags_stays_within_tag_limit(comm, monkeypatc
         want = c.allreduce(x, eb=ccoll.ABS(1e-3))
     assert y.tobytes() == want.tobytes()
     assert layout.MAX_CHUNKS - 1 <= comm.Get_attr(MPI.TAG_UB)
-
-
-def test_env_fingerprint_is_exact_in_float64(monkeypatch):
-    for name in agreement.ENV_SETTINGS:
-        monkeypatch.delenv(name, raising=False)
-    none, text = agreement.env_code()
-    assert text == "none set"
-    monkeypatch.setenv("CCOLL_RATIO", "3")
-    code, text = agreement.env_code()
-    assert text == "CCOLL_RATIO=3" and code != none
-    assert 0 <= code < 2**52 and float(code) == code
 
 
 # IEEE outcomes in the sums (Inf + -Inf is NaN, a sum past the dtype's largest is ±Inf)

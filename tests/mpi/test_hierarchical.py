@@ -169,12 +169,20 @@ def test_auto_chooses_on_the_two_level_model(comm, monkeypatch, link, compress):
     with ccoll.Communicator(comm, policy="auto", ranks_per_node=rpn) as c:
         y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
         rep = c.last_call
-        pol = c._auto.get("sync")
-        hier = pol.hier if pol is not None else None
+        # The grouping the planner prices two levels on (None: flat only).
+        hier = c._sync.planner.options.hier
+        plan = c._last_plan()
+    assert hier == ((SIZE // rpn, rpn) if _hierarchical(rpn) else None)
     if comm.size > 1:
         assert rep.compressed == compress, rep
         assert rep.hierarchical == (compress and _hierarchical(rpn))
-        assert hier == ((SIZE // rpn, rpn) if _hierarchical(rpn) else None)
+        assert rep.path == ("raw" if not compress else
+                            "two levels" if _hierarchical(rpn) else "flat")
+        assert plan.two_level == rep.hierarchical and plan.variant == rep.path
+        if compress:
+            assert rep.reason == (
+                f"predicted {rep.predicted_raw_s / rep.predicted_compressed_s:.2f}x faster "
+                "compressed" + (" in two levels" if rep.hierarchical else ""))
     if rep.compressed:
         assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, ccoll.REL(1e-3)),
                       roundings=1 if rep.hierarchical else 3)
@@ -210,7 +218,8 @@ def test_node_phases_run_in_shared_memory(comm):
             y = c.allreduce(x, ccoll.ABS(1e-3))
             assert_within(y, exact_sum(comm, x), 1e-3, roundings=1)
             assert_same_on_every_rank(comm, y)
-            made.append(None if c._shm is None else c._shm.count)
+            shm = None if c._sync.two is None else c._sync.two._shm
+            made.append(None if shm is None else shm.count)
     if _hierarchical(rpn):
         assert made == [20_000, 20_000, 20_000, 40_000, 40_000]
     else:
@@ -218,9 +227,10 @@ def test_node_phases_run_in_shared_memory(comm):
 
 
 def test_a_rank_without_shared_memory_moves_its_node_to_mpi(comm, monkeypatch):
-    # CCOLL_NODE_SHM=0 on rank 1 only: its node learns it when the memory is set up and
-    # runs MPI's Reduce_scatter/Allgatherv; the other node keeps shared memory. Results
-    # are bound and the same bytes on every rank either way.
+    # CCOLL_NODE_SHM=0 on rank 1 only (read when the Communicator is made): its node
+    # learns it when the memory is set up and runs MPI's Reduce_scatter/Allgatherv; the
+    # other node keeps shared memory. Results are bound and the same bytes on every rank
+    # either way.
     if comm.rank == 1:
         monkeypatch.setenv("CCOLL_NODE_SHM", "0")
     rpn = RPNS[0]
@@ -228,7 +238,7 @@ def test_a_rank_without_shared_memory_moves_its_node_to_mpi(comm, monkeypatch):
     with ccoll.Communicator(comm, policy="compress", ranks_per_node=rpn) as c:
         y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
         hier = c.last_call.hierarchical
-        shm = c._shm is not None
+        shm = c._sync.two is not None and c._sync.two._shm is not None
         node = c.grouping.node
     assert_within(y, exact_sum(comm, x) / comm.size, global_eb(comm, x, ccoll.REL(1e-3)),
                   roundings=1 if hier else 3)
@@ -250,7 +260,7 @@ def test_a_rank_failing_before_the_node_barrier_times_out_everywhere(comm):
         if comm.rank == SIZE - 1:
             def broken(*args):
                 raise RuntimeError("this rank failed")
-            c._node_memory = broken
+            c._sync.two._memory = broken
             with pytest.raises(RuntimeError, match="this rank failed"):
                 c.allreduce(x, ccoll.ABS(1e-3))
         else:
@@ -266,36 +276,56 @@ def test_a_rank_failing_before_the_node_barrier_times_out_everywhere(comm):
 
 
 def test_auto_falls_back_to_the_flat_ring_when_two_levels_measure_slower(comm, monkeypatch):
-    # The model (a slow link) compresses in two levels; the measured times say two levels
-    # take 10x the flat ring: after one call of each, auto runs the flat ring, on every rank.
+    # The model (a slow link) compresses in two levels; the measured times, replaced on
+    # every rank alike, say two levels take 10 s and the flat ring 0.1 ms (well under the
+    # model's raw time, about 30 ms here, so raw gets no trial): after two levels'
+    # measured run, auto runs the flat ring, on every rank; two levels is only tried again
+    # now and then (after 2**k calls), and loses again.
+    from ccoll.collectives.policy.plan import Planner
+
     for k, v in {**_MODEL_ENV, "CCOLL_BANDWIDTH": "100Mbit"}.items():
         monkeypatch.setenv(k, v)
+    measured = {"two levels": 10.0, "flat": 1e-4}
+    real_end = Planner.end
+
+    def end(self, st, plan, seconds):
+        real_end(self, st, plan, measured.get(plan.variant, seconds))
+
+    monkeypatch.setattr(Planner, "end", end)
     rpn = RPNS[0]
     x = gradient_like(comm.rank, 1 << 16, np.float32)
-    paths = []
+    reports = []
     with ccoll.Communicator(comm, policy="auto", ranks_per_node=rpn) as c:
-        pol = c._auto_policy(c._sync)
-        # Both well under the model's raw time (about 30 ms here): compressing stays.
-        pol.feedback.measure = lambda compressed, s: (
-            0.010 if c.last_call.hierarchical else 0.001)
-        for _ in range(7):
+        for _ in range(10):
             y = c.allreduce(x, ccoll.REL(1e-3), op="avg")
             rep = c.last_call
-            paths.append("T" if rep.hierarchical else ("F" if rep.compressed else "R"))
+            reports.append(rep)
             assert_same_on_every_rank(comm, y)
             assert_within(y, exact_sum(comm, x) / comm.size,
                           global_eb(comm, x, ccoll.REL(1e-3)),
                           roundings=1 if rep.hierarchical else 3)
-        reason = rep.reason
-    assert len(set(comm.allgather("".join(paths)))) == 1
+    every = comm.allgather([r.decision() for r in reports])
+    assert all(d == every[0] for d in every), every
+    paths = "".join("T" if r.hierarchical else ("F" if r.compressed else "R") for r in reports)
     if comm.size == 1:
+        assert set(paths) == {"R"}
         return
     if _hierarchical(rpn):
-        # The model's two levels first, one flat call when two levels were measured, then
-        # the flat ring for good once its time is in (each time is agreed two calls on).
-        got = "".join(paths)
-        assert got.startswith("TT") and got.endswith("FF") and "R" not in got, got
-        assert got.count("F") >= 3 and "T" not in got[got.index("F") + 2:], got
-        assert "flat ring: measured faster" in reason
+        # The model's two levels twice (its first run is not measured), then the flat ring
+        # (twice before its own time is in, once more on both measured times); two levels
+        # comes back only as a retry of the loser, at least 2**FIRST_LEVEL calls apart.
+        from ccoll.collectives.policy.plan import FIRST_LEVEL
+
+        assert paths.startswith("TTFFF") and "R" not in paths, paths
+        for r in reports[:2]:
+            assert r.reason.endswith("faster compressed in two levels"), r.reason
+        at = [i for i, r in enumerate(reports) if r.hierarchical][2:]
+        assert all(reports[i].trial and reports[i].reason.startswith("two levels tried again (")
+                   for i in at), [r.reason for r in reports]
+        assert all(b - a >= 1 << FIRST_LEVEL for a, b in zip([1, *at], at, strict=False)), paths
+        flats = [r for r in reports[4:] if not r.hierarchical]
+        assert len(flats) >= 4 and all(
+            r.reason == "measured faster: compressed 0.1 ms, two levels 1e+04 ms"
+            and not r.trial for r in flats), [r.reason for r in flats]
     else:
-        assert set(paths) == {"F"}
+        assert set(paths) == {"F"}, paths

@@ -1,26 +1,48 @@
-"""A repeated raw call moves its data with the agreement (run with 1..5 ranks).
+"""A repeated raw call runs without the agreement: the fast path (run with 1..5 ranks).
 
-A call whose agreed fields equal the prediction from the agreed history (the last call's, or
-what followed it last time) and that goes raw whatever the data runs its MPI collective
-while the agreement is in flight. Its result must still be MPI's bit for bit, the call
-report must say that it ran so, and a rank that changes its arguments (or passes bad ones)
-after such calls must make every rank raise the same error, never hang, and leave the
-Communicator usable.
+Once the agreed history predicts a call's signature (the last call's, or what followed it
+last time) and that signature's plan is raw and settled (``eb=None``, ``policy="raw"``, or
+``policy="auto"`` raw whatever the data), every rank runs the MPI collective at once and the
+data collective carries the check (ccoll/collectives/fastpath.py). The result of an exact
+or ``policy="raw"`` call must still be MPI's bit for bit, an ``policy="auto"`` call that
+went raw (its flag rides in one extra element) within its bound and the same on every
+rank; the call report must say that it ran so; a rank that changes its arguments (or passes
+bad ones) after such calls must make every rank raise the same error, never hang, and leave
+the Communicator usable.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import pytest
+from collkit import allowance, allreduce_reference, global_eb
+from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
 import ccoll
-from ccoll.collectives import communicator as comm_mod
-from ccoll.errors import CollectiveError, DTypeError, InputError, MismatchError
+from ccoll.errors import DTypeError, InputError, MismatchError
 
 SIZE = MPI.COMM_WORLD.Get_size()
 needs_two = pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
 COLLECTIVES = ["allreduce", "reduce_scatter", "allgather", "bcast"]
+REPEATED = "; repeated: ran without the agreement"
+
+
+class NotFast(AssertionError):
+    """A repeated call that should have run without the agreement did not."""
+
+
+def fast_marks(collective: str) -> list:
+    return []
+
+
+def expect_fast(seen: list[bool], want: list[bool]) -> None:
+    """``seen`` (overlapped per call) is ``want``; raise :class:`NotFast` otherwise."""
+    if seen != want:
+        raise NotFast(f"overlapped per call {seen}, expected {want}")
 
 
 def data(rank: int, n: int = 1000, dtype: type = np.float32, seed: int = 0) -> np.ndarray:
@@ -66,43 +88,102 @@ def same_error_everywhere(comm, exc_info, exc_type, match):
     assert len(set(msgs)) == 1, msgs
 
 
-@pytest.mark.parametrize("collective", COLLECTIVES)
+def same_report(a, b) -> None:
+    """Two reports of the same call, one through the agreement and one without it."""
+    keep = ("collective", "compressed", "policy", "algorithm", "dtype", "count", "eb_abs",
+            "bytes_input", "bytes_sent", "chunk_elems", "hierarchical", "format_version",
+            "path", "trial", "predicted_raw_s", "predicted_compressed_s", "ratio")
+    assert {k: getattr(a, k) for k in keep} == {k: getattr(b, k) for k in keep}, (a, b)
+    assert b.reason == a.reason + REPEATED, (a.reason, b.reason)
+
+
+@pytest.mark.parametrize("collective", [pytest.param(c, marks=fast_marks(c))
+                                        for c in COLLECTIVES])
 @pytest.mark.parametrize("opts, kw", [({}, {"eb": None}), ({"policy": "raw"}, {})],
                          ids=["exact", "policy-raw"])
-def test_repeated_raw_call_moves_with_the_agreement_and_equals_mpi(comm, collective, opts,
-                                                                   kw):
+def test_repeated_raw_call_runs_without_the_agreement_and_equals_mpi(comm, collective, opts,
+                                                                     kw):
     x = data(comm.rank)
     want = mpi_result(comm, collective, x)
     with ccoll.Communicator(comm, **opts) as c:
-        seen, sent = [], []
+        seen, reports = [], []
         for _ in range(4):
             y = call(c, collective, x, **kw)
+            assert type(y) is np.ndarray
             assert y.dtype == want.dtype and y.shape == want.shape
             assert y.tobytes() == want.tobytes()
             seen.append(c.last_call.overlapped)
-            sent.append(c.last_call.bytes_sent)
-        # The report counts the bytes of a call that moved early as of any other.
-        assert len(set(sent)) == 1, sent
-        assert comm.allreduce(sent[0]) > 0 or SIZE == 1
-        # The first call has nothing to repeat; every later one moved with the agreement.
-        assert seen == [False, True, True, True]
-        assert "moved with the agreement" in str(c.last_call)
+            reports.append(c.last_call)
         assert c.stats.calls == 4
+        assert comm.allreduce(reports[0].bytes_sent) > 0 or SIZE == 1
+        # The same decision on every rank, call by call.
+        every = comm.allgather([r.decision() for r in reports])
+        assert all(d == every[0] for d in every), every
+        # The first call has nothing to repeat; every later one ran without the agreement
+        # and reports what the first did (the same bytes counted, the same reason).
+        expect_fast(seen, [False, True, True, True])
+        for r in reports[1:]:
+            same_report(reports[0], r)
+        assert str(c.last_call).startswith(f"{collective} float32[1000] raw (")
+        assert REPEATED + ")" in str(c.last_call)
 
 
-def test_repeated_auto_call_that_goes_raw_moves_with_the_agreement(comm):
-    x = data(comm.rank, 16)  # 64 B: raw on any link once the link is calibrated
-    want = mpi_result(comm, "allreduce", x)
+def test_repeated_auto_call_that_goes_raw_runs_without_the_agreement(comm):
+    # 64 B: raw whatever the data on any link. Its repeats carry the flag in one more
+    # element of the data's own MPI_Allreduce, so they owe MPI no bit-for-bit equality
+    # (MPI may add 17 elements in another order than 16): within the bound and identical on
+    # every rank instead.
+    x = data(comm.rank, 16)
+    eb = ccoll.REL(1e-3)
     with ccoll.Communicator(comm) as c:
         reports = []
         for _ in range(5):
-            y = c.allreduce(x)
-            assert y.tobytes() == want.tobytes()
+            y = c.allreduce(x)  # the default bound: REL(1e-3)
+            assert y.dtype == x.dtype and y.shape == x.shape
+            assert_within(y, allreduce_reference(comm, x, "sum"),
+                          **allowance(global_eb(comm, x, eb), y, SIZE, "sum"))
+            assert_same_on_every_rank(comm, y)
             reports.append(c.last_call)
-        assert all(r.mode == "raw" for r in reports), [str(r) for r in reports]
-        assert reports[-1].overlapped and reports[-2].overlapped, [str(r) for r in reports]
+        assert all(r.mode == "raw" and r.path == "raw" for r in reports), [str(r) for r in
+                                                                           reports]
+        assert [r.overlapped for r in reports] == [False] + [True] * 4, [str(r) for r in
+                                                                         reports]
+        assert reports[0].reason == ("one rank" if SIZE == 1 else "too small to gain")
+        for r in reports[1:]:
+            same_report(reports[0], r)
         decisions = comm.allgather([r.decision() for r in reports])
         assert all(d == decisions[0] for d in decisions)
+
+
+@pytest.mark.parametrize("eb, same", [("rel:1e-3", ccoll.REL(1e-3)), (1e-3, ccoll.ABS(1e-3))],
+                         ids=["string", "float"])
+def test_a_bound_given_as_a_string_or_a_float_repeats_without_the_agreement(comm, eb, same):
+    # The API takes "rel:1e-3" and plain floats as bounds; their repeats must run the
+    # fast way as ccoll.REL/ABS do, and plan, report and result as those.
+    x = data(comm.rank, 16)
+    with ccoll.Communicator(comm) as c, ccoll.Communicator(comm) as ref:
+        reports, ref_reports = [], []
+        for _ in range(4):
+            y = c.allreduce(x, eb)
+            assert_within(y, allreduce_reference(comm, x, "sum"),
+                          **allowance(global_eb(comm, x, same), y, SIZE, "sum"))
+            assert_same_on_every_rank(comm, y)
+            reports.append(c.last_call)
+            ref.allreduce(x, same)
+            ref_reports.append(ref.last_call)
+        assert [r.overlapped for r in reports] == [False] + [True] * 3, [str(r) for r in
+                                                                         reports]
+        keep = ("compressed", "reason", "overlapped", "eb_abs", "bytes_sent", "path")
+        assert [[getattr(r, k) for k in keep] for r in reports] == [
+            [getattr(r, k) for k in keep] for r in ref_reports]
+        # A rank that changes the string's bound after the repeats: the same error
+        # everywhere, never a hang.
+        if SIZE > 1:
+            other = "rel:1e-2" if comm.rank == SIZE - 1 else "rel:1e-3"
+            with pytest.raises(MismatchError) as info:
+                c.allreduce(x, other if eb == "rel:1e-3" else
+                            (2e-3 if comm.rank == SIZE - 1 else 1e-3))
+            same_error_everywhere(comm, info, MismatchError, "error-bound value")
 
 
 def test_avg_in_place_and_float16_repeated(comm):
@@ -114,12 +195,56 @@ def test_avg_in_place_and_float16_repeated(comm):
             y = c.allreduce(buf, eb=None, op="avg", out=buf)
             assert y is buf and buf.tobytes() == want.tobytes()
             assert c.last_call.overlapped == (i > 0)
+        # float16 moves as float32: MPI's float32 sum, rounded once to float16.
         h = data(comm.rank, 33, np.float16)
         want16 = mpi_result(comm, "allreduce", h.astype(np.float32)).astype(np.float16)
         for i in range(3):
             y = c.allreduce(h, eb=None)
             assert y.dtype == np.float16 and y.tobytes() == want16.tobytes()
             assert c.last_call.overlapped == (i > 0)
+            assert c.last_call.bytes_input == 33 * 4  # its float32 copy, whichever way
+        for _ in range(3):
+            out = np.empty_like(h)
+            y = c.allreduce(h, eb=None, out=out)
+            assert y is out and out.tobytes() == want16.tobytes()
+            assert c.last_call.overlapped  # out does not change the signature
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_torch_tensors_repeated(comm, dtype):
+    # CPU tensors in, tensors out, the fast way too; float16 and bfloat16 move as float32
+    # and are rounded once to their dtype (torch's own rounding to nearest).
+    torch = pytest.importorskip("torch")
+    tdt = getattr(torch, dtype)
+    t = torch.from_numpy(data(comm.rank, 301, np.float32)).to(tdt)
+    wide = t.to(torch.float64 if dtype == "float64" else torch.float32).numpy()
+    want = torch.from_numpy(mpi_result(comm, "allreduce", wide)).to(tdt)
+    with ccoll.Communicator(comm) as c:
+        seen = []
+        for i in range(4):
+            out = torch.empty_like(t) if i == 3 else None
+            y = c.allreduce(t, eb=None, out=out)
+            assert isinstance(y, torch.Tensor) and y.dtype == tdt and y.shape == t.shape
+            assert bits(y) == bits(want)
+            if out is not None:
+                assert y is out
+            seen.append(c.last_call.overlapped)
+            assert c.last_call.dtype == dtype
+        assert seen == [False, True, True, True]
+        # reduce_scatter of a tensor the fast way: a tensor of this rank's block.
+        t32 = torch.from_numpy(data(comm.rank, 301, np.float32))
+        want_rs = mpi_result(comm, "reduce_scatter", t32.numpy())
+        for i in range(3):
+            y = c.reduce_scatter(t32, eb=None)
+            assert isinstance(y, torch.Tensor) and y.numpy().tobytes() == want_rs.tobytes()
+            assert c.last_call.overlapped == (i > 0)
+
+
+def bits(t) -> bytes:
+    """The bytes of a CPU tensor (bfloat16 has no numpy dtype)."""
+    import torch
+
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
 def test_a_repeating_sequence_of_calls_is_predicted(comm):
@@ -135,31 +260,38 @@ def test_a_repeating_sequence_of_calls_is_predicted(comm):
                 seen.append(c.last_call.overlapped)
         # The first step teaches what follows what; the second call of the second step
         # is the first one predicted (the first followed nothing yet).
-        assert seen == [False] * 4 + [True] * 5
+        expect_fast(seen, [False] * 4 + [True] * 5)
 
 
-def test_with_a_timeout_the_repeated_call_is_exact(comm):
-    # The timeout's nonblocking path: integer-valued data, whose sum is exact in any order.
+@pytest.mark.parametrize("eb", [None, ccoll.REL(1e-3)], ids=["exact", "auto-raw"])
+def test_with_a_timeout_the_repeated_call_is_exact(comm, eb):
+    # The timeout's nonblocking path: integer-valued data, whose sum is exact in any order
+    # (with a bound too: the auto call that goes raw carries its flag in the data).
     x = np.arange(1000, dtype=np.float32) * (comm.rank + 1)
     want = np.arange(1000, dtype=np.float32) * (SIZE * (SIZE + 1) // 2)
     with ccoll.Communicator(comm, timeout=60.0) as c:
         for i in range(3):
-            assert c.allreduce(x, eb=None).tobytes() == want.tobytes()
+            assert c.allreduce(x, eb=eb).tobytes() == want.tobytes()
             assert c.last_call.overlapped == (i > 0)
+            assert not c.last_call.compressed
         if SIZE > 1:
-            # Nobody repeats: nobody starts.
+            # Nobody repeats.
             with pytest.raises(MismatchError) as info:
-                c.allreduce(x[: 500 + (comm.rank == SIZE - 1)], eb=None)
+                c.allreduce(x[: 500 + (comm.rank == SIZE - 1)], eb=eb)
             same_error_everywhere(comm, info, MismatchError, "element count")
-            assert "repeated the arguments" not in str(info.value)
-            # All but the last rank repeat: they start under the deadline, the last rank
-            # completes their requests with zeros.
+            for i in range(3):  # after an error: predicted again from its third call
+                assert c.allreduce(x, eb=eb).tobytes() == want.tobytes()
+                assert c.last_call.overlapped == (i == 2)
+            # All but the last rank repeat: they run the data collective under the
+            # deadline, the last rank joins it with zeros and its flag.
             with pytest.raises(MismatchError) as info:
-                c.allreduce(x[: 999] if comm.rank == SIZE - 1 else x, eb=None)
+                c.allreduce(x[: 999] if comm.rank == SIZE - 1 else x, eb=eb)
             same_error_everywhere(comm, info, MismatchError, "element count")
-            assert "repeated the arguments" in str(info.value)
-        assert c.allreduce(x, eb=None).tobytes() == want.tobytes()
-        assert c.last_call.overlapped
+        seen = []
+        for _ in range(3):
+            assert c.allreduce(x, eb=eb).tobytes() == want.tobytes()
+            seen.append(c.last_call.overlapped)
+        assert seen == ([False, False, True] if SIZE > 1 else [True, True, True])
 
 
 # What the last rank changes after three identical calls: (collective, change, kwargs of
@@ -174,6 +306,7 @@ CHANGES = [
     ("allreduce", "bad op", {"op": "max"}, InputError, "op 'max' is not supported"),
     ("allreduce", "bad dtype", {"dtype": np.int32}, DTypeError, "dtype int32"),
     ("allreduce", "bad out", {"out": "short"}, InputError, "out has shape"),
+    ("allreduce", "strided out", {"out": "strided"}, InputError, "C-contiguous"),
     ("allreduce", "collective", {"collective": "allgather"}, MismatchError,
      "different collectives"),
     ("reduce_scatter", "count", {"n": 1001}, MismatchError, "element count"),
@@ -185,15 +318,16 @@ CHANGES = [
 
 
 @needs_two
-@pytest.mark.parametrize("collective, change, kw, exc, match", CHANGES,
-                         ids=[f"{c[0]}-{c[1]}" for c in CHANGES])
+@pytest.mark.parametrize("collective, change, kw, exc, match", [
+    pytest.param(*c, marks=fast_marks(c[0]), id=f"{c[0]}-{c[1]}") for c in CHANGES])
 def test_one_rank_changes_after_repeated_calls(comm, collective, change, kw, exc, match):
     x = data(comm.rank)
     want = mpi_result(comm, collective, x)
     with ccoll.Communicator(comm) as c:
+        seen = []
         for _ in range(3):
             assert call(c, collective, x, eb=None).tobytes() == want.tobytes()
-        assert c.last_call.overlapped
+            seen.append(c.last_call.overlapped)
         changer = comm.rank == SIZE - 1
         args = {"eb": None}
         arg = x
@@ -207,6 +341,8 @@ def test_one_rank_changes_after_repeated_calls(comm, collective, change, kw, exc
                 arg = arg.reshape(shape)
             if kw.get("out") == "short":
                 kw["out"] = np.empty(3, np.float32)
+            elif kw.get("out") == "strided":
+                kw["out"] = np.empty(2 * x.size, np.float32)[::2]
             collective_here = kw.pop("collective", collective)
             args.update(kw)
         else:
@@ -214,13 +350,13 @@ def test_one_rank_changes_after_repeated_calls(comm, collective, change, kw, exc
         with pytest.raises(exc) as info:
             call(c, collective_here, arg, **args)
         same_error_everywhere(comm, info, exc, match)
-        # The other ranks had started; the message says so, naming them.
-        ranks = ", ".join(map(str, range(SIZE - 1)))
-        assert f"{ranks} repeated the arguments of the previous call" in str(info.value)
-        # Nothing is left in flight: the next well-formed call works, exactly, early again.
-        for _ in range(2):
+        # Nothing is left in flight: the next well-formed calls work, exactly, and run
+        # without the agreement again once the history predicts them again (the failed
+        # call went in as "not to be predicted from" after this signature: from the third).
+        for _ in range(3):
             assert call(c, collective, x, eb=None).tobytes() == want.tobytes()
-            assert c.last_call.overlapped
+            seen.append(c.last_call.overlapped)
+        expect_fast(seen, [False, True, True, False, False, True])
 
 
 @needs_two
@@ -242,84 +378,216 @@ def test_out_or_in_place_on_one_rank_only_is_fine(comm):
             assert c.last_call.overlapped == (i > 0)
 
 
+class Sub(np.ndarray):
+    """A numpy subclass: a valid input that only the full way converts."""
+
+
 @needs_two
-def test_bcast_with_none_after_repeated_calls_moves_again(comm):
-    # A rank that passes None cannot start early (it knows no shape): the ranks that did
-    # start run the broadcast once more with it, and the result is the root's.
+def test_a_call_one_rank_cannot_run_the_fast_way_is_never_predicted(comm):
+    # Rank 0 passes valid arguments the fast path does not take (a numpy subclass, a
+    # tensor as out of a numpy x): its agreement says so, and no rank runs those calls
+    # without the agreement (no rank waits in a data collective that another skipped).
+    torch = pytest.importorskip("torch")
+    x = data(comm.rank)
+    want = mpi_result(comm, "allreduce", x)
+    with ccoll.Communicator(comm, timeout=60.0) as c:
+        seen = []
+        for _ in range(4):
+            arg = x.view(Sub) if comm.rank == 0 else x
+            y = c.allreduce(arg, eb=None)
+            assert np.asarray(y).tobytes() == want.tobytes()
+            seen.append(c.last_call.overlapped)
+        # Now every rank can: predicted from the second repeat on.
+        for _ in range(3):
+            assert c.allreduce(x, eb=None).tobytes() == want.tobytes()
+            seen.append(c.last_call.overlapped)
+        # Rank 0 breaks the repeats with a call it cannot run the fast way: every rank
+        # runs it the full way (the others' data collective is joined, flagged), exactly.
+        out = torch.empty(x.size, dtype=torch.float32) if comm.rank == 0 else None
+        y = c.allreduce(x, eb=None, out=out)
+        assert np.asarray(y).tobytes() == want.tobytes()
+        seen.append(c.last_call.overlapped)
+        assert seen == [False] * 5 + [True, True, False], seen
+        assert len(set(comm.allgather(tuple(seen)))) == 1
+
+
+@needs_two
+def test_bcast_none_after_arrays_of_the_same_signature(comm):
+    # The root and the others pass arrays, then some rank passes None (the root's shape
+    # and dtype): the same broadcast, exactly, every time.
+    x = data(comm.rank)
+    want = mpi_result(comm, "bcast", x)
+    with ccoll.Communicator(comm, policy="compress") as c:
+        for i in range(4):
+            arg = None if comm.rank == SIZE - 1 and i >= 2 else x
+            assert c.bcast(arg, eb=None).tobytes() == want.tobytes()
+
+
+@needs_two
+@pytest.mark.parametrize("kind", ["None", "array"])
+def test_bcast_with_none_after_repeated_calls(comm, kind):
+    # A rank that passes None cannot run the fast way (it knows no shape): every rank
+    # runs the broadcast the full way, and the result is the root's.
     x = data(comm.rank)
     want = mpi_result(comm, "bcast", x)
     with ccoll.Communicator(comm) as c:
-        for _ in range(3):
-            assert c.bcast(x, eb=None).tobytes() == want.tobytes()
-        assert c.last_call.overlapped
-        for _ in range(3):
-            arg = None if comm.rank == SIZE - 1 else x
-            y = c.bcast(arg, eb=None)
-            assert y.tobytes() == want.tobytes()
-            assert not c.last_call.overlapped
-        # Last time this call was followed by one with None: the second one is not
-        # predicted yet, the third is.
         seen = []
         for _ in range(3):
             assert c.bcast(x, eb=None).tobytes() == want.tobytes()
             seen.append(c.last_call.overlapped)
-        assert seen == [False, False, True]
+        for _ in range(3):
+            arg = None if comm.rank == SIZE - 1 and kind == "None" else x
+            y = c.bcast(arg, eb=None)
+            assert y.tobytes() == want.tobytes()
+            seen.append(c.last_call.overlapped)
+        # A call with None is never predicted from: the repeats are learned again.
+        for _ in range(3):
+            assert c.bcast(x, eb=None).tobytes() == want.tobytes()
+            seen.append(c.last_call.overlapped)
+        if kind == "None":
+            expect_fast(seen, [False, True, True] + [False] * 3 + [False, False, True])
+        else:
+            expect_fast(seen, [False] + [True] * 8)
 
 
-@needs_two
-def test_start_that_ranks_disagree_on_fails_every_rank_without_hanging(comm, monkeypatch):
-    # Whether a call starts early follows from agreed fields and agreed state only, so the
-    # ranks cannot disagree on it; if they ever did, every rank raises instead of returning
-    # a partial sum, and nothing is left in flight.
-    x = data(comm.rank)
-    with ccoll.Communicator(comm) as c:
-        for _ in range(2):
-            c.allreduce(x, eb=None)
-        if comm.rank == 0:
-            real = comm_mod.agree
-            monkeypatch.setattr(comm_mod, "agree", lambda *a, **k: real(*a, **{**k, "run": None}))
-        with pytest.raises(CollectiveError) as info:
-            c.allreduce(x, eb=None)
-        same_error_everywhere(comm, info, CollectiveError, "some ranks ran the data collective")
-        with pytest.raises(CollectiveError, match="cannot be used after an earlier"):
-            c.allreduce(x, eb=None)
-
-
-def test_compressed_calls_never_start_early(comm):
+def test_compressed_calls_never_go_the_fast_way(comm):
     x = data(comm.rank, 2000)
     with ccoll.Communicator(comm, policy="compress") as c:
         for _ in range(3):
             c.allreduce(x, eb=ccoll.ABS(1e-2))
             assert c.last_call.compressed and not c.last_call.overlapped
+            assert not c.last_call.reason.endswith(REPEATED)
+        for _ in range(3):
+            c.allgather(x, eb=ccoll.ABS(1e-2))
+            assert c.last_call.compressed and not c.last_call.overlapped
 
 
-def test_env_fingerprint_reads_the_environment_without_decoding_it(monkeypatch):
-    # Every policy="auto" call fingerprints the CCOLL_* overrides: os.environ.get of an
-    # unset variable decodes and raises a KeyError inside (tens of microseconds for all of
-    # them on a loaded machine), so the fingerprint reads os.environ's bytes dict.
-    import os
+# ---------------------------------------------------------------- agreed state only
 
-    from ccoll.collectives.agreement import env_code
 
-    monkeypatch.delenv("CCOLL_RATIO", raising=False)
-    before = env_code()
 
-    decoded = []
-    real = type(os.environ).__getitem__
+def _record_environment_reads(monkeypatch) -> list[str]:
+    """Record the reads of os.environ made by ccoll's code.
+
+    By key, by iteration, by ``in`` and through os.environ's bytes dict. Other packages'
+    reads are not ccoll's (scipy's variables when numba first imports it, numba's scan of
+    the whole environment when it compiles).
+    """
+
+    reads: list[str] = []
+    ccoll_dir = os.path.dirname(ccoll.__file__)
+
+    def note(what: str, key: object) -> None:
+        f = sys._getframe(2)
+        while f is not None and f.f_code.co_filename.endswith(
+                ("os.py", "_collections_abc.py", "<frozen os>", "<frozen _collections_abc>")):
+            f = f.f_back
+        if f is not None and f.f_code.co_filename.startswith(ccoll_dir):
+            text = key.decode() if isinstance(key, bytes) else str(key)
+            reads.append(f"{what}({text}) at {f.f_code.co_filename}:{f.f_lineno}")
+
+    env_type = type(os.environ)
+    real_getitem, real_get, real_iter, real_contains = (
+        env_type.__getitem__, env_type.get, env_type.__iter__, env_type.__contains__)
 
     def getitem(self, key):
-        decoded.append(key)
-        return real(self, key)
+        note("[]", key)
+        return real_getitem(self, key)
 
-    monkeypatch.setattr(type(os.environ), "__getitem__", getitem)
-    try:
-        again = env_code()
-    finally:
+    def get(self, key, default=None):
+        note("get", key)
+        return real_get(self, key, default)
+
+    def iterate(self):
+        note("iter", "")
+        return real_iter(self)
+
+    def contains(self, key):
+        note("in", key)
+        return real_contains(self, key)
+
+    class Recording(dict):
+        def __getitem__(self, key):
+            note("_data[]", key)
+            return super().__getitem__(key)
+
+        def get(self, key, default=None):
+            note("_data.get", key)
+            return super().get(key, default)
+
+        def __contains__(self, key):
+            note("_data in", key)
+            return super().__contains__(key)
+
+    monkeypatch.setattr(env_type, "__getitem__", getitem)
+    monkeypatch.setattr(env_type, "get", get)
+    monkeypatch.setattr(env_type, "__iter__", iterate)
+    monkeypatch.setattr(env_type, "__contains__", contains)
+    monkeypatch.setattr(os.environ, "_data", Recording(os.environ._data))
+    return reads
+
+
+def test_no_call_reads_the_environment(comm, monkeypatch):
+    # Settings are read once, when the Communicator is made: no call reads os.environ,
+    # whatever its kind or path.
+    from ccoll.runtime import cpu_threads
+
+    eb = ccoll.REL(1e-3)
+    x = data(comm.rank, 3000)
+    big = data(comm.rank, 1 << 16)
+    # numba's thread pool is prepared once per process, by the first kernel (or here):
+    # see test_the_first_kernel_reads_no_setting for what that step reads.
+    cpu_threads.prepare()
+    with ccoll.Communicator(comm) as c, ccoll.Communicator(comm, policy="compress") as cz:
+        kinds = {
+            "allreduce exact": lambda: c.allreduce(x, None),
+            "allreduce raw": lambda: c.allreduce(x, eb, policy="raw"),
+            "allreduce auto": lambda: c.allreduce(x, eb),
+            "allreduce auto large": lambda: c.allreduce(big, eb, op="avg"),
+            "allreduce compress": lambda: cz.allreduce(x, eb),
+            "reduce_scatter exact": lambda: c.reduce_scatter(x, None),
+            "reduce_scatter compress": lambda: cz.reduce_scatter(x, eb),
+            "allgather exact": lambda: c.allgather(x, None),
+            "allgather compress": lambda: cz.allgather(x, eb),
+            "bcast exact": lambda: c.bcast(x, None),
+            # its own signature (see test_bcast_none_after_arrays_of_the_same_signature)
+            "bcast None": lambda: c.bcast(big if comm.rank == 0 else None, None),
+            "bcast compress": lambda: cz.bcast(x, eb),
+            "iallreduce auto": lambda: c.iallreduce(x, eb).wait(timeout=120),
+            "iallreduce compress": lambda: cz.iallreduce(x, eb).wait(timeout=120),
+        }
+        reads = _record_environment_reads(monkeypatch)
+        found = {}
+        try:
+            for name, fn in kinds.items():
+                for _ in range(20):
+                    fn()
+                if reads:
+                    found[name] = sorted(set(reads))
+                    reads.clear()
+        finally:
+            monkeypatch.undo()
+    assert found == {}, found
+
+
+def test_the_first_kernel_reads_no_setting(comm, monkeypatch):
+    # CCOLL_THREADS is one of the settings a Communicator reads when it is made; a value
+    # set afterwards must not change its kernels' threads, even at the process's first
+    # kernel (numba's pool not prepared yet, as in a fresh process).
+    from ccoll.runtime import cpu_threads
+
+    monkeypatch.setattr(cpu_threads, "_layer", None)
+    monkeypatch.setattr(cpu_threads, "_count", None)
+    monkeypatch.delenv("CCOLL_THREADS", raising=False)
+    x = data(comm.rank, 50_000)
+    with ccoll.Communicator(comm, policy="compress") as c:
+        made = cpu_threads.thread_count()
+        assert made == c.threads
+        monkeypatch.setenv("CCOLL_THREADS", "1" if made != 1 else "2")
+        reads = _record_environment_reads(monkeypatch)
+        c.allreduce(x, ccoll.ABS(1e-3))
+        got = cpu_threads.thread_count()
         monkeypatch.undo()
-    assert again == before
-    assert decoded == [], f"os.environ decoded {decoded} on a call"
-    monkeypatch.setenv("CCOLL_RATIO", "3")
-    changed = env_code()
-    assert changed[0] != before[0] and changed[1] == "CCOLL_RATIO=3"
-    monkeypatch.delenv("CCOLL_RATIO")
-    assert env_code() == before
+    # (The first kernel sets OMP_WAIT_POLICY for OpenMP, as documented: not a setting read.)
+    ccoll_reads = [r for r in reads if "(CCOLL_" in r]
+    assert (got, ccoll_reads) == (made, [])

@@ -133,31 +133,3 @@ def test_driving_thread_decodes_while_the_worker_is_busy(comm, monkeypatch):
         y = cc.allreduce(x, ccoll.REL(1e-3))
     assert threading.current_thread().name in threads, threads
     assert_same_on_every_rank(comm, y)
-
-
-@pytest.mark.parametrize("n_elems", [N_ELEMS, 5])
-def test_allgather_streams_after_reduce_scatter_equals_the_pipelined_ring(comm, n_elems):
-    """The two phases run apart (reduce_scatter_streams, then allgather_streams) give the
-    bytes of the pipelined ring_allreduce."""
-    from ccoll.collectives.channel import Channel
-    from ccoll.collectives.waiting import Deadline
-
-    n, r = comm.Get_size(), comm.Get_rank()
-    x = gradient_like(r, n_elems, np.float32, seed=11)
-    eb = 1e-4
-    ch = Channel(comm.Dup(), "test", None)
-    try:
-        whole = np.empty_like(x)
-        ring.ring_allreduce(ch, x, whole, x.dtype, eb, algorithm="homomorphic",
-                            chunk_elems=CHUNK, deadline=Deadline(None, "test"))
-        layout = Layout(x.size, n, CHUNK)
-        ops = ring.ring_ops(x, layout, "homomorphic", eb)
-        mine = ring.reduce_scatter_streams(ch, layout, x.dtype, ops, eb, Deadline(None, "t"))
-        assert len(mine) == len(layout.chunks(r))
-        apart = np.full_like(x, np.nan)
-        ring.allgather_streams(ch, layout, x.dtype, mine, eb, apart, Deadline(None, "t"))
-    finally:
-        ch.close()
-    assert apart.tobytes() == whole.tobytes()
-    assert_within(whole, exact_sum(comm, x), eb, roundings=1)
-    assert_same_on_every_rank(comm, whole)

@@ -49,26 +49,38 @@ def test_split_within_bound_and_identical(comm, op, dtype, eb, split, chunk):
 
 
 @pytest.mark.many_ranks
+@pytest.mark.parametrize("split", ["model", "fewest bytes"])
 @pytest.mark.parametrize("schedule", ["ring", "halving"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("op", ["sum", "avg"])
-def test_values_off_the_sums_grid_stay_within_bound(comm, op, dtype, schedule):
+def test_values_off_the_sums_grid_stay_within_bound(comm, op, dtype, schedule, split):
     # A value whose code needs more than 31 bits on the ring's grid, not on the allgather's
     # (k times coarser): its block of that rank's input is raw, so the reduced lane holds
     # float64 sums off the sum's grid, which the coarse grid could move farther than the
     # rest of the bound allows. The owner stores those blocks raw; its stream keeps its
-    # header, so the halving's owners still join their streams.
+    # header, so the halving's owners still join their streams. The split: the model's
+    # (split=None), or the share with the fewest bytes for the ranks, always applied.
+    from ccoll.collectives import model
     from ccoll.collectives.homomorphic import rank_bound
+    from ccoll.collectives.policy.plan import phase_bounds
 
     eb = 1e-3
+    share = None if split == "model" else model.split_fraction(comm.size)
     x = gradient_like(comm.rank, 20_011, dtype)
-    with ccoll.Communicator(comm, policy="compress", schedule=schedule) as c:
-        ring_eb, rq = c.ring_bounds(eb, comm.size, op == "avg")
+    with ccoll.Communicator(comm, policy="compress", schedule=schedule, split=share) as c:
+        # The plan of this signature (policy="compress": the same at every call), and the
+        # bounds of its phases.
+        c.allreduce(x, ccoll.ABS(eb), op=op)
+        plan = c._last_plan()
+        if share is not None:
+            assert plan.split == (share if comm.size > 1 else 0.0)
+        ring_eb, rq = phase_bounds(eb, comm.size, op == "avg", plan.split)
         step_r = 2 * rank_bound(ring_eb, comm.size)
         if comm.rank == comm.size - 1:
             x[100] = dtype(1.5 * 2**31 * step_r)
             x[5000] = dtype(-1.25 * 2**31 * step_r)
         y = c.allreduce(x, ccoll.ABS(eb), op=op)
+        assert c._last_plan() == plan
     ref = allreduce_reference(comm, x, op)
     assert_within(y, ref, **allowance(eb, y, SIZE, op))
     assert_same_on_every_rank(comm, y)
@@ -85,11 +97,13 @@ def test_split_result_lies_on_the_allgather_grid(comm):
     # e2 is 0.5 eb, or just below where the grid is an odd multiple of the sum's.
     x = gradient_like(comm.rank, 50_000, np.float64)
     eb = 1e-3
+    from ccoll.collectives.policy.plan import phase_bounds
+
     with ccoll.Communicator(comm, policy="compress", split=0.5) as c:
-        share = c.split_share(comm.size, "homomorphic", False)
         y = c.allreduce(x, ccoll.ABS(eb), op="avg")
         sent = c.last_call.bytes_sent
-        rq = c.ring_bounds(eb, comm.size, True)[1]
+        share = c._last_plan().split
+        rq = phase_bounds(eb, comm.size, True, share).requant
     if comm.size == 1:
         assert share == 0.0 and sent == 0 and rq is None  # one rank: nothing to split
         return
@@ -105,15 +119,47 @@ def test_split_result_lies_on_the_allgather_grid(comm):
     assert (np.abs(q0 - np.round(q0)) > 1e-6).mean() > 0.5  # the unsplit one is not
 
 
-def test_split_auto_follows_the_model(comm):
-    from ccoll.collectives import model
+# A link where the model finds a split worth its requantization at 3 or more ranks
+# (8 Mbit/s, a 5 GB/s compressor), and the calibration of this machine's own link.
+SLOW_LINK = {"CCOLL_ALPHA": "50us", "CCOLL_BANDWIDTH": "8Mbit", "CCOLL_COMPRESS_GBPS": "5",
+             "CCOLL_ADD_GBPS": "5", "CCOLL_DECOMPRESS_GBPS": "5", "CCOLL_CALIBRATION": "off"}
 
+
+@pytest.mark.parametrize("link", ["slow", "calibrated"])
+def test_split_auto_follows_the_model(comm, monkeypatch, link):
+    # split=None: the share with the fewest bytes for the number of ranks
+    # (model.split_fraction), where the model predicts it faster than none
+    # (model.split_pays; policy="compress" prices at the default ratio); none for one
+    # rank, for DAR and for device data.
+    from ccoll.collectives import model
+    from ccoll.collectives.policy.plan import Facts, candidates
+
+    if link == "slow":
+        for k, v in SLOW_LINK.items():
+            monkeypatch.setenv(k, v)
+    n = comm.size
+    count = 1 << 16
+    x = gradient_like(comm.rank, count, np.float32)
     with ccoll.Communicator(comm, policy="compress") as c:
         assert c.split is None
-        want = model.split_fraction(comm.size) if comm.size > 1 else 0.0
-        assert c.split_share(comm.size, "homomorphic", False) == want
-        assert c.split_share(comm.size, "dar", False) == 0.0
-        assert c.split_share(comm.size, "homomorphic", True) == 0.0
+        c.allreduce(x, ccoll.ABS(1e-3))
+        got = c._last_plan().split
+        p = c.calibration.params
+        fewest = model.split_fraction(n) if n > 1 else 0.0
+        pays = fewest > 0 and model.split_pays(4.0 * count, n, p, model.DEFAULT_RATIO, fewest,
+                                               width=model.DEFAULT_WIDTH)
+        assert got == (fewest if pays else 0.0), (got, fewest, pays)
+        if link == "slow" and n >= 3:
+            assert got == fewest > 0  # the case where the split is taken
+        # Device data: no split (the device kernels do not requantize).
+        dev = Facts("allreduce", count, 4, "compress", "homomorphic", False, False, False,
+                    True, n)
+        flat = candidates(dev, p, model.DEFAULT_RATIO, model.DEFAULT_WIDTH,
+                          c._sync.planner.options)[1]
+        assert flat.plan.variant == "flat" and flat.plan.split == 0.0
+    with ccoll.Communicator(comm, policy="compress", algorithm="dar") as c:
+        c.allreduce(x, ccoll.ABS(1e-3))
+        assert c.last_call.compressed and c._last_plan().split == 0.0
 
 
 def test_reduce_scatter_keeps_the_whole_bound(comm):

@@ -396,9 +396,13 @@ def test_auto_steps_send_settled_buckets_through_the_process_group(comm, state_f
                                                                    monkeypatch, why,
                                                                    error_feedback) -> None:
     # In a step the check runs "auto", a bucket that ccoll would average exactly whatever
-    # its data (smaller than min_numel, or settled raw by the collectives' calibrations)
-    # goes through the process group's allreduce, as in a raw step, not through ccoll's
-    # MPI path: the same exact average, identical on every rank.
+    # its data (smaller than min_numel, or whose plan is raw and settled: the fast path's
+    # test, Communicator._raw_settled) goes through the process group's allreduce, as in a
+    # raw step, not through ccoll's MPI path: the same exact average, identical on every
+    # rank. With error feedback a bucket's bound (ABS, from its values) changes every step,
+    # so its signature never settles: only min_numel diverts it; otherwise ccoll averages
+    # it, raw (too small to gain), exactly as well.
+    diverted = not (why == "calibration" and error_feedback)
     if comm.Get_size() == 1:
         pytest.skip("one rank has no process group to send through")
     min_numel = 10**9 if why == "min_numel" else 0
@@ -426,13 +430,20 @@ def test_auto_steps_send_settled_buckets_through_the_process_group(comm, state_f
         ddp(x).square().mean().backward()
         got = [p.grad.numpy() for p in model.parameters()]
         assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
-        if step < 3:  # the layout and, for the policy, its calibrations come first
+        if step < 3:  # the layout and, for the policy, its signatures' plans come first
             continue
-        # Every bucket went through the group (sizes summing to the parameters; the step
-        # times' one-float reductions besides), none through ccoll.
-        assert state.communicator.stats.calls == calls, step
-        assert sum(n for n in sent[n_sent:] if n > 1) == nparams, (step, sent[n_sent:])
-        assert state.exact > exact and state._divert
+        if diverted:
+            # Every bucket went through the group (sizes summing to the parameters; the
+            # step times' one-float reductions besides), none through ccoll.
+            assert state.communicator.stats.calls == calls, step
+            assert sum(n for n in sent[n_sent:] if n > 1) == nparams, (step, sent[n_sent:])
+            assert state.exact > exact and state._divert
+        else:
+            # Every bucket through ccoll (one DDP bucket here), raw, none through the group.
+            assert state.communicator.stats.calls == calls + 1, step
+            assert not state.communicator.last_call.compressed
+            assert sum(n for n in sent[n_sent:] if n > 1) == 0, (step, sent[n_sent:])
+            assert state.exact > exact and not state._divert
         for i, g in enumerate(got):
             parts = [e[i] for e in every]
             slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
@@ -446,25 +457,49 @@ def gate_modes(state: ct.CCollHookState) -> list[str]:
 
 
 def test_raw_settled(comm) -> None:
-    # Communicator.raw_settled: whether an allreduce goes raw from agreed state alone.
+    # Communicator._raw_settled: whether the next allreduce of a signature goes raw
+    # whatever its data, from agreed state alone (the fast path's test): its plan must be
+    # raw and settled, which takes one call of that signature through the agreement.
+    n = comm.Get_size()
+    x = np.random.default_rng(comm.Get_rank()).standard_normal(1000).astype(np.float32)
     cc = ccoll.Communicator(comm, policy="auto")
     try:
-        assert cc.raw_settled(1000, np.float32, None)  # exact
-        if comm.Get_size() == 1:
-            assert cc.raw_settled(1000, np.float32, ccoll.REL(1e-3))  # one rank: nothing to send
-            return
-        x = np.random.default_rng(comm.Get_rank()).standard_normal(1000).astype(np.float32)
-        assert not cc.raw_settled(1000, np.float32, ccoll.REL(1e-3))  # not calibrated yet
-        cc.allreduce(x, ccoll.REL(1e-3))  # calibrates: 4 kB is far too small to compress
-        assert cc.raw_settled(1000, np.float32, ccoll.REL(1e-3))
-        assert comm.allgather(cc.raw_settled(999, np.float32, ccoll.ABS(1e-3))) == \
-            [True] * comm.Get_size()
+        asked = []
+        # REL last: the history then predicts it for the call after consume=True below.
+        for eb in (None, ccoll.ABS(1e-3), ccoll.REL(1e-3)):
+            before = cc._raw_settled(1000, np.float32, eb)  # nothing agreed yet
+            cc.allreduce(x, eb, op="avg")  # 4 kB: raw whatever the data, at any size
+            after = cc._raw_settled(1000, np.float32, eb)
+            assert cc.last_call.reason == ("eb=None: exact" if eb is None else
+                                           "one rank" if n == 1 else "too small to gain")
+            asked.append((before, after))
+        assert asked == [(False, True)] * 3
+        # Another signature (count, dtype, op, bound) has its own plan: not settled yet.
+        assert not cc._raw_settled(999, np.float32, ccoll.REL(1e-3))
+        assert not cc._raw_settled(1000, np.float64, ccoll.REL(1e-3))
+        assert not cc._raw_settled(1000, np.float32, ccoll.REL(1e-3), op="sum")
+        assert not cc._raw_settled(1000, np.float32, ccoll.REL(2e-3))
+        assert not cc._raw_settled(1000, np.float16, None)  # not a dtype the fast path takes
+        # consume=True counts the call as if it ran: the ranks' plan states stay alike,
+        # the next real call runs the fast way, and ccoll's own traffic is unchanged.
+        calls = cc.stats.calls
+        for _ in range(3):
+            assert cc._raw_settled(1000, np.float32, ccoll.REL(1e-3), consume=True)
+        assert cc.stats.calls == calls
+        y = cc.allreduce(x, ccoll.REL(1e-3), op="avg")
+        assert cc.last_call.overlapped and not cc.last_call.compressed
+        assert_same_on_every_rank(comm, y)
+        assert comm.allgather(cc._raw_settled(1000, np.float32, None)) == [True] * n
     finally:
         cc.free()
     fixed = ccoll.Communicator(comm, policy="compress")
     try:
-        assert not fixed.raw_settled(1000, np.float32, ccoll.REL(1e-3))
-        assert fixed.raw_settled(1000, np.float32, None)
+        fixed.allreduce(x, ccoll.REL(1e-3), op="avg")
+        assert fixed.last_call.compressed
+        assert not fixed._raw_settled(1000, np.float32, ccoll.REL(1e-3))
+        assert not fixed._raw_settled(1000, np.float32, None)
+        fixed.allreduce(x, None, op="avg")
+        assert fixed._raw_settled(1000, np.float32, None)
     finally:
         fixed.free()
 

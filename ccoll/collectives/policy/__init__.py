@@ -1,39 +1,13 @@
-"""Whether a collective call compresses or sends raw: the fixed rules and ``policy="auto"``.
+"""The decision layer: what every call's plan is made from, and the plan itself.
 
-- :mod:`~ccoll.collectives.policy.decision`: the one place that decides, from agreed inputs;
-- :mod:`~ccoll.collectives.policy.auto`: ``policy="auto"`` (calibrations and the model);
-- :mod:`~ccoll.collectives.policy.probes`: link probe, ring costs, MPI's own efficiency;
-- :mod:`~ccoll.collectives.policy.fits`: compressor rates, efficiency fit, ratio sampling;
-- :mod:`~ccoll.collectives.policy.feedback`: what the calls measured, against the model;
+- :mod:`~ccoll.collectives.policy.calibration`: the cost model's constants, obtained once
+  when a Communicator is made (settings, cache, probe or defaults);
+- :mod:`~ccoll.collectives.policy.plan`: one plan per call, from the agreed signature, the
+  calibration and the times earlier calls of the signature agreed on;
+- :mod:`~ccoll.collectives.policy.probes`: link probe, the ring's fixed costs, MPI's own
+  share of the link;
+- :mod:`~ccoll.collectives.policy.fits`: compressor rates, ratio sampling;
 - :mod:`~ccoll.collectives.policy.cache`: the calibration cache file.
 
-None of them imports the Communicator: the calibration times the ring on a
-:class:`~ccoll.collectives.channel.Channel` (docs/model.md, "Calibration").
+None of them imports the Communicator.
 """
-
-from ccoll.collectives.policy.auto import (
-    AutoDecision,
-    AutoPolicy,
-    choose,
-    decide_call,
-    describe,
-    link_calibration,
-    stream_bound,
-)
-from ccoll.collectives.policy.cache import cache_dir, newest_cached_params
-from ccoll.collectives.policy.decision import Decision, _decide, _fixed
-
-__all__ = [
-    "Decision",
-    "_decide",
-    "_fixed",
-    "AutoDecision",
-    "AutoPolicy",
-    "choose",
-    "decide_call",
-    "describe",
-    "link_calibration",
-    "stream_bound",
-    "cache_dir",
-    "newest_cached_params",
-]

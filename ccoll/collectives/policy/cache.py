@@ -32,9 +32,9 @@ __all__ = [
     "CACHE_MAX_AGE_S",
     "cache_dir",
     "link_key",
-    "read_link",
+    "read_entry",
     "write_link",
-    "remember_compressor",
+    "write_compressor",
     "newest_cached_params",
 ]
 
@@ -46,34 +46,33 @@ _TRANSPORT_ENV = (
 _MAX_ENTRIES = 64
 
 
-def cache_dir() -> Path:
-    """Folder of the calibration cache (``CCOLL_CACHE_DIR`` overrides it)."""
-    env = os.environ.get("CCOLL_CACHE_DIR")
-    if env:
-        return Path(env)
+def cache_dir(folder: str | None = None) -> Path:
+    """Folder of the calibration cache: ``folder`` (``CCOLL_CACHE_DIR``), else the default."""
+    if folder:
+        return Path(folder)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ccoll"
 
 
-def _cache_file() -> Path:
-    return cache_dir() / "links.json"
+def _cache_file(folder: str | None) -> Path:
+    return cache_dir(folder) / "links.json"
 
 
-def _read_cache() -> dict[str, Any]:
+def _read_cache(folder: str | None = None) -> dict[str, Any]:
     try:
-        with open(_cache_file()) as f:
+        with open(_cache_file(folder)) as f:
             doc = json.load(f)
         return doc if isinstance(doc, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def _write_cache(key: str, entry: dict[str, Any]) -> None:
+def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
     """Atomically add one entry (rank 0 only); keeps the 64 newest entries."""
-    path = _cache_file()
+    path = _cache_file(folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        doc = _read_cache()
+        doc = _read_cache(folder)
         doc[key] = entry
         if len(doc) > _MAX_ENTRIES:
             keep = sorted(doc, key=lambda k: doc[k].get("time", 0.0))[-_MAX_ENTRIES:]
@@ -86,9 +85,9 @@ def _write_cache(key: str, entry: dict[str, Any]) -> None:
         pass  # a read-only home only costs a probe per run
 
 
-def newest_cached_params() -> Params | None:
-    """Model parameters from the newest cache entry (for ``ccoll model --cached``)."""
-    doc = _read_cache()
+def newest_cached_params(folder: str | None = None) -> Params | None:
+    """Model parameters from the newest cache entry (``ccoll model`` starts from them)."""
+    doc = _read_cache(folder)
     if not doc:
         return None
     e = max(doc.values(), key=lambda v: v.get("time", 0.0))
@@ -125,45 +124,54 @@ def link_key(ch: Channel) -> str:
 
 
 _LINK_FIELDS = ("alpha", "beta", "reduce", "raw_efficiency")
+_COMP_FIELDS = ("compress", "add", "decompress", "chunk_overhead", "call_overhead")
 
 
-def read_link(ch: Channel, key: str, use_cache: bool) -> LinkCalibration | None:
-    """Return the cached link constants of ``key`` on every rank, or ``None`` (collective).
+def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | None:
+    """Return the cache entry of ``key`` on every rank, or ``None`` (collective).
 
-    Rank 0 reads the file (when ``use_cache``) and broadcasts what it found as a vector
-    ``[found, alpha, beta, reduce, raw_efficiency]``.
+    Rank 0 reads the file and broadcasts what it found as one vector: a flag, the link's
+    constants and, where the entry has them, the compressor's (then a second flag). An
+    entry older than :data:`CACHE_MAX_AGE_S`, or a damaged one, counts as none.
     """
-    vec = np.zeros(1 + len(_LINK_FIELDS))
-    if ch.comm.Get_rank() == 0 and use_cache:
-        e = _read_cache().get(key)
+    k = len(_LINK_FIELDS)
+    vec = np.zeros(2 + k + len(_COMP_FIELDS))
+    if ch.comm.Get_rank() == 0:
+        e = _read_cache(folder).get(key)
         try:
             if e and time.time() - float(e.get("time", 0)) < CACHE_MAX_AGE_S:
-                vec[1:] = [float(e["alpha"]), float(e["beta"]), float(e["reduce"]),
-                           float(e.get("raw_efficiency", 1.0))]
+                vec[1:1 + k] = [float(e["alpha"]), float(e["beta"]), float(e["reduce"]),
+                                float(e.get("raw_efficiency", 1.0))]
                 vec[0] = 1.0
+                comp = e.get("compressor")
+                if isinstance(comp, dict) and all(f in comp for f in _COMP_FIELDS[:4]):
+                    vec[2 + k:] = [float(comp.get(f, 0.0)) for f in _COMP_FIELDS]
+                    vec[1 + k] = 1.0
         except (KeyError, TypeError, ValueError):
             vec[:] = 0.0  # a damaged entry: probe again
     bcast(ch, vec, 0, "calibration cache")
-    if vec[0] != 1.0:
+    if vec[0] != 1.0 or not np.all(np.isfinite(vec)) or np.any(vec[1:3] <= 0):
         return None
-    return LinkCalibration(float(vec[1]), float(vec[2]), float(vec[3]), "cache", float(vec[4]))
+    out = {f: float(v) for f, v in zip(_LINK_FIELDS, vec[1:1 + k], strict=True)}
+    if vec[1 + k] == 1.0 and np.all(vec[2 + k:2 + k + 3] > 0):
+        out.update({f: float(v) for f, v in zip(_COMP_FIELDS, vec[2 + k:], strict=True)})
+    return out
 
 
-def write_link(ch: Channel, key: str, cal: LinkCalibration) -> None:
+def write_link(ch: Channel, key: str, cal: LinkCalibration, folder: str | None) -> None:
     """Store a probe's link constants under ``key`` (rank 0 writes; local)."""
     if ch.comm.Get_rank() != 0:
         return
     _write_cache(key, {"alpha": cal.alpha, "beta": cal.beta, "reduce": cal.reduce,
                        "raw_efficiency": cal.raw_efficiency, "time": time.time(),
-                       "size": ch.comm.Get_size()})
+                       "size": ch.comm.Get_size()}, folder)
 
 
-def remember_compressor(ch: Channel, key: str | None, compressor: dict[str, Any]) -> None:
-    """Add the compressor's numbers to the channel's cache entry (for ``ccoll model``)."""
-    if key is None or ch.comm.Get_rank() != 0:
+def write_compressor(ch: Channel, key: str, compressor: dict[str, float],
+                     folder: str | None) -> None:
+    """Add the compressor's numbers to ``key``'s cache entry (rank 0 writes; local)."""
+    if ch.comm.Get_rank() != 0:
         return
-    if os.environ.get("CCOLL_CALIBRATION", "").lower() == "off":
-        return
-    entry = _read_cache().get(key)
+    entry = _read_cache(folder).get(key)
     if entry is not None:
-        _write_cache(key, {**entry, "compressor": compressor})
+        _write_cache(key, {**entry, "compressor": compressor}, folder)

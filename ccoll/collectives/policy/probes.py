@@ -3,12 +3,11 @@
 - :func:`probe_link`: ring latency ``alpha`` and bandwidth ``beta`` (``Isend``/``Irecv``
   steps), a plain sum's throughput and the share of ``beta`` MPI_Allreduce reaches;
 - :func:`measure_ring_costs`: the fixed and per-chunk costs of a compressed allreduce,
-  timed on tiny ring allreduces (:func:`ccoll.collectives.ring.ring_allreduce`);
-- :func:`measure_raw_efficiency`: MPI_Allreduce's share of the link at one message size.
+  timed on tiny ring allreduces (:func:`ccoll.collectives.ring.ring_allreduce`).
 
 Every measurement runs on the :class:`~ccoll.collectives.channel.Channel` whose calls it
-calibrates, and every collective here (and in :mod:`~ccoll.collectives.policy.cache` and
-:mod:`~ccoll.collectives.policy.fits`, which use the helpers below) is
+calibrates, and every collective here (and in :mod:`~ccoll.collectives.policy.cache`, which
+uses the helpers below) is
 
 - buffer-based: mpi4py's pickled, lowercase collectives duplicate the communicator on
   first use, collectively and with the GIL held, which deadlocks two threads (the progress
@@ -23,17 +22,15 @@ Every function returns the same numbers on every rank (maxima of times, minima o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from ccoll.collectives import exact
 from ccoll.collectives.channel import Channel
-from ccoll.collectives.model import Params
 from ccoll.collectives.ring import ring_allreduce
 from ccoll.collectives.waiting import Deadline, wait_all
 
@@ -41,9 +38,7 @@ __all__ = [
     "LinkCalibration",
     "probe_link",
     "measure_ring_costs",
-    "measure_raw_efficiency",
     "compressed_call",
-    "slowest_median",
     "uncounted",
     "finish",
     "allreduce",
@@ -57,9 +52,9 @@ WHAT = 'the calibration of policy="auto"'
 # (ccoll.collectives.agreement): timed with the ring so that the fixed cost of a call
 # includes it.
 _AGREEMENT_DOUBLES = 26
-_RAW_IDLE_S = 5e-3  # idle time before each timed MPI_Allreduce of measure_raw_efficiency
-# MPI_Allreduce and the efficiency fit time this many elements per rank.
-EFF_ELEMS = 1 << 22
+# The link probe's largest ring step: on a link fast enough that this takes under 30 ms
+# (shared memory, 10 Gbit/s and faster), a shaper's burst is a small share of it anyway.
+_PROBE_MAX = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -128,24 +123,6 @@ def uncounted(ch: Channel) -> Iterator[None]:
         ch.stats.bytes_sent = sent
 
 
-def slowest_median(ch: Channel, call: Callable[[], Any], stage: str, reps: int = 3,
-                   idle: float = 0.0) -> float:
-    """Return the slowest rank's median time of ``call()`` after one untimed call.
-
-    ``idle`` seconds pass before each timed call (with the ranks then synchronized).
-    """
-    call()
-    ts = []
-    for _ in range(reps):
-        if idle:
-            time.sleep(idle)
-        barrier(ch, stage)
-        t0 = time.perf_counter()
-        call()
-        ts.append(time.perf_counter() - t0)
-    return float(allreduce(ch, np.array([float(np.median(ts))]), MPI.MAX, stage)[0])
-
-
 # ------------------------------------------------------------------------------ the link
 
 
@@ -183,7 +160,7 @@ def probe_link(ch: Channel) -> LinkCalibration:
     """Measure ``alpha`` and ``beta`` with ring steps (collective, ~0.1-0.3 s).
 
     ``alpha`` is the best time of a 1-byte step; ``beta`` comes from the growth of the time
-    between 1 byte and a message large enough to take about 30 ms (at most 32 MiB), so that
+    between 1 byte and a message large enough to take about 30 ms (at most 8 MiB), so that
     a token-bucket shaper's burst does not inflate it. Every rank returns the same numbers.
     """
     comm = ch.comm
@@ -194,7 +171,7 @@ def probe_link(ch: Channel) -> LinkCalibration:
         alpha = _ring_time(ch, 1, 20)
         m = 256 << 10
         t = _ring_time(ch, m, 2)
-        while t < 0.03 and m < (32 << 20):  # same t on every rank: the loop agrees
+        while t < 0.03 and m < _PROBE_MAX:  # same t on every rank: the loop agrees
             m *= 4
             t = _ring_time(ch, m, 2)
         beta = m / max(t - alpha, 1e-9)
@@ -259,30 +236,3 @@ def measure_ring_costs(ch: Channel, data: np.ndarray, eb: float) -> tuple[float,
             # hand-offs and polling vary from call to call.
             times.append(float(np.median(ts)))
     return times[0], max(0.0, (times[1] - times[0]) / 7)
-
-
-# --------------------------------------------------------------------- MPI's own efficiency
-
-
-def measure_raw_efficiency(ch: Channel, x: np.ndarray, p: Params) -> float:
-    """Share of the link's bandwidth that ``MPI_Allreduce`` reaches at ``x``'s size.
-
-    Times the raw path's ``MPI_Allreduce`` (:func:`ccoll.collectives.exact.allreduce`) of
-    (the first ``EFF_ELEMS`` elements of) ``x`` and solves
-    ``predict_raw = 2(N-1) alpha + 2(N-1)/N * S/(e beta) + (N-1)/N * S/reduce`` for ``e``,
-    clamped to [1/16, 16]: small messages can beat the line rate (a NIC's or a traffic
-    shaper's burst), large ones fall short of it. Each timed call follows ``_RAW_IDLE_S``
-    of idle link, as gradient allreduces follow a step's computation (back to back, a
-    burst allowance would be used up by the call before). Collective; the same ``e`` on
-    every rank.
-    """
-    n = ch.comm.Get_size()
-    data = np.ascontiguousarray(x.reshape(-1)[:EFF_ELEMS])
-    out = np.empty_like(data)
-    with uncounted(ch):
-        t = slowest_median(ch, lambda: exact.allreduce(ch, data, out, Deadline(ch.timeout, WHAT)),
-                           "MPI efficiency", idle=_RAW_IDLE_S)
-    size = float(data.nbytes)
-    wire = t - 2 * (n - 1) * p.alpha - (n - 1) / n * size / p.reduce
-    ideal = 2 * (n - 1) / n * size / p.beta
-    return min(max(ideal / wire, 1.0 / 16), 16.0) if wire > 0 else 16.0

@@ -90,7 +90,7 @@ from ccoll.compressor.cpu.v2blocks import (
 )
 from ccoll.errors import FormatError, InputError, MismatchError
 
-__all__ = ["compress_abs_v2", "decompress_v2", "add_v2", "add_data_v2", "validate_v2"]
+__all__ = ["compress_abs_v2", "add_v2", "add_data_v2", "validate_v2"]
 
 
 # ----------------------------------------------------------------------------- compression
@@ -854,11 +854,6 @@ def decode_into(lay: LayoutV2, flat: np.ndarray) -> None:
                    flat, outbits, errs)
     if errs.any():
         raise FormatError("stream holds a sparse block whose positions are not increasing")
-
-
-def decompress_v2(buf: np.ndarray, hdr: fmt.StreamHeader, flat: np.ndarray) -> None:
-    """Validate a version-2 stream and decode it into ``flat``."""
-    decode_into(validate_v2(buf, hdr), flat)
 
 
 # ------------------------------------------------------------------------ homomorphic sum

@@ -133,20 +133,6 @@ def _code_bits(code, mask, is32):  # type: ignore[no-untyped-def]
     return 2048
 
 
-def code_valid(code: int, is32: bool) -> bool:
-    """Tell whether a 16-bit value is a valid version-2 code (docs/format.md)."""
-    if code >> 12:
-        return False
-    kind, a, b = code >> 10, (code >> 5) & 31, code & 31
-    if kind == KIND_PP:
-        return a <= 30
-    if kind == KIND_SP:
-        return a <= 3
-    if kind == KIND_RAW:
-        return a == 0 and b == 0
-    return a == 0 and b == 0 and is32
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _choose(q, mag):  # type: ignore[no-untyped-def]
     """Code and payload bits of a non-zero quantized block (rules 3-4); fills ``mag``.
@@ -921,5 +907,5 @@ def _copy_bits(Wi, rpos, racc, rnb, Wo, wpos, wacc, wnb, nbits):  # type: ignore
 
 __all__ = [
     "KIND_PP", "KIND_SP", "KIND_RAW", "KIND_RAW64", "CODE_RAW_V2", "CODE_RAW64_V2", "NO_BLOCK",
-    "NCODES", "PLANES_MAX_W", "code_valid",
+    "NCODES", "PLANES_MAX_W",
 ]

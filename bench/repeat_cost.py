@@ -1,0 +1,96 @@
+"""What a repeated ccoll call costs next to mpi4py's own ``Allreduce``, interleaved call by call.
+
+Each round times ``--calls`` calls of mpi4py's ``comm.Allreduce(x, y)`` and then as many
+of ``ccoll.allreduce(x, eb=...)`` on the same buffers (the same signature every call, as a
+training loop or an OSU latency sweep makes them), rounds alternating so that both see
+the same machine; the median round per call counts, on the slowest rank. Run it at one
+rank for ccoll's own time per call (no peer: what is left is Python and the plan lookup)
+and at several ranks for the cost of the check that the ranks agree:
+
+    python bench/repeat_cost.py                         # 1 rank, eb=None and REL 1e-3
+    mpiexec -n 2 python -m mpi4py bench/repeat_cost.py --sizes 4,8K,64K,1M
+
+For before/after figures, run it twice in one session with ``PYTHONPATH`` pointing at each
+checkout. docs/collectives.md quotes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+
+def parse_size(text: str) -> int:
+    """``"4"``, ``"8K"``, ``"1M"`` in bytes."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+    return int(float(t[:-1] if mult > 1 else t) * mult)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="4", help="message sizes in bytes (K, M), comma-separated")
+    ap.add_argument("--eb", default="none,rel:1e-3",
+                    help="bounds to time, comma-separated: none (exact) or rel:/abs:VALUE")
+    ap.add_argument("--calls", type=int, default=2000, help="calls per round")
+    ap.add_argument("--rounds", type=int, default=15, help="rounds per variant (median counts)")
+    args = ap.parse_args(argv)
+
+    from mpi4py import MPI
+
+    import ccoll
+
+    comm = MPI.COMM_WORLD
+    bounds = [None if b.strip().lower() == "none" else b.strip() for b in args.eb.split(",")]
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if rank == 0:
+        import llvmlite.binding as llvm
+
+        print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {size} rank(s), "
+              f"cpu {llvm.get_host_cpu_name()}, load average {os.getloadavg()[0]:.2f}; "
+              f"median of {args.rounds} rounds x {args.calls} calls, slowest rank; us per call")
+        cols = "| size | eb | mpi4py | ccoll | ccoll - mpi4py | speed vs mpi4py |"
+        print(cols)
+        print("|" + "---:|" * (cols.count("|") - 1))
+    for text in args.sizes.split(","):
+        nbytes = parse_size(text)
+        x = np.random.default_rng(rank).standard_normal(max(1, nbytes // 4)).astype(np.float32)
+        y = np.empty_like(x)
+        for eb in bounds:
+            def mpi(x: np.ndarray = x, y: np.ndarray = y) -> None:
+                comm.Allreduce(x, y)
+
+            cc = ccoll.Communicator(comm)
+
+            def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x) -> None:
+                cc.allreduce(x, eb)
+
+            variants: dict[str, Any] = {"mpi4py": mpi, "ccoll": call}
+            times: dict[str, list[float]] = {k: [] for k in variants}
+            for f in variants.values():  # warm-up: first calls, plans, kernels
+                for _ in range(50):
+                    f()
+            for _ in range(args.rounds):
+                for name, f in variants.items():
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(args.calls):
+                        f()
+                    t = (time.perf_counter() - t0) / args.calls
+                    times[name].append(comm.allreduce(t, op=MPI.MAX))
+            med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
+            if rank == 0:
+                line = (f"| {nbytes} | {eb or 'none'} | {med['mpi4py']:.2f} | {med['ccoll']:.2f} "
+                        f"| {med['ccoll'] - med['mpi4py']:.2f} | "
+                        f"{med['mpi4py'] / med['ccoll']:.2f}x |")
+                print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,388 @@
+"""Repeated calls whose plan is raw: the data collective carries the check, no agreement.
+
+Every call on a channel first asks whether the signature that the agreed history predicts
+(:class:`History`) has a settled raw plan (:meth:`ccoll.collectives.policy.plan.Planner.fast`).
+That depends on agreed state only, so every rank gets the same answer. If it has, every
+rank runs that signature's MPI collective at once, without the agreement:
+
+- a rank whose own call has exactly the predicted signature runs it on its data, with a
+  "deviates" flag of 0;
+- a rank whose call differs (another count, bound, collective, ...) runs the same
+  collective on zeros (so that no rank waits for a partner that is elsewhere), with the
+  flag 1.
+
+The flags are summed in the same collective: in one extra element of the data
+(``policy="auto"`` allreduces that went raw, which owe MPI no bit-for-bit equality, since
+MPI may pick another algorithm for one more element), or by a one-integer
+``MPI_Iallreduce`` that runs beside the data collective (exact calls, ``policy="raw"``, the
+other collectives: their result is plain MPI's, bit for bit). Every rank sees the same
+sum. Zero: every rank ran the predicted call on its own data, and the result is returned.
+Not zero: no rank returns it (the caller's buffers are untouched); every rank runs the
+call again through the agreement, which then raises the same error on every rank where
+the arguments differ (docs/collectives.md, "Every call"). A rank that never makes the call
+leaves the others waiting in the data collective, as in MPI, until the Communicator's
+timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+from mpi4py import MPI
+
+from ccoll.collectives.agreement import (
+    BOUND_KINDS,
+    COLLECTIVES,
+    DTYPES,
+    OPS,
+    POLICIES,
+    shape_code,
+)
+from ccoll.collectives.channel import Channel
+from ccoll.collectives.layout import block_bounds
+from ccoll.collectives.policy.plan import Planner, State
+from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.compressor._backend import is_torch
+from ccoll.compressor.precision import Narrow, widen
+from ccoll.errorbound import ErrorBound, as_bound
+from ccoll.errors import ErrorBoundError
+
+__all__ = ["History", "Fast", "Ready", "ready", "NATIVE_CODES"]
+
+_HISTORY_MAX = 256
+# The agreement's dtype codes of the host dtypes the fast path takes as they are.
+NATIVE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
+_ALLREDUCE = COLLECTIVES["allreduce"]
+_AUTO = POLICIES["auto"]
+# Repeated policy="auto" allreduces that went raw carry the flag in their data up to this
+# size; larger ones beside it, where one more small collective costs little and a copy of
+# the data more (docs/collectives.md, "Every call").
+INBAND_MAX = 1 << 20
+
+
+class History:
+    """Agreed signatures of a channel's calls, and the one predicted for the next call.
+
+    The prediction is the signature that followed the last call's last time (a training
+    step repeats its sequence of buckets), else the last call's own: the same on every
+    rank, since only agreed signatures go in.
+    """
+
+    __slots__ = ("last", "following", "predicted")
+
+    def __init__(self) -> None:
+        self.last: tuple[Any, ...] | None = None
+        self.following: dict[tuple[Any, ...], tuple[Any, ...] | None] = {}
+        self.predicted: tuple[Any, ...] | None = None
+
+    def note(self, key: tuple[Any, ...] | None) -> None:
+        """Record the agreed signature of a call (``None``: not to be predicted from)."""
+        if key is self.last and key is self.predicted and key is not None:
+            return  # the same call again, as predicted: nothing changes
+        following = self.following
+        if self.last is not None:
+            if len(following) >= _HISTORY_MAX and self.last not in following:
+                following.clear()  # a job that never repeats: start over
+            following[self.last] = key
+        self.last = key
+        self.predicted = None if key is None else following.get(key, key)
+
+
+class Ready(NamedTuple):
+    """A call the fast path can run on this rank, as it runs it."""
+
+    key: tuple[Any, ...]  # the planner's key, as the agreement would make it
+    x: np.ndarray  # what moves: float32 or float64, C-contiguous, flat
+    shape: tuple[int, ...]  # the caller's shape
+    narrow: Narrow | None  # float16/bfloat16: moved in float32, rounded once at the end
+    as_torch: bool  # a CPU tensor came in: one goes out
+    out: Any  # the caller's out (None: a new array)
+
+
+def _host(x: Any) -> tuple[np.ndarray, Narrow | None, bool] | None:
+    """``x`` as a host array of what moves, or None where the full way must convert it."""
+    if type(x) is np.ndarray:
+        code = NATIVE_CODES.get(x.dtype)
+        if code is not None:
+            return x, None, False
+        if x.dtype == np.float16:
+            return x.astype(np.float32), Narrow("float16", x.dtype, False), False
+        return None
+    if not is_torch(x) or x.device.type != "cpu" or x.requires_grad:
+        return None
+    name = str(x.dtype).removeprefix("torch.")
+    if name in ("float32", "float64"):
+        return x.numpy(), None, True
+    if name in ("float16", "bfloat16"):
+        got = widen(x)
+        return None if got is None else (got[0], got[1], True)
+    return None
+
+
+_BOUNDS: dict[tuple[type, Any], tuple[int, float]] = {}
+
+
+def _bound(eb: Any) -> tuple[int, float] | None:
+    """Return the kind and value of a ``"rel:1e-3"`` string or a float bound (None: invalid).
+
+    Cached by value (parsing a string costs more than the rest of a repeated call); the
+    full way parses anything else and raises its errors on every rank.
+    """
+    t = type(eb)
+    if t is not str and t is not float:
+        return None
+    got = _BOUNDS.get((t, eb))
+    if got is None:
+        try:
+            b = as_bound(eb)
+        except ErrorBoundError:
+            return None
+        if len(_BOUNDS) >= _HISTORY_MAX:
+            _BOUNDS.clear()
+        got = _BOUNDS[(t, eb)] = (BOUND_KINDS[b.kind], b.value)
+    return got
+
+
+def _out_ok(x: Any, out: Any, arr: np.ndarray, narrow: Narrow | None) -> bool:
+    """Whether the fast allreduce may write ``out`` (the full way checks any other)."""
+    if type(out) is np.ndarray:
+        return (out.shape == tuple(x.shape) and out.dtype == x.dtype
+                and out.flags.c_contiguous and out.flags.writeable
+                and (out is x or not np.may_share_memory(out, arr)))
+    if is_torch(out) and is_torch(x):
+        return (out.device.type == "cpu" and not out.requires_grad and out.dtype == x.dtype
+                and tuple(out.shape) == tuple(x.shape) and out.is_contiguous()
+                and (out is x or narrow is not None
+                     or not np.may_share_memory(out.numpy(), arr)))
+    return False
+
+
+def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm: int | None,
+          policy: int | None, root: Any, size: int) -> Ready | None:
+    """Return the call as the fast path runs it, or None where it takes the full way.
+
+    Host float32/float64 (and, for allreduce, float16/bfloat16) numpy arrays and CPU
+    tensors, ``ABS``/``REL``/``None`` bounds and valid options only: the full way converts
+    and checks anything else (and raises its errors on every rank). Every call asks, so
+    the common case (a float32/float64 numpy array) is checked first and cheaply.
+    """
+    if algorithm is None or policy is None:
+        return None
+    if type(x) is np.ndarray and x.dtype in NATIVE_CODES:
+        arr, narrow, as_torch = x, None, False
+    else:
+        got = _host(x)
+        if got is None:
+            return None
+        arr, narrow, as_torch = got
+        if narrow is not None and collective != "allreduce":
+            return None
+    if eb is None:
+        kind, value = 0, 0.0
+    elif isinstance(eb, ErrorBound):
+        kind, value = BOUND_KINDS[eb.kind], eb.value
+    else:
+        got_eb = _bound(eb)
+        if got_eb is None:
+            return None
+        kind, value = got_eb
+    o = OPS.get(op) if isinstance(op, str) else (OPS["sum"] if op is None else None)
+    if o is None:
+        return None
+    r, shape_c = 0, 0
+    if collective != "allreduce":
+        if collective in ("allgather", "bcast"):
+            shape_c = shape_code(tuple(x.shape))
+            o = OPS["sum"]  # what the full way records for a call without an op
+            if collective == "bcast":
+                if isinstance(root, bool) or not isinstance(root, (int, np.integer)) \
+                        or not 0 <= root < size:
+                    return None
+                r = int(root)
+    if out is not None and (collective != "allreduce" or not _out_ok(x, out, arr, narrow)):
+        return None
+    code = NATIVE_CODES[arr.dtype] if narrow is None else DTYPES[narrow.name]
+    flat = arr.reshape(-1)  # a view of C-contiguous data, else a copy
+    key = (COLLECTIVES[collective], flat.size, code, kind, value, o, algorithm, policy, r,
+           shape_c, 0)
+    return Ready(key, flat, x.shape, narrow, as_torch, out)
+
+
+class Fast:
+    """The fast path of one channel: its history and the predicted call's collective."""
+
+    __slots__ = ("ch", "planner", "history", "last_state", "last_seconds")
+
+    def __init__(self, ch: Channel, planner: Planner) -> None:
+        self.ch = ch
+        self.planner = planner
+        self.history = History()
+        self.last_state: State | None = None
+        self.last_seconds = 0.0
+
+    def due(self) -> State | None:
+        """Return the predicted signature's state if its call skips the agreement, else None."""
+        pred = self.history.predicted
+        return None if pred is None else self.planner.fast(pred)
+
+    def allreduce(self, st: State, r: Ready, avg: bool, deadline: Deadline) -> Any:
+        """Run the predicted allreduce on ``r``; None if a rank deviated (nothing written)."""
+        ch = self.ch
+        comm = ch.comm
+        n = ch.size
+        x = r.x
+        t0 = time.perf_counter()
+        key = r.key
+        inband = key[7] == _AUTO and key[3] != 0 and x.nbytes <= INBAND_MAX
+        if n == 1:
+            y = x.copy()
+        elif inband:
+            buf = np.empty(x.size + 1, x.dtype)
+            buf[0] = 0
+            buf[1:] = x
+            _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, buf), {"op": MPI.SUM},
+                 deadline)
+            if buf[0] != 0:
+                return None
+            y = buf[1:]
+        else:
+            flag = np.zeros(1, np.int32)
+            req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
+            y = np.empty_like(x)  # never out: it stays untouched on a deviation
+            try:
+                _run(comm.Allreduce, comm.Iallreduce, (x, y), {"op": MPI.SUM}, deadline)
+            finally:
+                wait_all([req], deadline, "the repeated call's check")
+            if flag[0] != 0:
+                return None
+        if avg:
+            np.divide(y, y.dtype.type(n), out=y)
+        y = y.reshape(r.shape)
+        stats = ch.stats
+        stats.bytes_sent += 2 * (n - 1) * x.nbytes // n
+        stats.bytes_input += x.nbytes
+        self._end(st, t0)
+        out = r.out
+        if r.narrow is not None:
+            if out is not None:
+                r.narrow.into(out, y)
+                return out
+            return r.narrow.result(y)
+        if out is not None:
+            if type(out) is np.ndarray:
+                np.copyto(out, y)
+            else:
+                out.numpy()[...] = y
+            return out
+        if r.as_torch:
+            import torch
+
+            return torch.from_numpy(y)
+        return y
+
+    def dummy(self, st: State) -> None:
+        """Run the predicted call's collective on zeros, flagged: this rank's call differs."""
+        ch = self.ch
+        comm = ch.comm
+        pred = st.key
+        collective, count, code, kind, policy, root = (
+            pred[0], pred[1], pred[2], pred[3], pred[7], pred[8])
+        dtype = np.dtype(np.float64 if code == 2 else np.float32)
+        n, r = ch.size, comm.Get_rank()
+        deadline = Deadline(ch.timeout, "a repeated call's check")
+        sent = ch.stats.bytes_sent
+        if n == 1:
+            return
+        if (collective == _ALLREDUCE and policy == _AUTO and kind != 0
+                and count * dtype.itemsize <= INBAND_MAX):
+            buf = np.zeros(count + 1, dtype)
+            buf[0] = 1
+            _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, buf), {"op": MPI.SUM},
+                 deadline)
+            return
+        flag = np.ones(1, np.int32)
+        req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
+        zeros = np.zeros(count, dtype)
+        try:
+            if collective == _ALLREDUCE:
+                _run(comm.Allreduce, comm.Iallreduce, (zeros, np.empty_like(zeros)),
+                     {"op": MPI.SUM}, deadline)
+            elif collective == COLLECTIVES["reduce_scatter"]:
+                counts = [b - a for a, b in block_bounds(count, n)]
+                _run(comm.Reduce_scatter, comm.Ireduce_scatter,
+                     (zeros, np.empty(counts[r], dtype)), {"recvcounts": counts,
+                                                           "op": MPI.SUM}, deadline)
+            elif collective == COLLECTIVES["allgather"]:
+                _run(comm.Allgather, comm.Iallgather, (zeros, np.empty((n, count), dtype)),
+                     {}, deadline)
+            else:
+                _run(comm.Bcast, comm.Ibcast, (zeros,), {"root": int(root)}, deadline)
+        finally:
+            wait_all([req], deadline, "the repeated call's check")
+        ch.stats.bytes_sent = sent  # not the caller's traffic
+
+    def exact(self, st: State, collective: int, r: Ready, deadline: Deadline) -> Any:
+        """Run the predicted raw reduce_scatter, allgather or bcast on ``r``; None if flagged.
+
+        The data collective is plain MPI's (bit for bit); the flag rides beside it.
+        """
+        ch = self.ch
+        comm = ch.comm
+        n, rank = ch.size, comm.Get_rank()
+        t0 = time.perf_counter()
+        flag = np.zeros(1, np.int32)
+        req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM) if n > 1 else None
+        flat = r.x
+        root = int(r.key[8])
+        try:
+            if collective == COLLECTIVES["reduce_scatter"]:
+                counts = [b - a for a, b in block_bounds(flat.size, n)]
+                y = np.empty(counts[rank], flat.dtype)
+                _run(comm.Reduce_scatter, comm.Ireduce_scatter, (flat, y),
+                     {"recvcounts": counts, "op": MPI.SUM}, deadline)
+                sent = flat.nbytes - y.nbytes
+            elif collective == COLLECTIVES["allgather"]:
+                y = np.empty((n, *r.shape), flat.dtype)
+                _run(comm.Allgather, comm.Iallgather, (flat, y.reshape(n, flat.size)), {},
+                     deadline)
+                sent = (n - 1) * flat.nbytes
+            else:
+                y = np.empty(r.shape, flat.dtype)
+                if rank == root:
+                    y.reshape(-1)[...] = flat
+                _run(comm.Bcast, comm.Ibcast, (y.reshape(-1),), {"root": root}, deadline)
+                sent = 0 if rank == (root - 1) % n else flat.nbytes
+        finally:
+            if req is not None:
+                wait_all([req], deadline, "the repeated call's check")
+        if flag[0] != 0:
+            return None
+        ch.stats.bytes_sent += sent
+        ch.stats.bytes_input += flat.nbytes
+        self._end(st, t0)
+        if r.as_torch:
+            import torch
+
+            return torch.from_numpy(y)
+        return y
+
+    def _end(self, st: State, t0: float) -> None:
+        seconds = time.perf_counter() - t0
+        plan = st.cached
+        assert plan is not None
+        self.planner.end(st, plan, seconds)
+        self.history.note(st.key)
+        self.last_state = st
+        self.last_seconds = seconds
+        self.ch.stats.calls += 1
+
+
+def _run(blocking: Any, nonblocking: Any, args: tuple[Any, ...], kw: dict[str, Any],
+         deadline: Deadline) -> None:
+    """One MPI collective: blocking, or nonblocking waited for under ``deadline``."""
+    if deadline.at is None:
+        blocking(*args, **kw)
+    else:
+        wait_all([nonblocking(*args, **kw)], deadline, "the repeated call's collective")

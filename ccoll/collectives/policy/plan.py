@@ -1,0 +1,544 @@
+"""One plan per call: every choice of a collective call, made in one place.
+
+:class:`Planner` (one per channel of a Communicator) turns a call's agreed signature
+(:class:`Facts`: collective, count, dtype, bound, op, policy, where the data lives) and
+state that every rank holds identically (the Communicator's options, its frozen
+:class:`~ccoll.collectives.policy.calibration.Calibration`, and the times and ratios that
+earlier calls of the same signature agreed on) into a frozen :class:`Plan`: raw or
+compressed, the path (the flat ring, recursive halving, or two levels), the chunk, the
+split of the bound between the phases, the stream format. Nothing else decides.
+
+**The decision.** The cost model (:mod:`ccoll.collectives.model`, docs/model.md) prices
+each candidate path of the call. Then one measured loop per signature (docs/model.md,
+"Measured feedback"): a candidate's time, once measured, replaces its prediction; the
+candidate with the lowest estimate runs, a compressed one predicted (not measured) faster
+only by a margin (:data:`MARGIN`); an unmeasured candidate predicted within
+:data:`TRY_FACTOR` of the best's measured time is tried (so a raw size the model underrated
+gets its compressed trial, and a compressed one its raw trial); a measured loser is tried
+again after ``2**k`` calls of the signature, ``k`` one higher at every loss. A
+candidate's first run is not measured (kernels load, connections open).
+
+**Identical on every rank.** Each rank measures its own time of each call, and keeps it
+(its own least time per candidate since the signature's last agreement); the next
+agreement of the same signature carries it and returns the maximum over ranks, which goes
+into the state at that point on every rank alike. A plan therefore depends on the agreed
+signature, the Communicator's settings and calibration and agreed times only (never a
+clock read or a value that exists on some ranks only), and the state's fingerprint
+(:meth:`Planner.digest`) travels in the agreement, so ranks that would plan differently
+raise :class:`~ccoll.errors.MismatchError` instead of hanging.
+
+**A repeated raw call is cheap.** A signature whose plan is raw and settled (measured, or
+raw whatever the data, and no trial due) is marked :attr:`Plan.fast`: the Communicator
+then runs its next repeat without the agreement (docs/collectives.md, "Every call").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from ccoll.collectives import model
+from ccoll.collectives.homomorphic import rank_bound, sum_bound
+from ccoll.collectives.model import Params
+
+__all__ = [
+    "Facts", "Plan", "Planner", "State", "Options", "Candidate", "candidates", "phase_bounds",
+    "Bounds", "MARGIN", "TRY_FACTOR", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
+]
+
+# A compressed path predicted (not measured) faster runs only if faster by this share: the
+# model was within about 10% of measured compressed times on the bench, and a wrong
+# "compress" near the break-even point costs more than a missed one.
+MARGIN = 0.15
+# An unmeasured candidate predicted within this factor of the best's measured time is tried.
+TRY_FACTOR = 2.0
+# A measured loser is tried again after 2**k calls of its signature, k from FIRST_LEVEL up
+# to MAX_LEVEL (one higher at every loss): a job that repeats a size once a step tries
+# again about every thousand steps at most.
+FIRST_LEVEL = 2
+MAX_LEVEL = 10
+# Agreed times kept per candidate; the least counts (one slowed call decides nothing).
+WINDOW = 3
+# The candidates, in the order they are listed and agreed on.
+VARIANTS = ("raw", "flat", "two levels")
+_MAX_STATES = 4096  # signatures kept per channel (a job that never repeats starts over)
+
+
+class Facts(NamedTuple):
+    """The agreed facts of one call that a plan depends on (the same on every rank)."""
+
+    collective: str
+    elements: int
+    itemsize: int  # of what moves (float16/bfloat16: 4)
+    policy: str
+    algorithm: str
+    exact: bool  # eb=None
+    lossless: bool  # the bound resolved to 0
+    avg: bool
+    device: bool
+    ranks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Everything one call does, chosen by :class:`Planner` (frozen, the same on every rank).
+
+    ``variant``: ``"raw"``, ``"flat"`` (the flat ring, or recursive halving where
+    ``pieces > 0``) or ``"two levels"``; ``chunk_elems``: elements per pipeline chunk;
+    ``split``: share of the bound for the allgather phase (0: none); ``version``: the stream
+    format; ``predicted_raw``/``predicted``: the model's seconds for raw and for this path;
+    ``ratio``: the ratio the model used; ``trial``: run to be measured; ``fast``: the
+    next repeat of this signature may skip the agreement.
+    """
+
+    variant: str
+    reason: str
+    chunk_elems: int = 0
+    pieces: int = 0
+    split: float = 0.0
+    version: int = 1
+    predicted_raw: float | None = None
+    predicted: float | None = None
+    ratio: float | None = None
+    trial: bool = False
+    fast: bool = False
+
+    @property
+    def compress(self) -> bool:
+        """Whether the call compresses."""
+        return self.variant != "raw"
+
+    @property
+    def two_level(self) -> bool:
+        """Whether the call runs in two levels (exact node sums, compressed between nodes)."""
+        return self.variant == "two levels"
+
+
+class Candidate(NamedTuple):
+    """One way to run a call, as the model sees it."""
+
+    plan: Plan
+    seconds: float  # predicted
+
+
+class Options(NamedTuple):
+    """The Communicator's options that shape plans (the same on every rank: agreed)."""
+
+    chunk_elems: int | None
+    split: float | None
+    schedule: str
+    hier: tuple[int, int] | None  # (nodes, ranks per node) where two levels may run
+
+
+# ----------------------------------------------------------------------- the model's view
+
+
+def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
+          ring_ranks: int | None = None, share_count: int | None = None) -> tuple[Plan, float]:
+    """Return the flat compressed path of a call: schedule, chunk, split, and its time."""
+    n = f.ranks if ring_ranks is None else ring_ranks
+    count = f.elements if share_count is None else share_count
+    size = float(count * f.itemsize)
+    split = 0.0
+    homo = f.algorithm == "homomorphic" and not f.device
+    if f.collective == "allreduce" and homo and n >= 2:
+        share = model.split_fraction(n) if o.split is None else o.split
+        if share > 0 and o.split is None and not model.split_pays(size, n, p, ratio, share,
+                                                                  width=width):
+            share = 0.0
+        split = share
+    if o.chunk_elems is not None:
+        chunk = int(o.chunk_elems)
+    else:
+        chunk = model.chunk_elems_for(count, f.itemsize, n, p, ratio, width=width)
+    pieces = 0
+    if f.collective == "allreduce" and homo and n >= 2 and o.schedule != "ring":
+        cand = model.halving_pieces(count, f.itemsize, chunk, fixed=o.chunk_elems is not None)
+        if o.schedule == "halving":
+            pieces = cand
+        else:
+            block = -(-count // n)
+            chunks = max(1, -(-block // max(1, chunk)))
+            if model.choose_schedule(size, n, p, ratio, share=split, chunks=chunks,
+                                     pieces=cand, width=width) == "halving":
+                pieces = cand
+    block = max(1, -(-count // max(1, n)))
+    chunks = max(1, -(-block // max(1, chunk)))
+    if pieces:
+        t = model.predict_halving(size, n, p, ratio, share=split, pieces=pieces, width=width)
+    else:
+        pred = model.predict(size, n, p, ratio, collective=f.collective, chunks=chunks,
+                             width=width)
+        t = pred.homomorphic if f.algorithm == "homomorphic" else pred.dar
+    return Plan("flat", "", chunk_elems=chunk, pieces=pieces, split=split), t
+
+
+def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options) -> list[Candidate]:
+    """Every way the model sees to run the call, raw first, with predicted seconds.
+
+    Pure arithmetic on agreed numbers: the same list on every rank.
+    """
+    n = f.ranks
+    size = float(f.elements * f.itemsize)
+    t_raw = model.predict(size, n, p, 1.0, collective=f.collective, chunks=1).raw if n > 1 \
+        else 0.0
+    out = [Candidate(Plan("raw", "", predicted_raw=t_raw, predicted=t_raw), t_raw)]
+    plan, t = _flat(f, p, ratio, width, o)
+    out.append(Candidate(Plan("flat", "", plan.chunk_elems, plan.pieces, plan.split,
+                              predicted_raw=t_raw, predicted=t, ratio=ratio), t))
+    hier = o.hier
+    if hier is not None and model.hierarchical_applies(hier, f.collective) and not f.device:
+        nodes, rpn = hier
+        share = -(-f.elements // rpn)  # one local rank's share, reduced by the inter-node ring
+        two, _ = _flat(f, p, ratio, width, o, ring_ranks=nodes, share_count=share)
+        block = -(-share // nodes)
+        chunks = max(1, -(-block // max(1, two.chunk_elems)))
+        pred = model.predict(size, n, p, ratio, collective=f.collective, hier=hier,
+                             chunks=chunks, width=width)
+        t2 = pred.homomorphic if f.algorithm == "homomorphic" else pred.dar
+        out.append(Candidate(Plan("two levels", "", two.chunk_elems, two.pieces, two.split,
+                                  predicted_raw=t_raw, predicted=t2, ratio=ratio), t2))
+    return out
+
+
+def _ideal_loses(f: Facts, p: Params, o: Options) -> bool:
+    """Whether every compressed path loses even at an infinite ratio (raw whatever the data)."""
+    cands = candidates(f, p, 1e30, model.DEFAULT_WIDTH, o)
+    raw = cands[0].seconds
+    return all(c.seconds * (1 + MARGIN) >= raw for c in cands[1:])
+
+
+# ------------------------------------------------------------------------- the bounds
+
+
+class Bounds(NamedTuple):
+    """The bound of each phase of a compressed allreduce (docs/error-bound.md)."""
+
+    ring: float  # bound of the reduce-scatter's sum (of the sum, also for an average)
+    requant: Any  # ccoll.collectives.ring.Requant, or None (no split)
+
+
+def phase_bounds(eb_abs: float, n_ranks: int, avg: bool, share: float,
+                 ring_ranks: int | None = None) -> Bounds:
+    """Split the bound ``eb_abs`` of the result between the phases of an allreduce.
+
+    With a split share ``f``, ``e2 = fl(f eb)`` and ``e1 = fl(eb - e2)``: the sum is bounded
+    by ``e1`` (``N e1`` for an average) and each reduced block is requantized within ``e2``.
+    Where ``f`` makes the allgather's grid an odd multiple ``k`` of the reduced sum's
+    (:func:`model.split_multiple`), ``e1 = fl(eb f K / k)``, the grid is ``k`` times the
+    sum's and the requantization may move a value by ``fl(eb - e1)`` at most, which the owner
+    checks. Without a split the sum is bounded by ``eb`` (``N eb``) and nothing is
+    requantized. ``ring_ranks``: the ranks of the ring when it is not all ``n_ranks`` (the
+    inter-node ring of a two-level call); ``N`` stays the number the average divides by.
+    """
+    from ccoll.collectives.ring import Requant
+
+    streams = n_ranks if ring_ranks is None else ring_ranks
+    if share <= 0.0 or eb_abs == 0.0 or streams < 2:
+        return Bounds(sum_bound(eb_abs, n_ranks, avg), None)
+    divide = n_ranks if avg else 1
+    k = model.split_multiple(streams, share)
+    if k:  # the allgather's grid is k times the reduced sum's
+        e1 = eb_abs * model.split_reduce_share(streams, share)
+        accept = eb_abs - e1
+        ring_eb = sum_bound(e1, n_ranks, avg)
+        e2 = k * rank_bound(ring_eb, streams) / divide
+        if 0.0 < accept < e2 and 0.0 < e1 < eb_abs:
+            return Bounds(ring_eb, Requant(e2, divide, accept, share))
+    e2 = eb_abs * share
+    e1 = eb_abs - e2
+    return Bounds(sum_bound(e1, n_ranks, avg), Requant(e2, divide, None, share))
+
+
+# -------------------------------------------------------------------------- the state
+
+
+def _mix(h: int, *vals: float) -> int:
+    """Fold ``vals`` into the 52-bit fingerprint ``h`` (exact in float64)."""
+    raw = struct.pack(f"=q{len(vals)}d", h, *(float(v) for v in vals))
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 12
+
+
+@dataclass(eq=False)
+class State:
+    """What one signature's calls agreed on, and this rank's times not yet agreed."""
+
+    key: Any
+    facts: Facts
+    digest: int
+    calls: int = 0  # completed calls of this signature (every rank alike)
+    ratio: float | None = None  # agreed sampled ratio
+    width: float = model.DEFAULT_WIDTH
+    runs: dict[str, int] = field(default_factory=dict)  # runs per variant
+    times: dict[str, list[float]] = field(default_factory=dict)  # agreed seconds per variant
+    level: dict[str, int] = field(default_factory=dict)  # k of a loser: tried after 2**k calls
+    last_run: dict[str, int] = field(default_factory=dict)  # call index of its latest run
+    awaiting: bool = False  # the last call was not raw: its time is to be agreed
+    # This rank's least unagreed seconds per variant (local; sent at the next agreement).
+    unsent: dict[str, float] = field(default_factory=dict)
+    cached: Plan | None = None  # the plan of the next call, while nothing changes
+    due: float = math.inf  # call index from which the cached plan must be made again
+    cands: list[Any] | None = None  # the model's candidates (they change with the ratio)
+
+
+class Planner:
+    """The plans of one channel's calls: candidates, the measured loop, the fast path.
+
+    ``params`` and ``forced_ratio`` come from the Communicator's calibration, ``options``
+    from its settings; ``base`` fingerprints all three (part of :meth:`digest`).
+    """
+
+    def __init__(self, params: Params, options: Options, base: int,
+                 forced_ratio: float | None = None) -> None:
+        self.params = params
+        self.options = options
+        self.base = base
+        self.forced_ratio = forced_ratio
+        self._states: dict[Any, State] = {}
+        self._ideal: dict[Facts, bool] = {}
+
+    # -- before the agreement (local, the same on every rank) --------------------------
+
+    def state(self, key: Any, facts: Facts) -> State:
+        """Return the signature's state, made at its first call."""
+        st = self._states.get(key)
+        if st is None:
+            if len(self._states) >= _MAX_STATES:
+                self._states.clear()
+            st = self._states[key] = State(key, facts, self.base)
+        return st
+
+    def digest(self, st: State) -> int:
+        """Return the fingerprint of what the signature's plans depend on but the call."""
+        return _mix(st.digest, float(st.calls))
+
+    def needs_ratio(self, st: State, facts: Facts) -> bool:
+        """Whether this call's ranks sample their data's ratio before the agreement.
+
+        ``policy="auto"`` calls of host data that may compress, on the first call of their
+        signature (the ratio is kept), unless a ratio is forced.
+        """
+        if (facts.policy != "auto" or facts.exact or facts.device or facts.ranks < 2
+                or facts.elements == 0 or self.forced_ratio is not None or st.ratio is not None):
+            return False
+        return not self.raw_whatever(facts)
+
+    def raw_whatever(self, facts: Facts) -> bool:
+        """Whether the call goes raw whatever its data (and its ratio)."""
+        if facts.exact or facts.policy == "raw":
+            return True
+        if facts.policy != "auto":
+            return False
+        if facts.ranks < 2 or facts.elements == 0:
+            return True
+        known = self._ideal.get(facts)
+        if known is None:
+            if len(self._ideal) >= _MAX_STATES:
+                self._ideal.clear()
+            known = self._ideal[facts] = _ideal_loses(facts, self.params, self.options)
+        return known
+
+    def fast(self, key: Any) -> State | None:
+        """Return the state of ``key`` if its next call may skip the agreement, else None.
+
+        Its plan (:attr:`State.cached`) is raw and settled: nothing it would agree on can
+        change it (docs/collectives.md, "Every call").
+        """
+        st = self._states.get(key)
+        if st is None or st.awaiting or st.cached is None or not st.cached.fast:
+            return None
+        return st
+
+    # -- the plan ------------------------------------------------------------------------
+
+    def plan(self, st: State, facts: Facts, *, ratio: float | None = None,
+             width: float | None = None, times: tuple[float, ...] = ()) -> Plan:
+        """Return the plan of this call, after its agreement (the same on every rank).
+
+        ``ratio``/``width``: the agreed sample (first call of the signature); ``times``:
+        the agreed seconds per :data:`VARIANTS` (0: none) of the signature's earlier calls.
+        """
+        if facts != st.facts:  # the bound resolved to 0 on this call, or no longer
+            st.facts = facts
+            st.cached = st.cands = None
+        if ratio is not None and st.ratio is None and math.isfinite(ratio) and ratio > 0:
+            st.ratio = ratio
+            if width is not None and math.isfinite(width) and width > 0:
+                st.width = width
+            st.digest = _mix(st.digest, 1.0, st.ratio, st.width)
+            st.cached = st.cands = None
+        for v, t in zip(VARIANTS, times, strict=False):
+            if t > 0:
+                self._take(st, v, t)
+        st.unsent.clear()
+        st.awaiting = False
+        if st.cached is None or st.calls >= st.due:
+            self._refresh(st)
+        assert st.cached is not None
+        return st.cached
+
+    def end(self, st: State, plan: Plan, seconds: float) -> None:
+        """Count a completed call (every rank alike); keep this rank's time of it."""
+        v = plan.variant
+        runs = st.runs.get(v, 0)
+        st.runs[v] = runs + 1
+        if runs > 0:  # a variant's first run is not measured
+            got = st.unsent.get(v)
+            if got is None or seconds < got:
+                st.unsent[v] = seconds
+        if plan.fast and plan is st.cached:  # a settled raw repeat: nothing else changes
+            st.last_run[v] = st.calls
+            st.calls += 1
+            if st.calls >= st.due:
+                self._refresh(st)
+            return
+        st.last_run[v] = st.calls
+        if plan.trial:
+            if v in st.times:  # a measured loser's try: the next one waits twice as long
+                st.level[v] = min(st.level.get(v, FIRST_LEVEL) + 1, MAX_LEVEL)
+        else:
+            st.level.pop(v, None)
+        st.calls += 1
+        st.digest = _mix(st.digest, 2.0, float(VARIANTS.index(v)), float(plan.trial))
+        st.awaiting = v != "raw"
+        self._refresh(st)  # a first run, a due retry, a trial to repeat
+
+    def unsent(self, st: State) -> tuple[float, ...]:
+        """Return this rank's least unagreed seconds per :data:`VARIANTS` (0: none)."""
+        if not st.unsent:
+            return (0.0,) * len(VARIANTS)
+        return tuple(st.unsent.get(v, 0.0) for v in VARIANTS)
+
+    def describe(self) -> dict[str, Any]:
+        """Per signature: the calls, the agreed times and the current plan (for ``--json``)."""
+        out = {}
+        for st in self._states.values():
+            f = st.facts
+            name = f"{f.collective} {f.policy} {f.elements}x{f.itemsize}B"
+            out[name] = {"calls": st.calls, "ratio": st.ratio,
+                         "seconds": {v: min(t) for v, t in st.times.items() if t},
+                         "plan": None if st.cached is None else st.cached.variant,
+                         "reason": None if st.cached is None else st.cached.reason}
+        return out
+
+    def _refresh(self, st: State) -> None:
+        st.cached, st.due = self._choose(st, st.facts)
+
+    # -- the measured loop ------------------------------------------------------------
+
+    def _take(self, st: State, variant: str, t: float) -> None:
+        times = st.times.setdefault(variant, [])
+        times.append(t)
+        if len(times) > WINDOW:
+            del times[0]
+        st.digest = _mix(st.digest, 3.0, float(VARIANTS.index(variant)), t)
+        st.cached = None
+
+    def _choose(self, st: State, f: Facts) -> tuple[Plan, float]:
+        """Return the plan of the signature's next call and the call it holds until (pure)."""
+        inf = math.inf
+        if f.exact:
+            return Plan("raw", "eb=None: exact", fast=True), inf
+        if f.policy == "raw":
+            return Plan("raw", 'policy="raw"', fast=True), inf
+        if f.policy == "compress":
+            best = min(self._cands(st, f)[1:], key=lambda c: c.seconds)
+            return _named(best.plan, 'policy="compress"'), inf
+        if f.ranks < 2:
+            return Plan("raw", "one rank", fast=True), inf
+        if f.elements == 0:
+            return Plan("raw", "empty", fast=True), inf
+        if f.lossless:
+            return Plan("raw", "lossless bound: nothing to gain"), inf
+        cands = self._cands(st, f)
+        if f.device:  # the CUDA compressor cannot be timed here: by size alone
+            if self.raw_whatever(f):
+                return Plan("raw", "too small to gain", predicted_raw=cands[0].seconds), inf
+            return _named(cands[1].plan, "device data above the size threshold"), inf
+        if self.raw_whatever(f):
+            return Plan("raw", "too small to gain", predicted_raw=cands[0].seconds,
+                        fast=True), inf
+        return self._measured(st, cands)
+
+    def _cands(self, st: State, f: Facts) -> list[Candidate]:
+        cands = st.cands
+        if cands is None:
+            # Only policy="auto" plans take a sampled ratio: a fixed policy's plans (and bytes)
+            # do not depend on what calls measured.
+            sampled = st.ratio if f.policy == "auto" else None
+            ratio = self.forced_ratio or sampled or model.DEFAULT_RATIO
+            width = st.width if f.policy == "auto" else model.DEFAULT_WIDTH
+            cands = st.cands = candidates(f, self.params, ratio, width, self.options)
+        return cands
+
+    def _measured(self, st: State, cands: list[Candidate]) -> tuple[Plan, float]:
+        measured = {v: min(t) for v, t in st.times.items() if t}
+        est = {c.plan.variant: measured.get(c.plan.variant, c.seconds) for c in cands}
+
+        def score(c: Candidate) -> float:
+            v = c.plan.variant
+            # A prediction of a compressed path must beat the rest by the margin.
+            return est[v] * (1.0 + MARGIN) if v != "raw" and v not in measured else est[v]
+
+        best = min(cands, key=score)
+        bv = best.plan.variant
+        trial = self._trial(st, cands, best, measured, est)
+        pick = trial or best
+        v = pick.plan.variant
+        t_raw = est["raw"]
+        if trial is not None:
+            why = (f"trial of {_label(v)} (predicted {_ms(pick.seconds)}, "
+                   f"{'measured' if bv in measured else 'predicted'} {_label(bv)} "
+                   f"{_ms(est[bv])})" if v not in measured
+                   else f"{_label(v)} tried again ({_label(v)} {_ms(est[v])}, "
+                        f"{_label(bv)} {_ms(est[bv])})")
+        elif v in measured and len(measured) > 1:
+            others = ", ".join(f"{_label(u)} {_ms(t)}" for u, t in measured.items() if u != v)
+            why = f"measured faster: {_label(v)} {_ms(est[v])}, {others}"
+        elif v == "raw":
+            why = "predicted slower compressed"
+        else:
+            why = f"predicted {t_raw / est[v]:.2f}x faster compressed" + (
+                " in two levels" if v == "two levels" else "")
+        # Raw, measured, and no trial due: the next repeats may skip the agreement, until
+        # the call at which a measured loser is due again.
+        settled = v == "raw" and trial is None and "raw" in measured
+        due = min((st.last_run.get(u, 0) + (1 << st.level.get(u, FIRST_LEVEL))
+                   for u in measured if u != v), default=math.inf)
+        p = pick.plan
+        return (Plan(p.variant, why, p.chunk_elems, p.pieces, p.split, p.version,
+                     cands[0].seconds, est[v], p.ratio, trial is not None, settled), due)
+
+    def _trial(self, st: State, cands: list[Candidate], best: Candidate,
+               measured: dict[str, float], est: dict[str, float]) -> Candidate | None:
+        """Return the candidate to try on this call instead of the best, or None (pure)."""
+        bv = best.plan.variant
+        if bv not in measured:
+            return None  # first measure what the model chose
+        for c in cands:
+            v = c.plan.variant
+            if v == bv:
+                continue
+            if v not in measured:
+                # Untried (or its first run only): try it where the model finds it plausible.
+                if c.seconds <= TRY_FACTOR * est[bv]:
+                    return c
+            elif st.calls >= st.last_run.get(v, 0) + (1 << st.level.get(v, FIRST_LEVEL)):
+                return c
+        return None
+
+
+def _named(p: Plan, why: str) -> Plan:
+    """``p`` chosen by a fixed rule (``why``), not by comparing predictions."""
+    return Plan(p.variant, why, p.chunk_elems, p.pieces, p.split, p.version)
+
+
+def _label(v: str) -> str:
+    return {"raw": "raw", "flat": "compressed", "two levels": "two levels"}[v]
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms"

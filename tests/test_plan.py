@@ -1,0 +1,214 @@
+"""One plan per call: the measured loop of ``policy="auto"``, driven by a stand-in clock.
+
+Each simulated call runs as the Communicator runs it: before the agreement the rank reads
+its unagreed times (:meth:`Planner.unsent`); the agreement returns the maximum over ranks
+(here the ranks are simulated side by side, each with its own clock); the plan is made
+from the agreed numbers; the call's seconds come from the rank's clock; :meth:`Planner.end`
+counts it. A call whose plan is fast runs without an agreement (its time stays unagreed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from ccoll.collectives import model
+from ccoll.collectives.policy.plan import (
+    FIRST_LEVEL,
+    MAX_LEVEL,
+    VARIANTS,
+    Facts,
+    Options,
+    Plan,
+    Planner,
+)
+
+MiB = 1 << 20
+# A link where the model finds 64 MiB of float32 at ratio 16 clearly faster compressed,
+# and one where it finds raw clearly faster.
+SLOW = replace(model.DEFAULTS, beta=1.25e8)
+FAST = replace(model.DEFAULTS, beta=5e9, alpha=5e-6)  # raw whatever the ratio
+# 10 Gbit/s and a fast compressor: at a ratio of 1.1 the model prices raw a little faster.
+MID = replace(model.DEFAULTS, beta=1.25e9, compress=8e9, add=16e9, decompress=16e9)
+FACTS = Facts("allreduce", 16 * MiB, 4, "auto", "homomorphic", False, False, False, False, 4)
+KEY = ("allreduce", 16 * MiB)
+
+
+class Ranks:
+    """``n`` ranks' planners of one channel, fed the same agreed numbers."""
+
+    def __init__(self, p: model.Params, clocks: list, *, facts: Facts = FACTS,
+                 hier: tuple[int, int] | None = None, ratio: float = 16.0) -> None:
+        self.planners = [Planner(p, Options(None, None, "auto", hier), 7) for _ in clocks]
+        self.clocks = clocks  # per rank: variant -> seconds
+        self.facts = facts
+        self.ratio = ratio
+        self.log: list[Plan] = []
+        self.fast: list[bool] = []
+
+    def call(self) -> Plan:
+        states = [pl.state(KEY, self.facts) for pl in self.planners]
+        fast = [pl.fast(KEY) for pl in self.planners]
+        assert len({f is None for f in fast}) == 1, "ranks disagree on the fast path"
+        if fast[0] is not None:
+            plans = [st.cached for st in states]
+        else:
+            digests = {pl.digest(st) for pl, st in zip(self.planners, states, strict=True)}
+            assert len(digests) == 1, "ranks' plan states differ"
+            sent = [pl.unsent(st) for pl, st in zip(self.planners, states, strict=True)]
+            agreed = tuple(max(s[i] for s in sent) for i in range(len(VARIANTS)))
+            sample = self.ratio if self.planners[0].needs_ratio(states[0], self.facts) else None
+            plans = [pl.plan(st, self.facts, ratio=sample, width=3.0, times=agreed)
+                     for pl, st in zip(self.planners, states, strict=True)]
+        assert all(p == plans[0] for p in plans), "ranks planned differently"
+        for pl, st, p, clock in zip(self.planners, states, plans, self.clocks, strict=True):
+            pl.end(st, p, clock(p.variant))
+        self.log.append(plans[0])
+        self.fast.append(fast[0] is not None)
+        return plans[0]
+
+    def run(self, n: int) -> str:
+        """``n`` calls; one letter per call: R raw, C compressed, T two levels."""
+        letters = {"raw": "R", "flat": "C", "two levels": "T"}
+        return "".join(letters[self.call().variant] for _ in range(n))
+
+
+def times(raw: float, flat: float, two: float = 9.0):
+    table = {"raw": raw, "flat": flat, "two levels": two}
+    return lambda v: table[v]
+
+
+def test_model_says_compress_and_the_measurements_agree():
+    r = Ranks(SLOW, [times(1.0, 0.2), times(1.1, 0.25)])
+    # Compressed from the start; raw is not tried (predicted far slower than measured).
+    assert r.run(12) == "C" * 12
+    assert r.log[-1].reason.startswith("predicted")
+    assert not any(r.fast)
+
+
+def test_compressed_measured_slower_than_raw_is_demoted_then_retried_less_often():
+    # The model says compress, but compressed calls take 2 s and raw ones 0.5 s.
+    r = Ranks(SLOW, [times(0.5, 2.0), times(0.6, 1.9)])
+    seq = r.run(80)
+    # Two compressed runs (the first is not measured), then the agreed 2 s lose against
+    # the predicted raw time: raw.
+    assert seq.startswith("CCR")
+    tail = seq[2:]
+    # The loser comes back after 4, 8, 16, ... calls of the signature.
+    gaps = [i for i, c in enumerate(tail) if c == "C"]
+    diffs = [b - a for a, b in zip(gaps, gaps[1:], strict=False)]
+    assert diffs == sorted(diffs) and len(set(diffs)) == len(diffs), (seq, diffs)
+    assert "measured faster: raw" in r.log[-1].reason or r.log[-1].trial
+
+
+def test_a_raw_size_the_model_underrated_is_promoted():
+    # The model prices raw faster (fast link), compressed measures faster anyway.
+    r = Ranks(MID, [times(1.0, 0.4), times(1.0, 0.5)], ratio=1.1)
+    first = r.call()
+    assert first.variant == "raw" and first.reason == "predicted slower compressed"
+    seq = r.run(30)
+    # raw measured (its second run), then the compressed trial (two runs), then compressed,
+    # with raw tried again now and then.
+    assert seq[:4] == "RCCC", seq
+    best = [p for p in r.log[4:] if not p.trial]
+    assert best and all(p.variant == "flat" for p in best)
+    assert best[-1].reason.startswith("measured faster: compressed")
+
+
+def test_a_settled_raw_signature_runs_fast_until_a_retry_is_due():
+    r = Ranks(MID, [times(1.0, 1.5), times(1.0, 1.6)], ratio=1.1)
+    seq = r.run(60)
+    fast = r.fast
+    # Fast calls are raw, never a trial, and there are many of them.
+    assert all(v == "R" for v, f in zip(seq, fast, strict=True) if f)
+    assert sum(fast) > 30
+    # The call right after a compressed trial is never fast: its time must be agreed.
+    for i, c in enumerate(seq[:-1]):
+        if c == "C":
+            assert not fast[i + 1]
+
+
+def test_the_retry_wait_is_capped():
+    r = Ranks(MID, [times(1.0, 1.5)], ratio=1.1)
+    seq = r.run(6000)
+    gaps = [b - a for a, b in zip(
+        [i for i, c in enumerate(seq) if c == "C"],
+        [i for i, c in enumerate(seq) if c == "C"][1:], strict=False)]
+    assert max(gaps) <= (1 << MAX_LEVEL) + 3
+    assert min(gaps[2:]) >= 1 << FIRST_LEVEL
+
+
+def test_ranks_with_different_clocks_plan_alike():
+    # Each rank's own times differ, sometimes a lot; the agreed maxima decide everywhere.
+    import random
+
+    rng = random.Random(3)
+    clocks = [lambda v, k=k: {"raw": 1.0, "flat": 0.9}[v] * (1 + rng.random() * k)
+              for k in (0.0, 0.5, 2.0)]
+    r = Ranks(SLOW, clocks)
+    r.run(300)  # Ranks.call asserts identical plans, digests and fast decisions
+
+
+def test_a_first_run_is_not_measured():
+    # Compressed runs: the first takes 50 s (kernels load), the rest 0.1 s; raw 1 s.
+    seen = {"n": 0}
+
+    def clock(v):
+        if v == "flat":
+            seen["n"] += 1
+            return 50.0 if seen["n"] == 1 else 0.1
+        return 1.0
+
+    r = Ranks(SLOW, [clock])
+    assert r.run(10) == "C" * 10
+
+
+def test_two_levels_against_the_flat_ring_by_measurement():
+    facts = FACTS._replace(ranks=4)
+    # The model prefers two levels on a slow shared link; measured, flat is faster.
+    r = Ranks(SLOW, [times(5.0, 0.5, 1.0)], facts=facts, hier=(2, 2))
+    assert r.call().variant == "two levels"
+    r.run(40)
+    best = [p for p in r.log[-10:] if not p.trial]
+    assert best and all(p.variant == "flat" for p in best)
+    assert "measured faster: compressed" in best[-1].reason
+    assert any(p.trial and p.variant == "two levels" for p in r.log)  # tried again
+
+
+def test_fixed_policies_ignore_measurements():
+    f = FACTS._replace(policy="compress")
+    r = Ranks(FAST, [times(0.1, 50.0)], facts=f)
+    plans = {r.call() for _ in range(20)}
+    assert len(plans) == 1 and next(iter(plans)).compress
+    assert next(iter(plans)).reason == 'policy="compress"'
+
+
+def test_a_raw_whatever_call_is_fast_from_its_second_call():
+    tiny = FACTS._replace(elements=16)
+    r = Ranks(SLOW, [times(1e-5, 1.0)], facts=tiny)
+    assert r.run(5) == "RRRRR"
+    assert r.fast == [False, True, True, True, True]
+    assert r.log[0].reason == "too small to gain"
+
+
+def test_the_digest_follows_every_agreed_change():
+    pl = Planner(SLOW, Options(None, None, "auto", None), 7)
+    st = pl.state(KEY, FACTS)
+    d0 = pl.digest(st)
+    p = pl.plan(st, FACTS, ratio=16.0, width=3.0)
+    d1 = pl.digest(st)
+    assert d1 != d0
+    pl.end(st, p, 1.0)
+    d2 = pl.digest(st)
+    assert d2 != d1
+    pl.plan(st, FACTS, times=(0.0, 1.0, 0.0))
+    assert pl.digest(st) != d2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0])
+def test_a_sampled_ratio_that_is_not_a_ratio_is_ignored(bad):
+    pl = Planner(SLOW, Options(None, None, "auto", None), 7)
+    st = pl.state(KEY, FACTS)
+    p = pl.plan(st, FACTS, ratio=bad)
+    assert p.ratio == model.DEFAULT_RATIO and st.ratio is None
