@@ -1,0 +1,125 @@
+"""Compressed collectives in stream format 2 (run with 1..3 ranks; 4-5 add nothing new).
+
+``Communicator(comm, format_version=2)`` sends format-2 streams in every compressed call:
+checked exactly against the exact sum (the bound on every element), bitwise identical
+results on every rank, the report's format, and the agreement on ``format_version``.
+Format 2 codes the same quantized values as format 1 (docs/format.md), so a call with the
+same chunking gives the same result bit for bit in either format: the comparison with
+format 1 is a check from outside the new code paths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collkit import (
+    allowance,
+    allreduce_reference,
+    exact_sum,
+    global_eb,
+    gradient_like,
+)
+from kit import assert_same_on_every_rank, assert_within
+from mpi4py import MPI
+
+import ccoll
+from ccoll.collectives import ring
+from ccoll.compressor import format as fmt
+from ccoll.errors import InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+N = 20_011
+
+
+def _data(comm, dtype, n=N, seed=0):
+    x = gradient_like(comm.rank, n, dtype, seed)
+    x[7] = np.nan if comm.rank == 0 else x[7]
+    x[100] = 1e30 if comm.rank == SIZE - 1 else x[100]  # a raw lane through the ring
+    return x
+
+
+@pytest.mark.parametrize("split", [None, 0])
+@pytest.mark.parametrize("algorithm", ["homomorphic", "dar"])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_allreduce_v2_within_bound_identical_and_equal_to_v1(comm, op, dtype, eb, algorithm,
+                                                              split):
+    x = _data(comm, dtype)
+    ys = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", algorithm=algorithm, split=split,
+                                chunk_elems=3000, format_version=v) as c:
+            ys[v] = c.allreduce(x, eb, op=op)
+            rep = c.last_call
+        assert rep is not None and rep.compressed
+        assert rep.format_version == v and rep.format_reason == f"format_version={v}"
+        assert f"format {v}" in str(rep)
+    y = ys[2]
+    ref = allreduce_reference(comm, x, op)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_within(y, ref, **allowance(global_eb(comm, x, eb), y, SIZE, op))
+    assert_same_on_every_rank(comm, y)
+    assert np.isnan(y[7])
+    # The same quantized values in either format: the same result, bit for bit.
+    assert ys[1].view(np.uint8).tobytes() == y.view(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("chunk", [None, 777])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_allreduce_v2_sends_version_2_streams(comm, monkeypatch, dtype, chunk):
+    seen = []
+    real = ring.check_stream
+
+    def spy(buf, n, dt, bound, version=None):
+        seen.append(int(np.asarray(buf)[4]))  # the header's version byte
+        return real(buf, n, dt, bound, version)
+
+    monkeypatch.setattr(ring, "check_stream", spy)
+    x = _data(comm, dtype)
+    with ccoll.Communicator(comm, policy="compress", format_version=2, split=0,
+                            chunk_elems=chunk) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3))
+    assert_within(y, exact_sum(comm, x), **allowance(global_eb(comm, x, ccoll.REL(1e-3)), y,
+                                                     SIZE, "sum"))
+    if SIZE > 1:
+        assert seen and set(seen) == {fmt.VERSION2}
+
+
+def test_v2_sends_fewer_bytes_at_loose_bounds(comm):
+    if SIZE < 2:
+        pytest.skip("one rank sends nothing")
+    x = gradient_like(comm.rank, 1 << 18, np.float32)
+    sent = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", format_version=v, split=0,
+                                chunk_elems=1 << 16) as c:
+            c.allreduce(x, ccoll.REL(1e-2))
+            sent[v] = comm.allreduce(c.last_call.bytes_sent)
+    assert sent[2] < sent[1], sent
+
+
+def test_format_version_is_checked(comm):
+    for bad in (0, 3, True, "2", 2.0):
+        with pytest.raises(InputError, match="format_version"):
+            ccoll.Communicator(comm, format_version=bad)
+    with pytest.raises(InputError, match="halving"):
+        ccoll.Communicator(comm, format_version=2, schedule="halving")
+
+
+def test_ranks_must_agree_on_format_version(comm):
+    if SIZE < 2:
+        pytest.skip("needs two ranks")
+    with pytest.raises(MismatchError, match="format version"):
+        ccoll.Communicator(comm, format_version=2 if comm.rank == 0 else None)
+
+
+def test_v1_streams_still_decode(comm):
+    x = gradient_like(comm.rank, 5000, np.float64)
+    with ccoll.Communicator(comm, policy="compress", format_version=1) as c:
+        y = c.allreduce(x, ccoll.ABS(1e-4))
+        assert c.last_call.format_version == 1
+    buf = ccoll.compress(x, ccoll.ABS(1e-4), version=1)
+    assert ccoll.decompress(buf).shape == x.shape
+    assert_same_on_every_rank(comm, y)
+
