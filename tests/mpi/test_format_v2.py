@@ -1,4 +1,4 @@
-"""Compressed collectives in stream format 2 (run with 1..3 ranks; 4-5 add nothing new).
+"""Compressed collectives in stream format 2 (run with 1..3 ranks; two levels at 4).
 
 ``Communicator(comm, format_version=2)`` sends format-2 streams in every compressed call:
 checked exactly against the exact sum (the bound on every element), bitwise identical
@@ -18,6 +18,7 @@ from collkit import (
     exact_sum,
     global_eb,
     gradient_like,
+    my_block,
 )
 from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
@@ -123,3 +124,99 @@ def test_v1_streams_still_decode(comm):
     assert ccoll.decompress(buf).shape == x.shape
     assert_same_on_every_rank(comm, y)
 
+
+
+def _both(comm, call, **opts):
+    """``call(c)`` on a format-1 and a format-2 Communicator: the results and reports."""
+    out = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", format_version=v, **opts) as c:
+            y = call(c)
+            rep = c.last_call
+        assert rep.compressed and rep.format_version == v
+        assert rep.format_reason == f"format_version={v}"
+        out[v] = (y, rep)
+    return out
+
+
+def _same_bits(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("chunk", [None, 1000])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_reduce_scatter_v2(comm, op, dtype, eb, chunk):
+    x = _data(comm, dtype)
+    got = _both(comm, lambda c: c.reduce_scatter(x, eb, op=op), chunk_elems=chunk)
+    y = got[2][0]
+    ref = my_block(allreduce_reference(comm, x, op), comm)
+    assert_within(y, ref, **allowance(global_eb(comm, x, eb), y, SIZE, op))
+    if chunk is not None:  # the same chunks: the same quantized values
+        _same_bits(got[1][0], y)
+
+
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-2)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_allgather_v2(comm, dtype, eb):
+    # REL: no outlier, so that the bound is loose against most values
+    x = (_data(comm, dtype) if isinstance(eb, ccoll.ABS)
+         else gradient_like(comm.rank, N, dtype)).reshape(-1, 1)
+    got = _both(comm, lambda c: c.allgather(x, eb))
+    y = got[2][0]
+    assert y.shape == (SIZE, *x.shape)
+    xs = np.stack(comm.allgather(x))
+    assert_within(y, xs, global_eb(comm, x, eb))
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+    if SIZE > 1 and isinstance(eb, ccoll.REL):  # fewer bytes at a loose bound
+        assert got[2][1].bytes_sent < got[1][1].bytes_sent
+
+
+@pytest.mark.parametrize("root", sorted({0, SIZE - 1}))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_bcast_v2(comm, dtype, root):
+    x = _data(comm, dtype, seed=3)
+    mine = x if comm.rank == root else None
+    got = _both(comm, lambda c: c.bcast(mine, ccoll.REL(1e-3), root=root))
+    y = got[2][0]
+    xr = comm.bcast(x, root=root)
+    assert_within(y, xr, global_eb(comm, xr, ccoll.REL(1e-3)))
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+
+
+@pytest.mark.parametrize("split", [0.25, 0.5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_split_v2(comm, op, dtype, split):
+    x = _data(comm, dtype)
+    eb = ccoll.REL(1e-3)
+    got = _both(comm, lambda c: c.allreduce(x, eb, op=op), split=split, chunk_elems=3000)
+    y = got[2][0]
+    allow = allowance(global_eb(comm, x, eb), y, SIZE, op)
+    allow["roundings"] = 1  # a split rounds once to the dtype, the average too
+    assert_within(y, allreduce_reference(comm, x, op), **allow)
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+
+
+@pytest.mark.many_ranks
+@pytest.mark.parametrize("split", [0.0, 0.5])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_two_levels_v2(comm, op, split):
+    if SIZE != 4:
+        pytest.skip("two nodes of two ranks: 4 ranks")
+    x = _data(comm, np.float32)
+    eb = ccoll.ABS(1e-3)
+    got = _both(comm, lambda c: c.allreduce(x, eb, op=op), ranks_per_node=2, split=split,
+                chunk_elems=2000)
+    y, rep = got[2]
+    assert rep.hierarchical
+    allow = allowance(global_eb(comm, x, eb), y, SIZE, op)
+    allow["roundings"] = 1  # two levels round once to the dtype
+    assert_within(y, allreduce_reference(comm, x, op), **allow)
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
