@@ -226,7 +226,8 @@ class Communicator:
                     float(self.chunk_elems or 0), split_code(self.split),
                     float(SCHEDULES[self.schedule]), *(hier or (0, 0)),
                     float(self.format_version or 0))
-        return Planner(self.calibration.params, opts, base, self.calibration.ratio)
+        return Planner(self.calibration.params, opts, base, self.calibration.ratio,
+                       self.calibration.formats)
 
     # -- properties ----------------------------------------------------------------------
 

@@ -220,3 +220,37 @@ def test_two_levels_v2(comm, op, split):
     assert_within(y, allreduce_reference(comm, x, op), **allow)
     assert_same_on_every_rank(comm, y)
     _same_bits(got[1][0], y)
+
+
+def test_auto_measures_format_2_caches_it_and_picks_per_call(comm, tmp_path_factory):
+    # policy="auto" measures both formats when the Communicator is made (a probe, then the
+    # cache), and each call's plan names its format and why, the same on every rank.
+    if SIZE < 2:
+        pytest.skip("one rank never compresses")
+    from ccoll.settings import configure
+
+    folder = comm.bcast(str(tmp_path_factory.mktemp("cal")) if comm.rank == 0 else None)
+    configure(cache_dir=folder)
+    try:
+        with ccoll.Communicator(comm) as c:  # probes the link and the compressor
+            cal = c.calibration
+            assert cal.compressor == "measured" and cal.format2 is not None
+            assert cal.gain2 is not None and cal.gain2 > 1.0  # format 2: fewer bytes
+        with ccoll.Communicator(comm) as c2:
+            assert c2.calibration.compressor == "cache"
+            assert (c2.calibration.format2, c2.calibration.gain2) == (cal.format2, cal.gain2)
+        configure(alpha=5e-5, bandwidth=1.25e7)  # 100 Mbit/s in bytes/s: it compresses
+        with ccoll.Communicator(comm) as c3:
+            x = gradient_like(comm.rank, 1 << 20, np.float32)
+            y = c3.allreduce(x, ccoll.REL(1e-2))
+            rep = c3.last_call
+    finally:
+        configure(cache_dir=None, alpha=None, bandwidth=None)
+    assert rep.compressed and rep.format_version in (1, 2)
+    assert rep.format_reason.startswith("predicted ")
+    assert f"format {3 - rep.format_version} " in rep.format_reason
+    decisions = comm.allgather(rep.decision())
+    assert all(d == decisions[0] for d in decisions)
+    assert_within(y, exact_sum(comm, x), **allowance(global_eb(comm, x, ccoll.REL(1e-2)), y,
+                                                     SIZE, "sum"))
+    assert_same_on_every_rank(comm, y)

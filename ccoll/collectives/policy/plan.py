@@ -241,13 +241,13 @@ def _best_version(f: Facts, p: Params, ratio: float, width: float, o: Options,
     if o.version is not None:
         why = f"format_version={o.version}"
     elif len(got) == 1:
-        why = ("device data: format 1 (no measured rates of the device kernels)" if f.device
-               else 'schedule="halving": format 1' if o.schedule == "halving"
-               else "format 1 (no calibration of format 2)")
+        why = ("device data: no measured rates of the device kernels" if f.device
+               else 'schedule="halving" cuts format-1 streams' if o.schedule == "halving"
+               else "format 2's rates not measured")
     else:
         other = next(g for g in got if g[1] != v)
-        why = (f"format {v} predicted {_ms(t)} (ratio {rv:.3g}), format {other[1]} "
-               f"{_ms(other[0])} (ratio {other[3]:.3g})")
+        why = (f"predicted {_ms(t)} at ratio {rv:.3g}; format {other[1]} "
+               f"{_ms(other[0])} at ratio {other[3]:.3g}")
     return (Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split, v, ratio=rv,
                  format_reason=why), t)
 
