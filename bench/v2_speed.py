@@ -16,7 +16,7 @@ each operation spends its time instead.
     python bench/v2_speed.py --baseline 1a86725 --compress   # compress only (a quick A/B)
     python bench/v2_speed.py --baseline HEAD --v1            # v1's kernels of HEAD against these
 
-docs/performance.md ("Format v2 on the CPU") quotes its output.
+docs/performance.md ("Format v2 on the CPU") and docs/dev/format-v2.md quote its output.
 """
 
 from __future__ import annotations

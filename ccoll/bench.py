@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ccoll import speedindex
 from ccoll.runtime.cpu_threads import thread_count
 
 __all__ = [
@@ -674,8 +675,11 @@ def plot(rows: Sequence[Row], meta: dict[str, Any], path: str) -> None:
                  transform=ax3.transAxes)
     rate = meta.get("link_rate_bps")
     link = f", link {float(rate) / 1e9:g} Gbit/s" if rate else ", shared memory"
+    idx = meta.get("speed_index") or {}
+    sz3 = idx.get("sz3_compress_gbps")
+    index = f", SZ3 {sz3 * 1e3:.0f} MB/s on {idx.get('cpu')}" if sz3 else ""
     fig.suptitle(f"ccoll {meta['collective']}: {meta['ranks']} ranks, eb {meta['eb']}{link}, "
-                 f"load {meta['loadavg'][0]:.1f}")
+                 f"load {meta['loadavg'][0]:.1f}{index}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -789,6 +793,12 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         print(f"# ccoll bench {args.collective}: {comm.Get_size()} ranks, eb {args.eb}, data "
               f"{args.data}, iters {args.iters}/{args.iters_large} (large > {args.large} B), "
               f"warmup {args.warmup}/{args.warmup_large}", flush=True)
+    # The session's speed index (ccoll.speedindex): rank 0 measures it while the others
+    # wait, so that every figure of this run has it beside it.
+    index = speedindex.speed_index() if rank0 else None
+    if live and index is not None:
+        print(f"# {speedindex.describe(index)}", flush=True)
+    comm.Barrier()
     rows, meta = bench(
         args.collective, size_list, eb=args.eb, iters=args.iters, warmup=args.warmup,
         iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,
@@ -799,6 +809,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         format_version=None if args.format_version == "auto" else int(args.format_version),
     )
     timeline = meta.pop("trace", None)
+    meta["speed_index"] = index
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
     if rank0:
         from ccoll.h5.output import write_atomically

@@ -90,6 +90,10 @@ def valid_root(root: Any, n_ranks: int) -> bool:
 
 def dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
     """Return the message for an input dtype the collectives do not take, with the fix."""
+    if device and "complex" in name:
+        from ccoll.compressor.api import dtype_fix
+
+        return f"x is a device array of dtype {name}; {dtype_fix(name)}"
     if device:
         return (f"x is a device array of dtype {name}; ccoll's collectives take float16, "
                 "bfloat16 (torch, CuPy), float32 or float64 device arrays: pass x.float() "
@@ -97,8 +101,10 @@ def dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
     if dtype.kind == "f" and name in DTYPES:  # a float of non-native byte order
         return (f"x has dtype {dtype.str} (not the machine's byte order); pass "
                 f"x.astype(np.{name})")
+    from ccoll.compressor.api import dtype_fix
+
     return (f"x has dtype {name}; ccoll reduces float16, bfloat16, float32 or float64 "
-            "arrays: pass x.astype(np.float32) (a torch tensor: x.float())")
+            f"arrays: {dtype_fix(name)}")
 
 
 def as_array(call: Call, x: Any, collective: str) -> Input:
@@ -194,8 +200,9 @@ def bcast_header(ch: Channel, root: Any, inp: Input, deadline: Deadline) -> Inpu
     return Input(np.empty(shape, compute), None, narrow, as_torch, name)
 
 
-# Elements from which the fused range pass beats numpy's (docs/performance.md, "The REL
-# check stage": 4 Mi float32 elements took 0.40 ms both ways, 1 Mi 0.13 ms fused, 0.07 numpy).
+# Elements from which the fused range pass beats numpy's (docs/dev/collectives-timeline.md,
+# "The REL check stage": 4 Mi float32 elements took 0.40 ms both ways, 1 Mi 0.13 ms fused,
+# 0.07 numpy).
 _FUSED_RANGE_MIN = 1 << 22
 
 
@@ -204,7 +211,8 @@ def value_range(arr: np.ndarray, dev: DeviceData | None) -> tuple[float, float]:
     if dev is None:
         if arr.dtype in _NATIVE and arr.size >= _FUSED_RANGE_MIN:
             # One parallel pass (numba, the rank's threads) instead of numpy's min, max and,
-            # with non-finite values, a filtered copy: same range (docs/performance.md).
+            # with non-finite values, a filtered copy: same range
+            # (docs/dev/collectives-timeline.md).
             # Below this size the parallel launch costs more than numpy's passes.
             return cpu_range(arr)
         return finite_range(arr)
