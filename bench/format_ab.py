@@ -14,9 +14,9 @@ and ``None`` (the plan picks per call), and ``MPI_Allreduce`` of the same array,
 the order call by call after one untimed call of each. Rank 0 prints, per variant, the
 median and best of the slowest rank's seconds, the bytes all ranks sent in the last call
 (the wire ratio: a raw ring's bytes over them), the error over the bound, the formats the
-timed calls sent and why the last one did, and the speed index of the run (SZ3's compress
-throughput on rank 0's array at REL 1e-3, one thread, where ``pysz`` is installed, and
-the CPU as llvm names it); ``--json`` writes the same.
+timed calls sent and why the last one did, and the speed index of the run
+(:mod:`ccoll.speedindex`: SZ3's one-thread compress throughput on the dump at REL 1e-3,
+and the CPU); ``--json`` writes the same.
 """
 
 from __future__ import annotations
@@ -31,33 +31,10 @@ import numpy as np
 from mpi4py import MPI
 
 import ccoll
+from ccoll.speedindex import describe, speed_index
 
 VARIANTS = ("format 1", "format 2", "auto", "MPI_Allreduce")
 _FORMAT = {"format 1": 1, "format 2": 2, "auto": None}
-
-
-def speed_index(x: np.ndarray) -> dict[str, object]:
-    """SZ3's compress throughput on ``x`` at REL 1e-3, one thread (MB/s), and the CPU.
-
-    The speed index of docs/ (DESIGN: every speed figure beside one of its session).
-    """
-    import llvmlite.binding as llvm
-
-    out: dict[str, object] = {"cpu": llvm.get_host_cpu_name(), "sz3_mb_s": None}
-    try:
-        import pysz  # type: ignore[import-not-found]
-    except ImportError:
-        return out
-    cfg = pysz.szConfig()
-    cfg.errorBoundMode = pysz.szErrorBoundMode.ABS
-    cfg.absErrorBound = 1e-3 * float(x.max() - x.min())
-    best = np.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        pysz.sz.compress(x, cfg)
-        best = min(best, time.perf_counter() - t0)
-    out["sz3_mb_s"] = round(x.nbytes / 1e6 / best, 1)
-    return out
 
 
 def main() -> None:
@@ -101,15 +78,14 @@ def main() -> None:
                     why[v] = rep.format_reason
     for c in ccs.values():
         c.close()
-    index = speed_index(x) if r == 0 else {}
+    index = speed_index(args.data) if r == 0 else {}
     if r:
         return
     raw = 2 * (n - 1) * x.nbytes
     sent["MPI_Allreduce"], err["MPI_Allreduce"] = raw, 0.0
     print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, policy "
           f"{args.policy}; {args.iters} calls each, rotating; slowest rank's seconds; "
-          f"speed index: SZ3 {index.get('sz3_mb_s') or '-'} MB/s one thread, "
-          f"cpu {index['cpu']}")
+          f"{describe(index)}")
     print("variant        median_ms  best_ms  bytes_all_ranks  wire_ratio  err/eb  "
           "compressed  formats  why")
     rows = []
