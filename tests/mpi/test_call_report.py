@@ -115,7 +115,8 @@ def test_compressed_call_reports_bytes_and_bound(comm):
         assert (f"; format 1 (format 2's rates not measured), ratio {rep.ratio:.3g}); "
                 "eb 0.001; sent") in str(rep)
     else:
-        assert rep.ratio is None and rep.bytes_sent == 0  # nothing sent: no ratio
+        # Nothing sent: the ratio of the streams this rank holds (main's ad12a08)
+        assert rep.bytes_sent == 0 and rep.ratio is not None and rep.ratio > 1
     same_decision_everywhere(comm, rep)
     same_decision_everywhere(comm, raw)
     assert str(rep).startswith('allreduce float32[100003] compressed (policy="compress"')
@@ -131,9 +132,12 @@ def test_every_compressed_collective_reports_its_measured_ratio(comm, collective
         rep = cc.last_call
     assert rep.compressed and rep.collective == collective and rep.path == "flat"
     assert rep.bytes_input == 20_011 * 8
-    assert rep.ratio == measured_ratio(rep)
-    if SIZE > 1 and rep.bytes_sent:
-        assert rep.ratio > 1
+    if rep.bytes_sent:
+        assert rep.ratio == measured_ratio(rep)
+        if SIZE > 1:
+            assert rep.ratio > 1
+    else:  # a rank that sent nothing: the ratio of the streams it holds (ad12a08)
+        assert rep.ratio is not None and rep.ratio > 1
     same_decision_everywhere(comm, rep)
 
 

@@ -82,7 +82,8 @@ def test_device_ring_equals_host_ring_on_the_cuda_lanes(comm, monkeypatch, dtype
                      else {"compress_abs", "decompress"})
     for name, kw in calls:
         if name == "compress_abs":
-            assert kw == {"stream": comp, "max_blocks": sched.grid_limit("compress")}
+            assert kw == {"stream": comp, "max_blocks": sched.grid_limit("compress"),
+                          "version": 1}  # the plan's stream format
         else:  # decodes also pass out=
             assert kw["stream"] is red and "max_blocks" not in kw, name
 
