@@ -262,3 +262,49 @@ def test_format_2s_calibration_is_in_the_plans_digest():
     c = Calibration(SLOW, "settings", "cache")
     assert len({a.digest, b.digest, c.digest}) == 3
     assert c.formats is None and a.formats == Formats(SLOW, 2.0)
+
+
+def test_the_sampled_gain_of_this_data_replaces_the_calibrations():
+    # Format 2's kernels a little slower: at the calibration's gain (1.0) format 1 wins,
+    # this call's data shows 3x fewer bytes: on a slow link the plan prices format 2 at
+    # the sampled gain, and the gain is part of the agreed state (the digest).
+    fast_link = SLOW
+    slow2 = replace(SLOW, compress=SLOW.compress * 0.7, add=SLOW.add * 0.7,
+                    decompress=SLOW.decompress * 0.7)
+    formats = Formats(slow2, 1.0)
+    pl = Planner(fast_link, Options(None, None, "auto", None, None), 7, formats=formats)
+    facts = FACTS._replace(policy="compress")
+    st = pl.state(KEY, facts)
+    d0 = pl.digest(st)
+    assert pl.plan(st, facts, ratio=4.0).version == 1
+    pl2 = Planner(fast_link, Options(None, None, "auto", None, None), 7, formats=formats)
+    st2 = pl2.state(KEY, FACTS)
+    plan = pl2.plan(st2, FACTS, ratio=4.0, gain2=3.0)
+    assert plan.version == 2 and plan.ratio == 12.0, plan
+    assert pl2.digest(st2) != d0
+    # A fixed policy's plans never take a sample: the calibration's gain stays.
+    pl3 = Planner(fast_link, Options(None, None, "auto", None, None), 7, formats=formats)
+    st3 = pl3.state(KEY, facts)
+    assert pl3.plan(st3, facts, ratio=4.0, gain2=3.0).version == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0])
+def test_a_sampled_gain_that_is_not_a_gain_is_ignored(bad):
+    pl = Planner(SLOW, Options(None, None, "auto", None), 7, formats=Formats(SLOW, 2.0))
+    st = pl.state(KEY, FACTS)
+    p = pl.plan(st, FACTS, ratio=16.0, gain2=bad)
+    assert st.gain2 is None and p.ratio == 32.0
+
+
+def test_sampled_gain2_matches_the_whole_arrays_streams():
+    # The gain sampled on runs of blocks is close to the gain of compressing all of it.
+    from ccoll.bench import load_gradients
+    from ccoll.collectives.policy.fits import sampled_gain2
+    from ccoll.compressor.api import compress_abs
+
+    x = load_gradients("datasets/minilm.h5", 0)[: 1 << 20]
+    for rel in (1e-3, 1e-2):
+        eb = rel * float(x.max() - x.min())
+        whole = compress_abs(x, eb, version=1).nbytes / compress_abs(x, eb, version=2).nbytes
+        got = sampled_gain2(x, eb, 2048, compress_abs)
+        assert abs(got / whole - 1) < 0.15, (rel, got, whole)

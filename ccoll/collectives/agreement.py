@@ -99,6 +99,7 @@ _FIELDS = (
     "seconds two levels",
     "sampled ratio",
     "sampled width",
+    "sampled gain2",
     "repeatable",
 )
 # A bcast rank that passes None knows neither these nor the state of the call's signature.
@@ -108,6 +109,7 @@ _ANY = _FIELDS.index("x is None")
 _TIMES = _FIELDS.index("seconds raw")
 _RATIO = _FIELDS.index("sampled ratio")
 _WIDTH = _FIELDS.index("sampled width")
+_GAIN2 = _FIELDS.index("sampled gain2")
 _REPEATABLE = _FIELDS.index("repeatable")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
@@ -161,6 +163,9 @@ class Call:
     # minimum ratio and the maximum width come back.
     ratio: float = math.inf
     width: float = 0.0
+    # This rank's sampled ratio of format 2's stream over format 1's on the same blocks
+    # (+inf: no sample): the minimum comes back.
+    gain2: float = math.inf
     # This rank's call is one the fast path can run (ccoll.collectives.fastpath): its next
     # repeats may skip the agreement only where every rank's can.
     repeatable: bool = False
@@ -205,6 +210,7 @@ class Call:
             *self.times,
             self.ratio,
             self.width,
+            self.gain2,
             1 if self.repeatable else 0,
         ]
 
@@ -229,6 +235,7 @@ class Agreed(NamedTuple):
     times: tuple[float, ...] = (0.0, 0.0, 0.0)  # maxima over ranks of Call.times
     ratio: float = math.inf  # minimum over ranks of Call.ratio
     width: float = 0.0  # maximum over ranks of Call.width
+    gain2: float = math.inf  # minimum over ranks of Call.gain2
     repeatable: bool = False  # every rank's Call.repeatable
 
 
@@ -269,6 +276,7 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     times = tuple(-got[k + 1 + i] for i in range(_TIMES, _TIMES + 3))
     return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, sig=mins, times=times,
                   ratio=got[1 + _RATIO], width=-got[k + 1 + _WIDTH],
+                  gain2=got[1 + _GAIN2],
                   repeatable=got[1 + _REPEATABLE] > 0)
 
 

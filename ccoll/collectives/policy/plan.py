@@ -345,6 +345,7 @@ class State:
     calls: int = 0  # completed calls of this signature (every rank alike)
     ratio: float | None = None  # agreed sampled ratio
     width: float = model.DEFAULT_WIDTH
+    gain2: float | None = None  # agreed sampled ratio of format 2 over format 1
     runs: dict[str, int] = field(default_factory=dict)  # runs per variant
     times: dict[str, list[float]] = field(default_factory=dict)  # agreed seconds per variant
     level: dict[str, int] = field(default_factory=dict)  # k of a loser: tried after 2**k calls
@@ -429,11 +430,14 @@ class Planner:
     # -- the plan ------------------------------------------------------------------------
 
     def plan(self, st: State, facts: Facts, *, ratio: float | None = None,
-             width: float | None = None, times: tuple[float, ...] = ()) -> Plan:
+             width: float | None = None, gain2: float | None = None,
+             times: tuple[float, ...] = ()) -> Plan:
         """Return the plan of this call, after its agreement (the same on every rank).
 
-        ``ratio``/``width``: the agreed sample (first call of the signature); ``times``:
-        the agreed seconds per :data:`VARIANTS` (0: none) of the signature's earlier calls.
+        ``ratio``/``width``/``gain2``: the agreed sample (first call of the signature;
+        ``gain2``: format 2's ratio over format 1's on the same blocks, which replaces the
+        calibration's); ``times``: the agreed seconds per :data:`VARIANTS` (0: none) of the
+        signature's earlier calls.
         """
         if facts != st.facts:  # the bound resolved to 0 on this call, or no longer
             st.facts = facts
@@ -442,7 +446,10 @@ class Planner:
             st.ratio = ratio
             if width is not None and math.isfinite(width) and width > 0:
                 st.width = width
-            st.digest = _mix(st.digest, 1.0, st.ratio, st.width)
+            if gain2 is not None and math.isfinite(gain2) and gain2 > 0:
+                st.gain2 = gain2
+            st.digest = _mix(st.digest, 1.0, st.ratio, st.width,
+                             -1.0 if st.gain2 is None else st.gain2)
             st.cached = st.cands = None
         for v, t in zip(VARIANTS, times, strict=False):
             if t > 0:
@@ -545,8 +552,11 @@ class Planner:
             sampled = st.ratio if f.policy == "auto" else None
             ratio = self.forced_ratio or sampled or model.DEFAULT_RATIO
             width = st.width if f.policy == "auto" else model.DEFAULT_WIDTH
+            formats = self.formats
+            if formats is not None and st.gain2 is not None and f.policy == "auto":
+                formats = Formats(formats.params, st.gain2)  # this data's, not the sample's
             cands = st.cands = candidates(f, self.params, ratio, width, self.options,
-                                          self.formats)
+                                          formats)
         return cands
 
     def _measured(self, st: State, cands: list[Candidate]) -> tuple[Plan, float]:
