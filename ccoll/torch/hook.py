@@ -109,8 +109,9 @@ class CCollHookState:
     Error feedback (per ``bucket.index()``, as PowerSGD keeps its residuals): with ``x`` the
     bucket (float32) and ``r`` the stored residual of that bucket, the hook reduces
     ``x_ef = x + r`` and stores ``r_new = x_ef - Q(x_ef)``, where ``Q(x_ef)`` is exactly this
-    rank's own contribution to the reduced sum: its input quantized chunk by chunk on the
-    per-rank grid of the homomorphic ring (recomputed locally, an extra compress and
+    rank's own contribution to the reduced sum: its input quantized on the per-rank grid
+    of the homomorphic allreduce, in the ring's chunks or recursive halving's pieces,
+    whichever the call ran (recomputed locally from the call's plan, an extra compress and
     decompress of the bucket). Summed over steps, the applied gradients then differ from
     the true ones by the average of the last residuals only, which stays within the bound:
     the error does not accumulate. A step whose reduced bucket holds NaN or Inf (skipped by
@@ -535,30 +536,18 @@ def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -
 
 
 def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np.ndarray:
-    """Return this rank's input as the homomorphic ring adds it into the sum.
+    """Return this rank's input as the compressed allreduce that just ran added it to the sum.
 
-    The ring compresses every chunk of every ring block once with the per-rank bound of an
-    average within ``eb_avg`` (ccoll/collectives/homomorphic.py; with a split bound, of the
-    reduce-scatter's share of it); doing the same here gives the same values.
+    The rule lives beside the code that quantizes (:func:`ccoll.collectives.hier.own_contribution`):
+    it takes the call's plan, so the ring's chunks or recursive halving's pieces, whichever
+    ran, and the plan's split of the bound.
     """
-    from ccoll.collectives.homomorphic import rank_bound
-    from ccoll.collectives.layout import Layout
-    from ccoll.collectives.policy.plan import phase_bounds
-    from ccoll.compressor import compress_abs, decompress
+    from ccoll.collectives.hier import own_contribution
 
-    n = state.comm.Get_size()
-    # The plan of the call that just ran: its split of the bound and its chunks.
-    plan = state.communicator._last_plan()
-    split = plan.split if plan is not None else 0.0
-    ring_eb, _ = phase_bounds(eb_avg, n, True, split)
-    eb_r = rank_bound(ring_eb, n)
-    chunk = plan.chunk_elems if plan is not None and plan.chunk_elems else 0
-    layout = Layout(x.size, n, chunk or state.communicator.chunk_elems or max(1, x.size))
+    cc = state.communicator
+    plan = cc._last_plan()  # the plan of the call that just ran (this thread's, blocking)
     flat = x.reshape(-1)
-    own = np.empty_like(flat)
-    for b in range(n):
-        for lo, hi in layout.chunks(b):
-            decompress(compress_abs(flat[lo:hi], eb_r), out=own[lo:hi])
+    own = own_contribution(flat, cc.size, cc.rank, eb_avg, True, plan, cc.algorithm)
     return own.reshape(x.shape)
 
 
