@@ -31,7 +31,7 @@ from ccoll.collectives.policy.plan import Options, Planner, _mix
 from ccoll.collectives.report import LOGGER, CallReport, configure_logging
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errorbound import REL, ErrorBound
-from ccoll.errors import CollectiveError, InputError
+from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
 from ccoll.settings import Settings
 from ccoll.settings import parse as parse_settings
 
@@ -166,8 +166,16 @@ class Communicator:
             # After the agreement: a call with a bad argument exchanges nothing more.
             self.threads, self._threads_why = node_threads(sync, deadline, settings.threads)
             grouping, node_comm, inter_comm = node_comms(sync, self.ranks_per_node, deadline)
+        except (MismatchError, InputError, DTypeError, ErrorBoundError):
+            sync.Free()  # raised by the agreement on every rank: every rank frees it here
+            raise
         except BaseException:
-            sync.Free()
+            # A timeout or a failure on some ranks: requests may be left pending on the
+            # duplicate (waiting.abandon), and the other ranks may not be here. Like a
+            # failed channel's (Channel.fail), it is never freed.
+            from ccoll.collectives.channel import LEAKED
+
+            LEAKED[0] += 1
             raise
         self.grouping: Grouping = grouping
         configure_logging(MPI.COMM_WORLD.Get_rank(), settings.log)
@@ -176,8 +184,10 @@ class Communicator:
         sync_ch = Channel(sync, "sync", self.timeout, lanes=settings.sched)
         self._channels: list[Channel] = [sync_ch]
         # The channels are released when the Communicator is dropped unclosed; the list
-        # (not self) is what the finalizer holds, so it does not keep self alive.
-        self._finalizer = weakref.finalize(self, _close_channels, self._channels)
+        # (not self) is what the finalizer holds, so it does not keep self alive. [free]:
+        # set by close() (every rank: MPI_Comm_free is collective), never by the collector.
+        self._free = [False]
+        self._finalizer = weakref.finalize(self, _close_channels, self._channels, self._free)
         two = None
         if node_comm is not None and inter_comm is not None:
             node = Channel(node_comm, "node", self.timeout, lanes=settings.sched)
@@ -284,9 +294,16 @@ class Communicator:
 
         Every ``iallreduce`` request of this Communicator that has not finished fails with
         :class:`CollectiveError` (queued ones never start). Calling it again does nothing.
-        ``MPI_Comm_free`` is formally collective but local in MPICH (it only drops a
-        reference), so ranks may close at different times.
+
+        ``MPI_Comm_free`` is collective: call ``close()`` on every rank, after the last
+        call of the Communicator (MPICH and Open MPI free locally, so the ranks need not
+        close at the same moment). A Communicator that is garbage collected unclosed stops
+        its threads and drops its buffers, but leaves its private communicators to
+        ``MPI_Finalize`` rather than free them at a point that differs from rank to rank
+        (docs/collectives.md, "Ordering rules"): close the ones a long job makes.
         """
+        if self._finalizer.alive:
+            self._free[0] = True
         self._finalizer()
         self._async = None  # a later iallreduce raises (no new duplicate once closed)
         two = self._sync.two
@@ -411,9 +428,11 @@ def dup_comm(comm: MPI.Intracomm, deadline: Deadline) -> MPI.Intracomm:
     return dup
 
 
-def _close_channels(channels: list[Channel]) -> None:
-    # Runs from close() or, for a Communicator dropped unclosed, at garbage collection:
-    # it must not block on other ranks, and MPI_Comm_free is local in MPICH.
+def _close_channels(channels: list[Channel], free: list[bool]) -> None:
+    # Runs from close() (free[0] set: every rank frees its duplicates there) or, for a
+    # Communicator dropped unclosed, at garbage collection, which runs at a point of its own
+    # on each rank: it stops the threads and drops the buffers, and frees nothing (an
+    # MPI_Comm_free there would be a collective call that the other ranks do not make).
     for ch in channels:
-        ch.close()
+        ch.close(free=free[0])
     channels.clear()

@@ -103,8 +103,10 @@ class CCollHookState:
     same ``eb``, ``error_feedback``, ``start_iter``, ``min_numel`` and ``policy`` (they
     decide which collectives each bucket makes): a difference raises
     :class:`ccoll.MismatchError` on every rank. Release the duplicated communicators and
-    threads with :meth:`close` (or a ``with`` block, or by dropping the state: a finalizer
-    frees them without a collective call, as ``MPI_Comm_free`` is local in MPICH).
+    threads with :meth:`close` on every rank (or a ``with`` block): ``MPI_Comm_free`` is
+    collective. A state dropped unclosed stops its threads when it is garbage collected
+    but leaves its communicators to ``MPI_Finalize`` (a collector runs at a point of its
+    own on each rank).
 
     Error feedback (per ``bucket.index()``, as PowerSGD keeps its residuals): with ``x`` the
     bucket (float32) and ``r`` the stored residual of that bucket, the hook reduces
@@ -164,6 +166,7 @@ class CCollHookState:
         "busy_s",
         "policy",
         "_finalizer",
+        "_free",
         "_bucket_params",
         "_pending",
         "_seen",
@@ -265,8 +268,9 @@ class CCollHookState:
         # those an "auto" step sends through the process group (see _divert_settled).
         self._shapes: dict[int, tuple[int, Any]] = {}
         self._divert: dict[int, tuple[int, Any]] = {}
+        self._free = [False]  # set by close(): the one place that frees (collectively)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
-                                           self._gate_comm)
+                                           self._gate_comm, self._free)
 
     def __repr__(self) -> str:
         return (
@@ -284,8 +288,11 @@ class CCollHookState:
     def close(self) -> None:
         """Free the communicators and stop the threads; calling it again does nothing.
 
-        Call it after the last backward pass that uses the state.
+        Call it on every rank (``MPI_Comm_free`` is collective) after the last backward
+        pass that uses the state.
         """
+        if self._finalizer.alive:
+            self._free[0] = True
         self._finalizer()
 
     free = close
@@ -438,15 +445,25 @@ class CCollHookState:
         return self.eb.resolve(float(ext[0]), float(-ext[1]))
 
 
-def _close_state(comm: Any, communicator: Any, gate_comm: Any = None) -> None:
-    # close(), or garbage collection of a state never closed: no collective call here
-    # (MPI_Comm_free is local in MPICH).
+def _close_state(comm: Any, communicator: Any, gate_comm: Any = None,
+                 free: Any = (True,)) -> None:
+    # close() (free[0] set: every rank frees here, MPI_Comm_free being collective), or
+    # garbage collection of a state never closed, which runs at a point of its own on each
+    # rank: it stops the threads and frees no communicator (ccoll/collectives/channel.py).
     from mpi4py import MPI
 
-    communicator.close()
+    from ccoll.collectives.channel import LEAKED
+
+    if free[0]:
+        communicator.close()
+    else:
+        communicator._finalizer()  # the Communicator's own release, without a free
     for c in (comm, gate_comm):
         if c is not None and c != MPI.COMM_NULL and not MPI.Is_finalized():
-            c.Free()
+            if free[0]:
+                c.Free()
+            else:
+                LEAKED[0] += 1
 
 
 def _named_params(model: Any) -> list[tuple[str, Any]]:
