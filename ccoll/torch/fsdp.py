@@ -130,7 +130,9 @@ class FSDPReduceScatter:
         call.shown.update({"min_numel": self.min_numel})
         self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
                                                            "FSDPReduceScatter")
-        self._finalizer = weakref.finalize(self, _close, self.comm, self.communicator)
+        self._free = [False]  # set by close(): the one place that frees (collectively)
+        self._finalizer = weakref.finalize(self, _close, self.comm, self.communicator,
+                                           self._free)
         self._pending: list[Any] = []
         self._lock = threading.Lock()
         self.compressed = 0
@@ -151,8 +153,15 @@ class FSDPReduceScatter:
         self.close()
 
     def close(self) -> None:
-        """Free the duplicated communicators; calling it again does nothing."""
+        """Free the duplicated communicators; calling it again does nothing.
+
+        Call it on every rank (``MPI_Comm_free`` is collective). An object garbage
+        collected unclosed stops its Communicator's threads but leaves its communicators to
+        ``MPI_Finalize`` (a collector runs at a point of its own on each rank).
+        """
         self.wait_pending()
+        if self._finalizer.alive:
+            self._free[0] = True
         self._finalizer()
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -532,9 +541,20 @@ def _bound_factor(group: Any, dtype: torch.dtype, device: torch.device,
     return scale
 
 
-def _close(comm: Any, communicator: Any) -> None:
+def _close(comm: Any, communicator: Any, free: Any = (True,)) -> None:
+    # close() (free[0] set: every rank frees here, MPI_Comm_free being collective), or
+    # garbage collection of an object never closed, which runs at a point of its own on
+    # each rank: it stops the threads and frees no communicator (as the hook state's).
     from mpi4py import MPI
 
-    communicator.close()
+    from ccoll.collectives.channel import LEAKED
+
+    if free[0]:
+        communicator.close()
+    else:
+        communicator._finalizer()  # the Communicator's own release, without a free
     if comm != MPI.COMM_NULL and not MPI.Is_finalized():
-        comm.Free()
+        if free[0]:
+            comm.Free()
+        else:
+            LEAKED[0] += 1

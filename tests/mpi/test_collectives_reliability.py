@@ -284,6 +284,26 @@ def test_hook_state_close_with_and_gc(comm):
         d.Free()
 
 
+def test_fsdp_reduce_scatter_close_with_and_gc(comm):
+    # As the hook state: close() frees (on every rank); a collected one frees nothing.
+    pytest.importorskip("torch")
+    import ccoll.torch as ct
+
+    with ct.FSDPReduceScatter(comm=comm) as rs:
+        dups = [rs.comm, rs.communicator._sync.ch.comm]
+    assert all(d == MPI.COMM_NULL for d in dups)
+    rs.close()  # again: nothing
+    rs = ct.FSDPReduceScatter(comm=comm)
+    dups = [rs.comm, rs.communicator._sync.ch.comm]
+    worker = rs.communicator._sync.ch.worker
+    del rs
+    gc.collect()
+    assert worker.closed
+    for d in dups:  # left to MPI_Finalize, as a dropped Communicator's
+        assert d != MPI.COMM_NULL and d.allreduce(1) == comm.size
+        d.Free()
+
+
 def test_ring_with_more_chunks_than_tags_stays_within_tag_limit(comm, monkeypatch):
     # A small tag limit stands for a message whose chunk indices would pass MPI_TAG_UB.
     monkeypatch.setattr(layout, "MAX_CHUNKS", 3)
