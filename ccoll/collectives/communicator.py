@@ -54,9 +54,14 @@ class Communicator:
     - ``chunk_elems``: elements per pipeline chunk (one stream, one message). Default
       ``None``: chosen per signature from the cost model (docs/collectives.md, "Chunk
       size"); an int fixes it for every compressed call.
-    - ``timeout``: seconds a collective may wait for its peers before it raises
-      :class:`~ccoll.errors.CollectiveError` on every rank (default: the ``CCOLL_TIMEOUT``
-      setting, else ``None``: wait forever, as MPI).
+    - ``timeout``: seconds a collective may wait without progress (no message from its
+      peers, no step of its own completed) before it raises
+      :class:`~ccoll.errors.CollectiveError` on every rank that waits: a rank that skips
+      a call, fails or stops in one then turns into an error instead of a hang, while a
+      large call that keeps moving runs as long as it needs. Default ``None``: the
+      ``CCOLL_TIMEOUT`` setting, else :data:`ccoll.settings.DEFAULT_TIMEOUT` (600 s);
+      ``math.inf`` (or ``CCOLL_TIMEOUT=none``): wait forever, as MPI (the waits then
+      block in MPI's own calls). docs/collectives.md, "Faults".
     - ``split``: share of a homomorphic allreduce's bound ``eb`` that goes to the allgather
       phase: the reduce-scatter sums within ``e1 = (1 - split) eb``, the owner of each
       reduced block requantizes it within ``e2 = split * eb`` and the allgather forwards
@@ -119,9 +124,12 @@ class Communicator:
         if timeout is None:
             timeout = settings.timeout
         elif not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                  and math.isfinite(timeout) and timeout > 0):
-            call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
+                  and not math.isnan(timeout) and timeout > 0):
+            call.problem(InputError, f"timeout must be None (the CCOLL_TIMEOUT setting), "
+                         f"seconds > 0 or math.inf (wait forever), got {timeout!r}")
             timeout = None
+        if timeout is not None and math.isinf(timeout):
+            timeout = None  # wait forever: MPI's blocking calls
         call.chunk = 0 if chunk_elems is None else int(chunk_elems)
         if split is not None and (
             isinstance(split, bool) or not isinstance(split, (int, float, np.integer, np.floating))

@@ -546,6 +546,7 @@ class _Halving(_Tree):
             progressed = self.pump_tasks() or progressed
             if progressed:
                 pause = 20e-6
+                deadline.progress()  # the timeout bounds a wait without progress
                 continue
             if self._done():
                 return

@@ -556,6 +556,7 @@ class _Ring:
             progressed = self.pump_tasks() or progressed
             if progressed:
                 pause = 20e-6
+                deadline.progress()  # the timeout bounds a wait without progress
                 continue
             if deadline.expired():
                 raise deadline.error(stage)

@@ -80,8 +80,10 @@ class FSDPReduceScatter:
             ``set_custom_reduce_scatter`` has no names to match).
         min_numel: parameters with fewer elements are reduced exactly (with :meth:`attach`),
             and so is a whole reduce-scatter of fewer elements (its input, all ranks' rows).
-        timeout: seconds a collective may wait for its peers before it raises
-            :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
+        timeout: seconds a collective may wait without progress (nothing from its peers)
+            before it raises :class:`ccoll.CollectiveError` on every rank that waits
+            (default ``None``: the ``CCOLL_TIMEOUT`` setting, else 600 s; ``math.inf``: wait
+            forever, as MPI does). See ``ccoll.Communicator``.
 
     Every rank must construct it with the same settings (checked: a difference raises
     :class:`ccoll.MismatchError` on every rank). ``async_op=True`` runs the reduction on

@@ -92,8 +92,10 @@ class CCollHookState:
             ``"auto"`` (default: ccoll's cost model decides per bucket from measured link
             and compressor speeds, docs/model.md), ``"compress"`` (always) or ``"raw"``
             (never: plain MPI through the same path, for comparisons).
-        timeout: seconds a bucket's collective may wait for its peers before it fails with
-            :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
+        timeout: seconds a bucket's collective may wait without progress (nothing from its
+            peers) before it fails with :class:`ccoll.CollectiveError` on every rank that
+            waits (default ``None``: the ``CCOLL_TIMEOUT`` setting, else 600 s;
+            ``math.inf``: wait forever, as MPI does). See ``ccoll.Communicator``.
         process_group: the ``torch.distributed`` process group of the DDP model, through
             whose allreduce the step check's exact steps go (as DDP averages without a
             hook). Default: the default group when it is initialised and ``comm`` spans
@@ -409,7 +411,9 @@ class CCollHookState:
         # No communicator in the pickle: unpickling makes a new one over MPI.COMM_WORLD,
         # collectively (every rank unpickles its copy at the same point, as torch.load of
         # every rank's checkpoint does).
-        return {"state": self.state_dict(), "timeout": self.communicator.timeout}
+        timeout = self.communicator.timeout
+        return {"state": self.state_dict(),
+                "timeout": math.inf if timeout is None else timeout}  # None: forever
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         state = data["state"]
