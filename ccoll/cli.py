@@ -119,8 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
         "by a ccoll stream (a 1-D uint8 dataset at the same path, with ccoll_* attributes "
         "that make the file self-describing). Groups, attributes, links and other datasets "
         "are copied unchanged. A REL bound resolves per dataset: rel * (max - min) of that "
-        "dataset's finite values. float16 is compressed as float32 with half the bound "
-        "(capped at 8) and restored to float16 within the full bound. Prints one line: how "
+        "dataset's finite values. float16 is compressed as float32 with what the rounding back "
+        "to float16 leaves of the bound, and restored to float16 within the full bound, as "
+        "ccoll.compress does. Prints one line: how "
         "many datasets, the bytes before and after, the ratio and the time (--table adds a "
         "row per dataset).",
         epilog="""\

@@ -560,6 +560,7 @@ class Run:
                     print(f"{self.method}: step {step:5d}  accuracy {acc:.4f}", flush=True)
             timer.reset()
             before = counter.bytes
+            compressed0 = getattr(self.state, "compressed", None)  # ccoll: buckets so far
             t0 = time.perf_counter()
             loss = self.task.loss(self.ddp)
             self.opt.zero_grad(set_to_none=True)
@@ -582,6 +583,9 @@ class Run:
         log["step_time_s"].append(dt_max)
         log["exposed_comm_s"].append(comm.allreduce(exposed, MPI.MAX))
         log["hook_busy_s"].append(None if busy is None else comm.allreduce(busy, MPI.MAX))
+        if compressed0 is not None:  # ccoll: the buckets of this step that went compressed
+            log.setdefault("step_buckets_compressed", []).append(
+                self.state.compressed - compressed0)
         gate = getattr(self.state, "gate", None)  # ccoll auto: how the step check ran it
         if gate is not None:
             log.setdefault("step_mode", []).append(
@@ -631,6 +635,11 @@ class Run:
             if gate is not None:
                 log["step_check_steps"] = dict(gate.steps)
                 log["step_check_winner"] = gate.winner
+            per_step = log.get("step_buckets_compressed", [])
+            first = next((i for i, c in enumerate(per_step) if c > 0), None)
+            log["first_compressed_step"] = first
+            log["first_compressed_step_time_s"] = (
+                None if first is None else log["step_time_s"][first])
             st = state.communicator.stats
             # A ring allreduce of raw floats puts 2 (N - 1) / N of its input on the wire.
             raw_wire = st.bytes_input * 2 * (self.size - 1) / self.size
@@ -648,9 +657,30 @@ class Run:
                 + f", parameters identical on all ranks: {log['params_identical_on_all_ranks']}",
                 flush=True,
             )
+            if "buckets_compressed" in log:
+                print(f"{self.method}: {_what_ccoll_did(log)}", flush=True)
         if state is not None and self.ccoll:
             state.close()
         return log
+
+
+def _what_ccoll_did(log: dict[str, Any]) -> str:
+    """One line: buckets compressed and exact, the step check's choice, the first compressed
+    step (kept out of the median step, in the accuracy-against-time plot)."""
+    comp, exact = log["buckets_compressed"], log["buckets_exact"]
+    text = f"buckets {comp} compressed, {exact} exact"
+    winner = log.get("step_check_winner")
+    if winner is not None:
+        steps = ", ".join(f"{k} {v}" for k, v in sorted(log["step_check_steps"].items()))
+        text += f"; step check chose {winner} (steps: {steps})"
+    first = log.get("first_compressed_step")
+    if first is None:
+        text += "; no step compressed"
+    else:
+        text += (f"; first compressed step {first}: "
+                 f"{log['first_compressed_step_time_s'] * 1e3:.0f} ms (median step "
+                 f"{log['median_step_time_s'] * 1e3:.0f} ms)")
+    return text
 
 
 def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
@@ -872,6 +902,13 @@ def plot_time(out: pathlib.Path, logs: list[dict[str, Any]]) -> list[pathlib.Pat
                 name += f" policy={log['policy']}"
             name += f", seed {log['seed']}" if seeds else ""
             label = f"{name} ({t * 1e3:.0f} ms/step)"
+            if "buckets_compressed" in log:  # ccoll: what it did, where one looks for it
+                comp, exact = log["buckets_compressed"], log["buckets_exact"]
+                label += f", {comp}/{comp + exact} buckets compressed"
+                if log.get("step_check_winner") is not None:
+                    label += f", step check: {log['step_check_winner']}"
+                if log.get("first_compressed_step_time_s") is not None:
+                    label += f", 1st compressed step {log['first_compressed_step_time_s']:.2g} s"
             ax.plot([e["train_time_s"] for e in ev], [e["accuracy"] for e in ev], "o-", ms=3,
                     lw=1.2, label=label)
         target = group[0].get("target_accuracy")

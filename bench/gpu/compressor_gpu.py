@@ -80,7 +80,7 @@ if ARGS.tiny:
     ARGS.gib = 2048 * 4 / 2**30
     ARGS.reps, ARGS.warmup, ARGS.buffers = 2, 1, 2
     RELS = (1e-3,)
-TINY_N = 200
+TINY_N = 64
 sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402

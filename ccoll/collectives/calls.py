@@ -75,7 +75,7 @@ from ccoll.collectives.policy.plan import Facts, Plan, Planner, State, _mix, pha
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline
-from ccoll.compressor.precision import DeviceNarrow, Narrow
+from ccoll.compressor.precision import DeviceNarrow, Narrow, stage_bound
 from ccoll.errorbound import REL, ErrorBound
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
 
@@ -129,6 +129,9 @@ class Prepared:
     collective: str = ""
     dtype_name: str = ""
     t_start: float = 0.0
+    # float16/bfloat16 with a bound: the bound the result holds in that dtype (eb_abs is
+    # the float32 stage's, what the rounding to it leaves; precision.stage_bound)
+    eb_result: float | None = None
 
 
 # --------------------------------------------------------------------------- the fast way
@@ -180,7 +183,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     if y is None:  # some rank's call differs: every rank takes the full way
         return None
     route.last = (collective, plan, pol, alg, r.narrow or r.x.dtype, r.x.size, None,
-                  r.x.nbytes, True, ch.stats.bytes_sent - sent0, time.perf_counter() - t0)
+                  r.x.nbytes, True, ch.stats.bytes_sent - sent0, time.perf_counter() - t0, 0)
     if LOGGER.isEnabledFor(logging.INFO):
         LOGGER.info("%s", report(cc, route))
     return y
@@ -294,13 +297,17 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     call.plan = _mix(planner.digest(st), *(pred if pred is not None else ()))
     ok = not call.problems and not wild and policy in POLICIES and algorithm in ALGORITHMS
     may_compress = ok and bound is not None and not planner.raw_whatever(facts)
-    if isinstance(bound, REL) and may_compress and (root is None or is_root):
+    # float16/bfloat16 with a bound: the range decides whether the dtype can hold the bound
+    # (_narrow_bound), whatever the plan, so that no plan decides whether a call is refused.
+    narrow = inp.narrow is not None and bound is not None and ok
+    if (isinstance(bound, REL) and may_compress or narrow) and (root is None or is_root):
         call.lo, call.hi = value_range(arr, dev)
     if may_compress and planner.needs_ratio(st, facts) and (root is None or is_root):
         assert bound is not None
-        call.ratio, call.width = _sample(cc, arr, bound, call, facts)
+        call.ratio, call.width = _sample(cc, arr, bound, call, facts, inp.dtype_name)
     call.times = planner.unsent(st)
-    call.repeatable = repeatable and dev is None
+    # Such a call never repeats without the agreement (fastpath): it would skip that check.
+    call.repeatable = repeatable and dev is None and not narrow
     # One rank has no peer to wait for: MPI's blocking calls, which return at once.
     deadline = Deadline(ch.timeout if ch.size > 1 else None, _WHAT[collective])
     if rec is not None:
@@ -318,6 +325,13 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         raise
     if rec is not None:
         rec.span("agree", t_agree, rec.clock())
+    eb_result = None
+    if bound is not None:
+        try:  # from agreed numbers only: every rank refuses, before any data moves
+            eb_result = _narrow_bound(bound, agreed, collective, n_ranks, avg)
+        except ErrorBoundError:
+            route.fast.history.note(None)
+            raise
     # From here on the other ranks go ahead: any failure leaves them waiting.
     try:
         if agreed.none:
@@ -333,7 +347,7 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         eb_abs = 0.0
         if bound is not None and not planner.raw_whatever(facts):
             # REL: the range every rank (bcast: the root) put in the agreement.
-            eb_abs = bound.resolve(agreed.lo, agreed.hi)
+            eb_abs = bound.resolve(agreed.lo, agreed.hi) if eb_result is None else eb_result[1]
             facts = facts._replace(lossless=eb_abs == 0.0)
         plan = planner.plan(st, facts, ratio=agreed.ratio if math.isfinite(agreed.ratio)
                             else None, width=agreed.width, times=agreed.times)
@@ -351,10 +365,34 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         return Prepared(
             x, shape, dtype, flat, eb_abs if plan.compress else 0.0, plan, st, algorithm,
             policy, avg, deadline, place, dev, in_place(x, out, out_arr, inp.narrow, flat, dev),
-            inp.narrow, inp.as_torch, out, out_arr, collective, inp.dtype_name, t_start)
+            inp.narrow, inp.as_torch, out, out_arr, collective, inp.dtype_name, t_start,
+            None if eb_result is None else eb_result[0])
     except BaseException as exc:
         ch.fail(f"ccoll.{collective} raised {type(exc).__name__} after its agreement")
         raise
+
+
+_NARROW = {DTYPES["float16"]: "float16", DTYPES["bfloat16"]: "bfloat16"}
+
+
+def _narrow_bound(bound: ErrorBound, agreed: Any, collective: str, n_ranks: int,
+                  avg: bool) -> tuple[float, float] | None:
+    """Return (the bound asked for, the float32 stage's) of a float16/bfloat16 call.
+
+    ``None`` for other dtypes. From agreed numbers only (the dtype of the signature, the
+    range every rank or the root put in the agreement), so every rank computes the same,
+    and refuses (:class:`ErrorBoundError`) a bound the dtype cannot hold on the result the
+    same way: :func:`ccoll.compressor.precision.stage_bound`, the one rule of ``compress``,
+    the command line and the torch hooks too.
+    """
+    name = _NARROW.get(int(sig_field(agreed.sig, "dtype")))
+    if name is None:
+        return None
+    eb = bound.resolve(agreed.lo, agreed.hi)
+    reduces = collective in ("allreduce", "reduce_scatter") and n_ranks > 1
+    return eb, stage_bound(eb, name, agreed.lo, agreed.hi, ranks=n_ranks if reduces else 0,
+                           avg=avg, asked=bound, what=f"the result of this {collective}"
+                           if not reduces else "")
 
 
 def _agreed_key(sig: tuple[float, ...]) -> tuple[Any, ...]:
@@ -379,18 +417,27 @@ def _facts(call: Call, collective: str, inp: Input, dtype: np.dtype, policy: str
 
 
 def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
-            facts: Facts) -> tuple[float, float]:
+            facts: Facts, dtype_name: str) -> tuple[float, float]:
     """Return the ratio and mean code width of this rank's data at the streams' bound.
 
     A strided sample of whole 32-element blocks, about 1% of the predicted raw time of
     compressor work. ``REL``'s bound from this rank's own range (at most the global one:
-    a finer grid, a lower ratio, the safe side).
+    a finer grid, a lower ratio, the safe side); float16/bfloat16 at the float32 stage's
+    bound on that range.
     """
     if arr.size == 0:
         return math.inf, 0.0
-    lo, hi = (call.lo, call.hi) if isinstance(bound, REL) else (0.0, 0.0)
+    narrow = dtype_name in _NARROW.values()
+    lo, hi = (call.lo, call.hi) if isinstance(bound, REL) or narrow else (0.0, 0.0)
     eb = bound.resolve(lo, hi)
     n = facts.ranks
+    if narrow:
+        reduces = facts.collective in ("allreduce", "reduce_scatter") and n > 1
+        try:
+            eb = stage_bound(eb, dtype_name, lo, hi, ranks=n if reduces else 0,
+                             avg=facts.avg)
+        except ErrorBoundError:
+            return math.inf, 0.0  # refused after the agreement
     if facts.collective in ("allreduce", "reduce_scatter"):
         eb = rank_bound(sum_bound(eb, n, facts.avg), n)
     if not eb > 0:
@@ -421,7 +468,7 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
     """
     ch = route.ch
     t0 = time.perf_counter()
-    sent0 = ch.stats.bytes_sent
+    sent0, coded0 = ch.stats.bytes_sent, ch.stats.bytes_coded
     try:
         y = fn(cc, route, p, *args)
     except BaseException as exc:
@@ -430,6 +477,7 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
     t1 = time.perf_counter()
     stats = ch.stats
     sent = stats.bytes_sent - sent0
+    coded = stats.bytes_coded - coded0
     stats.calls += 1
     nbytes = int(math.prod(p.shape)) * p.dtype.itemsize
     stats.bytes_input += nbytes
@@ -437,9 +485,10 @@ def guard(cc: Any, route: Route, p: Prepared, fn: Callable[..., Any], *args: Any
         stats.compressed_calls += 1
     stats.last = {"seconds": t1 - t0, "bytes_sent": float(sent)}
     route.planner.end(p.state, p.plan, t1 - p.t_start)
+    eb_shown = p.eb_abs if p.eb_result is None else p.eb_result
     route.last = (p.collective, p.plan, p.policy, p.algorithm, p.dtype_name,
-                  int(math.prod(p.shape)), p.eb_abs if p.plan.compress else None, nbytes,
-                  False, sent, t1 - p.t_start)
+                  int(math.prod(p.shape)), eb_shown if p.plan.compress else None, nbytes,
+                  False, sent, t1 - p.t_start, coded)
     if LOGGER.isEnabledFor(logging.INFO):
         LOGGER.info("%s", report(cc, route))
     rec = _trace.ACTIVE
@@ -455,7 +504,7 @@ def report(cc: Any, route: Route) -> CallReport | None:
     if got is None:
         return None
     (collective, plan, policy, algorithm, dtype, count, eb_abs, nbytes, fast, sent,
-     seconds) = got
+     seconds, coded) = got
     if fast:  # kept as codes and objects: names cost more than a repeated call
         policy, algorithm = _POLICY_NAMES[policy], _ALGORITHM_NAMES[algorithm]
         dtype = dtype.name
@@ -463,6 +512,10 @@ def report(cc: Any, route: Route) -> CallReport | None:
     ratio = None
     if plan.compress and sent > 0:
         ratio = _raw_bytes(collective, route.ch.size, nbytes) / sent
+    elif plan.compress and coded > 0:
+        # Nothing sent (one rank: its streams code all of the data; a broadcast's last
+        # rank: the root's stream codes it): the data over its streams.
+        ratio = nbytes / coded
     reason = plan.reason + ("; repeated: ran without the agreement" if fast else "")
     return CallReport(collective, plan.compress, reason, policy, algorithm, dtype, count,
                       eb_abs, nbytes, sent, seconds, plan.predicted_raw,

@@ -71,12 +71,16 @@ class Stats:
     Point-to-point sends are counted exactly. For MPI collectives called inside ccoll
     (``Allgatherv``, ``Bcast``, the exact path) the count is what a ring (for bcast: a
     pipeline) algorithm sends from this rank, since MPI does not report its traffic.
-    ``bytes_input`` is the size of the input data of each call.
+    ``bytes_input`` is the size of the input data of each call. ``bytes_coded`` counts the
+    compressed streams that a call's report measures its ratio on where this rank sent
+    nothing (one rank, a broadcast's last rank): this rank's reduced blocks, its own
+    allgather stream, the broadcast stream.
     """
 
     calls: int = 0
     bytes_sent: int = 0
     bytes_input: int = 0
+    bytes_coded: int = 0
     compressed_calls: int = 0
     last: dict[str, float] = field(default_factory=dict)
 

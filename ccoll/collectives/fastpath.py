@@ -46,7 +46,8 @@ from ccoll.collectives.policy.plan import Planner, State
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
 from ccoll.compressor.precision import Narrow, widen
-from ccoll.errorbound import ErrorBound
+from ccoll.errorbound import ErrorBound, as_bound
+from ccoll.errors import ErrorBoundError
 
 __all__ = ["History", "Fast", "Ready", "ready", "NATIVE_CODES"]
 
@@ -78,6 +79,8 @@ class History:
 
     def note(self, key: tuple[Any, ...] | None) -> None:
         """Record the agreed signature of a call (``None``: not to be predicted from)."""
+        if key is self.last and key is self.predicted and key is not None:
+            return  # the same call again, as predicted: nothing changes
         following = self.following
         if self.last is not None:
             if len(following) >= _HISTORY_MAX and self.last not in following:
@@ -116,6 +119,30 @@ def _host(x: Any) -> tuple[np.ndarray, Narrow | None, bool] | None:
         got = widen(x)
         return None if got is None else (got[0], got[1], True)
     return None
+
+
+_BOUNDS: dict[tuple[type, Any], tuple[int, float]] = {}
+
+
+def _bound(eb: Any) -> tuple[int, float] | None:
+    """Return the kind and value of a ``"rel:1e-3"`` string or a float bound (None: invalid).
+
+    Cached by value (parsing a string costs more than the rest of a repeated call); the
+    full way parses anything else and raises its errors on every rank.
+    """
+    t = type(eb)
+    if t is not str and t is not float:
+        return None
+    got = _BOUNDS.get((t, eb))
+    if got is None:
+        try:
+            b = as_bound(eb)
+        except ErrorBoundError:
+            return None
+        if len(_BOUNDS) >= _HISTORY_MAX:
+            _BOUNDS.clear()
+        got = _BOUNDS[(t, eb)] = (BOUND_KINDS[b.kind], b.value)
+    return got
 
 
 def _out_ok(x: Any, out: Any, arr: np.ndarray, narrow: Narrow | None) -> bool:
@@ -157,7 +184,10 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
     elif isinstance(eb, ErrorBound):
         kind, value = BOUND_KINDS[eb.kind], eb.value
     else:
-        return None
+        got_eb = _bound(eb)
+        if got_eb is None:
+            return None
+        kind, value = got_eb
     o = OPS.get(op) if isinstance(op, str) else (OPS["sum"] if op is None else None)
     if o is None:
         return None

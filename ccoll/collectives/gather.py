@@ -51,6 +51,7 @@ def allgather(
     stream = a.compress_abs(flat, eb, **lanes.compress_kw())
     lanes.finish("compress")
     nb = stream_nbytes(stream)
+    ch.stats.bytes_coded += nb
     if rec is not None:
         rec.span("compress", t0, rec.clock(), {"bytes": nb})
     mine = np.ascontiguousarray(place.to_host(stream, nb))
@@ -114,6 +115,7 @@ def bcast(
         ch.abandon(n)  # MPI may still write it
         raise
     check_announced(f"the root, rank {root},", int(n[0]), flat.size, flat.dtype)
+    ch.stats.bytes_coded += int(n[0])
     buf = host if host is not None else np.empty(int(n[0]), dtype=np.uint8)
     try:
         _bcast(comm, buf, root, deadline, "broadcast of the stream")

@@ -90,6 +90,10 @@ def valid_root(root: Any, n_ranks: int) -> bool:
 
 def dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
     """Return the message for an input dtype the collectives do not take, with the fix."""
+    if device and "complex" in name:
+        from ccoll.compressor.api import dtype_fix
+
+        return f"x is a device array of dtype {name}; {dtype_fix(name)}"
     if device:
         return (f"x is a device array of dtype {name}; ccoll's collectives take float16, "
                 "bfloat16 (torch, CuPy), float32 or float64 device arrays: pass x.float() "
@@ -97,8 +101,10 @@ def dtype_message(name: str, dtype: np.dtype, device: bool) -> str:
     if dtype.kind == "f" and name in DTYPES:  # a float of non-native byte order
         return (f"x has dtype {dtype.str} (not the machine's byte order); pass "
                 f"x.astype(np.{name})")
+    from ccoll.compressor.api import dtype_fix
+
     return (f"x has dtype {name}; ccoll reduces float16, bfloat16, float32 or float64 "
-            "arrays: pass x.astype(np.float32) (a torch tensor: x.float())")
+            f"arrays: {dtype_fix(name)}")
 
 
 def as_array(call: Call, x: Any, collective: str) -> Input:

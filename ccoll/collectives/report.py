@@ -45,7 +45,9 @@ class CallReport:
       consulted the model for this call (else ``None``);
     - ``eb_abs``: the absolute bound the result is within (``None``: exact, or a raw call);
     - ``dtype``, ``count``: the caller's dtype name and element count; ``bytes_input`` the
-      input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves);
+      input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves, raw
+      or compressed: twice the data's own bytes on a raw call, whose ``str()`` says "moved
+      as float32"; docs/collectives.md);
     - ``bytes_sent``: bytes this rank put on the wire (counted as ``Communicator.stats``);
     - ``seconds``: wall time of the call on this rank, from its checks to its result;
     - ``overlapped``: the call repeated the signature that the agreed history predicted,
@@ -62,7 +64,9 @@ class CallReport:
       ``trial``: the plan ran this path to measure it (docs/model.md, "Measured feedback").
 
     For a compressed call ``ratio`` is the one measured: the bytes a raw call would have
-    sent over the bytes this rank sent.
+    sent over the bytes this rank sent; where this rank sent nothing (one rank, a
+    broadcast's last rank), the data's bytes over its compressed streams' (the root's
+    stream for a broadcast).
     """
 
     collective: str
@@ -111,8 +115,9 @@ class CallReport:
         if self.hierarchical:
             why += f"; hierarchical: {self.nodes} nodes x {self.ranks_per_node} ranks"
         bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
+        moved = " (moved as float32)" if self.dtype in ("float16", "bfloat16") else ""
         return (f"{self.collective} {self.dtype}[{self.count}] {self.mode} ({why}); {bound}; "
-                f"sent {self.bytes_sent} B of {self.bytes_input} B input in "
+                f"sent {self.bytes_sent} B of {self.bytes_input} B input{moved} in "
                 f"{_ms(self.seconds)}")
 
 

@@ -376,6 +376,7 @@ class _Ring:
     def on_final(self, c: int, stream: Any) -> None:
         """Chunk ``c`` of this rank's block is fully reduced."""
         self.final[c] = stream
+        self.ch.stats.bytes_coded += stream_nbytes(stream)
         if not self.gather:
             return
         rec = self.rec

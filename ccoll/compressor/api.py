@@ -18,8 +18,16 @@ import numpy as np
 
 from ccoll.compressor import _backend, cpu
 from ccoll.compressor.format import StreamHeader
-from ccoll.compressor.precision import DeviceNarrow, Narrow, widen, widen_device
-from ccoll.errorbound import REL, as_bound
+from ccoll.compressor.precision import (
+    DeviceNarrow,
+    Narrow,
+    device_low_precision,
+    low_precision,
+    stage_bound,
+    widen,
+    widen_device,
+)
+from ccoll.errorbound import REL, ErrorBound, as_bound
 from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 __all__ = ["compress", "compress_abs", "decompress", "add", "add_data", "header"]
@@ -31,10 +39,24 @@ _TORCH_FLOATS: dict[str, np.dtype] = {
 }
 
 
+def dtype_fix(what: object, name: str = "x") -> str:
+    """Return the advice for data of dtype ``what`` that ccoll does not take.
+
+    Complex data has two parts, and a cast to a real dtype would drop the imaginary one
+    silently: the advice is to pass both parts as real data instead.
+    """
+    if "complex" in str(what):
+        return (f"a complex array has a real and an imaginary part, and a cast to float "
+                f"drops the imaginary one: pass {name}.real and {name}.imag separately, or "
+                f"both as one real array (numpy: {name}.view({name}.real.dtype); torch: "
+                f"torch.view_as_real({name}))")
+    return f"pass {name}.astype(np.float32) (a torch tensor: {name}.float())"
+
+
 def _dtype_error(what: object, name: str = "x") -> DTypeError:
     return DTypeError(
         f"{name} has dtype {what}; ccoll compresses float16, bfloat16, float32 or float64 "
-        f"data: pass {name}.astype(np.float32) (a torch tensor: {name}.float())"
+        f"data: {dtype_fix(what, name)}"
     )
 
 
@@ -168,10 +190,14 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
     accepts. Returns a uint8 stream of the caller's kind on the device of ``x``: a numpy
     array for numpy data, a uint8 tensor for a torch tensor (sharing the stream's memory),
     a CuPy array for CuPy. Every finite element decompresses within the bound, NaN and ±Inf
-    come back as they were. float16 and bfloat16 host data is compressed as its exact
-    float32 copy: the stream is a float32 stream (the format records no other dtype), and
+    come back as they were. float16 and bfloat16 data is compressed as its exact float32
+    copy: the stream is a float32 stream (the format records no other dtype), and
     ``decompress(buf, like=x)`` rounds the decoded float32 once back to ``x``'s dtype (see
-    :func:`decompress`). A tensor that requires grad is read through ``x.detach()`` (a
+    :func:`decompress`). The bound holds on that result: the float32 copy is compressed
+    with what the final rounding leaves of ``eb`` (half of it at most, less where the
+    dtype's gaps at the data's magnitude are narrower:
+    :func:`ccoll.compressor.precision.stage_bound`), which is the bound the stream's
+    header records. A tensor that requires grad is read through ``x.detach()`` (a
     stream is no part of an autograd graph; the collectives, whose results replace data,
     refuse such tensors instead). ``version`` is the stream format (docs/format.md): 1 (the
     default) or 2, which codes the same quantized values in fewer bytes (arrays of fewer
@@ -181,24 +207,35 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
     version = _check_version(version, x)
     bound = as_bound(eb)
     if _backend.backend_of(x) == "cuda":
+        name = device_low_precision(x)
         x = _device_input(x, stream)
         _device_dtype(x)
-        if isinstance(bound, REL):
-            eb_abs = bound.resolve(*_device_range(x, stream))
-        else:
-            eb_abs = bound.value
+        lo, hi = (_device_range(x, stream) if isinstance(bound, REL) or name is not None
+                  else (0.0, 0.0))
+        eb_abs = _stage(bound, lo, hi, name)
         return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream, version=version)
+    name = low_precision(x)
     arr = _host_array(x)
-    if isinstance(bound, REL):
-        eb_abs = bound.resolve(*cpu.finite_range(arr))
-    else:
-        eb_abs = bound.value
-    buf = cpu.compress_abs(arr, _check_eb_abs(eb_abs), version)
+    lo, hi = (cpu.finite_range(arr) if isinstance(bound, REL) or name is not None
+              else (0.0, 0.0))
+    buf = cpu.compress_abs(arr, _stage(bound, lo, hi, name), version)
     if _backend.is_torch(x):
         import torch
 
         return torch.from_numpy(buf)
     return buf
+
+
+def _stage(bound: ErrorBound, lo: float, hi: float, name: str | None) -> float:
+    """Return the absolute bound to compress with.
+
+    That is ``bound`` resolved on ``[lo, hi]``, for float16/bfloat16 data (``name``) less
+    what the final rounding to that dtype takes.
+    """
+    eb_abs = _check_eb_abs(bound.resolve(lo, hi))
+    if name is None:
+        return eb_abs
+    return stage_bound(eb_abs, name, lo, hi, asked=bound)
 
 
 def compress_abs(
@@ -363,9 +400,10 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
     dtype back. ``out`` (same dtype, same shape or element count, writable, C-contiguous,
     on the stream's device) receives the values and is returned; a host float32 stream
     also decodes into a float16 or bfloat16 ``out`` (numpy, torch, ``ml_dtypes``). For
-    data ``x`` of such a dtype compressed with absolute bound ``eb``, every finite element
-    of the float16/bfloat16 result ``z`` has ``|z - x| <= min(2 eb, eb + s/2)``, ``s`` the
-    spacing of the dtype at ``z`` (docs/error-bound.md, "float16 and bfloat16").
+    data ``x`` of such a dtype compressed by :func:`compress` with the bound ``eb``, every
+    finite element of the float16/bfloat16 result ``z`` has ``|z - x| <= eb``, and of the
+    float32 result (no ``like``) ``|y - x| <=`` the stream's own, smaller bound
+    (docs/error-bound.md, "float16 and bfloat16").
     Malformed, truncated or foreign bytes raise :class:`ccoll.FormatError`.
     """
     if like is not None:

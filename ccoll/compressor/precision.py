@@ -13,11 +13,19 @@ Device data of those dtypes takes the same route on the device (:func:`widen_dev
 CuPy's, a numba device float16 array through two small kernels
 (:mod:`ccoll.compressor._cuda_cast`). numba has no bfloat16, so a bfloat16 array that is
 neither a tensor nor a CuPy array is refused.
+
+:func:`stage_bound` is the one rule for the bound such data is compressed with: the bound
+asked for holds on the result in the caller's dtype, after its final rounding, so the float32
+stage gets what the rounding leaves of it; a bound the dtype cannot hold at the result's
+magnitude is refused with an :class:`~ccoll.errors.ErrorBoundError` that names the smallest
+one it can (docs/error-bound.md, "float16 and bfloat16").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -25,10 +33,144 @@ import numpy as np
 from ccoll.compressor._backend import is_torch
 
 __all__ = ["LOW_PRECISION", "DeviceNarrow", "Narrow", "device_low_precision", "low_precision",
-           "widen", "widen_device"]
+           "half_gap", "stage_bound", "widen", "widen_device"]
 
 LOW_PRECISION = ("float16", "bfloat16")
 _TORCH_LOW = {"torch.float16": "float16", "torch.bfloat16": "bfloat16"}
+
+
+# Significand bits (the leading one included), smallest normal exponent, largest finite value.
+_FORMATS: dict[str, tuple[int, int, float]] = {
+    "float16": (11, -14, 65504.0),
+    "bfloat16": (8, -126, float.fromhex("0x1.fep127")),
+    "float32": (24, -126, float.fromhex("0x1.fffffep127")),
+}
+
+
+def half_gap(name: str, a: float) -> float:
+    """Half the widest gap between neighbouring values of dtype ``name`` within ``[-a, a]``.
+
+    Rounding any real number of magnitude at most ``a`` to nearest in that dtype moves it by
+    at most this much (``a`` is capped at the largest finite value: beyond it a result
+    overflows to ±Inf, by contract). A power of two, exact in float64.
+    """
+    p, emin, top = _FORMATS[name]
+    a = min(abs(a), top)
+    if a < 2.0**emin:  # subnormals: one fixed spacing, 2^(emin - p + 1)
+        return 2.0 ** (emin - p)
+    return 2.0 ** (math.frexp(a)[1] - 1 - p)
+
+
+def _floor(v: Fraction) -> float:
+    """Return the largest float64 that is at most ``v`` (``v >= 0``)."""
+    f = float(v)
+    while f > 0 and Fraction(f) > v:
+        f = math.nextafter(f, 0.0)
+    return max(f, 0.0)
+
+
+def _magnitude(lo: float, hi: float) -> float:
+    """Return the largest magnitude of finite values spanning ``[lo, hi]`` (0: none)."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return 0.0
+    return max(abs(lo), abs(hi))
+
+
+def _reserve(name: str, eb: float, lo: float, hi: float, ranks: int, avg: bool) -> float:
+    """Return what the roundings after the float32 stage of a sum or average move it by.
+
+    ``a`` bounds the result in float32 and in the dtype: the exact average lies within the
+    inputs' largest magnitude ``M``, a sum of ``ranks`` inputs within ``ranks * M``, and the
+    float32 stage is at most ``eb`` from it. The dtype's rounding moves it by at most half its
+    gap at ``a``; the float32 roundings of every path (the sum's, the average's three, the
+    ``ranks - 1`` of a plain MPI float32 sum of an average's inputs, which are at most twice
+    their share of ``M``) by at most ``2 (ranks + 2)`` float32 half gaps there, a small part
+    of the dtype's (``2^-13`` of float16's gap, ``2^-16`` of bfloat16's).
+    """
+    m = _magnitude(lo, hi)
+    a = (m if avg else ranks * m) + eb
+    return half_gap(name, a) + 2 * (ranks + 2) * half_gap("float32", a)
+
+
+def stage_bound(eb: float, name: str, lo: float, hi: float, *, ranks: int = 0,
+                avg: bool = False, asked: Any = None, what: str = "") -> float:
+    """Return the bound of the float32 stage that keeps the result in ``name`` within ``eb``.
+
+    ``eb`` is the absolute bound asked for (``>= 0``), ``name`` the caller's dtype
+    (``"float16"`` or ``"bfloat16"``), ``[lo, hi]`` the range of the finite inputs (every
+    rank's, in a collective). ``ranks = 0``: the exact result is the input itself, a value of
+    the dtype (``compress``/``decompress``, ``allgather``, ``bcast``, and a reduction over one
+    rank); rounding the float32 stage's ``y`` to nearest then lands no farther from ``x`` than
+    ``y`` is, so half the bound always serves, and where the dtype's gaps at the data's
+    magnitude are narrower than the bound, the bound less half a gap serves better: the
+    larger of the two is returned, never more than keeps ``y`` below the dtype's overflow
+    threshold. ``ranks >= 2``: the result is a sum (``avg``: an average) of that many inputs,
+    not a value of the dtype, and its final rounding costs up to half a gap at its
+    magnitude: the bound less that (and the float32 roundings, :func:`_reserve`) is returned,
+    and where nothing is left, :class:`~ccoll.errors.ErrorBoundError` names the smallest
+    bound the dtype can hold there (in ``asked``'s kind: ``ABS`` or ``REL`` of the range).
+    ``eb = 0`` (``REL`` of data whose finite values are all equal) stays 0: the result is
+    then the exact one, rounded once to the dtype.
+    """
+    if not eb > 0:
+        return 0.0
+    ebq = Fraction(eb)
+    if ranks < 2:
+        m = _magnitude(lo, hi)
+        e = max(_floor(ebq / 2), _floor(ebq - Fraction(half_gap(name, m + eb))))
+        top = _FORMATS[name][2]
+        # |y| <= m + e must stay below the overflow threshold top + half_gap(top), strictly:
+        # a value exactly there rounds (to even) to ±Inf.
+        room = Fraction(top) + Fraction(half_gap(name, top)) - Fraction(m)
+        if Fraction(e) < room:
+            return e
+        cap = _floor(room)
+        return math.nextafter(cap, 0.0) if Fraction(cap) == room else cap
+    reserve = Fraction(_reserve(name, eb, lo, hi, ranks, avg))
+    if ebq < reserve:
+        raise _refusal(eb, name, lo, hi, ranks, avg, asked, what)
+    return _floor(ebq - reserve)
+
+
+def _refusal(eb: float, name: str, lo: float, hi: float, ranks: int, avg: bool,
+             asked: Any, what: str) -> Exception:
+    """Return the ErrorBoundError for a bound below what ``name`` can hold (and the least)."""
+    from ccoll.errorbound import ABS, REL
+    from ccoll.errors import ErrorBoundError
+
+    m = _magnitude(lo, hi)
+    a = (m if avg else ranks * m) + eb
+    rel = isinstance(asked, REL) and hi > lo
+    need = _reserve(name, eb, lo, hi, ranks, avg)
+    for _ in range(8):  # the smallest bound moves the magnitude a little: settle it
+        shown = _round_up(need / (hi - lo) if rel else need)
+        value = shown * (hi - lo) if rel else shown
+        again = _reserve(name, value, lo, hi, ranks, avg)
+        if again <= value * (1 - 1e-12):
+            break
+        need = again
+    smallest = REL(shown) if rel else ABS(shown)
+    asked_s = repr(asked) if asked is not None else f"ABS({eb!r})"
+    result = f"an average of {ranks} ranks' inputs" if avg else (
+        f"a sum of {ranks} ranks' inputs (up to {ranks} x {m:.4g})")
+    return ErrorBoundError(
+        f"{asked_s} asks for less than {name} can hold on {what or result}: {name} values "
+        f"near {a:.4g} are {2 * half_gap(name, a):.3g} apart, so rounding the result to "
+        f"{name} alone can move it by {half_gap(name, a):.3g}, more than the bound "
+        f"({eb:.3g}); the smallest bound ccoll can hold there is {smallest!r}: pass that or "
+        f"more, or pass the data as float32")
+
+
+def _round_up(v: float) -> float:
+    """Return ``v`` rounded up to three significant digits (a bound to show and pass back)."""
+    if v <= 0:
+        return v
+    k = math.floor(math.log10(v)) - 2
+    r = math.ceil(v / 10.0**k * (1 - 1e-12)) * 10.0**k
+    r = float(f"{r:.3g}")
+    while r < v:
+        r = float(f"{r + 10.0**k:.3g}")
+    return r
 
 
 def low_precision(x: Any) -> str | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 import ccoll
 from ccoll.compressor.format import VERSIONS
-from ccoll.errorbound import ABS, ErrorBound, as_bound, finite_range
+from ccoll.errorbound import ErrorBound, as_bound, finite_range
 from ccoll.errors import InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
@@ -27,11 +27,7 @@ from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
-__all__ = ["compress_file", "compress_array", "bound_label", "check_format_version", "F16_EB_CAP"]
-
-# float16 data is compressed as float32 with half the bound, capped so that no value can round
-# to ±inf on the way back: x <= 65504 and y <= x + 8 < 65520, the float16 overflow threshold.
-F16_EB_CAP = 8.0
+__all__ = ["compress_file", "compress_array", "bound_label", "check_format_version"]
 
 def check_format_version(version: int) -> int:
     """Return ``version`` if it is a stream format version (``format.VERSIONS``), else InputError.
@@ -60,25 +56,21 @@ def compress_array(
 
     ``version``: the stream format version (1 or 2) written.
 
-    float32/float64 go to :func:`ccoll.compress` as they are, and the guarantee is the
-    stream's own bound. float16 is upcast to float32 (exactly) and compressed with
-    ``eb16 = min(eb / 2, 8)``: a float16 ``x`` and the float32 ``y`` with ``|y - x| <= eb16``
-    give ``|round16(y) - x| <= |round16(y) - y| + |y - x| <= 2 |y - x| <= eb``, because
-    rounding to nearest picks the float16 closest to ``y`` and ``x`` is itself one.
+    Every dtype goes to :func:`ccoll.compress` as it is. float32/float64: the guarantee is
+    the stream's own bound. float16: ``ccoll.compress`` compresses its exact float32 copy
+    with what the rounding back to float16 leaves of the bound (its one rule for
+    float16/bfloat16, :func:`ccoll.compressor.precision.stage_bound`), so the float16
+    values ``ccoll decompress`` writes are within the resolved bound itself, which is what
+    this returns.
     """
     from ccoll.compressor import header
 
     x = np.asarray(x, order="C")
     if not x.dtype.isnative:
         x = x.astype(x.dtype.newbyteorder("="))
-    if x.dtype == np.float16:
-        eb = bound.resolve(*finite_range(x))
-        x32 = x.astype(np.float32)
-        if eb > 0.0:
-            return ccoll.compress(x32, ABS(min(eb / 2.0, F16_EB_CAP)), version=version), eb
-        # constant data: REL resolves to 0, lossless
-        return ccoll.compress(x32, bound, version=version), 0.0
     stream = ccoll.compress(x, bound, version=version)
+    if x.dtype == np.float16:
+        return stream, bound.resolve(*finite_range(x))
     return stream, float(header(stream).eb)
 
 

@@ -51,6 +51,12 @@ def rel_eb(x: np.ndarray, rel: float) -> float:
 
 def check_roundtrip(x: np.ndarray, eb: float) -> np.ndarray:
     """GPU stream == CPU stream; both backends decode it to the same bits within the bound."""
+    return check_decoded(x, eb)[0]
+
+
+def check_decoded(x: np.ndarray, eb: float) -> tuple[np.ndarray, np.ndarray]:
+    """check_roundtrip, returning the stream and the GPU's decoding of it (tests read that
+    instead of decoding the same bytes again: two kernel launches in the simulator)."""
     g = host(_cuda.compress_abs(to_dev(x), eb))
     c = _cpu.compress_abs(x, eb)
     assert g.tobytes() == c.tobytes(), f"streams differ ({g.size} vs {c.size} bytes)"
@@ -62,7 +68,7 @@ def check_roundtrip(x: np.ndarray, eb: float) -> np.ndarray:
         assert_within(y_gpu, x, eb, strict=True)
     else:
         np.testing.assert_array_equal(y_gpu, x)  # lossless (NaN == NaN, -0.0 == 0.0 here)
-    return g
+    return g, y_gpu
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 32, 33, 63, 64, 65, 1023, 1024, 1025])
@@ -108,9 +114,8 @@ def test_lossless_keeps_bits_and_signed_zeros(dtype):
     x[70] = 3.25
     x[71] = -0.0
     x[75] = np.nan
-    g = check_roundtrip(x, 0.0)
+    g, y = check_decoded(x, 0.0)
     assert _cuda.header(to_dev(g)).nnz == 1
-    y = host(_cuda.decompress(to_dev(g)))
     assert np.signbit(y[71]) and np.isnan(y[75]) and y[70] == 3.25
 
 
@@ -123,14 +128,20 @@ def test_nan_inf_and_extremes_preserved(dtype):
     x[6] = -np.inf
     x[45] = fi.max
     x[46] = fi.tiny / 4  # subnormal
-    g = check_roundtrip(x, 1e-3)
-    y = host(_cuda.decompress(to_dev(g)))
+    _, y = check_decoded(x, 1e-3)
     assert np.isnan(y[[2, 40]]).all() and y[5] == np.inf and y[6] == -np.inf
 
 
-def add_pair(x1: np.ndarray, x2: np.ndarray, eb: float) -> tuple[np.ndarray, np.ndarray]:
-    ga = _cuda.compress_abs(to_dev(x1), eb)
-    gb = _cuda.compress_abs(to_dev(x2), eb)
+def add_pair(x1: np.ndarray, x2: np.ndarray, eb: float, gpu_streams: bool = True
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """GPU sum == CPU sum of the two streams of x1, x2 (made on the GPU, or on the CPU when
+    only the add is under test: the same bytes, two kernel launches fewer each)."""
+    if gpu_streams:
+        ga = _cuda.compress_abs(to_dev(x1), eb)
+        gb = _cuda.compress_abs(to_dev(x2), eb)
+    else:
+        ga = to_dev(_cpu.compress_abs(x1, eb))
+        gb = to_dev(_cpu.compress_abs(x2, eb))
     s_gpu = host(_cuda.add(ga, gb))
     s_cpu = _cpu.add(host(ga), host(gb))
     assert s_gpu.tobytes() == s_cpu.tobytes(), "sum streams differ"
@@ -153,7 +164,7 @@ def test_add_equals_cpu_and_bounds_the_exact_sum(n, dtype):
     x1[n // 2 : n // 2 + n // 11] = 0.0
     x2[n - 70] = np.nan  # a raw block summed with a fixed one
     eb = rel_eb(x1, 1e-3)
-    s, _ = add_pair(x1, x2, eb)
+    s, _ = add_pair(x1, x2, eb, gpu_streams=False)
     hdr = _cuda.header(to_dev(s))
     bound = 2 * Fraction(eb)
     assert hdr.nterms == 2 and Fraction(hdr.bound) >= bound
@@ -193,9 +204,10 @@ def test_add_cross_decodes_and_chains():
 
 
 def test_add_rejects_mismatched_streams():
-    a = _cuda.compress_abs(to_dev(np.ones(40, np.float32)), 1e-3)
-    b = _cuda.compress_abs(to_dev(np.ones(41, np.float32)), 1e-3)
-    c = _cuda.compress_abs(to_dev(np.ones(40, np.float32)), 2e-3)
+    # Streams of the CPU backend (the same bytes as the GPU's): only the add runs here.
+    a = to_dev(_cpu.compress_abs(np.ones(40, np.float32), 1e-3))
+    b = to_dev(_cpu.compress_abs(np.ones(41, np.float32), 1e-3))
+    c = to_dev(_cpu.compress_abs(np.ones(40, np.float32), 2e-3))
     assert_clear_error(MismatchError, "elements", _cuda.add, a, b)
     assert_clear_error(MismatchError, "different bounds", _cuda.add, a, c)
 
@@ -247,9 +259,15 @@ def test_bad_inputs_are_clear_errors():
 def test_capped_grid_writes_the_same_stream(max_blocks):
     # 3000 elements: 3 tiles, so one persistent thread block takes every tile
     # (the look-back then waits on tiles their own or another thread block did earlier).
+    # Each tile holds 96 elements of gradient-like data (narrow and wide codes, Lorenzo) and
+    # zeros elsewhere: cheap in the simulator, and every tile shifts the next one's codes
+    # and payload.
     from ccoll.compressor import api
 
-    x = gradient_like(3000, np.float32, seed=41)
+    x = np.zeros(3000, np.float32)
+    for k, at in enumerate((0, 1100, 2300)):
+        x[at : at + 96] = gradient_like(96, np.float32, seed=41 + k)
+    x[-1] = 0.25
     eb = rel_eb(x, 1e-3)
     d = to_dev(x)
     want = _cpu.compress_abs(x, eb).tobytes()

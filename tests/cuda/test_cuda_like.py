@@ -34,7 +34,8 @@ def test_device_like_gives_a_device_array():
 
 
 def test_device_like_errors_name_the_fix():
-    _, buf = _stream()
+    # A device stream made on the host: the checks refuse it before any kernel runs.
+    buf = cuda.to_device(ccoll.compress(np.ones(300, np.float32), ccoll.ABS(EB)))
     assert_clear_error(MismatchError, r"like lives on the host but the stream on the device",
                        ccoll.decompress, buf, like=np.zeros(1, np.float32))
     assert_clear_error(MismatchError, r"like has dtype float64 but the stream holds float32",

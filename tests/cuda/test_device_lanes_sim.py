@@ -78,14 +78,14 @@ def test_device_lanes_follow_ccoll_sched(monkeypatch, sched):
 def test_one_rank_allreduce_compresses_on_compress_lane_and_decodes_on_reduce(
         monkeypatch, sched, algorithm):
     spy = Spy(monkeypatch)
-    x = data(300)
+    x = data(200)
     with ccoll.Communicator(COMM, policy="compress", chunk_elems=100) as c:
         want = ccoll.allreduce(x, eb=1e-3, comm=c, algorithm=algorithm)
         spy.calls.clear()
         y = ccoll.allreduce(cuda.to_device(x), eb=1e-3, comm=c, algorithm=algorithm, op="avg")
     assert y.copy_to_host().tobytes() == want.tobytes()  # avg of one rank: the sum
     comp, dec = spy.of("compress_abs"), spy.of("decompress")
-    assert len(comp) == 3 and len(dec) == 3  # one per chunk
+    assert len(comp) == 2 and len(dec) == 2  # one per chunk
     for kw in comp:
         assert kw["stream"] is sched.lane("compress").stream
         assert kw["max_blocks"] == sched.grid_limit("compress")
@@ -125,7 +125,8 @@ def test_homomorphic_combine_adds_on_reduce_lane(monkeypatch, sched):
     lanes = DeviceLanes(sched)
     ops = HomomorphicOps(cuda.to_device(x), layout, 1e-3, lanes)
     lo, hi = layout.chunks(1)[0]
-    received = capi.compress_abs(cuda.to_device(data(hi - lo, seed=1)), 1e-3)
+    # A received stream on the device (made on the host: the same bytes, no kernel launch).
+    received = cuda.to_device(capi.compress_abs(data(hi - lo, seed=1), 1e-3))
     spy = Spy(monkeypatch)
     out = ops.combine(1, 0, received)
     assert spy.of("add_data") == [{"stream": sched.lane("reduce").stream}]
@@ -148,7 +149,7 @@ def test_dar_combine_decodes_and_adds_on_reduce_recompresses_on_compress(monkeyp
 
     monkeypatch.setattr(devkernels, "add_inplace", add_spy)
     lo, hi = layout.chunks(1)[0]
-    received = capi.compress_abs(cuda.to_device(data(hi - lo, seed=1)), ops.eb_step)
+    received = cuda.to_device(capi.compress_abs(data(hi - lo, seed=1), ops.eb_step))
     spy = Spy(monkeypatch)
     out = ops.combine(1, 0, received)
     assert spy.of("decompress") == [{"stream": sched.lane("reduce").stream}]

@@ -1,16 +1,17 @@
 """float16 / bfloat16 host input to the collectives, and ``bcast(None)`` (run at 1..5 ranks).
 
 float16 data is reduced in float32 and rounded once to float16 (docs/error-bound.md,
-"float16 and bfloat16"): a float32 result within ``eb`` plus one float32 rounding, then
-one float16 rounding. The float32 rounding is at most ``2^-14`` float16 spacings of the
-result, which the checks add as ``extra``; everything is decided exactly (tests/kit.py).
+"float16 and bfloat16"); the bound holds on the float16 result itself (the float32 stage
+gets what the rounding leaves of it), so the checks allow no rounding; everything is
+decided exactly (tests/kit.py). tests/mpi/test_narrow_bound.py has the bounds float16 and
+bfloat16 cannot hold.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from collkit import exact_sum, f32_rounding, global_eb, gradient_like, my_block
+from collkit import exact_sum, global_eb, gradient_like, my_block
 from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
@@ -38,8 +39,7 @@ def test_allreduce_float16_within_bound(comm, compressing, n, eb):
     y = compressing.allreduce(x, eb)
     assert y.dtype == np.float16 and y.shape == x.shape
     assert compressing.last_call.compressed
-    assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb), roundings=1,
-                  extra=f32_rounding(y))
+    assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb))
     assert_same_on_every_rank(comm, y)
 
 
@@ -49,9 +49,7 @@ def test_allreduce_float16_avg_and_out(comm, compressing):
     y = compressing.allreduce(x, ccoll.REL(1e-3), op="avg", out=out)
     assert y is out
     bound = global_eb(comm, x, ccoll.REL(1e-3))  # the bound is on the average
-    # The float32 average has three float32 half spacings (tests/mpi/test_collectives.py).
-    assert_within(y, exact_sum(comm, x) / comm.size, bound, roundings=1,
-                  extra=f32_rounding(y, 3))
+    assert_within(y, exact_sum(comm, x) / comm.size, bound)
     assert_same_on_every_rank(comm, y)
 
 
@@ -71,8 +69,7 @@ def test_reduce_scatter_float16(comm, compressing, eb):
     x = gradient_like(comm.rank, 10_001, np.float16)
     y = compressing.reduce_scatter(x, eb)
     assert y.dtype == np.float16
-    assert_within(y, my_block(exact_sum(comm, x), comm), global_eb(comm, x, eb),
-                  roundings=1, extra=f32_rounding(y))
+    assert_within(y, my_block(exact_sum(comm, x), comm), global_eb(comm, x, eb))
 
 
 @pytest.mark.parametrize("eb", BOUNDS, ids=_bid)
@@ -81,8 +78,7 @@ def test_allgather_float16(comm, compressing, eb):
     y = compressing.allgather(x, eb)
     assert y.dtype == np.float16 and y.shape == (comm.size, 27, 37)
     every = np.stack(comm.allgather(x))
-    # The decoder's float32 is within eb of a float16 value; rounding adds at most s/2.
-    assert_within(y, every, global_eb(comm, x, eb), roundings=1)
+    assert_within(y, every, global_eb(comm, x, eb))
     assert_same_on_every_rank(comm, y)
 
 
@@ -90,7 +86,7 @@ def test_iallreduce_float16(comm, compressing):
     x = gradient_like(comm.rank, 3000, np.float16)
     y = compressing.iallreduce(x, ccoll.ABS(1e-3)).wait()
     assert y.dtype == np.float16
-    assert_within(y, exact_sum(comm, x), 1e-3, roundings=1, extra=f32_rounding(y))
+    assert_within(y, exact_sum(comm, x), 1e-3)
     assert compressing.last_async_call.compressed
 
 
@@ -98,12 +94,11 @@ def test_bfloat16_tensor_allreduce(comm, compressing):
     torch = pytest.importorskip("torch")
     x = torch.from_numpy(gradient_like(comm.rank, 2000, np.float32)).to(torch.bfloat16)
     x32 = x.float().numpy()
-    y = compressing.allreduce(x, ccoll.ABS(1e-3))
+    # bfloat16's gaps are 2^-7 of a value: ABS(1e-2) holds on sums up to 2.5.
+    y = compressing.allreduce(x, ccoll.ABS(1e-2))
     assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16
     y32 = y.float().numpy()
-    sp = np.spacing(np.abs(y32)).astype(np.float64) * 2.0**16  # bfloat16's spacing
-    assert_within(y32, exact_sum(comm, x32), 1e-3, roundings=1, spacing=sp,
-                  extra=sp * 2.0**-16)
+    assert_within(y32, exact_sum(comm, x32), 1e-2)
     assert_same_on_every_rank(comm, y32)
 
 
@@ -117,8 +112,7 @@ def test_bcast_none_on_non_root_ranks(comm, policy, dtype, root):
     with ccoll.Communicator(comm, policy=policy) as cc:
         y = cc.bcast(x, eb, root=root)
         assert y.dtype == np.dtype(dtype) and y.shape == (20, 30)
-        assert_within(y, src, 1e-3 if policy == "compress" else 0.0,
-                      roundings=1 if dtype == np.float16 else 0)
+        assert_within(y, src, 1e-3 if policy == "compress" else 0.0)
         assert_same_on_every_rank(comm, y)
         assert cc.last_call.compressed == (policy == "compress")
 

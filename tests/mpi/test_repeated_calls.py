@@ -155,6 +155,37 @@ def test_repeated_auto_call_that_goes_raw_runs_without_the_agreement(comm):
         assert all(d == decisions[0] for d in decisions)
 
 
+@pytest.mark.parametrize("eb, same", [("rel:1e-3", ccoll.REL(1e-3)), (1e-3, ccoll.ABS(1e-3))],
+                         ids=["string", "float"])
+def test_a_bound_given_as_a_string_or_a_float_repeats_without_the_agreement(comm, eb, same):
+    # The API takes "rel:1e-3" and plain floats as bounds; their repeats must run the
+    # fast way as ccoll.REL/ABS do, and plan, report and result as those.
+    x = data(comm.rank, 16)
+    with ccoll.Communicator(comm) as c, ccoll.Communicator(comm) as ref:
+        reports, ref_reports = [], []
+        for _ in range(4):
+            y = c.allreduce(x, eb)
+            assert_within(y, allreduce_reference(comm, x, "sum"),
+                          **allowance(global_eb(comm, x, same), y, SIZE, "sum"))
+            assert_same_on_every_rank(comm, y)
+            reports.append(c.last_call)
+            ref.allreduce(x, same)
+            ref_reports.append(ref.last_call)
+        assert [r.overlapped for r in reports] == [False] + [True] * 3, [str(r) for r in
+                                                                         reports]
+        keep = ("compressed", "reason", "overlapped", "eb_abs", "bytes_sent", "path")
+        assert [[getattr(r, k) for k in keep] for r in reports] == [
+            [getattr(r, k) for k in keep] for r in ref_reports]
+        # A rank that changes the string's bound after the repeats: the same error
+        # everywhere, never a hang.
+        if SIZE > 1:
+            other = "rel:1e-2" if comm.rank == SIZE - 1 else "rel:1e-3"
+            with pytest.raises(MismatchError) as info:
+                c.allreduce(x, other if eb == "rel:1e-3" else
+                            (2e-3 if comm.rank == SIZE - 1 else 1e-3))
+            same_error_everywhere(comm, info, MismatchError, "error-bound value")
+
+
 def test_avg_in_place_and_float16_repeated(comm):
     x = data(comm.rank, 257, np.float64)
     want = mpi_result(comm, "allreduce", x) / np.float64(SIZE)

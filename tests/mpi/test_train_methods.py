@@ -164,3 +164,26 @@ def test_shared_namespace_counters_count_once() -> None:
     assert out["loopback_tx_bytes"] == 7
     assert out["wire_bytes"] == 1000
     assert out["wire_bytes_source"] == "tx counters of eth9, summed over the 1 network namespaces"
+
+
+@pytest.mark.parametrize("method", ["ccoll", "ccoll-ef"])
+def test_ccoll_logs_say_what_it_did(logs: dict[str, dict[str, Any]], method: str) -> None:
+    # Per step, the buckets that went compressed; in all, compressed and exact; the first
+    # compressed step and its time (kept out of the median step); what the console and the
+    # accuracy-against-time legend print from them.
+    ex = _example()
+    log = logs[method]
+    per_step = log["step_buckets_compressed"]
+    assert len(per_step) == STEPS and all(c >= 0 for c in per_step)
+    assert sum(per_step) == log["buckets_compressed"]
+    first = log["first_compressed_step"]
+    if first is None:
+        assert log["buckets_compressed"] == 0 and log["first_compressed_step_time_s"] is None
+    else:
+        assert per_step[first] > 0 and all(c == 0 for c in per_step[:first])
+        assert log["first_compressed_step_time_s"] == log["step_time_s"][first]
+    line = ex._what_ccoll_did(log)
+    assert f"buckets {log['buckets_compressed']} compressed, {log['buckets_exact']} exact" in line
+    assert ("no step compressed" in line) == (first is None)
+    if log.get("step_check_winner") is not None:
+        assert f"step check chose {log['step_check_winner']}" in line
