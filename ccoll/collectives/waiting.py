@@ -66,7 +66,7 @@ _POLL_MAX_S = 1e-3
 # (MPICH's blocking waits spin all along), yielding the core every _YIELD_EVERY tests as
 # MPICH's do; its sleeps then stay below 1/_BACKOFF_SHARE of the time waited so far.
 _SPIN_S = 2e-3
-_YIELD_EVERY = 256
+_YIELD_EVERY = 16
 _BACKOFF_SHARE = 32
 
 # The clock of deadlines (a name of its own, so that tests can stand in for time).
