@@ -66,7 +66,7 @@ _POLL_MAX_S = 1e-3
 # (MPICH's blocking waits spin all along), yielding the core every _YIELD_EVERY tests as
 # MPICH's do; its sleeps then stay below 1/_BACKOFF_SHARE of the time waited so far.
 _SPIN_S = 2e-3
-_YIELD_EVERY = 16
+_YIELD_EVERY = 256
 _BACKOFF_SHARE = 32
 
 # The clock of deadlines (a name of its own, so that tests can stand in for time).
@@ -156,10 +156,11 @@ def spin(test: Callable[[], bool], seconds: float) -> bool:
     """Call ``test`` in a tight loop for up to ``seconds``; return whether it returned True.
 
     What MPICH's blocking waits do (they spin too), so a short call costs no more under a
-    deadline than without one. The core is yielded every :data:`_YIELD_EVERY` tests, so
-    that a peer rank or a compute thread that shares it still runs (a spin that never
-    yields doubled the time of a 64 KiB ``MPI_Iallreduce`` between two ranks on two busy
-    cores).
+    deadline than without one. The core is yielded every :data:`_YIELD_EVERY` tests (about
+    every 60 µs; MPICH's blocking waits yield after 1,000 polls), so that a peer rank or a
+    compute thread that shares it still runs: a spin that never yields doubled the time of
+    a 64 KiB ``MPI_Iallreduce`` between two ranks on two busy cores, and one that yields
+    every 16 tests lost the core to other jobs for about 100 µs a time.
     """
     end = time.perf_counter() + seconds
     n = 0
