@@ -80,7 +80,7 @@ test-slow: $(STAMP)
 	done
 
 # ccoll bench: collectives against plain MPI, side by side (docs/performance.md,
-# "Collectives speedup"). `bench` runs on shared memory; `bench-cluster` (root) on emulated
+# "Allreduce against MPI"). `bench` runs on shared memory; `bench-cluster` (root) on emulated
 # clusters of 1 and 10 Gbit/s links (jobs/emulated_cluster.py).
 BENCH_OUT ?= build/bench
 bench: $(STAMP)

@@ -9,7 +9,7 @@ adds up (docs/model.md, "Kernel calls"). One numba thread, thread CPU time, best
     python bench/call_cost.py
     python bench/call_cost.py --sizes 16,1024 --calls 500
 
-docs/performance.md quotes its output.
+docs/dev/compressor-kernels.md quotes its output.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ one, disassembled from the process's own memory with ``objdump``.
 A function's extent is taken as up to the next known address (at most 1 MiB), so a share
 can include code numba placed after it. The samples are of the CPU clock (a virtual
 machine may offer no hardware counters); an instruction's count includes the skid of the
-instruction before it. docs/performance.md quotes what it showed.
+instruction before it. docs/dev/format-v2.md quotes what it showed.
 """
 
 from __future__ import annotations

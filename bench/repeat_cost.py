@@ -54,10 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     bounds = [None if b.strip().lower() == "none" else b.strip() for b in args.eb.split(",")]
     rank, size = comm.Get_rank(), comm.Get_size()
     if rank == 0:
-        import llvmlite.binding as llvm
+        from ccoll.speedindex import describe, speed_index
 
+        print(f"# {describe(speed_index())}")
         print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {size} rank(s), "
-              f"cpu {llvm.get_host_cpu_name()}, load average {os.getloadavg()[0]:.2f}; "
+              f"load average {os.getloadavg()[0]:.2f}; "
               f"median of {args.rounds} rounds x {args.calls} calls, slowest rank; us per call")
         cols = "| size | eb | timeout | mpi4py | ccoll | ccoll - mpi4py | speed vs mpi4py |"
         print(cols)

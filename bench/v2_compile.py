@@ -12,7 +12,7 @@ one numba thread, best of 5: GB/s of float32 input, and the ratio.
     python bench/v2_compile.py            # compile times (about 4 minutes on 2 cores)
     python bench/v2_compile.py --speed    # and the speeds (another minute)
 
-docs/performance.md ("Format v2 on the CPU") quotes its output.
+docs/dev/format-v2.md ("Compile time and inlining") quotes its output.
 """
 
 from __future__ import annotations

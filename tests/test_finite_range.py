@@ -86,7 +86,7 @@ def test_strided_input_gives_the_range_of_its_elements():
 
 def test_the_collectives_check_stage_uses_the_fused_pass(monkeypatch):
     # The range of a large REL call: one parallel numba pass, not numpy's two passes plus
-    # a filtered copy (docs/performance.md, "The REL check stage").
+    # a filtered copy (docs/dev/collectives-timeline.md, "The REL check stage").
     calls = []
     kernel = encode._range_kernel
 

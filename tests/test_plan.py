@@ -19,6 +19,7 @@ from ccoll.collectives.policy.plan import (
     MAX_LEVEL,
     VARIANTS,
     Facts,
+    Formats,
     Options,
     Plan,
     Planner,
@@ -212,3 +213,52 @@ def test_a_sampled_ratio_that_is_not_a_ratio_is_ignored(bad):
     st = pl.state(KEY, FACTS)
     p = pl.plan(st, FACTS, ratio=bad)
     assert p.ratio == model.DEFAULT_RATIO and st.ratio is None
+
+
+# ------------------------------------------------------------------- the stream format
+
+def _plan_of(p: model.Params, formats, *, facts: Facts = FACTS, version=None,
+             schedule: str = "auto", ratio: float = 16.0) -> Plan:
+    pl = Planner(p, Options(None, None, schedule, None, version), 7, formats=formats)
+    st = pl.state(KEY, facts)
+    return pl.plan(st, facts, ratio=ratio)
+
+
+def test_format_2_where_its_bytes_pay_on_a_slow_link():
+    # The same kernel rates, twice the ratio: on a slow link the model sends format 2.
+    formats = Formats(SLOW, 2.0)
+    plan = _plan_of(SLOW, formats)
+    assert plan.compress and plan.version == 2 and plan.pieces == 0
+    assert plan.format_reason.startswith("predicted ") and "format 1 " in plan.format_reason
+    assert plan.ratio == 32.0  # format 1's sampled ratio times the gain
+
+
+def test_format_1_where_format_2s_kernels_cost_more_than_its_bytes_save():
+    # A fast link and format-2 kernels ten times slower for 5% fewer bytes: format 1.
+    fast_link = replace(model.DEFAULTS, beta=1.25e9)
+    slow2 = replace(fast_link, compress=fast_link.compress / 10, add=fast_link.add / 10,
+                    decompress=fast_link.decompress / 10)
+    plan = _plan_of(fast_link, Formats(slow2, 1.05), facts=FACTS._replace(policy="compress"))
+    assert plan.compress and plan.version == 1
+
+
+def test_format_forced_unknown_halving_and_device():
+    formats = Formats(SLOW, 2.0)
+    forced = _plan_of(SLOW, formats, version=1)
+    assert forced.version == 1 and forced.format_reason == "format_version=1"
+    forced2 = _plan_of(SLOW, None, version=2)  # forced without a calibration of format 2
+    assert forced2.version == 2 and forced2.format_reason == "format_version=2"
+    assert _plan_of(SLOW, None).version == 1  # format 2 never measured: format 1
+    assert _plan_of(SLOW, formats, schedule="halving").version == 1  # halving cuts format 1
+    dev = _plan_of(SLOW, formats, facts=FACTS._replace(device=True))
+    assert dev.compress and dev.version == 1
+
+
+def test_format_2s_calibration_is_in_the_plans_digest():
+    from ccoll.collectives.policy.calibration import Calibration
+
+    a = Calibration(SLOW, "settings", "cache", format2=SLOW, gain2=2.0)
+    b = Calibration(SLOW, "settings", "cache", format2=SLOW, gain2=2.5)
+    c = Calibration(SLOW, "settings", "cache")
+    assert len({a.digest, b.digest, c.digest}) == 3
+    assert c.formats is None and a.formats == Formats(SLOW, 2.0)

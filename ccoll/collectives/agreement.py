@@ -4,7 +4,8 @@ Before any data moves, every rank contributes a float64 vector
 ``[lo, f1, f2, ..., -hi, -f1, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give
 the global range of the finite values (for ``REL`` bounds), and each field ``f``
 (collective, invalid-argument flag, count, dtype, bound kind and value, op, algorithm,
-policy, root, shape, the Communicator's chunk size, split, node grouping and schedule, host
+policy, root, shape, the Communicator's chunk size, split, node grouping, schedule and
+stream format version, host
 or device data, the DDP hook's settings, and the fingerprint of the state the call's plan
 depends on, :meth:`ccoll.collectives.policy.plan.Planner.digest`) comes back as ``min f``
 and ``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same
@@ -90,6 +91,7 @@ _FIELDS = (
     "nodes",
     "ranks per node",
     "schedule",
+    "format version",
     "plan state",
     "x is None",
     "seconds raw",
@@ -144,6 +146,8 @@ class Call:
     rpn: int = -1
     # The Communicator's schedule of compressed allreduces (SCHEDULES; 0 for calls).
     schedule: int = 0
+    # The Communicator's format_version (1 or 2; 0: chosen per call, and 0 for calls).
+    version: int = 0
     # The fingerprint of the state the call's plan depends on (Planner.digest).
     plan: int = 0
     lo: float = math.inf
@@ -195,6 +199,7 @@ class Call:
             self.nodes,
             self.rpn,
             self.schedule,
+            self.version,
             self.plan,
             1 if self.wild else 0,
             *self.times,

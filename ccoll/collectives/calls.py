@@ -522,7 +522,7 @@ def report(cc: Any, route: Route) -> CallReport | None:
                       plan.predicted if plan.compress else None,
                       ratio, fast, plan.chunk_elems,
                       plan.two_level, g.nodes, g.ranks_per_node, plan.version, plan.variant,
-                      plan.trial)
+                      plan.trial, plan.format_reason if plan.compress else "")
 
 
 def _raw_bytes(collective: str, n: int, nbytes: int) -> int:
@@ -562,7 +562,7 @@ def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
         else:
             ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                            chunk_elems=plan.chunk_elems, deadline=p.deadline,
-                           place=p.place, requant=requant)
+                           place=p.place, requant=requant, version=plan.version)
         if requant is not None:  # the owners divided before they requantized
             return result(p, y, p.out)
     if p.avg:
@@ -586,8 +586,9 @@ def run_reduce_scatter(cc: Any, route: Route, p: Prepared, _root: Any = None) ->
             ch, xs, counts, ys, p.deadline))
     elif p.flat.size:
         ring_eb = sum_bound(p.eb_abs, n_ranks, p.avg)
-        ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place)
-        mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place)
+        ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place, plan.version)
+        mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place,
+                                      plan.version)
         gather.decode_block(layout, r, p.dtype, mine, ring_eb, y, p.place.lanes)
     if p.avg:
         divide(p, y, n_ranks)
@@ -604,7 +605,7 @@ def run_allgather(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
         on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allgather(
             ch, xs, ys, p.deadline))
     elif p.flat.size:
-        gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline, p.place)
+        gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline, p.place, p.plan.version)
     return result(p, y, None)
 
 
@@ -626,7 +627,7 @@ def run_bcast(cc: Any, route: Route, p: Prepared, root: int) -> Any:
 
         on_mpi_buffers(ch, p, p.flat if is_root else None, yflat, bcast)
     elif p.flat.size:
-        gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline, p.place)
+        gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline, p.place, p.plan.version)
     return result(p, y, None)
 
 

@@ -313,7 +313,7 @@ def _split_fraction(ranks: int, width: float) -> float:
 
 
 # The split's requantization, in decodes and compressions of the data it covers (measured
-# on MiniLM gradients, 16 MiB of float32 per owner block; docs/performance.md, "Split:
+# on MiniLM gradients, 16 MiB of float32 per owner block; docs/dev/scale-out.md, "Split:
 # time"): the owner decodes its reduced chunk to float64, compresses that, decodes the
 # result and compares it with the values it came from (about four decodes and one
 # compression of S/N); every rank decodes float64 streams, about one decode of the
@@ -342,7 +342,7 @@ def split_pays(size: float, ranks: int, p: Params, ratio: float, share: float, *
     The homomorphic ring priced with the split's message ratios (:func:`split_ratios`,
     each at its best chunk count) plus :func:`split_time`, against the ring without a
     split. The bytes a split saves are a few percent at 4 ranks and a quarter at 16
-    (docs/performance.md, "Scale out"), so it pays where the link, not the compressor,
+    (docs/dev/scale-out.md, "Scale out"), so it pays where the link, not the compressor,
     bounds the call. Pure arithmetic on agreed numbers: the same on every rank.
     """
     if ranks < 2 or share <= 0.0:

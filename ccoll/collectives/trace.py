@@ -11,8 +11,8 @@ stage and its ``reduce-scatter`` / ``allgather`` parts).
 
 Off, which is the default, it costs nothing measurable: every instrumented function reads
 the module attribute :data:`ACTIVE` once and each span site tests that local for ``None``;
-no clock is read and nothing is allocated (docs/performance.md, "Timeline of one call",
-measures it).
+no clock is read and nothing is allocated (docs/dev/collectives-timeline.md, "What tracing
+costs", measures it).
 
 :func:`gather` brings every rank's spans to rank 0 with buffer-based MPI calls, times
 relative to each rank's own moment of leaving the barrier that started the traced call

@@ -4,7 +4,7 @@ The collectives' own policy (ccoll.collectives.policy) prices each bucket's allr
 measures it against raw calls, but not what compressing costs the rest of the step: on a
 machine whose cores the backward pass also needs, the compressor's CPU comes out of the
 backward pass, and a bucket whose allreduce got faster can still make the step slower
-(docs/training.md measured this at 10 Gbit/s). :class:`StepGate` compares whole steps:
+(docs/dev/training-runs.md measured this at 10 Gbit/s). :class:`StepGate` compares whole steps:
 
 - the first ``warmup + probe`` gated steps run ``"auto"`` (the collectives' policy decides
   per bucket; the first ``warmup`` steps compile and calibrate and are not measured), the

@@ -393,7 +393,7 @@ class FSDPReduceScatter:
         y = cc.reduce_scatter(x, eb, opname)
         yt = torch.as_tensor(y) if not isinstance(y, torch.Tensor) else y
         if idx is None:
-            out.copy_(yt.reshape(out.shape))  # one rounding for float16 / bfloat16
+            out.copy_(yt.reshape(out.shape))  # of out's dtype already: no rounding
         else:
             out.index_copy_(0, idx.to(out.device), yt.to(out.device, out.dtype))
         if out.is_cuda:
@@ -482,14 +482,15 @@ class _ModuleView:
 def _as_input(x: torch.Tensor) -> Any:
     """Return what ccoll's collective takes.
 
-    A host numpy array (float32 for float16/bfloat16, exactly), or a float32/float64 CUDA
-    tensor.
+    A host float32/float64 numpy array (a view), or the tensor itself: a CUDA tensor goes
+    to ccoll's device path, and a float16/bfloat16 one is reduced under the rule of the
+    collectives, so that the output in its own dtype holds the bound (the final rounding
+    to that dtype included) or every rank refuses it with ``ErrorBoundError``
+    (docs/error-bound.md, "float16 and bfloat16").
     """
-    if x.is_cuda:
-        return x if x.dtype in (torch.float32, torch.float64) else x.float()
-    if x.dtype in (torch.float32, torch.float64):
-        return x.contiguous().numpy()
-    return x.float().numpy()
+    if x.is_cuda or x.dtype not in (torch.float32, torch.float64):
+        return x.contiguous()
+    return x.contiguous().numpy()
 
 
 def _most_replicas(group: Any) -> int:

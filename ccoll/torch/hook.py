@@ -15,10 +15,13 @@ What a bucket goes through (docs/training.md has the reasoning and the bound):
    roundings to float32, and bitwise identical on every rank; with ``policy="auto"`` the
    collective may send it raw, and the hook's step check averages a whole step's buckets
    exactly while steps measure faster that way (ccoll/torch/_stepgate.py);
-3. float16 / bfloat16 buckets are upcast to a float32 copy, reduced and bounded in float32,
-   and cast back: the bound then holds up to one rounding to the bucket's precision.
-   CUDA buckets go to ccoll's device path (compressed, added and decoded on the GPU);
-   with error feedback they are staged through a host copy;
+3. float16 / bfloat16 buckets follow the rule of ccoll's collectives (docs/error-bound.md,
+   "float16 and bfloat16"): the averaged bucket, in its own dtype, is within ``eb`` of the
+   exact average, the final rounding to that dtype included, or a bound the dtype cannot
+   hold at the average's magnitude is refused with ``ErrorBoundError`` on every rank (the
+   collective decides it from agreed numbers; with error feedback the hook does, from the
+   bucket's agreed range). CUDA buckets go to ccoll's device path (compressed, added and
+   decoded on the GPU); with error feedback they are staged through a host copy;
 4. with ``error_feedback``, the residual of the previous step is added before compression
    and the new residual is kept per bucket, and follows its parameters when DDP lays the
    buckets out anew (see :class:`CCollHookState`).
@@ -42,7 +45,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ccoll.compressor.precision import widen
+from ccoll.compressor.precision import stage_bound, widen
 from ccoll.errorbound import ABS, ErrorBound, finite_range
 from ccoll.errors import InputError, MismatchError
 from ccoll.torch._state import (
@@ -430,10 +433,15 @@ class CCollHookState:
 
         Collective over :attr:`comm` for ``REL`` (the global range of ``x``).
         """
-        from mpi4py import MPI
-
         if isinstance(self.eb, ABS):
             return self.eb.value
+        lo, hi = self.global_range(x)
+        return self.eb.resolve(lo, hi)
+
+    def global_range(self, x: np.ndarray) -> tuple[float, float]:
+        """Return the range of the finite values of ``x`` over every rank (collective)."""
+        from mpi4py import MPI
+
         from ccoll.collectives.waiting import Deadline, wait_all
 
         lo, hi = finite_range(x)
@@ -446,7 +454,7 @@ class CCollHookState:
             # The bucket's peers are left waiting: later buckets must not run.
             self.communicator._sync.fail(f"the hook's range allreduce raised {type(exc).__name__}")
             raise
-        return self.eb.resolve(float(ext[0]), float(-ext[1]))
+        return float(ext[0]), float(-ext[1])
 
 
 def _close_state(comm: Any, communicator: Any, gate_comm: Any = None,
@@ -572,16 +580,19 @@ def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np
     return own.reshape(x.shape)
 
 
-def _reduce(state: CCollHookState, x: Any, index: int, compress: bool) -> None:
+def _reduce(state: CCollHookState, x: Any, index: int, compress: bool,
+            narrow: str | None = None) -> None:
     """Average ``x`` over the ranks, in place; count how it went.
 
-    ``x`` is a host numpy array, or a CUDA tensor when error feedback is off (ccoll's
-    collectives then compress, add and decode on the device).
+    ``x`` is a host numpy array, or, when error feedback is off, the bucket tensor itself
+    (a CUDA one: ccoll's collectives then compress, add and decode on the device; a
+    float16/bfloat16 one: they hold the bound in its dtype). With error feedback,
+    ``narrow`` names the bucket's dtype when ``x`` is its float32 copy (float16/bfloat16).
     """
     cc = state.communicator
     before = cc.stats.compressed_calls
     try:
-        _reduce_counted(state, x, index, compress)
+        _reduce_counted(state, x, index, compress, narrow)
     finally:
         if cc.stats.compressed_calls > before:
             state.compressed += 1
@@ -589,7 +600,8 @@ def _reduce(state: CCollHookState, x: Any, index: int, compress: bool) -> None:
             state.exact += 1
 
 
-def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool) -> None:
+def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool,
+                    narrow: str | None) -> None:
     cc = state.communicator
     if not compress:
         cc.allreduce(x, None, "avg", out=x)
@@ -599,8 +611,18 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool) -
         return
     r = state.residuals.get(index)
     x_ef = x + r if r is not None and r.shape == x.shape else x.copy()
-    eb_avg = state.avg_bound(x_ef)
-    if eb_avg == 0.0:  # constant bucket: nothing to quantize
+    if narrow is None:
+        eb_avg = state.avg_bound(x_ef)
+    else:
+        # The average is rounded to float16/bfloat16 after this float32 reduction: it gets
+        # what that rounding leaves of the bound (the collectives' rule, from the agreed
+        # range of x_ef, so every rank decides alike and refuses alike). x_ef is not a
+        # value of the dtype, not even on one rank: the rule of a reduction (ranks >= 2).
+        lo, hi = state.global_range(x_ef)
+        asked = state.eb
+        eb_avg = stage_bound(asked.resolve(lo, hi), narrow, lo, hi,
+                             ranks=max(2, state.comm.Get_size()), avg=True, asked=asked)
+    if eb_avg == 0.0:  # constant bucket (or no room left above the rounding): exact
         cc.allreduce(x_ef, None, "avg", out=x)
         state.residuals.pop(index, None)
         return
@@ -646,18 +668,18 @@ def _average_timed(
     if not tensor.is_cuda and full:
         _reduce(state, tensor.numpy(), index, compress)  # a view: reduced in place
         return tensor
-    if tensor.is_cuda and not (compress and state.error_feedback):
-        # ccoll's device path: the bucket (or its float32 copy) is reduced on the GPU.
-        x = tensor if full else tensor.float()
-        _reduce(state, x, index, compress)
-        if x is not tensor:
-            tensor.copy_(x)  # one rounding to float16 / bfloat16
-        torch.cuda.synchronize(tensor.device)  # ccoll's kernels ran on their own streams
+    if not (compress and state.error_feedback):
+        # The collective takes the bucket itself: a CUDA one goes to ccoll's device path
+        # (reduced on the GPU), and a float16/bfloat16 one is averaged under the rule of
+        # the collectives: the result in its own dtype holds the bound, or every rank
+        # refuses it (ccoll.compressor.precision.stage_bound).
+        _reduce(state, tensor, index, compress)
+        if tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)  # ccoll's kernels ran on their own streams
         return tensor
-    # float16 / bfloat16 host buckets (numpy has no bfloat16), and CUDA buckets with error
-    # feedback (the residual bookkeeping lives on the host): a float32 (float64) host copy
-    # is reduced and copied back, rounding once to the bucket's precision (the widening and
-    # rounding of ccoll.compressor.precision, as ccoll's own collectives do it).
+    # Error feedback (the residual bookkeeping lives on the host): a float32 (float64) host
+    # copy is reduced and copied back; a float16/bfloat16 bucket's float32 copy gets the
+    # bound that its rounding back to the bucket's dtype leaves (_reduce_counted).
     if full:
         host = tensor.to(device="cpu")
         _reduce(state, host.numpy(), index, compress)
@@ -666,7 +688,7 @@ def _average_timed(
         low = widen(tensor)
         assert low is not None  # a float16 or bfloat16 bucket (checked in comm_hook)
         wide, narrow = low
-        _reduce(state, wide, index, compress)
+        _reduce(state, wide, index, compress, narrow.name)
         narrow.into(tensor, wide)
     if tensor.is_cuda:
         torch.cuda.synchronize(tensor.device)
@@ -809,7 +831,9 @@ def _gate_step(state: CCollHookState) -> None:
 
 
 def _reduced_dtype(tensor: torch.Tensor) -> Any:
-    """Return the dtype ccoll averages a bucket in (float16 and bfloat16 widen to float32)."""
+    """Return the dtype ccoll averages a bucket in (float16/bfloat16: the torch dtype)."""
+    if tensor.dtype in _LOW_PRECISION:
+        return tensor.dtype  # averaged in its own dtype: never a settled raw plan
     return np.dtype(np.float64) if tensor.dtype == torch.float64 else np.dtype(np.float32)
 
 
@@ -834,7 +858,8 @@ def _divert_settled(state: CCollHookState) -> dict[int, tuple[int, Any]]:
     cc = state.communicator
     out = {}
     for index, (count, dtype) in sorted(state._shapes.items()):
-        if count < state.min_numel or cc._raw_settled(count, dtype, state.eb, consume=True):
+        if count < state.min_numel or (isinstance(dtype, np.dtype) and cc._raw_settled(
+                count, dtype, state.eb, consume=True)):
             out[index] = (count, dtype)
     return out
 

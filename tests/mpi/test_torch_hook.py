@@ -5,6 +5,7 @@ Run: mpiexec -n K python -m mpi4py -m pytest tests/mpi/test_torch_hook.py
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -83,6 +84,14 @@ def test_hook_within_bound_of_exact_average(comm, state_factory, eb, dtype) -> N
     ddp = DDP(model)
     ddp.register_comm_hook(state, ct.comm_hook)
     ddp.zero_grad()
+    narrow = dt in (torch.float16, torch.bfloat16)
+    if narrow and comm.size > 1 and eb_abs < _half_gap(dtype, float(np.abs(flat).max())):
+        # Below half the dtype's gap at the inputs' magnitude, where the average can lie:
+        # its final rounding alone can miss the bound, so every rank refuses it
+        # (tests/mpi/test_narrow_hook.py checks bounds just above that, exactly).
+        with pytest.raises(RuntimeError, match="ErrorBoundError: .* asks for less than"):
+            ddp(x).square().mean().backward()
+        return
     ddp(x).square().mean().backward()
     assert (state.compressed, state.exact, state.iter) == (1, 0, 1)
     if dt == torch.float32:  # the baseline's own float32 rounding is a few ulps
@@ -90,21 +99,16 @@ def test_hook_within_bound_of_exact_average(comm, state_factory, eb, dtype) -> N
             assert_within(p.grad.numpy(), q.numpy(), eb_abs, roundings=8)
     for p, ref in zip(model.parameters(), exact, strict=True):
         assert p.grad.dtype == dt
-        # The bound plus the roundings of the average to the bucket's own precision (the
-        # sum's, divided by N, and the quotient's: at most one spacing of the result).
-        if dt == torch.bfloat16:  # numpy has no bfloat16: measure its spacing with torch
-            assert_within(p.grad.float().numpy(), ref, eb_abs, roundings=2,
-                          spacing=_ulp(p.grad))
-        else:
+        if narrow:  # the bound holds in the bucket's own dtype, its rounding included
+            assert_within(p.grad.double().numpy(), ref, eb_abs)
+        else:  # the bound plus float32's (float64's) roundings of the sum and quotient
             assert_within(p.grad.numpy(), ref, eb_abs, roundings=2)
         assert_same_on_every_rank(comm, p.grad.float().numpy())
 
 
-def _ulp(t: torch.Tensor) -> np.ndarray:
-    """Spacing of the low-precision grid at each value of ``t``."""
-    a = t.float().abs()
-    nxt = torch.nextafter(t.abs(), torch.full_like(t, float("inf"))).float()
-    return (nxt - a).numpy().astype(np.float64)
+def _half_gap(dtype: str, a: float) -> float:
+    """Half the gap between normal values of float16/bfloat16 in the binade of ``a``."""
+    return 2.0 ** (math.frexp(a)[1] - {"float16": 11, "bfloat16": 8}[dtype] - 1)
 
 
 def test_first_iterations_and_small_buckets_are_exact(comm, state_factory) -> None:

@@ -1,0 +1,33 @@
+"""The speed index every benchmark prints beside its figures (ccoll/speedindex.py)."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from ccoll import speedindex
+
+
+def test_index_measures_sz3_on_every_float32_tensor_of_the_dump(tmp_path):
+    pytest.importorskip("pysz")
+    path = tmp_path / "dump.h5"
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f["step_0000/a"] = rng.standard_normal(5000).astype(np.float32)
+        f["step_0000/b"] = rng.standard_normal((30, 40)).astype(np.float32)
+        f["step_0001/a"] = rng.standard_normal(700).astype(np.float32)
+        f["step_0001/ints"] = np.arange(10, dtype=np.int64)  # not a gradient: left out
+    got = speedindex.speed_index(str(path), repeats=1)
+    assert got["elements"] == 5000 + 1200 + 700
+    assert got["sz3_compress_gbps"] > 0
+    assert got["cpu"] and got["cpu"] == speedindex.cpu_name()
+    line = speedindex.describe(got)
+    assert "SZ3 compress" in line and "MB/s" in line and got["cpu"] in line
+
+
+def test_index_without_the_data_says_why(tmp_path):
+    got = speedindex.speed_index(str(tmp_path / "missing.h5"))
+    assert got["sz3_compress_gbps"] is None
+    assert "no such file" in got["why"]
+    assert "not measured" in speedindex.describe(got)
