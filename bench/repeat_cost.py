@@ -11,7 +11,9 @@ and at several ranks for the cost of the check that the ranks agree:
     mpiexec -n 2 python -m mpi4py bench/repeat_cost.py --sizes 4,8K,64K,1M
 
 For before/after figures, run it twice in one session with ``PYTHONPATH`` pointing at each
-checkout. docs/collectives.md quotes it.
+checkout. ``--timeout default,inf`` times Communicators of each timeout side by side, in
+the same rounds (a finite timeout waits with nonblocking MPI calls, ``inf`` with
+blocking ones; docs/collectives.md, "Faults").
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="bounds to time, comma-separated: none (exact) or rel:/abs:VALUE")
     ap.add_argument("--calls", type=int, default=2000, help="calls per round")
     ap.add_argument("--rounds", type=int, default=15, help="rounds per variant (median counts)")
+    ap.add_argument("--timeout", default="default",
+                    help="Communicator timeouts to time, comma-separated: default "
+                    "(CCOLL_TIMEOUT or 600 s), seconds, or inf (blocking MPI waits)")
     args = ap.parse_args(argv)
 
     from mpi4py import MPI
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {size} rank(s), "
               f"load average {os.getloadavg()[0]:.2f}; "
               f"median of {args.rounds} rounds x {args.calls} calls, slowest rank; us per call")
-        cols = "| size | eb | mpi4py | ccoll | ccoll - mpi4py | speed vs mpi4py |"
+        cols = "| size | eb | timeout | mpi4py | ccoll | ccoll - mpi4py | speed vs mpi4py |"
         print(cols)
         print("|" + "---:|" * (cols.count("|") - 1))
     for text in args.sizes.split(","):
@@ -66,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             def mpi(x: np.ndarray = x, y: np.ndarray = y) -> None:
                 comm.Allreduce(x, y)
 
-            cc = ccoll.Communicator(comm)
+            timeouts = [t.strip() for t in args.timeout.split(",")]
+            variants: dict[str, Any] = {"mpi4py": mpi}
+            for t in timeouts:
+                cc = ccoll.Communicator(comm, timeout=None if t == "default" else float(t))
 
-            def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x) -> None:
-                cc.allreduce(x, eb)
+                def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x) -> None:
+                    cc.allreduce(x, eb)
 
-            variants: dict[str, Any] = {"mpi4py": mpi, "ccoll": call}
+                variants[t] = call
             times: dict[str, list[float]] = {k: [] for k in variants}
             for f in variants.values():  # warm-up: first calls, plans, kernels
                 for _ in range(50):
@@ -86,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                     times[name].append(comm.allreduce(t, op=MPI.MAX))
             med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
             if rank == 0:
-                line = (f"| {nbytes} | {eb or 'none'} | {med['mpi4py']:.2f} | {med['ccoll']:.2f} "
-                        f"| {med['ccoll'] - med['mpi4py']:.2f} | "
-                        f"{med['mpi4py'] / med['ccoll']:.2f}x |")
-                print(line, flush=True)
+                for t in timeouts:
+                    print(f"| {nbytes} | {eb or 'none'} | {t} | {med['mpi4py']:.2f} "
+                          f"| {med[t]:.2f} | {med[t] - med['mpi4py']:.2f} | "
+                          f"{med['mpi4py'] / med[t]:.2f}x |", flush=True)
     return 0
 
 

@@ -23,7 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["Settings", "TABLE", "current", "configure", "parse"]
+__all__ = ["Settings", "TABLE", "DEFAULT_TIMEOUT", "current", "configure", "parse"]
+
+#: Seconds a collective may wait without progress (nothing arrives, nothing completes)
+#: before it raises ``CollectiveError`` on every rank that waits: the default of
+#: ``Communicator(timeout=)``, set with ``CCOLL_TIMEOUT`` (``none`` waits forever, as MPI).
+#: A deadline on progress, not on the call: a large call that keeps moving is never cut.
+#: Ten minutes, as PyTorch's default for NCCL's collectives.
+DEFAULT_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +54,7 @@ class Settings:
     ratio: float | None = None
     efficiency: float | None = None
     shutdown_timeout: float = 30.0
-    timeout: float | None = None
+    timeout: float | None = DEFAULT_TIMEOUT
 
     @property
     def digest(self) -> int:
@@ -158,7 +165,9 @@ def _cuda_aware(name: str, raw: str) -> bool | None:
 
 def _seconds_or_none(name: str, raw: str) -> float | None:
     v = raw.strip().lower()
-    if v in ("", "none", "off", "0"):
+    if v == "":
+        return DEFAULT_TIMEOUT
+    if v in ("none", "off", "0", "inf", "never"):
         return None
     return _positive(name, raw, _time)
 
@@ -197,8 +206,10 @@ TABLE: tuple[tuple[str, str, str, str, Any], ...] = (
      "collective", _positive),
     ("shutdown_timeout", "CCOLL_SHUTDOWN_TIMEOUT", "30s", "how long the progress engine "
      "waits for requests at exit", lambda n, r: _positive(n, r, _time)),
-    ("timeout", "CCOLL_TIMEOUT", "none (wait as MPI)", "default Communicator(timeout=): "
-     "seconds a collective may wait for its peers", _seconds_or_none),
+    ("timeout", "CCOLL_TIMEOUT", "600s", "default Communicator(timeout=): seconds a "
+     "collective may wait without progress (nothing from its peers) before it raises "
+     "CollectiveError on every rank that waits; none: wait forever, as MPI",
+     _seconds_or_none),
 )
 
 _lock = threading.Lock()

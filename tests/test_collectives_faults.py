@@ -127,6 +127,104 @@ def test_timeout_turns_a_stalled_peer_into_collective_error(tmp_path):
     assert proc.returncode != 0
 
 
+def test_the_default_timeout_is_ten_minutes_and_none_waits_forever():
+    # PyTorch's default for NCCL's collectives, the issue's reference: ten minutes. An
+    # empty variable is unset; "none" (and the other spellings) waits forever, as MPI.
+    from ccoll.settings import parse
+
+    assert parse({})[0].timeout == 600.0
+    assert parse({"CCOLL_TIMEOUT": ""})[0].timeout == 600.0
+    for forever in ("none", "off", "0", "inf", "never", " None "):
+        settings, problems = parse({"CCOLL_TIMEOUT": forever})
+        assert (settings.timeout, problems) == (None, []), forever
+    assert parse({"CCOLL_TIMEOUT": "90"})[0].timeout == 90.0
+    settings, problems = parse({"CCOLL_TIMEOUT": "-5"})
+    assert settings.timeout == 600.0 and len(problems) == 1 and "CCOLL_TIMEOUT" in problems[0]
+
+
+SKIPPED_CALLS = ["first call", "repeated exact call", "repeated auto call", "compressed call",
+                 "iallreduce", "module function"]
+
+
+def test_a_rank_that_skips_a_call_fails_the_others_by_default(tmp_path):
+    # No Communicator here gets a timeout and CCOLL_TIMEOUT is unset: the default, ten
+    # minutes (PyTorch's for NCCL), ends every wait. The deadlines' clock
+    # (ccoll.collectives.waiting._clock) runs SPEED times faster than the real one, so that
+    # ten minutes pass in ten seconds. Rank 3 skips one call of each kind; ranks 0-2 must
+    # raise CollectiveError after the timeout, in the agreement, in a repeated call's MPI
+    # collective (the fast way: no agreement), in the engine's request, ...
+    proc = run_job(tmp_path, """
+        os.environ.pop("CCOLL_TIMEOUT", None)
+        from ccoll.collectives import waiting
+        SPEED = 60.0
+        _t0 = time.monotonic()
+        waiting._clock = lambda: _t0 + (time.monotonic() - _t0) * SPEED
+        timeout = ccoll.Communicator(comm).timeout
+        print(f"rank {comm.rank}: default timeout {timeout}", flush=True)
+        SKIPPER = 3
+        small = x[:1000].copy()
+
+        def repeated(c, fast=True, **kw):
+            for _ in range(4):
+                c.allreduce(small, **kw)
+            if c.last_call.overlapped != fast:
+                print(f"rank {comm.rank}: NOT the expected way: {c.last_call}", flush=True)
+            return c
+
+        def module_function():
+            w = comm.Dup()
+            ccoll.allreduce(small, eb=None, comm=w)
+            ccoll.allreduce(small, eb=None, comm=w)
+            return w
+
+        setups = {
+            "first call": lambda: ccoll.Communicator(comm),
+            "repeated exact call": lambda: repeated(ccoll.Communicator(comm), eb=None),
+            "repeated auto call": lambda: repeated(ccoll.Communicator(comm),
+                                                   eb=ccoll.REL(1e-3)),
+            "compressed call": lambda: repeated(ccoll.Communicator(comm, policy="compress"),
+                                                fast=False, eb=ccoll.REL(1e-3)),
+            "iallreduce": lambda: ccoll.Communicator(comm),
+            "module function": module_function,
+        }
+        calls = {
+            "first call": lambda c: c.allreduce(x, eb=None),
+            "repeated exact call": lambda c: c.allreduce(small, eb=None),
+            "repeated auto call": lambda c: c.allreduce(small, eb=ccoll.REL(1e-3)),
+            "compressed call": lambda c: c.allreduce(small, eb=ccoll.REL(1e-3)),
+            "iallreduce": lambda c: c.iallreduce(x, eb=None).wait(),
+            "module function": lambda w: ccoll.allreduce(small, eb=None, comm=w),
+        }
+        for name, setup in setups.items():
+            state = setup()
+            comm.Barrier()
+            if comm.rank != SKIPPER:
+                t0 = waiting._clock()
+                try:
+                    calls[name](state)
+                    print(f"rank {comm.rank} {name}: finished", flush=True)
+                except CollectiveError as exc:
+                    print(f"rank {comm.rank} {name}: CollectiveError after "
+                          f"{waiting._clock() - t0:.1f} s: {exc}", flush=True)
+            comm.Barrier()
+        print(f"rank {comm.rank} done", flush=True)
+        comm.Barrier()
+        if comm.rank == 0:
+            comm.Abort(7)  # calls left pending: what an application does after a failure
+        time.sleep(60)
+    """, limit=240)
+    out = proc.stdout
+    assert out.count("default timeout 600.0") == 4, out + proc.stderr
+    assert out.count("done") == 4, out + proc.stderr
+    assert "NOT the expected way" not in out and "finished" not in out, out
+    for name in SKIPPED_CALLS:
+        lines = [ln for ln in out.splitlines() if f" {name}: CollectiveError after" in ln]
+        assert len(lines) == 3, (name, out)
+        for line in lines:
+            assert "timeout of 600.0 s" in line, line
+            assert float(line.split("after ")[1].split(" s")[0]) >= 600, line
+
+
 def test_failure_in_the_plan_stage_fails_the_channel_everywhere(tmp_path):
     # The plan is made after the agreement: a rank that raises there leaves its peers
     # waiting in the data collective, so it must mark its channel failed like a failure

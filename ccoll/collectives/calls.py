@@ -166,7 +166,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
     if r is None or r.key != st.key:
         fast.dummy(st)  # the others run the predicted call: join it, flagged
         return None
-    deadline = _NO_DEADLINE if ch.size == 1 else Deadline(ch.timeout, f"ccoll.{collective}")
+    deadline = _NO_DEADLINE if ch.size == 1 else Deadline(ch.timeout, _WHAT[collective])
     t0 = time.perf_counter()
     sent0 = ch.stats.bytes_sent
     plan = st.cached  # what this call runs (counting it may make the next plan)
@@ -191,6 +191,7 @@ def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,
 
 _POLICY_NAMES = {v: k for k, v in POLICIES.items()}
 _NO_DEADLINE = Deadline(None, "a call on one rank")  # no peer to wait for
+_WHAT = {c: f"ccoll.{c}" for c in COLLECTIVES}  # the deadlines' names, made once
 _ALGORITHM_NAMES = {v: k for k, v in ALGORITHMS.items()}
 
 
@@ -308,7 +309,8 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     call.times = planner.unsent(st)
     # Such a call never repeats without the agreement (fastpath): it would skip that check.
     call.repeatable = repeatable and dev is None and not narrow
-    deadline = Deadline(ch.timeout, f"ccoll.{collective}")
+    # One rank has no peer to wait for: MPI's blocking calls, which return at once.
+    deadline = Deadline(ch.timeout if ch.size > 1 else None, _WHAT[collective])
     if rec is not None:
         t_agree = rec.clock()
         rec.span("check", t_check, t_agree)

@@ -6,9 +6,15 @@ the two never share a buffer, a worker or MPI messages.
 
 A channel owns its duplicate communicator, its worker (whose host tasks run on the lanes of
 the process-wide CPU scheduler, see docs/scheduler.md) and its receive buffers
-(sized for worst-case streams): :meth:`Channel.close` releases them, and so does garbage
-collection of a channel that was never closed (a ``weakref.finalize``, which frees the
-communicator without any collective call: ``MPI_Comm_free`` is local in MPICH).
+(sized for worst-case streams): :meth:`Channel.close` releases them and frees the
+communicator. Garbage collection of a channel that was never closed (a
+``weakref.finalize``) stops the worker and drops the buffers but leaves the communicator
+to ``MPI_Finalize``: ``MPI_Comm_free`` is collective in the MPI standard, and a garbage
+collector runs at a point of its own on each rank (or on one rank only, where another
+still holds the object), possibly on a thread that is inside another collective. MPICH and
+Open MPI free locally (the call only drops a reference), but ccoll does not rely on it:
+:meth:`close` is the one place that frees, and every rank calls it (docs/collectives.md,
+"Ordering rules"). :data:`LEAKED` counts the communicators left that way.
 
 Pooled buffers do not stay for life: a buffer that no call of the channel has needed for
 :data:`IDLE_CALLS` calls is released (one "needs" a buffer when it asks for at least half
@@ -41,7 +47,7 @@ from ccoll.errors import CollectiveError
 from ccoll.gpu_sched.scheduler import Scheduler, configured_on, default_scheduler
 from ccoll.runtime import progress
 
-__all__ = ["Channel", "Stats", "IDLE_CALLS"]
+__all__ = ["Channel", "Stats", "IDLE_CALLS", "LEAKED"]
 
 #: Calls of a channel after which a pooled buffer that none of them needed is released.
 IDLE_CALLS = 32
@@ -52,6 +58,10 @@ _TRIM_EVERY = 8
 _MAP_FROM = 1 << 16
 # Releasing at least this much also asks the C allocator to return its free memory.
 _HEAP_TRIM_FROM = 1 << 20
+
+#: Private communicators of channels garbage-collected unclosed in this process, left to
+#: ``MPI_Finalize`` (``[count]``; see the module's docstring).
+LEAKED = [0]
 
 
 @dataclass
@@ -102,10 +112,13 @@ class Channel:
         self._pinned: list[np.ndarray] = []
         self._pinned_seen: dict[int, int] = {}
         self._lent: dict[int, np.ndarray] = {}  # pinned buffers handed out, by id
-        # [failed]: shared with the finalizer, which must not free a failed communicator.
+        # [failed]: shared with the finalizer, which must not free a failed communicator;
+        # [free]: set by close(), the one caller that may free it (collectively: every
+        # rank closes), never garbage collection.
         self._failed_flag = [False]
+        self._free = [False]
         self._finalizer = weakref.finalize(self, _release, comm, self.worker,
-                                           self._failed_flag)
+                                           self._failed_flag, self._free)
 
     @property
     def closed(self) -> bool:
@@ -225,13 +238,18 @@ class Channel:
         self._pool, self._pool_seen = [], []
         self._pinned, self._pinned_seen, self._lent = [], {}, {}
 
-    def close(self) -> None:
+    def close(self, *, free: bool = True) -> None:
         """Stop the worker, drop the buffers and free the private communicator (once).
 
-        Requests of the progress engine on this channel fail with
-        :class:`CollectiveError`; if one was running, its MPI operations may still be
-        pending, and the communicator is left unfreed (see :meth:`fail`).
+        ``MPI_Comm_free`` is collective: call it with ``free=True`` (the default) on every
+        rank; ``free=False`` leaves the communicator to ``MPI_Finalize`` (what garbage
+        collection does, see the module's docstring). Requests of the progress engine on
+        this channel fail with :class:`CollectiveError`; if one was running, its MPI
+        operations may still be pending, and the communicator is left unfreed (see
+        :meth:`fail`).
         """
+        if free and self._finalizer.alive:
+            self._free[0] = True
         if not self._closing:
             self._closing = True
             if progress.cancel((self, self.comm), _CLOSED):
@@ -285,10 +303,16 @@ def _no_lanes() -> Scheduler | None:
     return None
 
 
-def _release(comm: MPI.Intracomm, worker: Worker, failed: list[bool]) -> None:
-    # Holds no reference to the Channel (weakref.finalize would then never run).
+def _release(comm: MPI.Intracomm, worker: Worker, failed: list[bool],
+             free: list[bool]) -> None:
+    # Holds no reference to the Channel (weakref.finalize would then never run). Runs from
+    # close() (free[0] set: every rank frees here) or at garbage collection (not set).
     worker.close()
     if failed[0]:
         return  # see Channel.fail: a failed call's messages must not reach a later one
-    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
-        comm.Free()
+    if comm == MPI.COMM_NULL or MPI.Is_finalized():
+        return
+    if not free[0]:
+        LEAKED[0] += 1  # see the module's docstring: no MPI_Comm_free from a collector
+        return
+    comm.Free()

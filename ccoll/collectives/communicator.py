@@ -31,7 +31,7 @@ from ccoll.collectives.policy.plan import Options, Planner, _mix
 from ccoll.collectives.report import LOGGER, CallReport, configure_logging
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errorbound import REL, ErrorBound
-from ccoll.errors import CollectiveError, InputError
+from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
 from ccoll.settings import Settings
 from ccoll.settings import parse as parse_settings
 
@@ -54,9 +54,14 @@ class Communicator:
     - ``chunk_elems``: elements per pipeline chunk (one stream, one message). Default
       ``None``: chosen per signature from the cost model (docs/collectives.md, "Chunk
       size"); an int fixes it for every compressed call.
-    - ``timeout``: seconds a collective may wait for its peers before it raises
-      :class:`~ccoll.errors.CollectiveError` on every rank (default: the ``CCOLL_TIMEOUT``
-      setting, else ``None``: wait forever, as MPI).
+    - ``timeout``: seconds a collective may wait without progress (no message from its
+      peers, no step of its own completed) before it raises
+      :class:`~ccoll.errors.CollectiveError` on every rank that waits: a rank that skips
+      a call, fails or stops in one then turns into an error instead of a hang, while a
+      large call that keeps moving runs as long as it needs. Default ``None``: the
+      ``CCOLL_TIMEOUT`` setting, else :data:`ccoll.settings.DEFAULT_TIMEOUT` (600 s);
+      ``math.inf`` (or ``CCOLL_TIMEOUT=none``): wait forever, as MPI (the waits then
+      block in MPI's own calls). docs/collectives.md, "Faults".
     - ``split``: share of a homomorphic allreduce's bound ``eb`` that goes to the allgather
       phase: the reduce-scatter sums within ``e1 = (1 - split) eb``, the owner of each
       reduced block requantizes it within ``e2 = split * eb`` and the allgather forwards
@@ -125,9 +130,12 @@ class Communicator:
         if timeout is None:
             timeout = settings.timeout
         elif not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                  and math.isfinite(timeout) and timeout > 0):
-            call.problem(InputError, f"timeout must be None or seconds > 0, got {timeout!r}")
+                  and not math.isnan(timeout) and timeout > 0):
+            call.problem(InputError, f"timeout must be None (the CCOLL_TIMEOUT setting), "
+                         f"seconds > 0 or math.inf (wait forever), got {timeout!r}")
             timeout = None
+        if timeout is not None and math.isinf(timeout):
+            timeout = None  # wait forever: MPI's blocking calls
         call.chunk = 0 if chunk_elems is None else int(chunk_elems)
         if split is not None and (
             isinstance(split, bool) or not isinstance(split, (int, float, np.integer, np.floating))
@@ -188,8 +196,16 @@ class Communicator:
             # After the agreement: a call with a bad argument exchanges nothing more.
             self.threads, self._threads_why = node_threads(sync, deadline, settings.threads)
             grouping, node_comm, inter_comm = node_comms(sync, self.ranks_per_node, deadline)
+        except (MismatchError, InputError, DTypeError, ErrorBoundError):
+            sync.Free()  # raised by the agreement on every rank: every rank frees it here
+            raise
         except BaseException:
-            sync.Free()
+            # A timeout or a failure on some ranks: requests may be left pending on the
+            # duplicate (waiting.abandon), and the other ranks may not be here. Like a
+            # failed channel's (Channel.fail), it is never freed.
+            from ccoll.collectives.channel import LEAKED
+
+            LEAKED[0] += 1
             raise
         self.grouping: Grouping = grouping
         configure_logging(MPI.COMM_WORLD.Get_rank(), settings.log)
@@ -198,8 +214,10 @@ class Communicator:
         sync_ch = Channel(sync, "sync", self.timeout, lanes=settings.sched)
         self._channels: list[Channel] = [sync_ch]
         # The channels are released when the Communicator is dropped unclosed; the list
-        # (not self) is what the finalizer holds, so it does not keep self alive.
-        self._finalizer = weakref.finalize(self, _close_channels, self._channels)
+        # (not self) is what the finalizer holds, so it does not keep self alive. [free]:
+        # set by close() (every rank: MPI_Comm_free is collective), never by the collector.
+        self._free = [False]
+        self._finalizer = weakref.finalize(self, _close_channels, self._channels, self._free)
         two = None
         if node_comm is not None and inter_comm is not None:
             node = Channel(node_comm, "node", self.timeout, lanes=settings.sched)
@@ -308,9 +326,16 @@ class Communicator:
 
         Every ``iallreduce`` request of this Communicator that has not finished fails with
         :class:`CollectiveError` (queued ones never start). Calling it again does nothing.
-        ``MPI_Comm_free`` is formally collective but local in MPICH (it only drops a
-        reference), so ranks may close at different times.
+
+        ``MPI_Comm_free`` is collective: call ``close()`` on every rank, after the last
+        call of the Communicator (MPICH and Open MPI free locally, so the ranks need not
+        close at the same moment). A Communicator that is garbage collected unclosed stops
+        its threads and drops its buffers, but leaves its private communicators to
+        ``MPI_Finalize`` rather than free them at a point that differs from rank to rank
+        (docs/collectives.md, "Ordering rules"): close the ones a long job makes.
         """
+        if self._finalizer.alive:
+            self._free[0] = True
         self._finalizer()
         self._async = None  # a later iallreduce raises (no new duplicate once closed)
         two = self._sync.two
@@ -435,9 +460,11 @@ def dup_comm(comm: MPI.Intracomm, deadline: Deadline) -> MPI.Intracomm:
     return dup
 
 
-def _close_channels(channels: list[Channel]) -> None:
-    # Runs from close() or, for a Communicator dropped unclosed, at garbage collection:
-    # it must not block on other ranks, and MPI_Comm_free is local in MPICH.
+def _close_channels(channels: list[Channel], free: list[bool]) -> None:
+    # Runs from close() (free[0] set: every rank frees its duplicates there) or, for a
+    # Communicator dropped unclosed, at garbage collection, which runs at a point of its own
+    # on each rank: it stops the threads and drops the buffers, and frees nothing (an
+    # MPI_Comm_free there would be a collective call that the other ranks do not make).
     for ch in channels:
-        ch.close()
+        ch.close(free=free[0])
     channels.clear()

@@ -64,7 +64,7 @@ from ccoll.compressor.cpu.slices import concat, slice_blocks
 from ccoll.compressor.format import BLOCK
 from ccoll.errors import FormatError
 
-__all__ = ["halving_allreduce"]
+__all__ = ["halving_allreduce", "own_contribution"]
 
 _DECODE = (1,)
 _RAW = "raw"  # a piece whose content is this rank's own data, not compressed yet
@@ -122,60 +122,36 @@ class _Piece:
             parent.children.append(self)
 
 
-class _Halving:
-    """One call: the pieces of every stage and the event loop that runs them.
+class _Tree:
+    """The pieces of one call on one rank, stage by stage: what the schedule sends and adds.
 
-    Tags: the fold of an even rank into the odd one after it (0), halving steps
-    ``1 .. m``, doubling steps ``m + 1 .. 2m``, the result back to a folded rank ``2m + 1``.
+    Geometry only (no MPI, no task): :class:`_Halving` runs it, :func:`own_contribution`
+    reads which pieces this rank quantizes its own data in. ``raw``: the pieces whose
+    ``base`` is this rank's own data, each compressed (``_compress``) or added to a
+    received stream (``add_data``) exactly once; they partition the array.
     """
 
-    def __init__(self, ch: Channel, flat: np.ndarray, flat_out: np.ndarray, dtype: np.dtype,
-                 eb_abs: float, pieces: int, deadline: Deadline,
-                 requant: Requant | None) -> None:
-        self.ch, self.flat, self.flat_out, self.dtype = ch, flat, flat_out, dtype
-        self.deadline, self.requant = deadline, requant
-        self.comm = comm = ch.comm
-        self.worker = ch.worker
-        self.rec = _trace.ACTIVE
-        n_ranks, r = comm.Get_size(), comm.Get_rank()
-        self.bound = eb_abs
-        self.eb_rank = rank_bound(eb_abs, n_ranks)
-        self.ag_bound = eb_abs if requant is None else requant.bound
-        self.ag_dtype = dtype if requant is None else np.dtype(np.float64)
+    def __init__(self, n_ranks: int, r: int, n: int, pieces: int) -> None:
         self.m, self.rest = m, rest = halving_shape(n_ranks)
         q = 1 << m
         if r < 2 * rest:
             self.v = r // 2 if r % 2 else -1  # -1: folds into r + 1
         else:
             self.v = r - rest
-        self.r, self.n = r, flat.size
+        self.r, self.n = r, n
         ncell = -(-self.n // BLOCK)
         self.owner = block_bounds(ncell, q)  # the cells (32-element blocks) of owner blocks
         k = max(1, int(pieces))
         self.npieces = k
-        self._api = api()
-        self.calls = 0
-        self.reqs: list[MPI.Request] = []
-        self.statuses: list[MPI.Status] = []
-        self.meta: list[tuple[str, Any]] = []
         # Per (source, tag): the messages still to come from there, in order.
         self.expect: dict[tuple[int, int], deque[tuple[str, Any]]] = {}
         # Per stage: (destination, tag, pieces to send in order); the next index to send.
         self.sends: list[tuple[int, int, list[_Piece]]] = []
         self.sent: list[int] = []
-        self.arrived: dict[int, tuple[Any, int]] = {}  # id(kept piece) -> (stream, bytes)
         self.decodes_left = 0
         self.final_pieces: list[_Piece] = []
-        self.final_done = False
-        # The allgather: the one stream of the blocks this rank holds, their cells, the
-        # step, whether its send went, what each step received, a join in flight.
-        self.held: Any = None
         self.held_range = (0, 0)
-        self.ag_step = 0
-        self.ag_sent = False
-        self.ag_recv: dict[int, Any] = {}
-        self.joining = False
-        self.out_sent = False
+        self.raw: list[_Piece] = []
         self._build(r, q, [(a, b) for a, b in block_bounds(ncell, k) if b > a], ncell)
 
     # -- geometry ------------------------------------------------------------------------
@@ -187,6 +163,9 @@ class _Halving:
         """Cells of owner blocks ``[lo, hi)``."""
         return self.owner[lo][0], self.owner[hi - 1][1]
 
+    def _elems(self, c0: int, c1: int) -> tuple[int, int]:
+        return BLOCK * c0, min(self.n, BLOCK * c1)
+
     def _expect(self, src: int, tag: int, kind: str, arg: Any) -> None:
         self.expect.setdefault((src, tag), deque()).append((kind, arg))
 
@@ -196,6 +175,7 @@ class _Halving:
         if v < 0:  # fold into r + 1, then receive the whole result
             for p in roots:
                 p.base = _RAW
+            self.raw = roots
             self.sends.append((r + 1, 0, roots))
             self.sent = [0]
             if ncell:
@@ -206,6 +186,7 @@ class _Halving:
             for p in roots:
                 p.base = _RAW
                 self._expect(r - 1, 0, "piece", p)
+            self.raw = roots
         cur, lo = roots, 0
         for j in range(m):
             mask = q >> (j + 1)
@@ -240,13 +221,83 @@ class _Halving:
         if v >= self.rest:  # this rank's own data is where its pieces start
             for p in roots:
                 p.out = _RAW
-                self._derive(p)
+                # Its children (the first step's halves) start from it, uncompressed; with
+                # no step (one rank) the root itself is final, compressed by _final.
+                for c in p.children:
+                    c.base = _RAW
+                self.raw.extend(p.children or [p])
 
     def _peer_range(self, kk: int) -> tuple[int, int]:
         """Cells the partner of doubling step ``kk`` holds (and sends) at that step."""
         mask = 1 << kk
         base = (self.v ^ mask) & ~(mask - 1)
         return self._cells(base, base + mask)
+
+
+def _own_stream(flat: np.ndarray, lo: int, hi: int, eb_rank: float) -> Any:
+    """Compress this rank's own data ``flat[lo:hi]`` on the per-rank grid ``eb_rank``.
+
+    What a raw piece is sent as; ``add_data`` adds the same stream to a received one.
+    """
+    return api().compress_abs(flat[lo:hi], eb_rank)
+
+
+def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float,
+                     pieces: int) -> np.ndarray:
+    """Return what ``flat`` adds to the sum of :func:`halving_allreduce`, per element.
+
+    The schedule on ``n_ranks`` ranks with ``eb_abs`` and ``pieces`` quantizes this rank's
+    (``rank``'s) data once, in the pieces of :class:`_Tree` whose base is that data (the
+    first step's halves, or whole pieces on ranks that fold), on the per-rank grid: this
+    returns the decoded values of those streams (``flat`` minus them is what the
+    quantization dropped, the residual of error feedback).
+    """
+    tree = _Tree(n_ranks, rank, flat.size, pieces)
+    eb_rank = rank_bound(eb_abs, n_ranks)
+    out = np.empty_like(flat)
+    decode = api().decompress
+    for p in tree.raw:
+        lo, hi = tree._elems(p.c0, p.c1)
+        decode(_own_stream(flat, lo, hi, eb_rank), out=out[lo:hi])
+    return out
+
+
+class _Halving(_Tree):
+    """One call: the pieces of every stage (:class:`_Tree`) and the event loop that runs them.
+
+    Tags: the fold of an even rank into the odd one after it (0), halving steps
+    ``1 .. m``, doubling steps ``m + 1 .. 2m``, the result back to a folded rank ``2m + 1``.
+    """
+
+    def __init__(self, ch: Channel, flat: np.ndarray, flat_out: np.ndarray, dtype: np.dtype,
+                 eb_abs: float, pieces: int, deadline: Deadline,
+                 requant: Requant | None) -> None:
+        self.ch, self.flat, self.flat_out, self.dtype = ch, flat, flat_out, dtype
+        self.deadline, self.requant = deadline, requant
+        self.comm = comm = ch.comm
+        self.worker = ch.worker
+        self.rec = _trace.ACTIVE
+        n_ranks, r = comm.Get_size(), comm.Get_rank()
+        self.bound = eb_abs
+        self.eb_rank = rank_bound(eb_abs, n_ranks)
+        self.ag_bound = eb_abs if requant is None else requant.bound
+        self.ag_dtype = dtype if requant is None else np.dtype(np.float64)
+        self._api = api()
+        self.calls = 0
+        self.reqs: list[MPI.Request] = []
+        self.statuses: list[MPI.Status] = []
+        self.meta: list[tuple[str, Any]] = []
+        self.arrived: dict[int, tuple[Any, int]] = {}  # id(kept piece) -> (stream, bytes)
+        self.final_done = False
+        # The allgather: the one stream of the blocks this rank holds, their cells, the
+        # step, whether its send went, what each step received, a join in flight.
+        self.held: Any = None
+        self.ag_step = 0
+        self.ag_sent = False
+        self.ag_recv: dict[int, Any] = {}
+        self.joining = False
+        self.out_sent = False
+        super().__init__(n_ranks, r, flat.size, pieces)
 
     # -- tasks ---------------------------------------------------------------------------
 
@@ -258,12 +309,9 @@ class _Halving:
             fn = rec.task(fn, name, {**args, "lane": lane})
         self.worker.submit(key, fn, tag, lane=lane)
 
-    def _elems(self, c0: int, c1: int) -> tuple[int, int]:
-        return BLOCK * c0, min(self.n, BLOCK * c1)
-
     def _compress(self, p: _Piece) -> Any:
         lo, hi = self._elems(p.c0, p.c1)
-        return self._api.compress_abs(self.flat[lo:hi], self.eb_rank)
+        return _own_stream(self.flat, lo, hi, self.eb_rank)
 
     def _combine(self, p: _Piece, received: Any) -> Any:
         if p.base is _RAW:
@@ -498,6 +546,7 @@ class _Halving:
             progressed = self.pump_tasks() or progressed
             if progressed:
                 pause = 20e-6
+                deadline.progress()  # the timeout bounds a wait without progress
                 continue
             if self._done():
                 return

@@ -1,5 +1,8 @@
 """The two-level allreduce: exact sums inside each node, the compressed ring between nodes.
 
+:func:`own_contribution` says, for whichever path a compressed allreduce took (the flat ring,
+recursive halving, or these two levels), what this rank's own data added to the sum.
+
 :class:`TwoLevel` holds what a hierarchical :class:`~ccoll.collectives.communicator.Communicator`
 keeps for it: the node's channel and the inter-node channel (the ranks of one local rank
 on every node), the node's shared memory (made at its first call) and the float64 buffers
@@ -12,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ccoll.collectives import halving, ring
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.halving import halving_allreduce
@@ -23,7 +27,36 @@ from ccoll.collectives.policy.plan import Plan, phase_bounds
 from ccoll.collectives.ring import ring_allreduce
 from ccoll.collectives.waiting import Deadline, wait_all
 
-__all__ = ["TwoLevel"]
+__all__ = ["TwoLevel", "own_contribution"]
+
+
+def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float, avg: bool,
+                     plan: Plan, algorithm: str) -> np.ndarray:
+    """Return what this rank's host data ``flat`` added to the sum of a compressed allreduce.
+
+    ``plan`` is the call's (``Communicator._last_plan()``), ``eb_abs`` its bound on the
+    result, ``avg`` its op, ``algorithm`` the Communicator's. The schedule that ran says how
+    it quantized this rank's data, once, on the per-rank grid of the reduce-scatter's bound
+    (:func:`phase_bounds`): the ring chunk by chunk of its blocks
+    (:func:`ccoll.collectives.ring.own_contribution`), recursive halving in the pieces of its
+    first step (:func:`ccoll.collectives.halving.own_contribution`). ``flat`` minus the
+    result is exactly what that quantization dropped (error feedback's residual). With a
+    split bound the owner of each reduced block requantizes it too; that error is the
+    owner's sum's, not in this rank's contribution. Decompress-add-recompress mixes the
+    ranks' errors at every step, and two levels quantize the node sums, not this rank's
+    data: neither has an own contribution (``ValueError``).
+    """
+    if not plan.compress:
+        raise ValueError(f"the call was not compressed ({plan.reason}): nothing was quantized")
+    if plan.two_level:
+        raise ValueError("a two-level allreduce quantizes the node sums, not this rank's data")
+    if algorithm != "homomorphic":
+        raise ValueError(f"algorithm {algorithm!r} mixes the ranks' errors at every step: no "
+                         "rank has an own contribution (use algorithm='homomorphic')")
+    ring_eb, _ = phase_bounds(eb_abs, n_ranks, avg, plan.split)
+    if plan.pieces:
+        return halving.own_contribution(flat, n_ranks, rank, ring_eb, plan.pieces)
+    return ring.own_contribution(flat, n_ranks, ring_eb, plan.chunk_elems)
 
 
 class TwoLevel:

@@ -56,6 +56,7 @@ __all__ = [
     "ring_ops",
     "ring_allreduce",
     "reduce_scatter_streams",
+    "own_contribution",
 ]
 
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
@@ -151,6 +152,27 @@ def ring_allreduce(
     layout = Layout(flat.size, ch.comm.Get_size(), chunk_elems)
     ops = ring_ops(flat, layout, algorithm, eb_abs, place, version)
     _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant, version)
+
+
+def own_contribution(flat: np.ndarray, n_ranks: int, eb_abs: float,
+                     chunk_elems: int) -> np.ndarray:
+    """Return what host data ``flat`` adds to the sum of the homomorphic ring, per element.
+
+    The ring of :func:`ring_allreduce` (``algorithm="homomorphic"``, ``eb_abs``,
+    ``chunk_elems``, ``n_ranks`` ranks) quantizes this rank's data once, chunk by chunk of
+    its :class:`Layout`, on the per-rank grid of :func:`ring_ops`: ``first`` compresses a
+    chunk, ``combine`` adds the same stream to a received one in one pass. This returns the
+    decoded values of those streams (so ``flat`` minus them is what the quantization
+    dropped, the residual of error feedback).
+    """
+    layout = Layout(flat.size, n_ranks, chunk_elems)
+    ops = ring_ops(flat, layout, "homomorphic", eb_abs)
+    out = np.empty_like(flat)
+    decode = api().decompress
+    for b in range(n_ranks):
+        for c, (lo, hi) in enumerate(layout.chunks(b)):
+            decode(ops.first(b, c), out=out[lo:hi])
+    return out
 
 
 def reduce_scatter_streams(
@@ -548,6 +570,7 @@ class _Ring:
             progressed = self.pump_tasks() or progressed
             if progressed:
                 pause = 20e-6
+                deadline.progress()  # the timeout bounds a wait without progress
                 continue
             if deadline.expired():
                 raise deadline.error(stage)

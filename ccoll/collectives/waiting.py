@@ -1,12 +1,22 @@
-"""Waiting for MPI requests, with an optional deadline.
+"""Waiting for MPI requests, with an optional deadline on progress.
 
-Without a deadline the waits are plain ``MPI_Waitall``, unless the caller asks to poll
-(the compressed collectives do: MPICH's waits spin on a core their compute threads need).
-With one (``Communicator(timeout=)``) they poll ``MPI_Testall`` with short sleeps and raise
-:class:`~ccoll.errors.CollectiveError` when the deadline passes, instead of waiting forever
-for a rank that failed or never entered the collective. The requests left behind cannot be
-completed safely, so the communicator that timed out is marked unusable (see
-docs/collectives.md, "Faults").
+A :class:`Deadline` (``Communicator(timeout=)``, by default the ``CCOLL_TIMEOUT`` setting's
+:data:`ccoll.settings.DEFAULT_TIMEOUT`) bounds how long a collective waits *without
+progress*, not how long it runs: every wait that completes (:func:`wait_all`), and every
+message or task a compressed collective's loop completes (:meth:`Deadline.progress`),
+starts the clock again. A rank whose peer never entered the collective, or stopped in it,
+raises :class:`~ccoll.errors.CollectiveError` after that long; a large call that keeps
+moving runs as long as it needs. The requests left behind cannot be completed safely, so
+the communicator that timed out is marked unusable (see docs/collectives.md, "Faults").
+
+With a deadline the waits use MPI's nonblocking calls and test them: first in a tight loop
+(:data:`_SPIN_S`, as MPICH's own blocking waits spin, so a call of a few microseconds costs
+what the blocking one does), then with sleeps no longer than a small share of the time
+already waited (:func:`_backoff`), so that a rank waiting for a slow peer leaves the CPU to
+the peer's compressor without adding more than a few percent to the wait. Without a
+deadline (``Communicator(timeout=math.inf)``, or a call on one rank, which has no peer to
+wait for) the waits are plain ``MPI_Waitall``, unless the caller asks to poll (the
+compressed collectives do: MPICH's waits spin on a core their compute threads need).
 
 A deadline made on the progress engine's thread belongs to the request running there: when
 :func:`ccoll.runtime.progress.cancel` cancels that request (its Communicator was closed),
@@ -20,8 +30,10 @@ thread inside an MPI wait, and a wait that nobody cancels costs what a plain one
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from mpi4py import MPI
@@ -50,15 +62,25 @@ def abandon(*objs: object) -> None:
 # off so that a rank waiting for a slow peer leaves the CPU to the peer's compressor.
 _POLL_MIN_S = 20e-6
 _POLL_MAX_S = 1e-3
+# A wait under a deadline tests its requests in a tight loop this long before it sleeps
+# (MPICH's blocking waits spin all along), yielding the core every _YIELD_EVERY tests as
+# MPICH's do; its sleeps then stay below 1/_BACKOFF_SHARE of the time waited so far.
+_SPIN_S = 2e-3
+_YIELD_EVERY = 256
+_BACKOFF_SHARE = 32
+
+# The clock of deadlines (a name of its own, so that tests can stand in for time).
+_clock = time.monotonic
 
 
 class Deadline:
-    """A point in time after which a collective gives up; ``None`` seconds means never.
+    """How long a collective may go without progress before it gives up (``None``: forever).
 
-    Made on the progress engine's thread, it also ends when the engine's request is
-    cancelled; ``at`` is then never ``None`` (``inf`` without a timeout), so that every wait
-    that branches on ``at is None`` takes MPI's nonblocking form, which :func:`wait_all`
-    can end.
+    ``at`` is when it gives up unless something moves first: ``timeout`` seconds after it
+    was made or after the last :meth:`progress`. Made on the progress engine's thread, it
+    also ends when the engine's request is cancelled; ``at`` is then never ``None`` (``inf``
+    without a timeout), so that every wait that branches on ``at is None`` takes MPI's
+    nonblocking form, which :func:`wait_all` can end.
     """
 
     __slots__ = ("timeout", "at", "what", "req")
@@ -67,60 +89,111 @@ class Deadline:
         self.timeout = timeout
         self.req: Request | None = current_request()
         if timeout is not None:
-            self.at: float | None = time.monotonic() + timeout
+            self.at: float | None = _clock() + timeout
         else:
             self.at = None if self.req is None else math.inf
         self.what = what
+
+    def progress(self) -> None:
+        """Something completed (a wait, a message, a task): the timeout starts again."""
+        timeout = self.timeout
+        if timeout is not None:
+            self.at = _clock() + timeout
 
     def remaining(self) -> float | None:
         """Seconds left (may be negative), or ``None`` without a deadline."""
         if self.req is not None and self.req.cancelled is not None:
             return 0.0
-        return None if self.at is None else self.at - time.monotonic()
+        return None if self.at is None else self.at - _clock()
 
     def expired(self) -> bool:
         """Return True once the deadline has passed (or its request was cancelled)."""
         if self.req is not None and self.req.cancelled is not None:
             return True
-        return self.at is not None and time.monotonic() >= self.at
+        return self.at is not None and _clock() >= self.at
 
     def error(self, stage: str) -> CollectiveError:
         """Return the error to raise when ``stage`` of the collective ran past the deadline."""
         if self.req is not None and self.req.cancelled is not None:
             return CollectiveError(f"{self.what} stopped ({stage}): {self.req.cancelled}")
         return CollectiveError(
-            f"{self.what} did not complete within its timeout of {self.timeout} s ({stage}): "
-            "another rank failed, is slower than the timeout, or did not enter the same "
-            "collective; this ccoll Communicator cannot be used any more"
+            f"{self.what} made no progress for {self.timeout} s, its timeout of "
+            f"{self.timeout} s ({stage}): another rank failed, stopped, or did not enter the "
+            "same collective; this ccoll Communicator cannot be used any more (the timeout "
+            "is Communicator(timeout=) or the CCOLL_TIMEOUT setting)"
         )
 
 
 def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
              poll: bool = False) -> None:
-    """Complete every request, or raise ``deadline.error(stage)`` once it expires.
+    """Complete ``reqs``, or raise :class:`CollectiveError` once ``deadline`` expires.
 
-    ``poll=True`` polls with sleeps even without a deadline: MPICH's ``MPI_Waitall``
+    ``poll``: test with sleeps even without a deadline, never a blocking wait, which
     spins on a core, which the compressed collectives leave to their compute threads (and
     to the other ranks' on the same node); see :func:`poll_pause`.
     """
-    reqs = list(reqs)
     if not reqs:
         return
     rec = _trace.ACTIVE
     t0 = rec.clock() if rec is not None else 0.0
-    if deadline.at is None and not poll:
+    at = deadline.at
+    if at is None and not poll:
         MPI.Request.Waitall(reqs)
-    elif deadline.at == math.inf and deadline.req is not None and not poll:
-        _wait_or_cancel(reqs, deadline.req, deadline, stage)
+    elif at == math.inf and deadline.req is not None and not poll:
+        _wait_or_cancel(list(reqs), deadline.req, deadline, stage)
     else:
-        pause = _POLL_MIN_S
-        while not MPI.Request.Testall(reqs):
-            if deadline.expired():
-                abandon(reqs)  # the requests hold their buffers
-                raise deadline.error(stage)
-            pause = poll_pause(pause, deadline)
+        test = reqs[0].Test if len(reqs) == 1 else partial(MPI.Request.Testall, list(reqs))
+        if poll:
+            _backoff(test, reqs, deadline, stage, _POLL_MIN_S)
+        elif not (test() or spin(test, _SPIN_S)):
+            _backoff(test, reqs, deadline, stage, 0.0)
+        deadline.progress()
     if rec is not None:
         rec.span("wait", t0, rec.clock(), {"stage": stage})
+
+
+def spin(test: Callable[[], bool], seconds: float) -> bool:
+    """Call ``test`` in a tight loop for up to ``seconds``; return whether it returned True.
+
+    What MPICH's blocking waits do (they spin too), so a short call costs no more under a
+    deadline than without one. The core is yielded every :data:`_YIELD_EVERY` tests (about
+    every 60 µs; MPICH's blocking waits yield after 1,000 polls), so that a peer rank or a
+    compute thread that shares it still runs: a spin that never yields doubled the time of
+    a 64 KiB ``MPI_Iallreduce`` between two ranks on two busy cores, and one that yields
+    every 16 tests lost the core to other jobs for about 100 µs a time.
+    """
+    end = time.perf_counter() + seconds
+    n = 0
+    while not test():
+        n += 1
+        if n >= _YIELD_EVERY:
+            if time.perf_counter() >= end:
+                return False
+            n = 0
+            os.sched_yield()
+    return True
+
+
+def _backoff(test: Callable[[], bool], reqs: Sequence[MPI.Request], deadline: Deadline,
+             stage: str, pause: float) -> None:
+    """Test with sleeps until the requests complete; raise once ``deadline`` expires.
+
+    After a spin (``pause`` 0) each sleep is 1/:data:`_BACKOFF_SHARE` of the time waited
+    so far (at most :data:`_POLL_MAX_S`): a wait that ends during one overshoots by a few
+    percent only. Callers that poll from the start pass the first sleep
+    (:data:`_POLL_MIN_S`), which doubles up to :data:`_POLL_MAX_S` (:func:`poll_pause`).
+    """
+    grow = 2.0 if pause else 1.0
+    t0 = time.perf_counter() - (0.0 if pause else _SPIN_S)
+    while not test():
+        if deadline.expired():
+            abandon(list(reqs))  # the requests hold their buffers
+            raise deadline.error(stage)
+        waited = time.perf_counter() - t0
+        sleep = min(_POLL_MAX_S, max(pause, waited / _BACKOFF_SHARE))
+        pause = sleep * grow
+        left = deadline.remaining()
+        time.sleep(sleep if left is None else min(sleep, max(left, 0.0)))
 
 
 def _wait_or_cancel(reqs: list[MPI.Request], req: Request, deadline: Deadline,

@@ -103,9 +103,14 @@ def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
     from ccoll.collectives.communicator import dup_comm
     from ccoll.collectives.waiting import Deadline
     from ccoll.gpu_sched.scheduler import yield_to_training
+    from ccoll.settings import current
 
-    valid = isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0
-    deadline = Deadline(float(timeout) if valid else None, f"creating a ccoll.torch.{what}")
+    # The Communicator's timeout (checked there): None is the CCOLL_TIMEOUT setting.
+    seconds = current().timeout if timeout is None else timeout
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            and math.isfinite(seconds) and seconds > 0):
+        seconds = None  # forever (math.inf), or a bad value the Communicator refuses
+    deadline = Deadline(seconds, f"creating a ccoll.torch.{what}")
     comm = dup_comm(base, deadline)
     try:
         agree(comm, call, deadline)

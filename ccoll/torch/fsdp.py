@@ -80,8 +80,10 @@ class FSDPReduceScatter:
             ``set_custom_reduce_scatter`` has no names to match).
         min_numel: parameters with fewer elements are reduced exactly (with :meth:`attach`),
             and so is a whole reduce-scatter of fewer elements (its input, all ranks' rows).
-        timeout: seconds a collective may wait for its peers before it raises
-            :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
+        timeout: seconds a collective may wait without progress (nothing from its peers)
+            before it raises :class:`ccoll.CollectiveError` on every rank that waits
+            (default ``None``: the ``CCOLL_TIMEOUT`` setting, else 600 s; ``math.inf``: wait
+            forever, as MPI does). See ``ccoll.Communicator``.
 
     Every rank must construct it with the same settings (checked: a difference raises
     :class:`ccoll.MismatchError` on every rank). ``async_op=True`` runs the reduction on
@@ -130,7 +132,9 @@ class FSDPReduceScatter:
         call.shown.update({"min_numel": self.min_numel})
         self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
                                                            "FSDPReduceScatter")
-        self._finalizer = weakref.finalize(self, _close, self.comm, self.communicator)
+        self._free = [False]  # set by close(): the one place that frees (collectively)
+        self._finalizer = weakref.finalize(self, _close, self.comm, self.communicator,
+                                           self._free)
         self._pending: list[Any] = []
         self._lock = threading.Lock()
         self.compressed = 0
@@ -151,8 +155,15 @@ class FSDPReduceScatter:
         self.close()
 
     def close(self) -> None:
-        """Free the duplicated communicators; calling it again does nothing."""
+        """Free the duplicated communicators; calling it again does nothing.
+
+        Call it on every rank (``MPI_Comm_free`` is collective). An object garbage
+        collected unclosed stops its Communicator's threads but leaves its communicators to
+        ``MPI_Finalize`` (a collector runs at a point of its own on each rank).
+        """
         self.wait_pending()
+        if self._finalizer.alive:
+            self._free[0] = True
         self._finalizer()
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -533,9 +544,20 @@ def _bound_factor(group: Any, dtype: torch.dtype, device: torch.device,
     return scale
 
 
-def _close(comm: Any, communicator: Any) -> None:
+def _close(comm: Any, communicator: Any, free: Any = (True,)) -> None:
+    # close() (free[0] set: every rank frees here, MPI_Comm_free being collective), or
+    # garbage collection of an object never closed, which runs at a point of its own on
+    # each rank: it stops the threads and frees no communicator (as the hook state's).
     from mpi4py import MPI
 
-    communicator.close()
+    from ccoll.collectives.channel import LEAKED
+
+    if free[0]:
+        communicator.close()
+    else:
+        communicator._finalizer()  # the Communicator's own release, without a free
     if comm != MPI.COMM_NULL and not MPI.Is_finalized():
-        comm.Free()
+        if free[0]:
+            comm.Free()
+        else:
+            LEAKED[0] += 1

@@ -95,8 +95,10 @@ class CCollHookState:
             ``"auto"`` (default: ccoll's cost model decides per bucket from measured link
             and compressor speeds, docs/model.md), ``"compress"`` (always) or ``"raw"``
             (never: plain MPI through the same path, for comparisons).
-        timeout: seconds a bucket's collective may wait for its peers before it fails with
-            :class:`ccoll.CollectiveError` (default ``None``: wait, as MPI does).
+        timeout: seconds a bucket's collective may wait without progress (nothing from its
+            peers) before it fails with :class:`ccoll.CollectiveError` on every rank that
+            waits (default ``None``: the ``CCOLL_TIMEOUT`` setting, else 600 s;
+            ``math.inf``: wait forever, as MPI does). See ``ccoll.Communicator``.
         process_group: the ``torch.distributed`` process group of the DDP model, through
             whose allreduce the step check's exact steps go (as DDP averages without a
             hook). Default: the default group when it is initialised and ``comm`` spans
@@ -106,14 +108,17 @@ class CCollHookState:
     same ``eb``, ``error_feedback``, ``start_iter``, ``min_numel`` and ``policy`` (they
     decide which collectives each bucket makes): a difference raises
     :class:`ccoll.MismatchError` on every rank. Release the duplicated communicators and
-    threads with :meth:`close` (or a ``with`` block, or by dropping the state: a finalizer
-    frees them without a collective call, as ``MPI_Comm_free`` is local in MPICH).
+    threads with :meth:`close` on every rank (or a ``with`` block): ``MPI_Comm_free`` is
+    collective. A state dropped unclosed stops its threads when it is garbage collected
+    but leaves its communicators to ``MPI_Finalize`` (a collector runs at a point of its
+    own on each rank).
 
     Error feedback (per ``bucket.index()``, as PowerSGD keeps its residuals): with ``x`` the
     bucket (float32) and ``r`` the stored residual of that bucket, the hook reduces
     ``x_ef = x + r`` and stores ``r_new = x_ef - Q(x_ef)``, where ``Q(x_ef)`` is exactly this
-    rank's own contribution to the reduced sum: its input quantized chunk by chunk on the
-    per-rank grid of the homomorphic ring (recomputed locally, an extra compress and
+    rank's own contribution to the reduced sum: its input quantized on the per-rank grid
+    of the homomorphic allreduce, in the ring's chunks or recursive halving's pieces,
+    whichever the call ran (recomputed locally from the call's plan, an extra compress and
     decompress of the bucket). Summed over steps, the applied gradients then differ from
     the true ones by the average of the last residuals only, which stays within the bound:
     the error does not accumulate. A step whose reduced bucket holds NaN or Inf (skipped by
@@ -166,6 +171,7 @@ class CCollHookState:
         "busy_s",
         "policy",
         "_finalizer",
+        "_free",
         "_bucket_params",
         "_pending",
         "_seen",
@@ -267,8 +273,9 @@ class CCollHookState:
         # those an "auto" step sends through the process group (see _divert_settled).
         self._shapes: dict[int, tuple[int, Any]] = {}
         self._divert: dict[int, tuple[int, Any]] = {}
+        self._free = [False]  # set by close(): the one place that frees (collectively)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
-                                           self._gate_comm)
+                                           self._gate_comm, self._free)
 
     def __repr__(self) -> str:
         return (
@@ -286,8 +293,11 @@ class CCollHookState:
     def close(self) -> None:
         """Free the communicators and stop the threads; calling it again does nothing.
 
-        Call it after the last backward pass that uses the state.
+        Call it on every rank (``MPI_Comm_free`` is collective) after the last backward
+        pass that uses the state.
         """
+        if self._finalizer.alive:
+            self._free[0] = True
         self._finalizer()
 
     free = close
@@ -404,7 +414,9 @@ class CCollHookState:
         # No communicator in the pickle: unpickling makes a new one over MPI.COMM_WORLD,
         # collectively (every rank unpickles its copy at the same point, as torch.load of
         # every rank's checkpoint does).
-        return {"state": self.state_dict(), "timeout": self.communicator.timeout}
+        timeout = self.communicator.timeout
+        return {"state": self.state_dict(),
+                "timeout": math.inf if timeout is None else timeout}  # None: forever
 
     def __setstate__(self, data: dict[str, Any]) -> None:
         state = data["state"]
@@ -445,15 +457,25 @@ class CCollHookState:
         return float(ext[0]), float(-ext[1])
 
 
-def _close_state(comm: Any, communicator: Any, gate_comm: Any = None) -> None:
-    # close(), or garbage collection of a state never closed: no collective call here
-    # (MPI_Comm_free is local in MPICH).
+def _close_state(comm: Any, communicator: Any, gate_comm: Any = None,
+                 free: Any = (True,)) -> None:
+    # close() (free[0] set: every rank frees here, MPI_Comm_free being collective), or
+    # garbage collection of a state never closed, which runs at a point of its own on each
+    # rank: it stops the threads and frees no communicator (ccoll/collectives/channel.py).
     from mpi4py import MPI
 
-    communicator.close()
+    from ccoll.collectives.channel import LEAKED
+
+    if free[0]:
+        communicator.close()
+    else:
+        communicator._finalizer()  # the Communicator's own release, without a free
     for c in (comm, gate_comm):
         if c is not None and c != MPI.COMM_NULL and not MPI.Is_finalized():
-            c.Free()
+            if free[0]:
+                c.Free()
+            else:
+                LEAKED[0] += 1
 
 
 def _named_params(model: Any) -> list[tuple[str, Any]]:
@@ -543,30 +565,18 @@ def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -
 
 
 def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np.ndarray:
-    """Return this rank's input as the homomorphic ring adds it into the sum.
+    """Return this rank's input as the compressed allreduce that just ran added it to the sum.
 
-    The ring compresses every chunk of every ring block once with the per-rank bound of an
-    average within ``eb_avg`` (ccoll/collectives/homomorphic.py; with a split bound, of the
-    reduce-scatter's share of it); doing the same here gives the same values.
+    The rule lives beside the code that quantizes (:func:`ccoll.collectives.hier.own_contribution`):
+    it takes the call's plan, so the ring's chunks or recursive halving's pieces, whichever
+    ran, and the plan's split of the bound.
     """
-    from ccoll.collectives.homomorphic import rank_bound
-    from ccoll.collectives.layout import Layout
-    from ccoll.collectives.policy.plan import phase_bounds
-    from ccoll.compressor import compress_abs, decompress
+    from ccoll.collectives.hier import own_contribution
 
-    n = state.comm.Get_size()
-    # The plan of the call that just ran: its split of the bound and its chunks.
-    plan = state.communicator._last_plan()
-    split = plan.split if plan is not None else 0.0
-    ring_eb, _ = phase_bounds(eb_avg, n, True, split)
-    eb_r = rank_bound(ring_eb, n)
-    chunk = plan.chunk_elems if plan is not None and plan.chunk_elems else 0
-    layout = Layout(x.size, n, chunk or state.communicator.chunk_elems or max(1, x.size))
+    cc = state.communicator
+    plan = cc._last_plan()  # the plan of the call that just ran (this thread's, blocking)
     flat = x.reshape(-1)
-    own = np.empty_like(flat)
-    for b in range(n):
-        for lo, hi in layout.chunks(b):
-            decompress(compress_abs(flat[lo:hi], eb_r), out=own[lo:hi])
+    own = own_contribution(flat, cc.size, cc.rank, eb_avg, True, plan, cc.algorithm)
     return own.reshape(x.shape)
 
 

@@ -239,16 +239,24 @@ def test_close_frees_duplicates_and_is_idempotent(comm):
 
 
 def test_dropped_communicator_is_released_by_gc(comm):
+    # Its threads stop and its buffers go; its duplicates stay with MPI_Finalize, since
+    # MPI_Comm_free is collective and a collector runs at a point of its own on each rank
+    # (tests/mpi/test_comm_free.py).
+    from ccoll.collectives import channel
+
     c = ccoll.Communicator(comm, policy="compress", chunk_elems=512)
     dups = _used(c)
     workers = [c._sync.ch.worker, c._async.ch.worker]
     # Host tasks ran on the shared lanes (or a private thread with CCOLL_SCHED=off).
     assert any(w._thread is not None or w.used_lanes for w in workers)
+    leaked = channel.LEAKED[0]
     del c
     gc.collect()
-    assert all(d == MPI.COMM_NULL for d in dups)
     assert all(w._thread is None and not w._lane_heap for w in workers)
-    comm.Barrier()
+    assert channel.LEAKED[0] == leaked + 2
+    for d in dups:  # not freed: still a communicator of every rank
+        assert d != MPI.COMM_NULL and d.allreduce(1) == comm.size
+        d.Free()
 
 
 def test_with_block_closes(comm):
@@ -262,15 +270,38 @@ def test_hook_state_close_with_and_gc(comm):
     import ccoll.torch as ct
 
     with ct.CCollHookState(comm=comm) as s:
-        dups = [s.comm, s.communicator._sync.ch.comm]
+        dups = [s.comm, s._gate_comm, s.communicator._sync.ch.comm]
     assert all(d == MPI.COMM_NULL for d in dups)
     s.close()  # again: nothing
     s = ct.CCollHookState(comm=comm)
-    dups = [s.comm, s.communicator._sync.ch.comm]
+    dups = [s.comm, s._gate_comm, s.communicator._sync.ch.comm]
+    worker = s.communicator._sync.ch.worker
     del s
     gc.collect()
+    assert worker.closed
+    for d in dups:  # left to MPI_Finalize, as a dropped Communicator's
+        assert d != MPI.COMM_NULL and d.allreduce(1) == comm.size
+        d.Free()
+
+
+def test_fsdp_reduce_scatter_close_with_and_gc(comm):
+    # As the hook state: close() frees (on every rank); a collected one frees nothing.
+    pytest.importorskip("torch")
+    import ccoll.torch as ct
+
+    with ct.FSDPReduceScatter(comm=comm) as rs:
+        dups = [rs.comm, rs.communicator._sync.ch.comm]
     assert all(d == MPI.COMM_NULL for d in dups)
-    comm.Barrier()
+    rs.close()  # again: nothing
+    rs = ct.FSDPReduceScatter(comm=comm)
+    dups = [rs.comm, rs.communicator._sync.ch.comm]
+    worker = rs.communicator._sync.ch.worker
+    del rs
+    gc.collect()
+    assert worker.closed
+    for d in dups:  # left to MPI_Finalize, as a dropped Communicator's
+        assert d != MPI.COMM_NULL and d.allreduce(1) == comm.size
+        d.Free()
 
 
 def test_ring_with_more_chunks_than_tags_stays_within_tag_limit(comm, monkeypatch):

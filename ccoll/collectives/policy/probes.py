@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from mpi4py import MPI
@@ -32,7 +33,7 @@ from mpi4py import MPI
 from ccoll.collectives import exact
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.ring import ring_allreduce
-from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.collectives.waiting import Deadline, abandon, spin, wait_all
 
 __all__ = [
     "LinkCalibration",
@@ -74,14 +75,17 @@ class LinkCalibration:
 def finish(ch: Channel, reqs: Sequence[MPI.Request], stage: str, *, timed: bool = False) -> None:
     """Complete ``reqs`` within the channel's timeout, or raise :class:`CollectiveError`.
 
-    ``timed``: the wait is part of a measurement; with a timeout it polls without sleeping,
-    so that the time measured is not the length of a poll pause.
+    ``timed``: the wait is part of a measurement; with a timeout it spins (yielding the core
+    now and then, as MPI's blocking waits do) without sleeping, so that the time measured
+    is not the length of a poll pause.
     """
     deadline = Deadline(ch.timeout, WHAT)
     if timed and deadline.at is not None:
         reqs = list(reqs)
-        while not MPI.Request.Testall(reqs):
+        test = partial(MPI.Request.Testall, reqs)
+        while not spin(test, 0.05):
             if deadline.expired():
+                abandon(reqs)  # the requests hold their buffers
                 raise deadline.error(stage)
         return
     wait_all(reqs, deadline, stage)
