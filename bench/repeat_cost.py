@@ -54,9 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     bounds = [None if b.strip().lower() == "none" else b.strip() for b in args.eb.split(",")]
     rank, size = comm.Get_rank(), comm.Get_size()
     if rank == 0:
-        from ccoll.speedindex import describe, speed_index
-
-        print(f"# {describe(speed_index())}")
+        try:
+            from ccoll.speedindex import describe, speed_index
+        except ImportError:  # an older checkout (before/after runs): the index from this one
+            print("# speed index: run python -m ccoll.speedindex in the same session")
+        else:
+            print(f"# {describe(speed_index())}")
         print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {size} rank(s), "
               f"load average {os.getloadavg()[0]:.2f}; "
               f"median of {args.rounds} rounds x {args.calls} calls, slowest rank; us per call")
