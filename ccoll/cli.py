@@ -186,7 +186,9 @@ examples:
         "decompress",
         help="restore a file written by `ccoll compress`",
         description="Write OUT: IN with every ccoll dataset restored to its dtype, shape and "
-        "attributes (ccoll_* attributes removed), each value within the recorded bound.",
+        "attributes (ccoll_* attributes removed), each value within the recorded bound. "
+        "Datasets that ccoll compress kept as they were (ccoll_stored=raw) are copied exact, "
+        "without the marker.",
         epilog="""\
 examples:
   ccoll decompress minilm.ccoll.h5 minilm.back.h5
@@ -214,7 +216,8 @@ examples:
         "inspect",
         help="per-dataset sizes, ratios and bounds of a raw or compressed file",
         description="List every dataset: path, shape, dtype, stored bytes, original bytes, "
-        "ratio and bound, then the totals. Works on raw and ccoll-compressed files. Each "
+        "ratio and bound, then the totals. Works on raw and ccoll-compressed files; datasets "
+        "that ccoll compress kept as they were show as 'raw (kept)', bound exact. Each "
         "ccoll dataset is verified (CRC-32, zstd frame, stream header) unless --no-verify; "
         "a damaged one is listed and the exit status is 1.",
         epilog="""\
