@@ -4,8 +4,11 @@ One numba thread, thread CPU time (``time.thread_time``), best of ``--repeat`` r
 in each round every operation runs once for each variant, so the variants meet the same
 machine load (interleaved A/B). GB/s of float32 input on the concatenation of each bundled
 dump at REL 1e-2, 1e-3 and 1e-4 (``add``: of one half, the sum of the two halves;
-``2 dec + add``: what ``add`` replaces, validating and decoding both v2 halves and adding
-the floats). With ``--baseline REV`` the v2 kernels of git revision ``REV``
+``dec + add + enc``: the other way to the same stream, validating and decoding one v2 half,
+adding the other half's floats and compressing the sum with version 2; ``2 dec + add``:
+decoding both halves and adding the floats, no encode). ``--sz3`` adds SZ3's (pysz, ABS
+mode, the same bound) compress and decompress of the same array, timed in the same rounds,
+and v2's speed over SZ3's. With ``--baseline REV`` the v2 kernels of git revision ``REV``
 (``ccoll/compressor/cpu/v2.py`` and ``v2blocks.py``) are timed beside the working tree's,
 and the outputs are checked to be the same bytes. ``--passes`` prints where one v2 call of
 each operation spends its time instead.
@@ -14,6 +17,7 @@ each operation spends its time instead.
     python bench/v2_speed.py --baseline 1a86725    # and the kernels of 1a86725 (compiles them)
     python bench/v2_speed.py --passes
     python bench/v2_speed.py --baseline 1a86725 --compress   # compress only (a quick A/B)
+    python bench/v2_speed.py --baseline 1a86725 --sz3        # and SZ3 in the same rounds
     python bench/v2_speed.py --baseline HEAD --v1            # v1's kernels of HEAD against these
 
 docs/performance.md ("Format v2 on the CPU") and docs/dev/format-v2.md quote its output.
@@ -36,20 +40,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELS = (1e-2, 1e-3, 1e-4)
 
 
-def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: str,
+def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: tuple[str, ...],
                 suffix: str) -> str:
     """Copy ``ccoll/compressor/cpu/{names}.py`` of git revision ``rev`` into ``bench/out``.
 
-    Each copy is named ``{name}{suffix}.py`` and imports the module ``shared`` from its
-    sibling copy; returns the folder, put first on ``sys.path``.
+    Each copy is named ``{name}{suffix}.py`` and imports the modules ``shared`` from their
+    sibling copies; returns the folder, put first on ``sys.path``. The folder is named after
+    the commit ``rev`` resolves to: numba keys a cached kernel on its own file only, so a
+    folder reused for another commit (``HEAD`` after a commit) whose ``v2.py`` did not
+    change would load kernels compiled with the old ``v2blocks.py`` inlined.
     """
-    d = os.path.join(ROOT, "bench", "out", f"{folder}_{rev}")
+    sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", f"{rev}^{{commit}}"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    d = os.path.join(ROOT, "bench", "out", f"{folder}_{sha}")
     os.makedirs(d, exist_ok=True)
     for name in names:
         src = subprocess.run(["git", "-C", ROOT, "show", f"{rev}:ccoll/compressor/cpu/{name}.py"],
                              check=True, capture_output=True, text=True).stdout
-        src = src.replace(f"from ccoll.compressor.cpu.{shared} import",
-                          f"from {shared}{suffix} import")
+        for m in shared:
+            src = src.replace(f"from ccoll.compressor.cpu.{m} import", f"from {m}{suffix} import")
         path = os.path.join(d, f"{name}{suffix}.py")
         old = open(path).read() if os.path.exists(path) else None
         if old != src:  # keep the file (and so numba's cache of it) when unchanged
@@ -60,14 +69,19 @@ def _kernels_of(rev: str, folder: str, names: tuple[str, ...], shared: str,
 
 
 def _baseline(rev: str) -> ModuleType:
-    """Import the v2 kernels of git revision ``rev`` as a module of their own."""
-    _kernels_of(rev, "v2_kernels", ("v2", "v2blocks"), "v2blocks", "_base")
+    """Import the v2 kernels of git revision ``rev`` as a module of their own.
+
+    The revision's ``intrinsics.py`` comes with them: the kernels call its intrinsics with
+    the signatures of that revision.
+    """
+    _kernels_of(rev, "v2_kernels", ("v2", "v2blocks", "intrinsics"), ("v2blocks", "intrinsics"),
+                "_base")
     return importlib.import_module("v2_base")
 
 
 def _v1_baseline(rev: str) -> tuple[ModuleType, ModuleType]:
     """Import the v1 encoder and decoder of git revision ``rev`` (with its block helpers)."""
-    _kernels_of(rev, "v1_kernels", ("blocks", "encode", "decode"), "blocks", "_v1base")
+    _kernels_of(rev, "v1_kernels", ("blocks", "encode", "decode"), ("blocks",), "_v1base")
     return importlib.import_module("encode_v1base"), importlib.import_module("decode_v1base")
 
 
@@ -106,15 +120,18 @@ def _best(fns: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]
     return best
 
 
-def speeds(repeat: int, base: ModuleType | None) -> None:
+def speeds(repeat: int, base: ModuleType | None, sz3: bool) -> None:
     from ccoll.compressor.cpu import v2
 
     variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
     head = ["data", "REL", "ratio v1", "ratio v2", "compress v1"]
     head += [f"compress {k}" for k in variants] + ["decompress v1"]
     head += [f"decompress {k}" for k in variants] + ["add v1"]
-    head += [f"add {k}" for k in variants] + ["2 dec + add v2"]
-    _table(head, lambda x, rel: _speed_row(x, rel, variants, base, repeat))
+    head += [f"add {k}" for k in variants] + ["dec + add + enc v2", "2 dec + add v2"]
+    if sz3:
+        head += ["ratio SZ3", "compress SZ3", "decompress SZ3", "compress v2 / SZ3",
+                 "decompress v2 / SZ3"]
+    _table(head, lambda x, rel: _speed_row(x, rel, variants, base, repeat, sz3))
 
 
 def _table(head: list[str], row_of: Callable[[np.ndarray, float], list[str]]) -> None:
@@ -130,14 +147,25 @@ def _table(head: list[str], row_of: Callable[[np.ndarray, float], list[str]]) ->
             print(f"| {name} | {rel:g} | " + " | ".join(row_of(x, rel)) + " |", flush=True)
 
 
-def compress_speeds(repeat: int, base: ModuleType | None) -> None:
+def _sz3(x: np.ndarray, eb: float) -> tuple[Callable[[], object], Callable[[], object], float]:
+    """SZ3's compress and decompress of ``x`` at absolute bound ``eb``, and its ratio."""
+    from compressor import sz3_codec
+
+    enc, dec = sz3_codec(eb)
+    buf = enc(x)
+    return (lambda: enc(x)), (lambda: dec(buf, x)), x.nbytes / len(buf)
+
+
+def compress_speeds(repeat: int, base: ModuleType | None, sz3: bool) -> None:
     """Compress only: v1, the baseline's v2 and the working tree's v2 (ms and GB/s)."""
     import ccoll
     from ccoll.compressor.cpu import v2
 
     variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
     head = ["data", "REL", "compress v1"] + [f"compress {k}" for k in variants]
+    head += ["compress SZ3"] if sz3 else []
     head += ["v2 / v1"] + (["v2 / base"] if base is not None else [])
+    head += ["v2 / SZ3"] if sz3 else []
 
     def row_of(x: np.ndarray, rel: float) -> list[str]:
         eb = rel * (float(x.max()) - float(x.min()))
@@ -145,18 +173,21 @@ def compress_speeds(repeat: int, base: ModuleType | None) -> None:
             "v1": lambda x=x, eb=eb: ccoll.compress(x, ccoll.ABS(eb))}
         for k, m in variants.items():
             fns[k] = lambda m=m, x=x, eb=eb: m.compress_abs_v2(x, eb)
+        if sz3:
+            fns["SZ3"] = _sz3(x, eb)[0]
         if base is not None:
             assert base.compress_abs_v2(x, eb).tobytes() == v2.compress_abs_v2(x, eb).tobytes()
         t = _best(fns, repeat)
         row = [f"{t[k] * 1e3:.3f} ms ({x.nbytes / t[k] / 1e9:.2f})" for k in fns]
         row += [f"{t['v1'] / t['v2']:.3f}x"]
-        return row + ([f"{t['v2 base'] / t['v2']:.3f}x"] if base is not None else [])
+        row += [f"{t['v2 base'] / t['v2']:.3f}x"] if base is not None else []
+        return row + ([f"{t['SZ3'] / t['v2']:.2f}x"] if sz3 else [])
 
     _table(head, row_of)
 
 
 def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
-               base: ModuleType | None, repeat: int) -> list[str]:
+               base: ModuleType | None, repeat: int, sz3: bool) -> list[str]:
     import ccoll
     from ccoll.compressor import add as add1
     from ccoll.compressor.cpu import v2
@@ -185,7 +216,15 @@ def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
         v2.decode_into(v2.validate_v2(b2), yb)
         np.add(ya, yb, out=ya)
 
+    def dec_add_enc() -> None:
+        v2.decode_into(v2.validate_v2(a2), ya)
+        np.add(ya, xb, out=ya)
+        v2.compress_abs_v2(ya, eb)
+
     fns["da v2"] = dec_add
+    fns["dae v2"] = dec_add_enc
+    if sz3:
+        fns["c SZ3"], fns["d SZ3"], ratio_sz3 = _sz3(x, eb)
     if base is not None:  # the same bytes from both revisions
         assert base.compress_abs_v2(x, eb).tobytes() == s2.tobytes()
         assert (base.add_v2(base.validate_v2(a2), base.validate_v2(b2), eb, 2).tobytes()
@@ -198,7 +237,11 @@ def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
     row = [f"{x.nbytes / s1.size:.2f}", f"{x.nbytes / s2.size:.2f}", g("c v1")]
     row += [g("c " + k) for k in variants] + [g("d v1")]
     row += [g("d " + k) for k in variants] + [g("a v1", xa.nbytes)]
-    row += [g("a " + k, xa.nbytes) for k in variants] + [g("da v2", xa.nbytes)]
+    row += [g("a " + k, xa.nbytes) for k in variants]
+    row += [g("dae v2", xa.nbytes), g("da v2", xa.nbytes)]
+    if sz3:
+        row += [f"{ratio_sz3:.2f}", g("c SZ3"), g("d SZ3"), f"{t['c SZ3'] / t['c v2']:.2f}x",
+                f"{t['d SZ3'] / t['d v2']:.2f}x"]
     return row
 
 
@@ -264,12 +307,19 @@ def _pass_row(v2: ModuleType, x: np.ndarray, eb: float, spent: dict[str, float],
     return out
 
 
+def _load() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them."""
+    return " ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=11, help="rounds, the best counts")
     ap.add_argument("--baseline", metavar="REV", help="also time the v2 kernels of git REV")
     ap.add_argument("--passes", action="store_true", help="time the passes of each v2 call")
     ap.add_argument("--compress", action="store_true", help="time compress only")
+    ap.add_argument("--sz3", action="store_true",
+                    help="also time SZ3 (pysz) in the same rounds, and v2's speed over it")
     ap.add_argument("--v1", action="store_true",
                     help="with --baseline: v1's compress and decompress kernels of REV "
                          "against the working tree's instead")
@@ -279,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     numba.set_num_threads(1)
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-          f"{os.getloadavg()[0]:.2f}; one numba thread, thread CPU time, best of {args.repeat}")
+    from llvmlite import binding
+
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, CPU "
+          f"{binding.get_host_cpu_name()}, load average {_load()}; one numba thread, "
+          f"thread CPU time, best of {args.repeat}")
     if args.v1:
         if not args.baseline:
             ap.error("--v1 needs --baseline REV")
@@ -288,10 +341,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.passes:
         passes(args.repeat)
     elif args.compress:
-        compress_speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
+        compress_speeds(args.repeat, _baseline(args.baseline) if args.baseline else None,
+                        args.sz3)
     else:
-        speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
-    print(f"# load average at the end {os.getloadavg()[0]:.2f}")
+        speeds(args.repeat, _baseline(args.baseline) if args.baseline else None, args.sz3)
+    print(f"# load average at the end {_load()}")
     return 0
 
 

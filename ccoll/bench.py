@@ -61,6 +61,8 @@ class Row:
     model_us: float | None = None
     floor_us: float | None = None  # the model's floor: max(compute critical path, wire)
     of_floor: float | None = None  # avg_us / floor_us
+    # Stream formats the compressed timed calls sent ("1", "2", "1,2"; None: none compressed)
+    formats: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -228,6 +230,7 @@ def bench(
     trace: bool = False,
     ranks_per_node: int | None | Sequence[int | None] = None,
     schedule: str = "auto",
+    format_version: int | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
 
@@ -237,7 +240,10 @@ def bench(
     ``homomorphic/rpn=1``, ``homomorphic/shm``, ... The meta's ``nodes``,
     ``ranks_per_node``, ``grouping`` and ``hierarchical`` say what the first (or only)
     grouping had; ``groupings`` gives every ccoll row's. ``schedule`` is the ccoll
-    Communicators' (``"auto"``, ``"ring"`` or ``"halving"``; the meta's ``schedule``).
+    Communicators' (``"auto"``, ``"ring"`` or ``"halving"``; the meta's ``schedule``),
+    ``format_version`` their stream format (``None``: chosen per call; the meta's
+    ``format_version``). A ccoll row's ``formats`` says which formats its compressed timed
+    calls sent; its extra ``format_reason`` why the last one did.
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -271,7 +277,8 @@ def bench(
             algorithm, policy = ("dar", "compress") if a == "dar" else (
                 "homomorphic", "auto" if a == "auto" else "compress")
             ccs[name] = Communicator(comm, algorithm=algorithm, policy=policy,
-                                     ranks_per_node=rpn, schedule=schedule)
+                                     ranks_per_node=rpn, schedule=schedule,
+                                     format_version=format_version)
             named.append(name)
             base_of[name] = a
             rpn_of[name] = rpn
@@ -320,6 +327,8 @@ def bench(
             compressed = {a: 0 for a in algos}
             # Per timed call of a ccoll row: T two levels, C the flat compressed ring, R raw.
             paths = {a: "" for a in algos}
+            formats: dict[str, set[int]] = {a: set() for a in algos}
+            why: dict[str, str] = {}
             outs: dict[str, np.ndarray] = {}
             for it in range(nit):
                 for a in algos:
@@ -336,6 +345,9 @@ def bench(
                         if rep is not None:
                             paths[a] += ("T" if rep.hierarchical else
                                          "C" if rep.compressed else "R")
+                            if rep.compressed:
+                                formats[a].add(rep.format_version)
+                                why[a] = rep.format_reason
                     if it == nit - 1:
                         outs[a] = y
             errs: dict[str, float | None] = {}
@@ -400,7 +412,9 @@ def bench(
                     speedup=None, compressed_calls=(compressed[a] / nit) if a in ccs else None,
                     model_us=model_us, floor_us=floor_us,
                     of_floor=avg * 1e6 / floor_us if floor_us else None,
-                    extra={"calls": paths[a]} if a in ccs else {},
+                    formats=",".join(map(str, sorted(formats[a]))) or None,
+                    extra={"calls": paths[a], "format_reason": why.get(a, "")}
+                    if a in ccs else {},
                 ))
             for row in rows[-len(algos):]:
                 if mpi_avg is not None and row.avg_us > 0:
@@ -414,6 +428,7 @@ def bench(
         # Every ccoll row's node grouping (the same on every rank: agreed by its Communicator).
         meta["groupings"] = {a: str(cc.grouping) for a, cc in ccs.items()}
         meta["schedule"] = schedule
+        meta["format_version"] = format_version
         if model_cc is not None:
             meta["calibration"] = model_cc.calibration.describe()
         autos = [a for a in ccs if base_of[a] == "auto"]
@@ -541,6 +556,8 @@ Rank 0 prints one row per size and algorithm:
   speedup      avg(us) of mpi / avg(us) of this row
   comp         share of the timed calls that compressed (ccoll rows): 1.00 all, 0.00 none
                (sent raw through MPI), in between for auto, which decides call by call
+  fmt          stream formats the compressed timed calls sent (1, 2 or 1,2; --format-version;
+               the JSON row's extra.format_reason says why)
   model(us)    the cost model's prediction from this run's calibration (docs/model.md);
                for auto only when all or none of its calls compressed
   floor(us)    the least time the call could take by that calibration: the larger of
@@ -588,6 +605,7 @@ _COLS = [
     ("err/eb", ">7", lambda r: "-" if r.err_over_eb is None else f"{r.err_over_eb:.3f}"),
     ("speedup", ">7", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}"),
     ("comp", ">5", lambda r: "-" if r.compressed_calls is None else f"{r.compressed_calls:.2f}"),
+    ("fmt", ">4", lambda r: r.formats or "-"),
     ("model(us)", ">11", lambda r: "-" if r.model_us is None else f"{r.model_us:.1f}"),
     ("floor(us)", ">11", lambda r: "-" if r.floor_us is None else f"{r.floor_us:.1f}"),
     ("of-floor", ">8", lambda r: "-" if r.of_floor is None else f"{r.of_floor:.2f}"),
@@ -711,6 +729,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="how ccoll's homomorphic allreduce moves streams between ranks (or "
                    "nodes): the ring, recursive halving and doubling, or auto (the ring "
                    "below 8, else the model's choice; default auto)")
+    p.add_argument("--format-version", choices=("auto", "1", "2"), default="auto",
+                   help="stream format of ccoll's compressed calls: 1, 2, or auto (chosen per "
+                   "call by the cost model; default auto)")
     p.add_argument("--data", default=str(_DEFAULT_DATA),
                    help="HDF5 gradient dump (default datasets/minilm.h5)")
     p.add_argument("--no-check", action="store_true", help="skip the error check")
@@ -785,6 +806,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         log=(lambda s: print(s, flush=True)) if live else None,
         trace=bool(args.trace or args.trace_png), ranks_per_node=rpns,
         schedule=args.schedule,
+        format_version=None if args.format_version == "auto" else int(args.format_version),
     )
     timeline = meta.pop("trace", None)
     meta["speed_index"] = index

@@ -20,7 +20,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["Settings", "TABLE", "current", "configure", "parse"]
@@ -232,6 +232,44 @@ def current() -> Settings:
     return parse()[0]
 
 
+_BOOLS = frozenset({"sched", "node_shm", "cuda_aware"})
+_TEXTS = frozenset({"log", "calibration", "cache_dir"})
+
+
+def _value(name: str, v: Any) -> Any:
+    """Return a :func:`configure` value as the setting holds it; InputError if it is bad.
+
+    A string is read as the ``CCOLL_*`` variable would be (``bandwidth="10Gbit"``,
+    ``timeout="90s"``); otherwise a switch takes a bool, ``threads`` a whole number >= 1,
+    and the rest a finite number > 0 in the setting's unit (seconds, bytes per second,
+    GB/s).
+    """
+    from ccoll.errors import InputError
+
+    var, parser = next((var, fn) for f, var, _, _, fn in TABLE if f == name)
+    if isinstance(v, str):
+        try:
+            return parser(var, v)
+        except ValueError as e:
+            raise InputError(f"configure({name}={v!r}): {e}") from None
+    if name in _BOOLS:
+        if isinstance(v, bool):
+            return v
+    elif name == "threads":
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+            return v
+    elif name not in _TEXTS:
+        if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v > 0):
+            return float(v)
+    raise InputError(f"configure({name}={v!r}): expected "
+                     + ("True or False" if name in _BOOLS
+                        else "a whole number >= 1" if name == "threads"
+                        else "a string" if name in _TEXTS
+                        else "a finite number > 0 or a string as its variable takes, "
+                             f"e.g. {var}'s"))
+
+
 def configure(**values: Any) -> Settings:
     """Set settings for Communicators made from now on, over the environment's.
 
@@ -245,7 +283,7 @@ def configure(**values: Any) -> Settings:
     if bad:
         raise TypeError(f"unknown ccoll setting(s) {', '.join(bad)}; known: "
                         f"{', '.join(sorted(names))}")
-    replace(Settings(), **{k: v for k, v in values.items() if v is not None})  # type check
+    values = {k: v if v is None else _value(k, v) for k, v in values.items()}
     with _lock:
         for k, v in values.items():
             if v is None:

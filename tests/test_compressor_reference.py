@@ -707,3 +707,30 @@ def test_v2_homomorphic_sum_bytes_equal_the_reference(case, seed, scale):
     # decodes exactly as v1's sum (same integers, same raw rule)
     s1 = add(compress_abs(x, eb), compress_abs(x2, eb))
     assert decompress(s).tobytes() == decompress(s1).tobytes()
+
+
+@pytest.mark.parametrize("dtype", _FLOAT_DTYPES)
+def test_v2_codes_of_many_chunks_equal_the_reference(dtype):
+    # Three chunks of 256 blocks and a partial block, so that the plan pass's groups of 32
+    # blocks, its chunks and its scratch regions are all crossed. Each block has its own
+    # maximum magnitude (1 to 511, on both sides of the 2^8 where the choice of k switches
+    # from all 8 costs at once to a loop) and its own density, so that every patched-planes
+    # k and h below 9 and every sparse count occur; some blocks are zero and some raw.
+    rng = np.random.default_rng(20261205)
+    eb = 0.5
+    nb = 3 * 256 + 40
+    q = np.zeros((nb, 32))
+    for b in range(nb):
+        kind = rng.integers(0, 8)
+        if kind == 0:
+            continue  # a zero block
+        m = int(rng.integers(1, 512 if kind > 1 else 256))
+        vals = rng.integers(-m, m + 1, 32)
+        vals[rng.integers(0, 32)] = m * rng.choice([-1, 1])
+        keep = rng.random(32) < rng.choice([0.05, 0.15, 0.5, 1.0])
+        q[b] = np.where(keep, vals, 0)
+        q[b, rng.integers(0, 32)] = m
+    x = (q * (2 * eb) + rng.uniform(-0.45, 0.45, q.shape) * (2 * eb)).astype(dtype).ravel()
+    x[rng.integers(0, x.size, 3)] = np.inf  # raw blocks
+    x = x[: x.size - 13]  # a partial last block
+    assert compress_abs(x, eb, version=2).tobytes() == ref_compress_v2(x, eb)

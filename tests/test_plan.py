@@ -19,6 +19,7 @@ from ccoll.collectives.policy.plan import (
     MAX_LEVEL,
     VARIANTS,
     Facts,
+    Formats,
     Options,
     Plan,
     Planner,
@@ -212,3 +213,98 @@ def test_a_sampled_ratio_that_is_not_a_ratio_is_ignored(bad):
     st = pl.state(KEY, FACTS)
     p = pl.plan(st, FACTS, ratio=bad)
     assert p.ratio == model.DEFAULT_RATIO and st.ratio is None
+
+
+# ------------------------------------------------------------------- the stream format
+
+def _plan_of(p: model.Params, formats, *, facts: Facts = FACTS, version=None,
+             schedule: str = "auto", ratio: float = 16.0) -> Plan:
+    pl = Planner(p, Options(None, None, schedule, None, version), 7, formats=formats)
+    st = pl.state(KEY, facts)
+    return pl.plan(st, facts, ratio=ratio)
+
+
+def test_format_2_where_its_bytes_pay_on_a_slow_link():
+    # The same kernel rates, twice the ratio: on a slow link the model sends format 2.
+    formats = Formats(SLOW, 2.0)
+    plan = _plan_of(SLOW, formats)
+    assert plan.compress and plan.version == 2 and plan.pieces == 0
+    assert plan.format_reason.startswith("predicted ") and "format 1 " in plan.format_reason
+    assert plan.ratio == 32.0  # format 1's sampled ratio times the gain
+
+
+def test_format_1_where_format_2s_kernels_cost_more_than_its_bytes_save():
+    # A fast link and format-2 kernels ten times slower for 5% fewer bytes: format 1.
+    fast_link = replace(model.DEFAULTS, beta=1.25e9)
+    slow2 = replace(fast_link, compress=fast_link.compress / 10, add=fast_link.add / 10,
+                    decompress=fast_link.decompress / 10)
+    plan = _plan_of(fast_link, Formats(slow2, 1.05), facts=FACTS._replace(policy="compress"))
+    assert plan.compress and plan.version == 1
+
+
+def test_format_forced_unknown_halving_and_device():
+    formats = Formats(SLOW, 2.0)
+    forced = _plan_of(SLOW, formats, version=1)
+    assert forced.version == 1 and forced.format_reason == "format_version=1"
+    forced2 = _plan_of(SLOW, None, version=2)  # forced without a calibration of format 2
+    assert forced2.version == 2 and forced2.format_reason == "format_version=2"
+    assert _plan_of(SLOW, None).version == 1  # format 2 never measured: format 1
+    assert _plan_of(SLOW, formats, schedule="halving").version == 1  # halving cuts format 1
+    dev = _plan_of(SLOW, formats, facts=FACTS._replace(device=True))
+    assert dev.compress and dev.version == 1
+
+
+def test_format_2s_calibration_is_in_the_plans_digest():
+    from ccoll.collectives.policy.calibration import Calibration
+
+    a = Calibration(SLOW, "settings", "cache", format2=SLOW, gain2=2.0)
+    b = Calibration(SLOW, "settings", "cache", format2=SLOW, gain2=2.5)
+    c = Calibration(SLOW, "settings", "cache")
+    assert len({a.digest, b.digest, c.digest}) == 3
+    assert c.formats is None and a.formats == Formats(SLOW, 2.0)
+
+
+def test_the_sampled_gain_of_this_data_replaces_the_calibrations():
+    # Format 2's kernels a little slower: at the calibration's gain (1.0) format 1 wins,
+    # this call's data shows 3x fewer bytes: on a slow link the plan prices format 2 at
+    # the sampled gain, and the gain is part of the agreed state (the digest).
+    fast_link = SLOW
+    slow2 = replace(SLOW, compress=SLOW.compress * 0.7, add=SLOW.add * 0.7,
+                    decompress=SLOW.decompress * 0.7)
+    formats = Formats(slow2, 1.0)
+    pl = Planner(fast_link, Options(None, None, "auto", None, None), 7, formats=formats)
+    facts = FACTS._replace(policy="compress")
+    st = pl.state(KEY, facts)
+    d0 = pl.digest(st)
+    assert pl.plan(st, facts, ratio=4.0).version == 1
+    pl2 = Planner(fast_link, Options(None, None, "auto", None, None), 7, formats=formats)
+    st2 = pl2.state(KEY, FACTS)
+    plan = pl2.plan(st2, FACTS, ratio=4.0, gain2=3.0)
+    assert plan.version == 2 and plan.ratio == 12.0, plan
+    assert pl2.digest(st2) != d0
+    # A fixed policy's plans never take a sample: the calibration's gain stays.
+    pl3 = Planner(fast_link, Options(None, None, "auto", None, None), 7, formats=formats)
+    st3 = pl3.state(KEY, facts)
+    assert pl3.plan(st3, facts, ratio=4.0, gain2=3.0).version == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0, 0.0])
+def test_a_sampled_gain_that_is_not_a_gain_is_ignored(bad):
+    pl = Planner(SLOW, Options(None, None, "auto", None), 7, formats=Formats(SLOW, 2.0))
+    st = pl.state(KEY, FACTS)
+    p = pl.plan(st, FACTS, ratio=16.0, gain2=bad)
+    assert st.gain2 is None and p.ratio == 32.0
+
+
+def test_sampled_gain2_matches_the_whole_arrays_streams():
+    # The gain sampled on runs of blocks is close to the gain of compressing all of it.
+    from ccoll.bench import load_gradients
+    from ccoll.collectives.policy.fits import sampled_gain2
+    from ccoll.compressor.api import compress_abs
+
+    x = load_gradients("datasets/minilm.h5", 0)[: 1 << 20]
+    for rel in (1e-3, 1e-2):
+        eb = rel * float(x.max() - x.min())
+        whole = compress_abs(x, eb, version=1).nbytes / compress_abs(x, eb, version=2).nbytes
+        got = sampled_gain2(x, eb, 2048, compress_abs)
+        assert abs(got / whole - 1) < 0.15, (rel, got, whole)

@@ -4,7 +4,8 @@ Before any data moves, every rank contributes a float64 vector
 ``[lo, f1, f2, ..., -hi, -f1, -f2, ...]`` to one ``MPI_Allreduce(MIN)``: ``lo``/``hi`` give
 the global range of the finite values (for ``REL`` bounds), and each field ``f``
 (collective, invalid-argument flag, count, dtype, bound kind and value, op, algorithm,
-policy, root, shape, the Communicator's chunk size, split, node grouping and schedule, host
+policy, root, shape, the Communicator's chunk size, split, node grouping, schedule and
+stream format version, host
 or device data, the DDP hook's settings, and the fingerprint of the state the call's plan
 depends on, :meth:`ccoll.collectives.policy.plan.Planner.digest`) comes back as ``min f``
 and ``-min(-f) = max f``. Where they differ the ranks disagree; every rank sees the same
@@ -90,6 +91,7 @@ _FIELDS = (
     "nodes",
     "ranks per node",
     "schedule",
+    "format version",
     "plan state",
     "x is None",
     "seconds raw",
@@ -97,6 +99,7 @@ _FIELDS = (
     "seconds two levels",
     "sampled ratio",
     "sampled width",
+    "sampled gain2",
     "repeatable",
 )
 # A bcast rank that passes None knows neither these nor the state of the call's signature.
@@ -106,6 +109,7 @@ _ANY = _FIELDS.index("x is None")
 _TIMES = _FIELDS.index("seconds raw")
 _RATIO = _FIELDS.index("sampled ratio")
 _WIDTH = _FIELDS.index("sampled width")
+_GAIN2 = _FIELDS.index("sampled gain2")
 _REPEATABLE = _FIELDS.index("repeatable")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
@@ -144,6 +148,8 @@ class Call:
     rpn: int = -1
     # The Communicator's schedule of compressed allreduces (SCHEDULES; 0 for calls).
     schedule: int = 0
+    # The Communicator's format_version (1 or 2; 0: chosen per call, and 0 for calls).
+    version: int = 0
     # The fingerprint of the state the call's plan depends on (Planner.digest).
     plan: int = 0
     lo: float = math.inf
@@ -157,6 +163,9 @@ class Call:
     # minimum ratio and the maximum width come back.
     ratio: float = math.inf
     width: float = 0.0
+    # This rank's sampled ratio of format 2's stream over format 1's on the same blocks
+    # (+inf: no sample): the minimum comes back.
+    gain2: float = math.inf
     # This rank's call is one the fast path can run (ccoll.collectives.fastpath): its next
     # repeats may skip the agreement only where every rank's can.
     repeatable: bool = False
@@ -195,11 +204,13 @@ class Call:
             self.nodes,
             self.rpn,
             self.schedule,
+            self.version,
             self.plan,
             1 if self.wild else 0,
             *self.times,
             self.ratio,
             self.width,
+            self.gain2,
             1 if self.repeatable else 0,
         ]
 
@@ -224,6 +235,7 @@ class Agreed(NamedTuple):
     times: tuple[float, ...] = (0.0, 0.0, 0.0)  # maxima over ranks of Call.times
     ratio: float = math.inf  # minimum over ranks of Call.ratio
     width: float = 0.0  # maximum over ranks of Call.width
+    gain2: float = math.inf  # minimum over ranks of Call.gain2
     repeatable: bool = False  # every rank's Call.repeatable
 
 
@@ -264,6 +276,7 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     times = tuple(-got[k + 1 + i] for i in range(_TIMES, _TIMES + 3))
     return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, sig=mins, times=times,
                   ratio=got[1 + _RATIO], width=-got[k + 1 + _WIDTH],
+                  gain2=got[1 + _GAIN2],
                   repeatable=got[1 + _REPEATABLE] > 0)
 
 

@@ -70,7 +70,7 @@ from ccoll.collectives.inputs import (
     value_range,
 )
 from ccoll.collectives.layout import Layout
-from ccoll.collectives.policy.fits import estimate_stream
+from ccoll.collectives.policy.fits import estimate_stream, sampled_gain2
 from ccoll.collectives.policy.plan import Facts, Plan, Planner, State, _mix, phase_bounds
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
@@ -303,7 +303,8 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         call.lo, call.hi = value_range(arr, dev)
     if may_compress and planner.needs_ratio(st, facts) and (root is None or is_root):
         assert bound is not None
-        call.ratio, call.width = _sample(cc, arr, bound, call, facts, inp.dtype_name)
+        call.ratio, call.width, call.gain2 = _sample(cc, arr, bound, call, facts,
+                                                     inp.dtype_name)
     call.times = planner.unsent(st)
     # Such a call never repeats without the agreement (fastpath): it would skip that check.
     call.repeatable = repeatable and dev is None and not narrow
@@ -348,7 +349,9 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
             eb_abs = bound.resolve(agreed.lo, agreed.hi) if eb_result is None else eb_result[1]
             facts = facts._replace(lossless=eb_abs == 0.0)
         plan = planner.plan(st, facts, ratio=agreed.ratio if math.isfinite(agreed.ratio)
-                            else None, width=agreed.width, times=agreed.times)
+                            else None, width=agreed.width,
+                            gain2=agreed.gain2 if math.isfinite(agreed.gain2) else None,
+                            times=agreed.times)
         if dev is None:
             flat = np.ascontiguousarray(arr).reshape(-1)
             place: HostPlace = HOST
@@ -415,16 +418,18 @@ def _facts(call: Call, collective: str, inp: Input, dtype: np.dtype, policy: str
 
 
 def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
-            facts: Facts, dtype_name: str) -> tuple[float, float]:
-    """Return the ratio and mean code width of this rank's data at the streams' bound.
+            facts: Facts, dtype_name: str) -> tuple[float, float, float]:
+    """Return the ratio, mean code width and format-2 gain of this rank's data.
 
     A strided sample of whole 32-element blocks, about 1% of the predicted raw time of
-    compressor work. ``REL``'s bound from this rank's own range (at most the global one:
-    a finer grid, a lower ratio, the safe side); float16/bfloat16 at the float32 stage's
-    bound on that range.
+    compressor work, at the streams' bound. ``REL``'s bound from this rank's own range (at
+    most the global one: a finer grid, a lower ratio, the safe side); float16/bfloat16 at
+    the float32 stage's bound on that range. The gain (format 2's ratio over format 1's on
+    the same blocks; +inf: not sampled) only where the plan may choose format 2: host data,
+    a calibration of format 2, no forced version.
     """
     if arr.size == 0:
-        return math.inf, 0.0
+        return math.inf, 0.0, math.inf
     narrow = dtype_name in _NARROW.values()
     lo, hi = (call.lo, call.hi) if isinstance(bound, REL) or narrow else (0.0, 0.0)
     eb = bound.resolve(lo, hi)
@@ -435,11 +440,11 @@ def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
             eb = stage_bound(eb, dtype_name, lo, hi, ranks=n if reduces else 0,
                              avg=facts.avg)
         except ErrorBoundError:
-            return math.inf, 0.0  # refused after the agreement
+            return math.inf, 0.0, math.inf  # refused after the agreement
     if facts.collective in ("allreduce", "reduce_scatter"):
         eb = rank_bound(sum_bound(eb, n, facts.avg), n)
     if not eb > 0:
-        return math.inf, 0.0
+        return math.inf, 0.0, math.inf
     p = cc.calibration.params
     from ccoll.collectives import model
 
@@ -453,7 +458,11 @@ def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
     est, nnz, widths = estimate_stream(flat, eb, nsample, api().compress_abs)
     ratio = flat.nbytes / max(est, 1.0)
     width = widths / nnz if nnz > 0 else 1.0
-    return ratio, width
+    gain2 = math.inf
+    if (facts.policy == "auto" and not facts.device and cc.calibration.formats is not None
+            and cc.format_version is None):
+        gain2 = sampled_gain2(flat, eb, nsample, api().compress_abs)
+    return ratio, width, gain2
 
 
 # ------------------------------------------------------------------------- data stages
@@ -520,7 +529,7 @@ def report(cc: Any, route: Route) -> CallReport | None:
                       plan.predicted if plan.compress else None,
                       ratio, fast, plan.chunk_elems,
                       plan.two_level, g.nodes, g.ranks_per_node, plan.version, plan.variant,
-                      plan.trial)
+                      plan.trial, plan.format_reason if plan.compress else "")
 
 
 def _raw_bytes(collective: str, n: int, nbytes: int) -> int:
@@ -560,7 +569,7 @@ def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
         else:
             ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                            chunk_elems=plan.chunk_elems, deadline=p.deadline,
-                           place=p.place, requant=requant)
+                           place=p.place, requant=requant, version=plan.version)
         if requant is not None:  # the owners divided before they requantized
             return result(p, y, p.out)
     if p.avg:
@@ -584,8 +593,9 @@ def run_reduce_scatter(cc: Any, route: Route, p: Prepared, _root: Any = None) ->
             ch, xs, counts, ys, p.deadline))
     elif p.flat.size:
         ring_eb = sum_bound(p.eb_abs, n_ranks, p.avg)
-        ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place)
-        mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place)
+        ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place, plan.version)
+        mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place,
+                                      plan.version)
         gather.decode_block(layout, r, p.dtype, mine, ring_eb, y, p.place.lanes)
     if p.avg:
         divide(p, y, n_ranks)
@@ -602,7 +612,7 @@ def run_allgather(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
         on_mpi_buffers(ch, p, p.flat, yflat, lambda xs, ys: exact.allgather(
             ch, xs, ys, p.deadline))
     elif p.flat.size:
-        gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline, p.place)
+        gather.allgather(ch, p.flat, p.eb_abs, yflat, p.deadline, p.place, p.plan.version)
     return result(p, y, None)
 
 
@@ -624,7 +634,7 @@ def run_bcast(cc: Any, route: Route, p: Prepared, root: int) -> Any:
 
         on_mpi_buffers(ch, p, p.flat if is_root else None, yflat, bcast)
     elif p.flat.size:
-        gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline, p.place)
+        gather.bcast(ch, p.flat, p.eb_abs, root, yflat, p.deadline, p.place, p.plan.version)
     return result(p, y, None)
 
 

@@ -37,16 +37,23 @@ def stream_nbytes(buf: Any) -> int:
     return int(api().header(buf).nbytes)
 
 
-def check_stream(buf: Any, n: int, dtype: np.dtype, bound: float) -> int:
+def check_stream(buf: Any, n: int, dtype: np.dtype, bound: float,
+                 version: int | None = None) -> int:
     """Validate a received stream against what the collective expects; return its length.
 
-    A stream of another count or dtype, or one whose accumulated bound exceeds ``bound``,
+    A stream of another count or dtype, of another format version than ``version`` (when
+    given: the call's plan fixes it), or one whose accumulated bound exceeds ``bound``,
     means a peer sent something else than the algorithm prescribes: raise ``FormatError``.
     """
     hdr = parse_header(buf, exact=False) if isinstance(buf, np.ndarray) else api().header(buf)
     if hdr.n != n or hdr.dtype != dtype:
         raise FormatError(
             f"received a stream of {hdr.n} {hdr.dtype} elements where {n} {dtype} were expected"
+        )
+    if version is not None and hdr.version != version:
+        raise FormatError(
+            f"received a stream of format version {hdr.version} where the call's plan sends "
+            f"version {version}"
         )
     if hdr.bound > bound:
         raise FormatError(

@@ -74,6 +74,11 @@ class Communicator:
       ranks: ``"ring"``, ``"halving"`` (recursive halving and doubling) or ``"auto"``
       (default: the cost model picks per signature). Both give the same bound and identical
       results on every rank.
+    - ``format_version``: the stream format of every compressed call's messages: ``1`` or
+      ``2`` (docs/format.md; version 2 codes the same quantized values in fewer bytes).
+      ``None`` (default): chosen per call by the cost model from each version's measured
+      kernel rates and ratios against the link (docs/model.md, "Stream format"). Version 2
+      runs on the ring (``schedule="halving"`` takes version 1 only).
 
     Creating one also reads the settings (:func:`ccoll.settings.current`, once), sets the
     threads of ccoll's CPU kernels in this process (the attribute ``threads``) and
@@ -97,6 +102,7 @@ class Communicator:
         split: float | None = None,
         ranks_per_node: int | None = None,
         schedule: str = "auto",
+        format_version: int | None = None,
     ) -> None:
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -136,6 +142,20 @@ class Communicator:
         if rpn_bad is not None:
             call.problem(InputError, rpn_bad)
             ranks_per_node = None
+        if format_version is not None and (
+            isinstance(format_version, (bool, np.bool_))
+            or not isinstance(format_version, (int, np.integer)) or format_version not in (1, 2)
+        ):
+            call.problem(InputError, f"format_version must be None (chosen per call), 1 or 2, "
+                         f"got {format_version!r}")
+            format_version = None
+        elif format_version == 2 and schedule == "halving":
+            call.problem(InputError, 'schedule="halving" sends format-1 streams only: pass '
+                         'format_version=None or 1, or schedule="ring" or "auto"')
+            format_version = None
+        self.format_version: int | None = (
+            None if format_version is None else int(format_version))
+        call.version = self.format_version or 0
         self.ranks_per_node: int | None = (
             None if ranks_per_node is None else int(ranks_per_node))
         call.rpn = -1 if self.ranks_per_node is None else self.ranks_per_node
@@ -144,7 +164,9 @@ class Communicator:
                            "split": "chosen by the model" if split is None else split,
                            "ranks per node": ("MPI's shared-memory domains"
                                               if ranks_per_node is None else ranks_per_node),
-                           "schedule": schedule})
+                           "schedule": schedule,
+                           "format version": ("chosen per call" if format_version is None
+                                              else format_version)})
         self.algorithm = algorithm
         self.policy = policy
         self.schedule = schedule
@@ -199,11 +221,13 @@ class Communicator:
         self._async_lock = threading.Lock()
 
     def _planner(self, hier: tuple[int, int] | None) -> Planner:
-        opts = Options(self.chunk_elems, self.split, self.schedule, hier)
+        opts = Options(self.chunk_elems, self.split, self.schedule, hier, self.format_version)
         base = _mix(self.calibration.digest, float(self.settings.digest),
                     float(self.chunk_elems or 0), split_code(self.split),
-                    float(SCHEDULES[self.schedule]), *(hier or (0, 0)))
-        return Planner(self.calibration.params, opts, base, self.calibration.ratio)
+                    float(SCHEDULES[self.schedule]), *(hier or (0, 0)),
+                    float(self.format_version or 0))
+        return Planner(self.calibration.params, opts, base, self.calibration.ratio,
+                       self.calibration.formats)
 
     # -- properties ----------------------------------------------------------------------
 
@@ -265,7 +289,7 @@ class Communicator:
             f"<ccoll.Communicator size={self.size} rank={self.rank} algorithm={self.algorithm!r} "
             f"policy={self.policy!r} chunk_elems={self.chunk_elems} timeout={self.timeout} "
             f"split={self.split} ranks_per_node={self.ranks_per_node} "
-            f"schedule={self.schedule!r} "
+            f"schedule={self.schedule!r} format_version={self.format_version} "
             f"nodes={self.grouping.nodes} threads={self.threads} "
             f"lanes={any(ch.worker.used_lanes for ch in self._channels)}>"
         )

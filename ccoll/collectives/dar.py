@@ -30,9 +30,10 @@ class DarOps:
 
     def __init__(
         self, flat: Any, layout: Layout, eb_step: float, add: Callable[[Any, Any], None],
-        lanes: DeviceLanes | None = None,
+        lanes: DeviceLanes | None = None, version: int = 1,
     ) -> None:
         self.flat = flat
+        self.version = version  # stream format of every compression
         self.layout = layout
         self.eb_step = eb_step
         self._add = add  # in-place a += b in the dtype, on the host or the device
@@ -43,7 +44,7 @@ class DarOps:
     def first(self, block: int, chunk: int) -> Any:
         """Compress this rank's part of the block it sends first."""
         lo, hi = self.layout.chunks(block)[chunk]
-        return self._api.compress_abs(self.flat[lo:hi], self.eb_step,
+        return self._api.compress_abs(self.flat[lo:hi], self.eb_step, version=self.version,
                                       **self._lanes.compress_kw())
 
     def prepare(self, block: int, chunk: int) -> None:
@@ -56,6 +57,7 @@ class DarOps:
         part = self._api.decompress(received, **lanes.kw("reduce"))
         self._add(part, self.flat[lo:hi])
         lanes.after("compress", "reduce")  # the compression reads the sum: an event, no wait
-        out = self._api.compress_abs(part, self.eb_step, **lanes.compress_kw())
+        out = self._api.compress_abs(part, self.eb_step, version=self.version,
+                                     **lanes.compress_kw())
         lanes.finish("compress")  # the task (on reduce) waits for its own stream
         return out

@@ -40,15 +40,16 @@ def allgather(
     out: Any,
     deadline: Deadline,
     place: HostPlace = HOST,
+    version: int = 1,
 ) -> None:
-    """Fill ``out[q]`` with rank ``q``'s ``flat`` compressed within ``eb``."""
+    """Fill ``out[q]`` with rank ``q``'s ``flat`` compressed within ``eb`` (format ``version``)."""
     comm = ch.comm
     n_ranks, r = comm.Get_size(), comm.Get_rank()
     a = api()
     rec = _trace.ACTIVE
     t0 = rec.clock() if rec is not None else 0.0
     lanes = place.lanes
-    stream = a.compress_abs(flat, eb, **lanes.compress_kw())
+    stream = a.compress_abs(flat, eb, version=version, **lanes.compress_kw())
     lanes.finish("compress")
     nb = stream_nbytes(stream)
     ch.stats.bytes_coded += nb
@@ -80,7 +81,7 @@ def allgather(
     everything = place.to_place(recv)
     for q in range(n_ranks):
         lo, hi = int(displs[q]), int(displs[q]) + int(counts[q])
-        got = check_stream(recv[lo:hi], flat.size, flat.dtype, eb)
+        got = check_stream(recv[lo:hi], flat.size, flat.dtype, eb, version)
         if got != hi - lo:
             raise_size(q, got, hi - lo)
         t0 = rec.clock() if rec is not None else 0.0
@@ -98,14 +99,18 @@ def bcast(
     out: Any,
     deadline: Deadline,
     place: HostPlace = HOST,
+    version: int = 1,
 ) -> None:
-    """Fill ``out`` with the root's ``flat`` compressed within ``eb`` (on every rank)."""
+    """Fill ``out`` with the root's ``flat`` compressed within ``eb`` (on every rank).
+
+    ``version``: the stream format the root compresses to (the plan's).
+    """
     comm = ch.comm
     a = api()
     n = np.zeros(1, dtype=np.int64)
     host: np.ndarray | None = None
     if comm.Get_rank() == root:
-        stream = a.compress_abs(flat, eb, **place.lanes.compress_kw())
+        stream = a.compress_abs(flat, eb, version=version, **place.lanes.compress_kw())
         place.lanes.finish("compress")
         n[0] = stream_nbytes(stream)
         host = np.ascontiguousarray(place.to_host(stream, int(n[0])))
@@ -124,7 +129,7 @@ def bcast(
         raise
     if comm.Get_rank() != (root - 1) % comm.Get_size():
         ch.stats.bytes_sent += buf.nbytes
-    got = check_stream(buf, flat.size, flat.dtype, eb)
+    got = check_stream(buf, flat.size, flat.dtype, eb, version)
     if got != buf.size:
         raise_size(root, got, buf.size)
     a.decompress(place.to_place(buf), out=out, **place.lanes.kw("reduce"))

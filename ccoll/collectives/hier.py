@@ -100,13 +100,13 @@ class TwoLevel:
         if share.size:  # the same size on every node's rank l: all skip, or none
             ring_eb, requant = phase_bounds(eb_abs, n_ranks, avg, plan.split,
                                             ring_ranks=g.nodes)
-            if plan.pieces:
+            if plan.pieces:  # version 1 only (the plan makes no halving of version 2)
                 halving_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
                                   pieces=plan.pieces, deadline=deadline, requant=requant)
             else:
                 ring_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
                                algorithm=algorithm, chunk_elems=plan.chunk_elems,
-                               deadline=deadline, requant=requant)
+                               deadline=deadline, requant=requant, version=plan.version)
             if requant is None and avg:  # requant's owners divided before requantizing
                 np.divide(reduced, float(n_ranks), out=reduced)
         t2 = rec.clock() if rec is not None else 0.0

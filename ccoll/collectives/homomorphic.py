@@ -3,7 +3,9 @@
 Every rank compresses each chunk of each block once, on the grid of the per-rank bound
 ``eb_r`` (:func:`rank_bound`), which every rank computes from the same agreed numbers, so
 all streams of one chunk share one grid and add exactly (docs/format.md, "Homomorphic
-add"). Nothing is decompressed until the reduced blocks have been gathered.
+add"). Nothing is decompressed until the reduced blocks have been gathered. Both stream formats
+add homomorphically (version 2 on its own codes, docs/format.md); one call's streams all
+have the version of its plan.
 """
 
 from __future__ import annotations
@@ -43,17 +45,18 @@ class HomomorphicOps:
     """Ring operations of the homomorphic algorithm on one rank's flattened input."""
 
     def __init__(self, flat: Any, layout: Layout, eb_rank: float,
-                 lanes: DeviceLanes | None = None) -> None:
+                 lanes: DeviceLanes | None = None, version: int = 1) -> None:
         self.flat = flat
         self.layout = layout
         self.eb_rank = eb_rank
+        self.version = version  # stream format; add_data keeps the received stream's
         self._api = api()
         # Device data: compress on the compress lane's stream (grid capped), adds on reduce's.
         self._lanes = lanes if lanes is not None else DeviceLanes(None)
 
     def _compress(self, block: int, chunk: int) -> Any:
         lo, hi = self.layout.chunks(block)[chunk]
-        return self._api.compress_abs(self.flat[lo:hi], self.eb_rank,
+        return self._api.compress_abs(self.flat[lo:hi], self.eb_rank, version=self.version,
                                       **self._lanes.compress_kw())
 
     def first(self, block: int, chunk: int) -> Any:

@@ -59,7 +59,9 @@ class CallReport:
       compressed ring between nodes, docs/collectives.md, "Hierarchical collectives");
       ``nodes`` and ``ranks_per_node`` are the Communicator's node grouping (``ranks_per_node``
       0: nodes of different sizes), whether or not this call used it;
-    - ``format_version``: the stream format a compressed call sent; ``path``: what ran
+    - ``format_version``: the stream format a compressed call sent, ``format_reason``
+      why (``"format_version=2"``: the Communicator forced it; else the model's
+      prediction of both formats, docs/model.md, "Stream format"); ``path``: what ran
       (``"raw"``, ``"flat"``: the flat ring or recursive halving, ``"two levels"``);
       ``trial``: the plan ran this path to measure it (docs/model.md, "Measured feedback").
 
@@ -91,6 +93,7 @@ class CallReport:
     format_version: int = 1
     path: str = "raw"
     trial: bool = False
+    format_reason: str = ""
 
     @property
     def mode(self) -> str:
@@ -103,15 +106,19 @@ class CallReport:
                 self.dtype, self.count, self.eb_abs, self.predicted_raw_s,
                 self.predicted_compressed_s, self.overlapped, self.chunk_elems,
                 self.hierarchical, self.nodes, self.ranks_per_node, self.format_version,
-                self.path, self.trial)
+                self.path, self.trial, self.format_reason)
 
     def __str__(self) -> str:
         why = self.reason
         if self.predicted_raw_s is not None and self.predicted_compressed_s is not None:
             why += (f"; predicted raw {_ms(self.predicted_raw_s)}, compressed "
                     f"{_ms(self.predicted_compressed_s)}")
-        if self.compressed and self.ratio is not None:
-            why += f"; format {self.format_version}, ratio {self.ratio:.3g}"
+        if self.compressed:
+            why += f"; format {self.format_version}"
+            if self.format_reason:
+                why += f" ({self.format_reason})"
+            if self.ratio is not None:
+                why += f", ratio {self.ratio:.3g}"
         if self.hierarchical:
             why += f"; hierarchical: {self.nodes} nodes x {self.ranks_per_node} ranks"
         bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"

@@ -104,13 +104,16 @@ class RingOps(Protocol):
 
 
 def ring_ops(flat: Any, layout: Layout, algorithm: str, eb_abs: float,
-             place: HostPlace = HOST) -> RingOps:
-    """Return the ring operations of ``algorithm`` on ``flat`` for a sum within ``eb_abs``."""
+             place: HostPlace = HOST, version: int = 1) -> RingOps:
+    """Return the ring operations of ``algorithm`` on ``flat`` for a sum within ``eb_abs``.
+
+    ``version``: the stream format of every stream the operations make (the plan's).
+    """
     lanes = place.lanes
     if algorithm == "dar":
         add = partial(device_add, stream=lanes.stream("reduce")) if place.device else _host_add
-        return DarOps(flat, layout, dar_bound(eb_abs, layout.size), add, lanes)
-    return HomomorphicOps(flat, layout, rank_bound(eb_abs, layout.size), lanes)
+        return DarOps(flat, layout, dar_bound(eb_abs, layout.size), add, lanes, version)
+    return HomomorphicOps(flat, layout, rank_bound(eb_abs, layout.size), lanes, version)
 
 
 def _host_add(a: np.ndarray, b: np.ndarray) -> None:
@@ -132,6 +135,7 @@ def ring_allreduce(
     deadline: Deadline,
     place: HostPlace = HOST,
     requant: Requant | None = None,
+    version: int = 1,
 ) -> None:
     """Compressed ring allreduce of ``flat`` into ``flat_out``, within ``eb_abs`` of the sum.
 
@@ -141,11 +145,12 @@ def ring_allreduce(
     calibration of ``policy="auto"`` both run this. With ``requant`` (host data) the
     reduce-scatter is within ``eb_abs`` of the sum and each reduced chunk is requantized
     (:class:`Requant`) before the allgather: ``flat_out`` is then the sum (or the average)
-    within ``eb_abs`` (``/ N``) plus ``requant.bound``.
+    within ``eb_abs`` (``/ N``) plus ``requant.bound``. ``version`` is the stream format
+    of every message (1 or 2; the plan's).
     """
     layout = Layout(flat.size, ch.comm.Get_size(), chunk_elems)
-    ops = ring_ops(flat, layout, algorithm, eb_abs, place)
-    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant)
+    ops = ring_ops(flat, layout, algorithm, eb_abs, place, version)
+    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant, version)
 
 
 def reduce_scatter_streams(
@@ -156,20 +161,22 @@ def reduce_scatter_streams(
     bound: float,
     deadline: Deadline,
     place: HostPlace = HOST,
+    version: int = 1,
 ) -> list[Any]:
     """Run the ring; return the streams of this rank's reduced block, one per chunk.
 
     ``place`` says where the streams live and how their bytes reach MPI
-    (:mod:`ccoll.collectives.devices`).
+    (:mod:`ccoll.collectives.devices`); ``version`` is the format of ``ops``' streams.
     """
-    return _traced(ch, layout, dtype, ops, None, bound, None, deadline, place)
+    return _traced(ch, layout, dtype, ops, None, bound, None, deadline, place, None, version)
 
 
 def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
             mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
-            place: HostPlace, requant: Requant | None = None) -> list[Any]:
+            place: HostPlace, requant: Requant | None = None, version: int = 1) -> list[Any]:
     rec = _trace.ACTIVE
-    ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec, requant)
+    ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec, requant,
+                 version)
     if rec is not None:
         t0 = rec.clock()
         final = ring.run()
@@ -241,8 +248,11 @@ class _Ring:
     def __init__(self, ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
                  mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
                  place: HostPlace, rec: _trace.Recorder | None,
-                 requant: Requant | None = None) -> None:
+                 requant: Requant | None = None, version: int = 1) -> None:
         self.ch, self.layout, self.dtype, self.ops = ch, layout, dtype, ops
+        # The stream format of every message (the plan's); a requantized chunk whose
+        # version-2 stream would need raw blocks goes as version 1 (_requant_one).
+        self.version = version
         self.bound, self.flat_out, self.deadline, self.place = bound, flat_out, deadline, place
         self.rec = rec
         self.requant = requant if flat_out is not None else None
@@ -281,8 +291,10 @@ class _Ring:
         self.rs_open = [len(a) for a in self.arrivals]
         nbuf = max_c * (2 if self.gather and steps > 1 else 1) if steps else 0
         # A buffer serves both phases: room for the larger worst case of their streams.
-        nbytes = max(max_nbytes(layout.chunk_elems, dtype),
-                     max_nbytes(layout.chunk_elems, self.ag_dtype))
+        nbytes = max(max_nbytes(layout.chunk_elems, dtype, 1, version),
+                     max_nbytes(layout.chunk_elems, self.ag_dtype, 1, version),
+                     max_nbytes(layout.chunk_elems, self.ag_dtype, 1, fmt.VERSION)
+                     if self.requant is not None else 0)
         self.bufs = place.recv_buffers(ch, nbuf, nbytes)
         self.busy = [0] * nbuf  # pending users (receive, forward, decode) of each buffer
         self.final: list[Any] = [None] * nch[r] if mine is None else list(mine)
@@ -364,7 +376,7 @@ class _Ring:
         if rq is not None:
             lo, hi = self.layout.chunks(self.r)[c]
             self.requant_open[c] = True
-            fn = partial(_requant_one, stream, self.flat_out, lo, hi, rq)
+            fn = partial(_requant_one, stream, self.flat_out, lo, hi, rq, self.version)
             self.submit(_requant_key(self.steps, c), fn, ("requant", -1, c, None), "requantize",
                         {"block": self.r, "chunk": c}, lane="compress")
             return
@@ -403,9 +415,10 @@ class _Ring:
         lo, hi = self.layout.chunks(b)[c]
         raw = self.bufs[keep]
         if kind == "recv":
-            nb = check_stream(raw, hi - lo, self.dtype, self.bound)
-        else:
-            nb = check_stream(raw, hi - lo, self.ag_dtype, self.ag_bound)
+            nb = check_stream(raw, hi - lo, self.dtype, self.bound, self.version)
+        else:  # a requantized chunk may come as version 1 (_requant_one): any version
+            nb = check_stream(raw, hi - lo, self.ag_dtype, self.ag_bound,
+                              None if self.requant is not None else self.version)
         if status.Get_count(MPI.BYTE) != nb:
             what = f"ring step {s}" if kind == "recv" else f"allgather step {s}"
             raise FormatError(
@@ -597,13 +610,16 @@ def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: boo
         api().decompress(stream[:nb], out=flat_out[lo:hi], **(kw or {}))
 
 
-def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant) -> Any:
+def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant,
+                 version: int = 1) -> Any:
     """Requantize this rank's reduced chunk; return the stream the allgather forwards.
 
     The chunk's float64 values (before any rounding to the dtype), divided by ``N`` in
     float64 for an average, are compressed with the allgather's bound into a float64
-    stream; with ``rq.accept``, the blocks with a value moved by ``rq.accept`` or more are
-    stored raw instead. This rank decodes that stream like every other rank does.
+    stream of format ``version``; with ``rq.accept``, the blocks with a value moved by
+    ``rq.accept`` or more are stored raw instead (in a version-1 stream: only version 1
+    can mark given blocks raw, and a stream says its own version, so the receivers decode
+    it alike). This rank decodes that stream like every other rank does.
     """
     from ccoll.compressor.cpu import decompress_wide
     from ccoll.compressor.cpu.slices import raw_blocks
@@ -612,11 +628,15 @@ def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant) -> A
     if rq.divide > 1:
         np.divide(wide, float(rq.divide), out=wide)
     a = api()
-    out = a.compress_abs(wide, rq.bound)
+    out = a.compress_abs(wide, rq.bound, version=version)
     # A float64 stream: w is exactly what every rank decodes.
     w = decompress_wide(out, out=_scratch(hi - lo, 1))
     if rq.accept is not None:
         far = _far_blocks(w, wide, rq.accept)
+        if far.size and version != fmt.VERSION:
+            out = a.compress_abs(wide, rq.bound, version=fmt.VERSION)
+            w = decompress_wide(out, out=w)
+            far = _far_blocks(w, wide, rq.accept)
         if far.size:
             out = raw_blocks(out, wide, far)
             w = decompress_wide(out, out=w)

@@ -476,8 +476,10 @@ def add_data(a: Any, x: Any, eb: float | None = None, *, stream: Any = None) -> 
         raise MismatchError("the stream and the data to add must live on the same device")
     if where == "cuda":
         mod = _backend.cuda_module()
-        grid = mod.header(a).eb if eb is None else eb
-        return mod.add(a, mod.compress_abs(x, grid, stream=stream), stream=stream)
+        ha = mod.header(a)
+        grid = ha.eb if eb is None else eb
+        return mod.add(a, mod.compress_abs(x, grid, stream=stream, version=ha.version),
+                       stream=stream)
     return cpu.add_data(_host_stream(a), _host_array(x), eb)
 
 

@@ -155,7 +155,8 @@ def test_dar_combine_decodes_and_adds_on_reduce_recompresses_on_compress(monkeyp
     assert spy.of("decompress") == [{"stream": sched.lane("reduce").stream}]
     assert launches == [sched.lane("reduce").stream]
     assert spy.of("compress_abs") == [{"stream": sched.lane("compress").stream,
-                                       "max_blocks": sched.grid_limit("compress")}]
+                                       "max_blocks": sched.grid_limit("compress"),
+                                       "version": 1}]  # the plan's stream format
     part = capi.decompress(received.copy_to_host()) + x[lo:hi]
     assert out.copy_to_host().tobytes() == capi.compress_abs(part, ops.eb_step).tobytes()
 

@@ -82,7 +82,8 @@ def test_device_ring_equals_host_ring_on_the_cuda_lanes(comm, monkeypatch, dtype
                      else {"compress_abs", "decompress"})
     for name, kw in calls:
         if name == "compress_abs":
-            assert kw == {"stream": comp, "max_blocks": sched.grid_limit("compress")}
+            assert kw == {"stream": comp, "max_blocks": sched.grid_limit("compress"),
+                          "version": 1}  # the plan's stream format
         else:  # decodes also pass out=
             assert kw["stream"] is red and "max_blocks" not in kw, name
 
@@ -219,3 +220,43 @@ def test_non_contiguous_device_float16_is_refused_everywhere(comm):
     with pytest.raises(InputError) as info:
         ccoll.allreduce(x, eb=ccoll.ABS(1e-3), comm=comm)
     _same_error_everywhere(comm, info, InputError, "must be C-contiguous")
+
+
+@pytest.mark.parametrize("algorithm", ["homomorphic", "dar"])
+def test_device_format_2_ring_equals_host(comm, algorithm):
+    # Format 2 through the CUDA kernels: the same bytes on the wire as the host path (the
+    # backends write identical streams), the same result bit for bit as the host ring and
+    # as format 1 (both formats code the same quantized values), within the bound.
+    x = gradient_like(comm.rank, 64 * comm.size + 7, np.float32)
+    eb = ccoll.REL(1e-3)
+    got = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, algorithm=algorithm, chunk_elems=40, policy="compress",
+                                format_version=v) as c:
+            want = c.allreduce(x, eb=eb)
+            host_sent = c.last_call.bytes_sent
+            y = c.allreduce(cuda.to_device(x), eb=eb).copy_to_host()
+            rep = c.last_call
+        assert rep.format_version == v and rep.bytes_sent == host_sent
+        assert y.tobytes() == want.tobytes()
+        got[v] = y
+    assert got[2].tobytes() == got[1].tobytes()
+    assert_within(got[2], exact_sum(comm, x), global_eb(comm, x, eb), roundings=1)
+    assert_same_on_every_rank(comm, got[2])
+
+
+def test_device_format_2_reduce_scatter_allgather_bcast(comm):
+    x = gradient_like(comm.rank, 101, np.float32)
+    d = cuda.to_device(x)
+    eb = ccoll.ABS(1e-4)
+    with ccoll.Communicator(comm, policy="compress", format_version=2) as cc:
+        rs = ccoll.reduce_scatter(d, eb=eb, comm=cc).copy_to_host()
+        assert cc.last_call.format_version == 2
+        assert rs.tobytes() == ccoll.reduce_scatter(x, eb=eb, comm=cc).tobytes()
+        ag = ccoll.allgather(d, eb=eb, comm=cc).copy_to_host()
+        assert ag.tobytes() == ccoll.allgather(x, eb=eb, comm=cc).tobytes()
+        bc = ccoll.bcast(d, eb=eb, root=comm.size - 1, comm=cc).copy_to_host()
+        assert bc.tobytes() == ccoll.bcast(x, eb=eb, root=comm.size - 1, comm=cc).tobytes()
+        assert cc.last_call.format_version == 2
+    assert_within(ag, np.stack(comm.allgather(x)), 1e-4)
+    assert_same_on_every_rank(comm, bc)

@@ -124,7 +124,12 @@ def link_key(ch: Channel) -> str:
 
 
 _LINK_FIELDS = ("alpha", "beta", "reduce", "raw_efficiency")
-_COMP_FIELDS = ("compress", "add", "decompress", "chunk_overhead", "call_overhead")
+# The rates of format 2 ("...2") and its ratio over format 1's ("gain2") are measured with
+# format 1's; an entry without them is measured again.
+_COMP_FIELDS = ("compress", "add", "decompress", "chunk_overhead", "call_overhead",
+                "compress2", "add2", "decompress2", "gain2")
+_COMP_NEEDED = tuple(f for f in _COMP_FIELDS if f != "call_overhead")
+_COMP_RATES = ("compress", "add", "decompress", "compress2", "add2", "decompress2", "gain2")
 
 
 def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | None:
@@ -144,7 +149,7 @@ def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | 
                                 float(e.get("raw_efficiency", 1.0))]
                 vec[0] = 1.0
                 comp = e.get("compressor")
-                if isinstance(comp, dict) and all(f in comp for f in _COMP_FIELDS[:4]):
+                if isinstance(comp, dict) and all(f in comp for f in _COMP_NEEDED):
                     vec[2 + k:] = [float(comp.get(f, 0.0)) for f in _COMP_FIELDS]
                     vec[1 + k] = 1.0
         except (KeyError, TypeError, ValueError):
@@ -153,7 +158,8 @@ def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | 
     if vec[0] != 1.0 or not np.all(np.isfinite(vec)) or np.any(vec[1:3] <= 0):
         return None
     out = {f: float(v) for f, v in zip(_LINK_FIELDS, vec[1:1 + k], strict=True)}
-    if vec[1 + k] == 1.0 and np.all(vec[2 + k:2 + k + 3] > 0):
+    rates = [2 + k + _COMP_FIELDS.index(f) for f in _COMP_RATES]
+    if vec[1 + k] == 1.0 and np.all(vec[rates] > 0):
         out.update({f: float(v) for f, v in zip(_COMP_FIELDS, vec[2 + k:], strict=True)})
     return out
 

@@ -10,7 +10,8 @@ one defined place (the Communicator's creation), never inside a later call:
    probe or by ``ccoll tune``), which rank 0 reads and broadcasts;
 3. else, for a ``policy="auto"`` Communicator (``probe=True``), a probe on the channel: ring
    steps for the link (:func:`~ccoll.collectives.policy.probes.probe_link`), the compressor
-   timed on a synthetic gradient-like sample (:func:`synthetic_sample`), and tiny
+   timed on a synthetic gradient-like sample (:func:`synthetic_sample`; both stream formats,
+   and format 2's ratio over format 1's on it), and tiny
    compressed ring allreduces for the fixed costs; written to the cache;
 4. else the model's defaults (:data:`ccoll.collectives.model.DEFAULTS`).
 
@@ -30,6 +31,7 @@ import hashlib
 import struct
 import time
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -64,7 +66,10 @@ class Calibration:
     ``params``: the model's constants; ``link`` and ``compressor``: how each part was
     obtained (``"settings"``, ``"cache"``, ``"probe"``, ``"measured"``, ``"single rank"``
     or ``"defaults"``); ``seconds``: what obtaining them took on this rank;
-    ``ratio``: a ratio that the settings force (``CCOLL_RATIO``), else ``None``.
+    ``ratio``: a ratio that the settings force (``CCOLL_RATIO``), else ``None``;
+    ``format2``: the model's constants with stream format 2's kernel rates and ``gain2``
+    format 2's ratio over format 1's, measured with format 1's rates (probe or cache;
+    ``None`` where only format 1 was measured: the settings, the defaults).
     """
 
     params: Params
@@ -72,18 +77,36 @@ class Calibration:
     compressor: str
     seconds: float = 0.0
     ratio: float | None = None
+    format2: Params | None = None
+    gain2: float | None = None
+
+    @property
+    def formats(self) -> Any:
+        """What the plans know of format 2 (:class:`~ccoll.collectives.policy.plan.Formats`)."""
+        from ccoll.collectives.policy.plan import Formats
+
+        if self.format2 is None or self.gain2 is None:
+            return None
+        return Formats(self.format2, self.gain2)
 
     @property
     def digest(self) -> int:
         """A 52-bit fingerprint of the numbers (exact in float64), for the agreement."""
-        vals = [*asdict(self.params).values(), -1.0 if self.ratio is None else self.ratio]
+        f2 = [-1.0] * 3 if self.format2 is None else [self.format2.compress, self.format2.add,
+                                                      self.format2.decompress]
+        vals = [*asdict(self.params).values(), -1.0 if self.ratio is None else self.ratio,
+                *f2, -1.0 if self.gain2 is None else self.gain2]
         raw = struct.pack(f"={len(vals)}d", *vals)
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 12
 
     def describe(self) -> dict[str, Any]:
         """Return the numbers and their sources (``ccoll bench --json``, ``ccoll tune``)."""
+        f2 = None if self.format2 is None else {
+            "compress": self.format2.compress, "add": self.format2.add,
+            "decompress": self.format2.decompress, "gain": self.gain2}
         return {"params": asdict(self.params), "link": self.link,
-                "compressor": self.compressor, "seconds": self.seconds, "ratio": self.ratio}
+                "compressor": self.compressor, "seconds": self.seconds, "ratio": self.ratio,
+                "format2": f2}
 
 
 DEFAULT = Calibration(model.DEFAULTS, "defaults", "defaults")
@@ -105,11 +128,20 @@ def synthetic_sample(n: int = _SAMPLE_ELEMS) -> np.ndarray:
     return x
 
 
-def _ops() -> tuple[Any, Any, Any]:
+def _ops(version: int = 1) -> tuple[Any, Any, Any]:
     from ccoll.collectives.codec import api
 
     mod = api()
-    return mod.compress_abs, mod.add, mod.decompress
+    return partial(mod.compress_abs, version=version), mod.add, mod.decompress
+
+
+def _gain2(x: np.ndarray, eb: float) -> float:
+    """Format 2's compression ratio over format 1's on ``x`` at bound ``eb`` (local)."""
+    from ccoll.collectives.codec import api
+
+    a = api()
+    return float(a.compress_abs(x, eb, version=1).nbytes
+                 / a.compress_abs(x, eb, version=2).nbytes)
 
 
 def _link(ch: Channel, s: Settings, key: str | None, probe: bool,
@@ -153,20 +185,27 @@ def _compressor(ch: Channel, s: Settings, key: str | None, probe: bool,
                 "settings")
     if entry is not None and "compress" in entry:
         comp = {k: entry[k] for k in ("compress", "add", "decompress", "chunk_overhead",
-                                      "call_overhead")}
+                                      "call_overhead", "compress2", "add2", "decompress2",
+                                      "gain2")}
         src = "cache"
     elif probe and ch.comm.Get_size() > 1:
         x = synthetic_sample()
         lo, hi = float(x.min()), float(x.max())
         eb = _SAMPLE_REL * (hi - lo)
         m = calibrate_compressor(x, eb, _ops())
+        # Format 2 at the same point: its rates, and its ratio over format 1's.
+        m2 = calibrate_compressor(x, eb, _ops(2))
+        gain = _gain2(x, eb)
         n = ch.comm.Get_size()
         call, chunk = measure_ring_costs(ch, x[: 1 << 16], eb / n)
-        mine = np.array([m.compress, m.add, m.decompress, -max(chunk, m.chunk_overhead), -call])
+        mine = np.array([m.compress, m.add, m.decompress, -max(chunk, m.chunk_overhead), -call,
+                         m2.compress, m2.add, m2.decompress, gain])
         agreed = allreduce(ch, mine, MPI.MIN, "compressor calibration")
         comp = {"compress": float(agreed[0]), "add": float(agreed[1]),
                 "decompress": float(agreed[2]), "chunk_overhead": float(-agreed[3]),
-                "call_overhead": float(-agreed[4])}
+                "call_overhead": float(-agreed[4]), "compress2": float(agreed[5]),
+                "add2": float(agreed[6]), "decompress2": float(agreed[7]),
+                "gain2": float(agreed[8])}
         src = "measured"
         if s.calibration != "off" and key is not None:
             cache.write_compressor(ch, key, comp, s.cache_dir)
@@ -205,4 +244,11 @@ def obtain(ch: Channel, s: Settings, *, probe: bool) -> Calibration:
         overhead=max(over, 0.0) + link.alpha * max(1, (n - 1).bit_length()),
         chunk_overhead=comp["chunk_overhead"], raw_efficiency=link.raw_efficiency,
     )
-    return Calibration(params, link_src, comp_src, time.perf_counter() - t0, s.ratio)
+    format2 = gain2 = None
+    if comp.get("gain2", 0.0) > 0 and all(comp.get(k, 0.0) > 0
+                                          for k in ("compress2", "add2", "decompress2")):
+        format2 = replace(params, compress=comp["compress2"] * eff, add=comp["add2"] * eff,
+                          decompress=comp["decompress2"] * eff)
+        gain2 = comp["gain2"]
+    return Calibration(params, link_src, comp_src, time.perf_counter() - t0, s.ratio,
+                       format2, gain2)

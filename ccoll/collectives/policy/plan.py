@@ -45,7 +45,8 @@ from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.model import Params
 
 __all__ = [
-    "Facts", "Plan", "Planner", "State", "Options", "Candidate", "candidates", "phase_bounds",
+    "Facts", "Plan", "Planner", "State", "Options", "Formats", "Candidate", "candidates",
+    "phase_bounds",
     "Bounds", "MARGIN", "TRY_FACTOR", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
 ]
 
@@ -91,7 +92,8 @@ class Plan:
     ``split``: share of the bound for the allgather phase (0: none); ``version``: the stream
     format; ``predicted_raw``/``predicted``: the model's seconds for raw and for this path;
     ``ratio``: the ratio the model used; ``trial``: run to be measured; ``fast``: the
-    next repeat of this signature may skip the agreement.
+    next repeat of this signature may skip the agreement; ``format_reason``: why this
+    stream format (a compressed plan).
     """
 
     variant: str
@@ -105,6 +107,7 @@ class Plan:
     ratio: float | None = None
     trial: bool = False
     fast: bool = False
+    format_reason: str = ""
 
     @property
     def compress(self) -> bool:
@@ -131,14 +134,30 @@ class Options(NamedTuple):
     split: float | None
     schedule: str
     hier: tuple[int, int] | None  # (nodes, ranks per node) where two levels may run
+    version: int | None = None  # the Communicator's format_version (None: per call)
+
+
+class Formats(NamedTuple):
+    """What the model knows of stream format 2 beside format 1 (from the calibration).
+
+    ``params``: the model's constants with format 2's kernel rates; ``gain``: format 2's
+    ratio over format 1's on the same data and bound.
+    """
+
+    params: Params
+    gain: float
 
 
 # ----------------------------------------------------------------------- the model's view
 
 
 def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
-          ring_ranks: int | None = None, share_count: int | None = None) -> tuple[Plan, float]:
-    """Return the flat compressed path of a call: schedule, chunk, split, and its time."""
+          ring_ranks: int | None = None, share_count: int | None = None,
+          version: int = 1) -> tuple[Plan, float]:
+    """Return the flat compressed path of a call: schedule, chunk, split, and its time.
+
+    ``p`` and ``ratio`` are those of stream format ``version`` (2 runs on the ring only).
+    """
     n = f.ranks if ring_ranks is None else ring_ranks
     count = f.elements if share_count is None else share_count
     size = float(count * f.itemsize)
@@ -155,7 +174,8 @@ def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
     else:
         chunk = model.chunk_elems_for(count, f.itemsize, n, p, ratio, width=width)
     pieces = 0
-    if f.collective == "allreduce" and homo and n >= 2 and o.schedule != "ring":
+    if (f.collective == "allreduce" and homo and n >= 2 and o.schedule != "ring"
+            and version == 1):
         cand = model.halving_pieces(count, f.itemsize, chunk, fixed=o.chunk_elems is not None)
         if o.schedule == "halving":
             pieces = cand
@@ -173,40 +193,93 @@ def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
         pred = model.predict(size, n, p, ratio, collective=f.collective, chunks=chunks,
                              width=width)
         t = pred.homomorphic if f.algorithm == "homomorphic" else pred.dar
-    return Plan("flat", "", chunk_elems=chunk, pieces=pieces, split=split), t
+    return Plan("flat", "", chunk_elems=chunk, pieces=pieces, split=split,
+                version=version), t
 
 
-def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options) -> list[Candidate]:
+def _two_levels(f: Facts, p: Params, ratio: float, width: float, o: Options,
+                version: int) -> tuple[Plan, float]:
+    """Return the two-level path of a call (``o.hier`` applies) and its time."""
+    assert o.hier is not None
+    nodes, rpn = o.hier
+    size = float(f.elements * f.itemsize)
+    share = -(-f.elements // rpn)  # one local rank's share, reduced by the inter-node ring
+    two, _ = _flat(f, p, ratio, width, o, ring_ranks=nodes, share_count=share, version=version)
+    block = -(-share // nodes)
+    chunks = max(1, -(-block // max(1, two.chunk_elems)))
+    pred = model.predict(size, f.ranks, p, ratio, collective=f.collective, hier=o.hier,
+                         chunks=chunks, width=width)
+    t2 = pred.homomorphic if f.algorithm == "homomorphic" else pred.dar
+    return Plan("two levels", "", two.chunk_elems, two.pieces, two.split, version=version), t2
+
+
+def _versions(f: Facts, o: Options, formats: Formats | None) -> tuple[int, ...]:
+    """Return the stream formats the model compares for a call (one: forced or unknown)."""
+    if o.version is not None:
+        return (o.version,)
+    if formats is None or o.schedule == "halving" or f.device:
+        return (1,)
+    return (1, 2)
+
+
+def _best_version(f: Facts, p: Params, ratio: float, width: float, o: Options,
+                  formats: Formats | None, path: Any) -> tuple[Plan, float]:
+    """Run ``path`` (:func:`_flat` or :func:`_two_levels`) for each format; keep the faster.
+
+    The plan carries the chosen version, the ratio the model used for it and why
+    (``format_reason``). Ties keep format 1, whose kernels every backend has run longest.
+    """
+    versions = _versions(f, o, formats)
+    got = []
+    for v in versions:
+        # A forced format 2 without a calibration of it is priced as format 1.
+        pv, rv = ((p, ratio) if v == 1 or formats is None
+                  else (formats.params, ratio * formats.gain))
+        plan, t = path(f, pv, rv, width, o, version=v)
+        got.append((t, v, plan, rv))
+    t, v, plan, rv = min(got, key=lambda g: (g[0], g[1]))
+    if o.version is not None:
+        why = f"format_version={o.version}"
+    elif len(got) == 1:
+        why = ("device data: no measured rates of the device kernels" if f.device
+               else 'schedule="halving" cuts format-1 streams' if o.schedule == "halving"
+               else "format 2's rates not measured")
+    else:
+        other = next(g for g in got if g[1] != v)
+        why = (f"predicted {_ms(t)} at ratio {rv:.3g}; format {other[1]} "
+               f"{_ms(other[0])} at ratio {other[3]:.3g}")
+    return (Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split, v, ratio=rv,
+                 format_reason=why), t)
+
+
+def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options,
+               formats: Formats | None = None) -> list[Candidate]:
     """Every way the model sees to run the call, raw first, with predicted seconds.
 
-    Pure arithmetic on agreed numbers: the same list on every rank.
+    Each compressed path runs in the stream format predicted faster (``formats``: what the
+    calibration measured of format 2; ``o.version`` forces one). Pure arithmetic on agreed
+    numbers: the same list on every rank.
     """
     n = f.ranks
     size = float(f.elements * f.itemsize)
     t_raw = model.predict(size, n, p, 1.0, collective=f.collective, chunks=1).raw if n > 1 \
         else 0.0
     out = [Candidate(Plan("raw", "", predicted_raw=t_raw, predicted=t_raw), t_raw)]
-    plan, t = _flat(f, p, ratio, width, o)
-    out.append(Candidate(Plan("flat", "", plan.chunk_elems, plan.pieces, plan.split,
-                              predicted_raw=t_raw, predicted=t, ratio=ratio), t))
+    paths: list[Any] = [_flat]
     hier = o.hier
     if hier is not None and model.hierarchical_applies(hier, f.collective) and not f.device:
-        nodes, rpn = hier
-        share = -(-f.elements // rpn)  # one local rank's share, reduced by the inter-node ring
-        two, _ = _flat(f, p, ratio, width, o, ring_ranks=nodes, share_count=share)
-        block = -(-share // nodes)
-        chunks = max(1, -(-block // max(1, two.chunk_elems)))
-        pred = model.predict(size, n, p, ratio, collective=f.collective, hier=hier,
-                             chunks=chunks, width=width)
-        t2 = pred.homomorphic if f.algorithm == "homomorphic" else pred.dar
-        out.append(Candidate(Plan("two levels", "", two.chunk_elems, two.pieces, two.split,
-                                  predicted_raw=t_raw, predicted=t2, ratio=ratio), t2))
+        paths.append(_two_levels)
+    for path in paths:
+        plan, t = _best_version(f, p, ratio, width, o, formats, path)
+        out.append(Candidate(Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split,
+                                  plan.version, predicted_raw=t_raw, predicted=t,
+                                  ratio=plan.ratio, format_reason=plan.format_reason), t))
     return out
 
 
 def _ideal_loses(f: Facts, p: Params, o: Options) -> bool:
     """Whether every compressed path loses even at an infinite ratio (raw whatever the data)."""
-    cands = candidates(f, p, 1e30, model.DEFAULT_WIDTH, o)
+    cands = candidates(f, p, 1e30, model.DEFAULT_WIDTH, o._replace(version=1))
     raw = cands[0].seconds
     return all(c.seconds * (1 + MARGIN) >= raw for c in cands[1:])
 
@@ -272,6 +345,7 @@ class State:
     calls: int = 0  # completed calls of this signature (every rank alike)
     ratio: float | None = None  # agreed sampled ratio
     width: float = model.DEFAULT_WIDTH
+    gain2: float | None = None  # agreed sampled ratio of format 2 over format 1
     runs: dict[str, int] = field(default_factory=dict)  # runs per variant
     times: dict[str, list[float]] = field(default_factory=dict)  # agreed seconds per variant
     level: dict[str, int] = field(default_factory=dict)  # k of a loser: tried after 2**k calls
@@ -292,11 +366,12 @@ class Planner:
     """
 
     def __init__(self, params: Params, options: Options, base: int,
-                 forced_ratio: float | None = None) -> None:
+                 forced_ratio: float | None = None, formats: Formats | None = None) -> None:
         self.params = params
         self.options = options
         self.base = base
         self.forced_ratio = forced_ratio
+        self.formats = formats  # format 2's rates and ratio gain (None: format 1 only)
         self._states: dict[Any, State] = {}
         self._ideal: dict[Facts, bool] = {}
 
@@ -355,11 +430,14 @@ class Planner:
     # -- the plan ------------------------------------------------------------------------
 
     def plan(self, st: State, facts: Facts, *, ratio: float | None = None,
-             width: float | None = None, times: tuple[float, ...] = ()) -> Plan:
+             width: float | None = None, gain2: float | None = None,
+             times: tuple[float, ...] = ()) -> Plan:
         """Return the plan of this call, after its agreement (the same on every rank).
 
-        ``ratio``/``width``: the agreed sample (first call of the signature); ``times``:
-        the agreed seconds per :data:`VARIANTS` (0: none) of the signature's earlier calls.
+        ``ratio``/``width``/``gain2``: the agreed sample (first call of the signature;
+        ``gain2``: format 2's ratio over format 1's on the same blocks, which replaces the
+        calibration's); ``times``: the agreed seconds per :data:`VARIANTS` (0: none) of the
+        signature's earlier calls.
         """
         if facts != st.facts:  # the bound resolved to 0 on this call, or no longer
             st.facts = facts
@@ -368,7 +446,10 @@ class Planner:
             st.ratio = ratio
             if width is not None and math.isfinite(width) and width > 0:
                 st.width = width
-            st.digest = _mix(st.digest, 1.0, st.ratio, st.width)
+            if gain2 is not None and math.isfinite(gain2) and gain2 > 0:
+                st.gain2 = gain2
+            st.digest = _mix(st.digest, 1.0, st.ratio, st.width,
+                             -1.0 if st.gain2 is None else st.gain2)
             st.cached = st.cands = None
         for v, t in zip(VARIANTS, times, strict=False):
             if t > 0:
@@ -471,7 +552,11 @@ class Planner:
             sampled = st.ratio if f.policy == "auto" else None
             ratio = self.forced_ratio or sampled or model.DEFAULT_RATIO
             width = st.width if f.policy == "auto" else model.DEFAULT_WIDTH
-            cands = st.cands = candidates(f, self.params, ratio, width, self.options)
+            formats = self.formats
+            if formats is not None and st.gain2 is not None and f.policy == "auto":
+                formats = Formats(formats.params, st.gain2)  # this data's, not the sample's
+            cands = st.cands = candidates(f, self.params, ratio, width, self.options,
+                                          formats)
         return cands
 
     def _measured(self, st: State, cands: list[Candidate]) -> tuple[Plan, float]:
@@ -510,7 +595,8 @@ class Planner:
                    for u in measured if u != v), default=math.inf)
         p = pick.plan
         return (Plan(p.variant, why, p.chunk_elems, p.pieces, p.split, p.version,
-                     cands[0].seconds, est[v], p.ratio, trial is not None, settled), due)
+                     cands[0].seconds, est[v], p.ratio, trial is not None, settled,
+                     p.format_reason), due)
 
     def _trial(self, st: State, cands: list[Candidate], best: Candidate,
                measured: dict[str, float], est: dict[str, float]) -> Candidate | None:
@@ -533,7 +619,8 @@ class Planner:
 
 def _named(p: Plan, why: str) -> Plan:
     """``p`` chosen by a fixed rule (``why``), not by comparing predictions."""
-    return Plan(p.variant, why, p.chunk_elems, p.pieces, p.split, p.version)
+    return Plan(p.variant, why, p.chunk_elems, p.pieces, p.split, p.version,
+                format_reason=p.format_reason)
 
 
 def _label(v: str) -> str:

@@ -32,6 +32,7 @@ __all__ = [
     "LUT_BITS",
     "_lut_store",
     "_planes_abs8",
+    "_costs8",
 ]
 
 
@@ -261,18 +262,18 @@ _I64 = ir.IntType(64)
 
 
 @intrinsic
-def _planes_abs(typingctx, q, T, S, w):  # type: ignore[no-untyped-def]
+def _planes_abs(typingctx, q, T, S, w, o):  # type: ignore[no-untyped-def]
     """Bit-planes of ``|q|`` for the 32 int64 lanes of ``q`` (``|q| < 2^31``), ``j < w``.
 
-    ``T[j]`` (int64) receives bit ``j`` of the 32 magnitudes (bit ``l`` = lane ``l``) and
-    ``S[j]`` the lanes with ``|q| >= 2^j``. ``q`` is loaded once, as the 64-byte vectors
+    ``T[o + j]`` (int64) receives bit ``j`` of the 32 magnitudes (bit ``l`` = lane ``l``)
+    and ``S[o + j]`` the lanes with ``|q| >= 2^j``. ``q`` is loaded once, as the 64-byte vectors
     the quantizer stored (a 32-bit ``|q|`` array written by the quantizer's 32-byte
     truncating stores and read back as 64-byte vectors stalled store forwarding), and
     the plane loop runs on registers: a vector shift, a compare and two mask moves per
-    plane. ``q``, ``T`` and ``S`` must be C-contiguous with at least 32, ``w`` and ``w``
-    elements.
+    plane. ``q``, ``T`` and ``S`` must be C-contiguous with at least 32, ``o + w`` and
+    ``o + w`` elements.
     """
-    sig = types.void(q, T, S, types.int64)
+    sig = types.void(q, T, S, types.int64, types.int64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         qa = context.make_array(signature.args[0])(context, builder, args[0])
@@ -282,8 +283,8 @@ def _planes_abs(typingctx, q, T, S, w):  # type: ignore[no-untyped-def]
                             _V32)
         tp = context.make_array(signature.args[1])(context, builder, args[1]).data
         sp = context.make_array(signature.args[2])(context, builder, args[2]).data
-        tp = builder.bitcast(tp, _I64.as_pointer())
-        sp = builder.bitcast(sp, _I64.as_pointer())
+        tp = builder.gep(builder.bitcast(tp, _I64.as_pointer()), [args[4]])
+        sp = builder.gep(builder.bitcast(sp, _I64.as_pointer()), [args[4]])
         w = args[3]
         entry = builder.basic_block
         loop = builder.append_basic_block("planes.loop")
@@ -310,18 +311,18 @@ _V8 = ir.VectorType(ir.IntType(8), 32)
 
 
 @intrinsic
-def _planes_abs8(typingctx, q, T, S):  # type: ignore[no-untyped-def]
+def _planes_abs8(typingctx, q, T, S, o):  # type: ignore[no-untyped-def]
     """:func:`_planes_abs` with ``w = 8`` for magnitudes below ``2^8``, in straight-line code.
 
     The 32 magnitudes are narrowed to bytes (one 32-byte vector), so a plane is a byte
     shift and a mask move, and a suffix OR a byte compare and a mask move: 8 planes cost
     fewer instructions than the 32-bit plane loop spends on the 3-6 planes that blocks
     need at REL 1e-3 and 1e-4, and no branch depends on how many planes a block has.
-    ``T[j]`` and ``S[j]`` for ``j`` at or above the bit length of the maximum are 0.
-    ``q``, ``T`` and ``S`` must be C-contiguous with at least 32, 8 and 8 elements, and
-    every ``|q[l]| < 2^8``.
+    ``T[o + j]`` and ``S[o + j]`` for ``j`` at or above the bit length of the maximum are
+    0. ``q``, ``T`` and ``S`` must be C-contiguous with at least 32, ``o + 8`` and ``o + 8``
+    elements, and every ``|q[l]| < 2^8``.
     """
-    sig = types.void(q, T, S)
+    sig = types.void(q, T, S, types.int64)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         qa = context.make_array(signature.args[0])(context, builder, args[0])
@@ -331,8 +332,8 @@ def _planes_abs8(typingctx, q, T, S):  # type: ignore[no-untyped-def]
                             _V8)
         tp = context.make_array(signature.args[1])(context, builder, args[1]).data
         sp = context.make_array(signature.args[2])(context, builder, args[2]).data
-        tp = builder.bitcast(tp, _I64.as_pointer())
-        sp = builder.bitcast(sp, _I64.as_pointer())
+        tp = builder.gep(builder.bitcast(tp, _I64.as_pointer()), [args[3]])
+        sp = builder.gep(builder.bitcast(sp, _I64.as_pointer()), [args[3]])
         for j in range(8):
             sh = builder.lshr(mag, ir.Constant(_V8, [j] * 32))
             t = builder.bitcast(builder.trunc(sh, _M32), _I32)
@@ -340,6 +341,60 @@ def _planes_abs8(typingctx, q, T, S):  # type: ignore[no-untyped-def]
             builder.store(builder.zext(t, _I64), builder.gep(tp, [ir.Constant(_I64, j)]))
             builder.store(builder.zext(s, _I64), builder.gep(sp, [ir.Constant(_I64, j)]))
         return context.get_dummy_value()
+
+    return sig, codegen
+
+
+_V8I64 = ir.VectorType(_I64, 8)
+
+
+@intrinsic
+def _costs8(typingctx, S, o, m):  # type: ignore[no-untyped-def]
+    """Find the cheapest patched-planes ``k`` of a block whose maximum is ``1 <= m < 2^8``.
+
+    ``S[o + j]`` (int64, ``j < 8``) are the lanes with ``|q| >= 2^j``, 0 at and above
+    ``bitlen(m)``, as :func:`_planes_abs8` leaves them. Returns ``(cost << 3) | k`` for the
+    smallest cost over ``k < bitlen(m)``, the smallest ``k`` among equal costs: the cost of
+    ``k = 0`` is ``32 + p_0 + p_0 * bitlen(m - 1)``, of ``k >= 1`` it is ``64 + 32k +
+    p_k * bitlen((m >> k) - 1)``, with ``p_k`` the population count of ``S[k]`` (rules 3-4
+    of docs/format.md, as :func:`v2blocks._choose_max` computes them with a loop that ends
+    at a ``k`` which changes from block to block). All 8 costs in one vector: population
+    counts, variable shifts, leading-zero counts, a multiply and a minimum reduction, and
+    no branch.
+    """
+    sig = types.int64(S, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        sa = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(builder.bitcast(sa.data, _I64.as_pointer()), [args[1]])
+        sv = builder.load(builder.bitcast(ptr, _V8I64.as_pointer()), align=8)
+        mod = builder.module
+        ctpop = mod.declare_intrinsic("llvm.ctpop.v8i64", fnty=ir.FunctionType(_V8I64, [_V8I64]))
+        ctlz = mod.declare_intrinsic("llvm.ctlz.v8i64",
+                                     fnty=ir.FunctionType(_V8I64, [_V8I64, ir.IntType(1)]))
+        umin = mod.declare_intrinsic("llvm.vector.reduce.umin.v8i64",
+                                     fnty=ir.FunctionType(_I64, [_V8I64]))
+        p = builder.call(ctpop, [sv])
+        m = args[2]
+        ms = builder.insert_element(ir.Constant(_V8I64, ir.Undefined), m, ir.Constant(_I32, 0))
+        ms = builder.shuffle_vector(ms, ir.Constant(_V8I64, ir.Undefined),
+                                    ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+        ks = ir.Constant(_V8I64, list(range(8)))
+        d = builder.sub(builder.lshr(ms, ks), ir.Constant(_V8I64, [1] * 8))
+        bl = builder.sub(ir.Constant(_V8I64, [64] * 8),
+                         builder.call(ctlz, [d, ir.Constant(ir.IntType(1), 0)]))
+        base = ir.Constant(_V8I64, [32] + [64 + 32 * k for k in range(1, 8)])
+        p0 = builder.and_(p, ir.Constant(_V8I64, [-1] + [0] * 7))
+        cost = builder.add(builder.add(base, p0), builder.mul(p, bl))
+        key = builder.or_(builder.shl(cost, ir.Constant(_V8I64, [3] * 8)), ks)
+        w = builder.sub(ir.Constant(_I64, 64),
+                        builder.ctlz(m, ir.Constant(ir.IntType(1), 0)))
+        ws = builder.insert_element(ir.Constant(_V8I64, ir.Undefined), w, ir.Constant(_I32, 0))
+        ws = builder.shuffle_vector(ws, ir.Constant(_V8I64, ir.Undefined),
+                                    ir.Constant(ir.VectorType(_I32, 8), [0] * 8))
+        key = builder.select(builder.icmp_unsigned("<", ks, ws), key,
+                             ir.Constant(_V8I64, [(1 << 63) - 1] * 8))
+        return builder.call(umin, [key])
 
     return sig, codegen
 

@@ -44,6 +44,7 @@ from ccoll.compressor.cpu.intrinsics import (
     LUT_BITS,
     _bitlen,
     _bits_from_f64,
+    _costs8,
     _f32_from_bits,
     _f64_from_bits,
     _neg_mask,
@@ -101,15 +102,16 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
 
     The block is ``x[ub : ub + m]`` (``ub`` unsigned), indexed from its start rather than
     sliced: a slice costs reference-count calls per block in the parfor.
-    Returns (rejected lanes, max ``|q|``, non-zero lanes); ``q`` receives the quantized
+    Returns (1 if a lane is rejected, else 0; max ``|q|``); ``q`` receives the quantized
     values (padding lanes 0). The magnitudes are not stored: :func:`_planes_abs` takes
-    them from ``q``. The reconstruction multiplies the floored value itself rather than
-    ``float64(q)``: both are the same integer-valued double (``|q| < 2^31``), and the
-    conversion back is saved.
+    them from ``q``, and the non-zero count is the population count of their lowest
+    suffix OR. Rejection is an AND of the lanes' acceptance rather than a count (a
+    count took four vector instructions per 8 lanes, the AND one). The reconstruction
+    multiplies the floored value itself rather than ``float64(q)``: both are the same
+    integer-valued double (``|q| < 2^31``), and the conversion back is saved.
     """
-    bad = np.int64(0)
+    allok = True
     mx = np.int64(0)
-    c = np.int64(0)
     if m == BLOCK:
         for l in range(BLOCK):  # constant trip count, branch-free: vectorized
             xd = np.float64(x[ub + np.uint64(l)])
@@ -119,15 +121,11 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
             fq = np.floor(vv + 0.5)
             qi = np.int64(fq)
             yd = _round_like(fq * step, x)
-            ok = inr & (abs(yd - xd) < eb)
-            bad += np.int64(not ok)
-            a = abs(qi)
+            allok &= inr & (abs(yd - xd) < eb)
             q[l] = qi
-            mx = max(mx, a)
-            c += np.int64(a != 0)
+            mx = max(mx, abs(qi))
     else:
         for l in range(BLOCK):
-            a = np.int64(0)
             qi = np.int64(0)
             if l < m:
                 xd = np.float64(x[ub + np.uint64(l)])
@@ -137,13 +135,10 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
                 fq = np.floor(vv + 0.5)
                 qi = np.int64(fq)
                 yd = _round_like(fq * step, x)
-                ok = inr & (abs(yd - xd) < eb)
-                bad += np.int64(not ok)
-                a = abs(qi)
+                allok &= inr & (abs(yd - xd) < eb)
             q[l] = qi
-            mx = max(mx, a)
-            c += np.int64(a != 0)
-    return bad, mx, c
+            mx = max(mx, abs(qi))
+    return np.int64(not allok), mx
 
 
 # Scratch words per chunk of the lossy plan pass: 8 per block (a quarter of a float32
@@ -155,6 +150,37 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
 SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
 
 
+# The plan pass works on the 32 blocks of a bitmap word at a time, in three steps:
+# quantize every block and keep its bit-planes, then choose every block's code, then pack
+# them. The packing's branches (the block's kind, the loops over its k low planes and h
+# high planes) depend on the code; decided a group earlier, they resolve as soon as they
+# are reached, where right after the choice a mispredicted branch waited for the whole
+# chain of quantization, planes and choice of its block. GROUP_PLANES planes per block.
+GROUP_PLANES = 32
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _choose_block(SS, o, mx, is32):  # type: ignore[no-untyped-def]
+    """Code and payload bits of a quantized block with max ``mx >= 1`` (rules 3-4).
+
+    ``SS[o + j]`` are the suffix ORs of its planes. Below ``2^8`` all 8 costs are computed
+    at once (:func:`_costs8`, no loop whose end depends on the data); wider blocks take
+    :func:`_choose_max`. The same codes either way.
+    """
+    c = _popcount(SS[o])
+    v = _bitlen(mx - 1)
+    if mx < 256:
+        key = _costs8(SS, o, mx)
+        k = key & 7
+        best = key >> 3
+        if c <= 4 and c * (6 + v) <= best:
+            return (KIND_SP << 10) | ((c - 1) << 5) | v, c * (6 + v)
+        return (k << 5) | _bitlen((mx >> k) - 1), best - 32
+    code = _choose_max(SS, o, mx, c)
+    M = SS[o + ((code >> 5) & 31)] if (code >> 10) == KIND_PP else np.int64(0)
+    return code, _code_bits(code, M, is32)
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_bits, S,
                 omasks, packed, present):  # type: ignore[no-untyped-def]
@@ -164,7 +190,8 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
     ``c * SCRATCH_WORDS``) and its mask words to ``omasks[b0:]``, with ``packed[c] = 1``,
     unless it would not fit. ``present[code]`` is set to 1 for every code used (chunks
     may store the same 1 concurrently; the result is the set of codes either way, and
-    it saves :func:`_presence`'s serial pass over the codes).
+    it saves :func:`_presence`'s serial pass over the codes). The blocks go 32 at a time
+    (one bitmap word): quantized, then coded, then packed (see ``GROUP_PLANES``).
     """
     n = x.size
     nblocks = codes.size
@@ -174,9 +201,12 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
     room = (SCRATCH_WORDS - 1) * 32
     for c in prange(chunk_nnz.size):
         q = np.empty(BLOCK, np.int64)
-        T = np.empty(BLOCK, np.int64)
-        Sk = np.empty(BLOCK, np.int64)
         H = np.empty(BLOCK, np.int64)
+        TT = np.empty(32 * GROUP_PLANES, np.int64)  # planes of the group's blocks
+        SS = np.empty(32 * GROUP_PLANES, np.int64)  # and their suffix ORs
+        MX = np.empty(32, np.int64)  # max |q| of each block; 0 zero, -1 raw
+        NEG = np.empty(32, np.int64)  # sign words
+        CODE = np.empty(32, np.int64)
         b0 = c * CHUNK_BLOCKS
         b1 = min(b0 + CHUNK_BLOCKS, nblocks)
         s0 = c * SCRATCH_WORDS * 32
@@ -186,56 +216,72 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
         nm = 0
         bits = 0
         zprev = True
-        for b in range(b0, b1):
-            base = b * BLOCK
-            e = min(base + BLOCK, n)
-            ub = np.uint64(base)  # unsigned: no negative-index wraparound per lane
-            # The shortcut for a zero block is tried only after a zero block: it decides
-            # as the full path does, so skipping it changes nothing, and where zero
-            # blocks are a minority (REL 1e-3 and below) its data-dependent branch
-            # mispredicted often.
-            if e - base == BLOCK and zprev:
-                tiny = True
-                for l in range(BLOCK):
-                    tiny &= abs(x[ub + np.uint64(l)]) <= small
-                if tiny:
-                    codes[b] = NO_BLOCK
-                    continue
-            zprev = True
-            bad, mx, nzc = _quantize_v2(x, ub, e - base, eb, step, q)
-            if bad:
-                code = CODE_RAW_V2
-                size = rawbits
-            elif mx == 0:
+        for g in range(b0, b1, 32):
+            ge = min(g + 32, b1)
+            nzw = np.int64(0)  # the group's non-zero blocks
+            for b in range(g, ge):
+                i = b - g
+                base = b * BLOCK
+                e = min(base + BLOCK, n)
+                ub = np.uint64(base)  # unsigned: no negative-index wraparound per lane
+                # The shortcut for a zero block is tried only after a zero block: it
+                # decides as the full path does, so skipping it changes nothing, and
+                # where zero blocks are a minority (REL 1e-3 and below) its
+                # data-dependent branch mispredicted often.
+                if e - base == BLOCK and zprev:
+                    tiny = True
+                    for l in range(BLOCK):
+                        tiny &= abs(x[ub + np.uint64(l)]) <= small
+                    if tiny:
+                        continue
+                bad, mx = _quantize_v2(x, ub, e - base, eb, step, q)
+                MX[i] = -bad | mx
+                zprev = MX[i] == 0
+                nzw |= np.int64(not zprev) << i
+                if mx and not bad:
+                    # Rules 3-4 on the bit-planes of |q| (a few vector ops each): p_k are
+                    # population counts, and the payload is written from the same
+                    # planes. Magnitudes below 2^8 (most blocks at REL 1e-3 and 1e-4):
+                    # all 8 planes in straight-line code.
+                    NEG[i] = _neg_mask(q)
+                    if mx < 256:
+                        _planes_abs8(q, TT, SS, GROUP_PLANES * i)
+                    else:
+                        _planes_abs(q, TT, SS, _bitlen(mx), GROUP_PLANES * i)
+            for b in range(g, ge):
                 codes[b] = NO_BLOCK
-                continue
-            else:
-                # Rules 3-4 on the bit-planes of |q| (a few vector ops each): p_k are
-                # population counts, and the payload is written from the same planes.
-                # Magnitudes below 2^8 (most blocks at REL 1e-3 and 1e-4): all 8 planes
-                # in straight-line code, no loop whose trip count changes between blocks.
-                if mx < 256:
-                    _planes_abs8(q, T, Sk)
+            mm = nzw
+            while mm:
+                i = _tzcnt(mm)
+                mm &= mm - 1
+                b = g + i
+                mx = MX[i]
+                if mx < 0:
+                    code = np.int64(CODE_RAW_V2)
+                    size = rawbits
                 else:
-                    _planes_abs(q, T, Sk, _bitlen(mx))
-                code = _choose_max(Sk, mx, nzc)
-                M = Sk[(code >> 5) & 31] if (code >> 10) == KIND_PP else np.int64(0)
-                size = _code_bits(code, M, is32)
-            pack = pack and bits + size <= room
-            if pack:
-                if bad:
+                    code, size = _choose_block(SS, GROUP_PLANES * i, mx, is32)
+                pack = pack and bits + size <= room
+                if (code >> 10) == KIND_PP:
+                    if pack:
+                        omasks[b0 + nm] = SS[GROUP_PLANES * i + (code >> 5)]
+                    nm += 1
+                CODE[i] = code
+                codes[b] = code
+                present[code] = 1
+                nz += 1
+                bits += size
+            mm = nzw if pack else 0
+            while mm:
+                i = _tzcnt(mm)
+                mm &= mm - 1
+                if MX[i] > 0:
+                    sp, sa, sn, _ = _emit_planes(S, sp, sa, sn, CODE[i], TT, SS,
+                                                 GROUP_PLANES * i, NEG[i], H)
+                else:
+                    base = (g + i) * BLOCK
+                    e = min(base + BLOCK, n)
                     sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, bits_[base:e], e - base, wide)
-                else:
-                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, _neg_mask(q),
-                                                         H)
-                    if (code >> 10) == KIND_PP:
-                        omasks[b0 + nm] = M
-            zprev = False
-            nm += (code >> 10) == KIND_PP
-            codes[b] = code
-            present[code] = 1
-            nz += 1
-            bits += size
         if pack and sn:
             S[sp] = sa
         packed[c] = pack
@@ -979,7 +1025,7 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                 neg, w = _sum_planes(Pa, wa, sga, Pb, wb, sgb, T)
                 if w:
                     code = _choose_planes(T, w, Sk)
-                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, neg, Pa)
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, 0, neg, Pa)
             else:
                 m = min(BLOCK, n - b * BLOCK)
                 (ap, aa, an, bp, ba, bn, sp, sa, sn, code, M,

@@ -571,7 +571,9 @@ def _place_words(src, s0, dst, o, nbits):  # type: ignore[no-untyped-def]
     writer started at ``o`` (:func:`_writer_at`) would, it stores every word of ``dst`` it
     completes (the bits before ``o`` in the first one 0) and returns the last, partial
     word (0 if none), so the caller ORs it in. One shift pair per word, no branch: the
-    loop vectorizes.
+    loop vectorizes into plain vector loads and stores. The words are indexed with
+    unsigned offsets: with signed ones numba's negative-index wraparound made LLVM
+    vectorize the loop into gathers and scatters, several times slower.
     """
     p0 = o >> 5
     d = o & 31
@@ -580,13 +582,19 @@ def _place_words(src, s0, dst, o, nbits):  # type: ignore[no-untyped-def]
     nsrc = (nbits + 31) >> 5
     if nfull > 0:
         dst[p0] = (np.int64(src[s0]) << d) & 0xFFFFFFFF
+    up = np.uint64(p0)
+    us = np.uint64(s0)
     if d == 0:
         for j in range(1, nfull):
-            dst[p0 + j] = src[s0 + j]
+            uj = np.uint64(j)
+            dst[up + uj] = src[us + uj]
     else:
+        ud = np.uint32(d)
+        ur = np.uint32(32 - d)
         for j in range(1, nfull):
-            dst[p0 + j] = (((np.int64(src[s0 + j]) << d) | (np.int64(src[s0 + j - 1]) >> (32 - d)))
-                           & 0xFFFFFFFF)
+            uj = np.uint64(j)
+            prev = np.uint32(src[us + uj - np.uint64(1)])
+            dst[up + uj] = (np.uint32(src[us + uj]) << ud) | (prev >> ur)
     if end & 31 == 0:
         return np.int64(0)
     cur = np.int64(src[s0 + nfull]) if nfull < nsrc else np.int64(0)
@@ -767,10 +775,10 @@ def _choose_planes(T, w, S):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _choose_max(S, m, c):  # type: ignore[no-untyped-def]
+def _choose_max(S, o, m, c):  # type: ignore[no-untyped-def]
     """:func:`_choose_planes` given the maximum ``m >= 1`` and the non-zero count ``c``.
 
-    ``S[k]`` are the lanes with ``|q| >= 2^k`` for ``k < bitlen(m)``, as
+    ``S[o + k]`` are the lanes with ``|q| >= 2^k`` for ``k < bitlen(m)``, as
     :func:`_choose_planes` leaves them; the compressor knows ``m`` and ``c`` from the
     quantizer, so the planes need not be searched for the maximum. The same code.
     """
@@ -783,7 +791,7 @@ def _choose_max(S, m, c):  # type: ignore[no-untyped-def]
         if 64 + 32 * k >= best:
             break
         hk = _bitlen((m >> k) - 1)
-        cost = 64 + 32 * k + _popcount(S[k]) * hk
+        cost = 64 + 32 * k + _popcount(S[o + k]) * hk
         if cost < best:
             best = cost
             bk = k
@@ -837,17 +845,17 @@ def _put_fields(W, pos, acc, nb, H, h, L, p):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _emit_planes(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untyped-def]
+def _emit_planes(W, pos, acc, nb, code, T, S, o, neg, H):  # type: ignore[no-untyped-def]
     """Write the payload of a block given as planes (after :func:`_choose_planes`).
 
-    ``T`` the magnitude planes, ``S`` their suffix ORs, ``neg`` the sign word (0 on zero
-    lanes), ``H`` scratch planes. Returns the writer state and the mask word (0 for a
+    ``T[o:]`` the magnitude planes, ``S[o:]`` their suffix ORs, ``neg`` the sign word (0
+    on zero lanes), ``H`` scratch planes. Returns the writer state and the mask word (0 for a
     sparse block): the bits of :func:`_emit_q` for the same block.
     """
     a = (code >> 5) & 31
     b = code & 31
     if code >> 10 == KIND_SP:
-        nzm = S[0]
+        nzm = S[o]
         c = a + 1
         posf = np.int64(0)
         mm = nzm
@@ -859,25 +867,25 @@ def _emit_planes(W, pos, acc, nb, code, T, S, neg, H):  # type: ignore[no-untype
         if b:
             borrow = nzm  # |q| - 1 on the non-zero lanes
             for j in range(b):
-                tj = T[j]
+                tj = T[o + j]
                 H[j] = tj ^ borrow
                 borrow &= tj ^ _ALL
             pos, acc, nb = _put_fields(W, pos, acc, nb, H, b, nzm, c)
         return pos, acc, nb, np.int64(0)
     k = a
     h = b
-    L = S[k]
+    L = S[o + k]
     p = _popcount(L)
     if k == 0:
         pos, acc, nb = _push(W, pos, acc, nb, _pext64(neg, L), p)
     else:
         pos, acc, nb = _push(W, pos, acc, nb, neg, 32)
     for j in range(k):
-        pos, acc, nb = _push(W, pos, acc, nb, T[j], 32)
+        pos, acc, nb = _push(W, pos, acc, nb, T[o + j], 32)
     if h:
         borrow = L  # (|q| >> k) - 1 on the high lanes
         for j in range(h):
-            tj = T[k + j]
+            tj = T[o + k + j]
             H[j] = tj ^ borrow
             borrow &= tj ^ _ALL
         pos, acc, nb = _put_fields(W, pos, acc, nb, H, h, L, p)

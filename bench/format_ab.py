@@ -1,0 +1,108 @@
+"""Stream format 1 against format 2 against the plan's choice, and MPI_Allreduce: interleaved.
+
+Run under MPI (any rank count; on the emulated cluster too, as ``ccoll bench`` is)::
+
+    .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py bench/format_ab.py --iters 7
+    .venv/bin/python jobs/emulated_cluster.py --ranks 4 --rate 100mbit -- \\
+        python bench/format_ab.py --rel 1e-2 --json build/bench/format_100mbit_4.json
+
+Every rank loads one MiniLM gradient step of ``datasets/minilm.h5`` (rank ``i``: step
+``i mod 4``), cut or tiled to ``--mib`` MiB of float32 (64 by default), and times
+``allreduce(x, REL(--rel), op="avg")`` on three Communicators of one ``--policy``
+(``auto`` by default: each may also send raw): ``format_version=1``, ``format_version=2``
+and ``None`` (the plan picks per call), and ``MPI_Allreduce`` of the same array, rotating
+the order call by call after one untimed call of each. Rank 0 prints, per variant, the
+median and best of the slowest rank's seconds, the bytes all ranks sent in the last call
+(the wire ratio: a raw ring's bytes over them), the error over the bound, the formats the
+timed calls sent and why the last one did, and the speed index of the run
+(:mod:`ccoll.speedindex`: SZ3's one-thread compress throughput on the dump at REL 1e-3,
+and the CPU); ``--json`` writes the same.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import abkit  # bench/ is on sys.path when a script here runs
+import numpy as np
+from mpi4py import MPI
+
+import ccoll
+from ccoll.speedindex import describe, speed_index
+
+VARIANTS = ("format 1", "format 2", "auto", "MPI_Allreduce")
+_FORMAT = {"format 1": 1, "format 2": 2, "auto": None}
+
+
+def main() -> None:
+    ap = abkit.parser(__doc__.split("\n")[0], "variant")
+    ap.add_argument("--policy", default="auto", choices=("compress", "auto"))
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    n, r = comm.Get_size(), comm.Get_rank()
+    x, exact = abkit.gradients(args)
+    ccs = {v: ccoll.Communicator(comm, policy=args.policy, format_version=f)
+           for v, f in _FORMAT.items()}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    sent: dict[str, int] = {}
+    err: dict[str, float] = {}
+    compressed: dict[str, int] = {}
+    formats: dict[str, set[int]] = {v: set() for v in VARIANTS}
+    why: dict[str, str] = {}
+    y_mpi = np.empty_like(x)
+    for it in range(args.iters + 1):
+        order = VARIANTS[it % 4:] + VARIANTS[:it % 4]
+        for v in order:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            if v == "MPI_Allreduce":
+                comm.Allreduce(x, y_mpi, op=MPI.SUM)
+                y_mpi /= n
+            else:
+                y = ccs[v].allreduce(x, ccoll.REL(args.rel), op="avg")
+            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            if it:
+                times[v].append(dt)
+            if v != "MPI_Allreduce":
+                rep = ccs[v].last_call
+                assert rep is not None
+                sent[v] = comm.allreduce(rep.bytes_sent, op=MPI.SUM)
+                eb_abs = rep.eb_abs or float(np.max(np.abs(exact))) * 2.0**-24  # raw: MPI's
+                err[v] = comm.allreduce(float(np.max(np.abs(y - exact))) / eb_abs, op=MPI.MAX)
+                if it > 0 and rep.compressed:
+                    compressed[v] = compressed.get(v, 0) + 1
+                    formats[v].add(rep.format_version)
+                    why[v] = rep.format_reason
+    for c in ccs.values():
+        c.close()
+    index = speed_index(args.data) if r == 0 else {}
+    if r:
+        return
+    raw = 2 * (n - 1) * x.nbytes
+    sent["MPI_Allreduce"], err["MPI_Allreduce"] = raw, 0.0
+    print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, policy "
+          f"{args.policy}; {args.iters} calls each, rotating; slowest rank's seconds; "
+          f"{describe(index)}")
+    print("variant        median_ms  best_ms  bytes_all_ranks  wire_ratio  err/eb  "
+          "compressed  formats  why")
+    rows = []
+    for v in VARIANTS:
+        fm = ",".join(map(str, sorted(formats[v]))) or "-"
+        row = {"variant": v, "ranks": n, "mib": args.mib, "rel": args.rel,
+               "policy": args.policy, "median_s": statistics.median(times[v]),
+               "best_s": min(times[v]), "bytes": sent[v], "wire_ratio": raw / sent[v],
+               "err_over_eb": err[v], "compressed_calls": compressed.get(v, 0),
+               "formats": fm, "format_reason": why.get(v, ""), "times_s": times[v]}
+        rows.append(row)
+        print(f"{v:13s}  {row['median_s'] * 1e3:9.1f}  {row['best_s'] * 1e3:7.1f}  "
+              f"{sent[v]:15d}  {row['wire_ratio']:10.2f}  {err[v]:6.3f}  "
+              f"{compressed.get(v, 0):>4}/{args.iters:<5}  {fm:7s}  {why.get(v, '')}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "speed_index": index}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

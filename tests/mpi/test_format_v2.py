@@ -1,0 +1,256 @@
+"""Compressed collectives in stream format 2 (run with 1..3 ranks; two levels at 4).
+
+``Communicator(comm, format_version=2)`` sends format-2 streams in every compressed call:
+checked exactly against the exact sum (the bound on every element), bitwise identical
+results on every rank, the report's format, and the agreement on ``format_version``.
+Format 2 codes the same quantized values as format 1 (docs/format.md), so a call with the
+same chunking gives the same result bit for bit in either format: the comparison with
+format 1 is a check from outside the new code paths.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collkit import (
+    allowance,
+    allreduce_reference,
+    exact_sum,
+    global_eb,
+    gradient_like,
+    my_block,
+)
+from kit import assert_same_on_every_rank, assert_within
+from mpi4py import MPI
+
+import ccoll
+from ccoll.collectives import ring
+from ccoll.compressor import format as fmt
+from ccoll.errors import InputError, MismatchError
+
+SIZE = MPI.COMM_WORLD.Get_size()
+N = 20_011
+
+
+def _data(comm, dtype, n=N, seed=0):
+    x = gradient_like(comm.rank, n, dtype, seed)
+    x[7] = np.nan if comm.rank == 0 else x[7]
+    x[100] = 1e30 if comm.rank == SIZE - 1 else x[100]  # a raw lane through the ring
+    return x
+
+
+@pytest.mark.parametrize("split", [None, 0])
+@pytest.mark.parametrize("algorithm", ["homomorphic", "dar"])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_allreduce_v2_within_bound_identical_and_equal_to_v1(comm, op, dtype, eb, algorithm,
+                                                              split):
+    x = _data(comm, dtype)
+    ys = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", algorithm=algorithm, split=split,
+                                chunk_elems=3000, format_version=v) as c:
+            ys[v] = c.allreduce(x, eb, op=op)
+            rep = c.last_call
+        assert rep is not None and rep.compressed
+        assert rep.format_version == v and rep.format_reason == f"format_version={v}"
+        assert f"format {v}" in str(rep)
+    y = ys[2]
+    ref = allreduce_reference(comm, x, op)
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_within(y, ref, **allowance(global_eb(comm, x, eb), y, SIZE, op))
+    assert_same_on_every_rank(comm, y)
+    assert np.isnan(y[7])
+    # The same quantized values in either format: the same result, bit for bit.
+    assert ys[1].view(np.uint8).tobytes() == y.view(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("chunk", [None, 777])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_allreduce_v2_sends_version_2_streams(comm, monkeypatch, dtype, chunk):
+    seen = []
+    real = ring.check_stream
+
+    def spy(buf, n, dt, bound, version=None):
+        seen.append(int(np.asarray(buf)[4]))  # the header's version byte
+        return real(buf, n, dt, bound, version)
+
+    monkeypatch.setattr(ring, "check_stream", spy)
+    x = _data(comm, dtype)
+    with ccoll.Communicator(comm, policy="compress", format_version=2, split=0,
+                            chunk_elems=chunk) as c:
+        y = c.allreduce(x, ccoll.REL(1e-3))
+    assert_within(y, exact_sum(comm, x), **allowance(global_eb(comm, x, ccoll.REL(1e-3)), y,
+                                                     SIZE, "sum"))
+    if SIZE > 1:
+        assert seen and set(seen) == {fmt.VERSION2}
+
+
+def test_v2_sends_fewer_bytes_at_loose_bounds(comm):
+    if SIZE < 2:
+        pytest.skip("one rank sends nothing")
+    x = gradient_like(comm.rank, 1 << 18, np.float32)
+    sent = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", format_version=v, split=0,
+                                chunk_elems=1 << 16) as c:
+            c.allreduce(x, ccoll.REL(1e-2))
+            sent[v] = comm.allreduce(c.last_call.bytes_sent)
+    assert sent[2] < sent[1], sent
+
+
+def test_format_version_is_checked(comm):
+    for bad in (0, 3, True, "2", 2.0):
+        with pytest.raises(InputError, match="format_version"):
+            ccoll.Communicator(comm, format_version=bad)
+    with pytest.raises(InputError, match="halving"):
+        ccoll.Communicator(comm, format_version=2, schedule="halving")
+
+
+def test_ranks_must_agree_on_format_version(comm):
+    if SIZE < 2:
+        pytest.skip("needs two ranks")
+    with pytest.raises(MismatchError, match="format version"):
+        ccoll.Communicator(comm, format_version=2 if comm.rank == 0 else None)
+
+
+def test_v1_streams_still_decode(comm):
+    x = gradient_like(comm.rank, 5000, np.float64)
+    with ccoll.Communicator(comm, policy="compress", format_version=1) as c:
+        y = c.allreduce(x, ccoll.ABS(1e-4))
+        assert c.last_call.format_version == 1
+    buf = ccoll.compress(x, ccoll.ABS(1e-4), version=1)
+    assert ccoll.decompress(buf).shape == x.shape
+    assert_same_on_every_rank(comm, y)
+
+
+
+def _both(comm, call, **opts):
+    """``call(c)`` on a format-1 and a format-2 Communicator: the results and reports."""
+    out = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", format_version=v, **opts) as c:
+            y = call(c)
+            rep = c.last_call
+        assert rep.compressed and rep.format_version == v
+        assert rep.format_reason == f"format_version={v}"
+        out[v] = (y, rep)
+    return out
+
+
+def _same_bits(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("chunk", [None, 1000])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_reduce_scatter_v2(comm, op, dtype, eb, chunk):
+    x = _data(comm, dtype)
+    got = _both(comm, lambda c: c.reduce_scatter(x, eb, op=op), chunk_elems=chunk)
+    y = got[2][0]
+    ref = my_block(allreduce_reference(comm, x, op), comm)
+    assert_within(y, ref, **allowance(global_eb(comm, x, eb), y, SIZE, op))
+    if chunk is not None:  # the same chunks: the same quantized values
+        _same_bits(got[1][0], y)
+
+
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-2)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_allgather_v2(comm, dtype, eb):
+    # REL: no outlier, so that the bound is loose against most values
+    x = (_data(comm, dtype) if isinstance(eb, ccoll.ABS)
+         else gradient_like(comm.rank, N, dtype)).reshape(-1, 1)
+    got = _both(comm, lambda c: c.allgather(x, eb))
+    y = got[2][0]
+    assert y.shape == (SIZE, *x.shape)
+    xs = np.stack(comm.allgather(x))
+    assert_within(y, xs, global_eb(comm, x, eb))
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+    if SIZE > 1 and isinstance(eb, ccoll.REL):  # fewer bytes at a loose bound
+        assert got[2][1].bytes_sent < got[1][1].bytes_sent
+
+
+@pytest.mark.parametrize("root", sorted({0, SIZE - 1}))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_bcast_v2(comm, dtype, root):
+    x = _data(comm, dtype, seed=3)
+    mine = x if comm.rank == root else None
+    got = _both(comm, lambda c: c.bcast(mine, ccoll.REL(1e-3), root=root))
+    y = got[2][0]
+    xr = comm.bcast(x, root=root)
+    assert_within(y, xr, global_eb(comm, xr, ccoll.REL(1e-3)))
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+
+
+@pytest.mark.parametrize("split", [0.25, 0.5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_split_v2(comm, op, dtype, split):
+    x = _data(comm, dtype)
+    eb = ccoll.REL(1e-3)
+    got = _both(comm, lambda c: c.allreduce(x, eb, op=op), split=split, chunk_elems=3000)
+    y = got[2][0]
+    allow = allowance(global_eb(comm, x, eb), y, SIZE, op)
+    allow["roundings"] = 1  # a split rounds once to the dtype, the average too
+    assert_within(y, allreduce_reference(comm, x, op), **allow)
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+
+
+@pytest.mark.many_ranks
+@pytest.mark.parametrize("split", [0.0, 0.5])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_two_levels_v2(comm, op, split):
+    if SIZE != 4:
+        pytest.skip("two nodes of two ranks: 4 ranks")
+    x = _data(comm, np.float32)
+    eb = ccoll.ABS(1e-3)
+    got = _both(comm, lambda c: c.allreduce(x, eb, op=op), ranks_per_node=2, split=split,
+                chunk_elems=2000)
+    y, rep = got[2]
+    assert rep.hierarchical
+    allow = allowance(global_eb(comm, x, eb), y, SIZE, op)
+    allow["roundings"] = 1  # two levels round once to the dtype
+    assert_within(y, allreduce_reference(comm, x, op), **allow)
+    assert_same_on_every_rank(comm, y)
+    _same_bits(got[1][0], y)
+
+
+def test_auto_measures_format_2_caches_it_and_picks_per_call(comm, tmp_path_factory):
+    # policy="auto" measures both formats when the Communicator is made (a probe, then the
+    # cache), and each call's plan names its format and why, the same on every rank.
+    if SIZE < 2:
+        pytest.skip("one rank never compresses")
+    from ccoll.settings import configure
+
+    folder = comm.bcast(str(tmp_path_factory.mktemp("cal")) if comm.rank == 0 else None)
+    configure(cache_dir=folder)
+    try:
+        with ccoll.Communicator(comm) as c:  # probes the link and the compressor
+            cal = c.calibration
+            assert cal.compressor == "measured" and cal.format2 is not None
+            assert cal.gain2 is not None and cal.gain2 > 1.0  # format 2: fewer bytes
+        with ccoll.Communicator(comm) as c2:
+            assert c2.calibration.compressor == "cache"
+            assert (c2.calibration.format2, c2.calibration.gain2) == (cal.format2, cal.gain2)
+        configure(alpha=5e-5, bandwidth=1.25e7)  # 100 Mbit/s in bytes/s: it compresses
+        with ccoll.Communicator(comm) as c3:
+            x = gradient_like(comm.rank, 1 << 20, np.float32)
+            y = c3.allreduce(x, ccoll.REL(1e-2))
+            rep = c3.last_call
+    finally:
+        configure(cache_dir=None, alpha=None, bandwidth=None)
+    assert rep.compressed and rep.format_version in (1, 2)
+    assert rep.format_reason.startswith("predicted ")
+    assert f"format {3 - rep.format_version} " in rep.format_reason
+    decisions = comm.allgather(rep.decision())
+    assert all(d == decisions[0] for d in decisions)
+    assert_within(y, exact_sum(comm, x), **allowance(global_eb(comm, x, ccoll.REL(1e-2)), y,
+                                                     SIZE, "sum"))
+    assert_same_on_every_rank(comm, y)
