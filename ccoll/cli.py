@@ -121,7 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
         "are copied unchanged. A REL bound resolves per dataset: rel * (max - min) of that "
         "dataset's finite values. float16 is compressed as float32 with what the rounding back "
         "to float16 leaves of the bound, and restored to float16 within the full bound, as "
-        "ccoll.compress does. Prints one line: how "
+        "ccoll.compress does. A stream has a fixed cost (a 64-byte header and more), so a "
+        "dataset whose stream would not be smaller than the dataset itself (a few elements) is "
+        "kept as it is, exact, marked ccoll_stored=raw (--always-stream stores a stream "
+        "anyway). Prints one line: how "
         "many datasets, the bytes before and after, the ratio and the time (--table adds a "
         "row per dataset).",
         epilog="""\
@@ -162,13 +165,20 @@ examples:
         "values (the same bound) in fewer bytes, is slower to write and read, and compiles "
         "its kernels once on first use; ccoll decompress reads both",
     )
+    p.add_argument(
+        "--always-stream",
+        action="store_true",
+        help="store every selected dataset as a ccoll stream, even where the stream is not "
+        "smaller than the dataset (by default such a dataset is kept as it is), e.g. to "
+        "measure the compressor on tiny tensors",
+    )
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument(
         "--table",
         action="store_true",
-        help="after the one-line summary, print one row per compressed dataset (path, shape, "
-        "dtype, original and stored bytes, ratio, absolute bound); `ccoll inspect OUT` "
-        "shows them later",
+        help="after the one-line summary, print one row per selected dataset (path, shape, "
+        "dtype, original and stored bytes, ratio, absolute bound, stored as a stream or kept "
+        "raw); `ccoll inspect OUT` shows them later",
     )
     _common(p)
 
@@ -176,7 +186,9 @@ examples:
         "decompress",
         help="restore a file written by `ccoll compress`",
         description="Write OUT: IN with every ccoll dataset restored to its dtype, shape and "
-        "attributes (ccoll_* attributes removed), each value within the recorded bound.",
+        "attributes (ccoll_* attributes removed), each value within the recorded bound. "
+        "Datasets that ccoll compress kept as they were (ccoll_stored=raw) are copied exact, "
+        "without the marker.",
         epilog="""\
 examples:
   ccoll decompress minilm.ccoll.h5 minilm.back.h5
@@ -204,7 +216,8 @@ examples:
         "inspect",
         help="per-dataset sizes, ratios and bounds of a raw or compressed file",
         description="List every dataset: path, shape, dtype, stored bytes, original bytes, "
-        "ratio and bound, then the totals. Works on raw and ccoll-compressed files. Each "
+        "ratio and bound, then the totals. Works on raw and ccoll-compressed files; datasets "
+        "that ccoll compress kept as they were show as 'raw (kept)', bound exact. Each "
         "ccoll dataset is verified (CRC-32, zstd frame, stream header) unless --no-verify; "
         "a damaged one is listed and the exit status is 1.",
         epilog="""\
@@ -335,9 +348,14 @@ def _shape(s: Sequence[int]) -> str:
 def _report_compress(doc: dict[str, Any], table: bool) -> str:
     """Format the one-line summary, then (with ``table``) one row per compressed dataset."""
     t = doc["totals"]
+    kept = (
+        f", {t['kept_raw']} kept as they are (a stream would not be smaller)"
+        if t["kept_raw"]
+        else ""
+    )
     summary = (
         f"{doc['output']}: {t['compressed']} dataset(s) compressed at {doc['bound']} "
-        f"(format version {doc['format_version']}, lossless {doc['lossless']}), "
+        f"(format version {doc['format_version']}, lossless {doc['lossless']}){kept}, "
         f"{doc['copied_unchanged']} copied unchanged; "
         f"{format_bytes(t['original_bytes'])} -> {format_bytes(t['stored_bytes'])}, "
         f"ratio {_num(t['ratio'], '.2f')} in {doc['seconds']:.2f} s"
@@ -353,13 +371,14 @@ def _report_compress(doc: dict[str, Any], table: bool) -> str:
             format_bytes(r["stored_bytes"]),
             _num(r["ratio"], ".2f"),
             _num(r["eb_abs"], ".3g"),
+            r["stored_as"],
         ]
         for r in doc["datasets"]
     ]
     head = _table(
-        ["dataset", "shape", "dtype", "original", "stored", "ratio", "eb_abs"],
+        ["dataset", "shape", "dtype", "original", "stored", "ratio", "eb_abs", "as"],
         rows,
-        [False, False, False, True, True, True, True],
+        [False, False, False, True, True, True, True, False],
     )
     return f"{summary}\n\n{head}"
 
@@ -368,7 +387,8 @@ def _report_decompress(doc: dict[str, Any]) -> str:
     t = doc["totals"]
     lines = [
         f"{doc['output']}: {t['restored']} dataset(s) restored ({format_bytes(t['bytes'])}), "
-        f"{doc['copied_unchanged']} copied unchanged, in {doc['seconds']:.2f} s"
+        + (f"{t['kept_raw']} kept as they were (exact), " if t["kept_raw"] else "")
+        + f"{doc['copied_unchanged']} copied unchanged, in {doc['seconds']:.2f} s"
     ]
     if doc["failed"]:
         lines.append(f"{t['failed']} damaged dataset(s) left out:")
@@ -382,7 +402,7 @@ def _report_inspect(doc: dict[str, Any]) -> str:
             r["path"],
             _shape(r["shape"]),
             r["dtype"],
-            r["codec"],
+            r["codec"] + (" (kept)" if r["kept_raw"] else ""),
             format_bytes(r["stored_bytes"]),
             format_bytes(r["original_bytes"]),
             _num(r["ratio"], ".2f"),
@@ -410,17 +430,24 @@ def _report_inspect(doc: dict[str, Any]) -> str:
         f"{format_bytes(t['stored_bytes'])} stored, "
         f"ratio {_num(t['ratio'], '.2f')}",
     ]
+    kept = doc["kept_raw"]
     if c["datasets"]:
         lines.append(
             f"ccoll datasets: {c['datasets']}, {format_bytes(c['original_bytes'])} -> "
             f"{format_bytes(c['stored_bytes'])}, ratio {_num(c['ratio'], '.2f')}"
         )
+    if kept:
+        lines.append(
+            f"{kept} dataset(s) kept as they are by ccoll compress (exact): a stream would "
+            "not have been smaller"
+        )
+    if c["datasets"] or kept:
         if not doc["verify"]:
             lines.append("not verified (--no-verify): damaged streams would not be noticed")
         elif doc["damaged"]:
             lines.append(f"{len(doc['damaged'])} damaged dataset(s):")
             lines += [f"  {d['path']}: {d['error']}" for d in doc["damaged"]]
-        else:
+        elif c["datasets"]:
             lines.append(f"verified: all {c['datasets']} ccoll dataset(s) intact "
                          "(CRC-32 and stream header)")
     return "\n".join(lines)
@@ -504,6 +531,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
             exclude=args.exclude,
             lossless=args.lossless,
             version=args.format_version,
+            always_stream=args.always_stream,
             force=args.force,
             progress=_progress(args),
         )

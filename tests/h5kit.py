@@ -17,7 +17,12 @@ DIGITS = os.path.join(ROOT, "datasets", "digits_cnn.h5")
 def make_sample(path: str) -> None:
     """Groups with attributes of several HDF5 types, floats of every supported kind (2-D,
     1-D float64, float16, big-endian, scalar, empty, with NaN/Inf, chunked+gzip), and
-    members that must be copied unchanged (ints, strings, a null dataspace, links)."""
+    members that must be copied unchanged (ints, strings, a null dataspace, links).
+
+    The scalar, the empty and the constant dataset are ones whose stream cannot be smaller
+    than their data (`ccoll compress` keeps them as they are, unless always_stream); every
+    other float dataset is large enough for a stream to pay at REL bounds, and at ABS
+    bounds coarser than float16's spacing."""
     rng = np.random.default_rng(7)
     # Creation order tracked (as the capture script does): copies must list members and
     # attributes in the same order, not by name.
@@ -36,13 +41,13 @@ def make_sample(path: str) -> None:
         )
         w.attrs["rows"] = "0:64"
         w.attrs["full_shape"] = np.array([128, 33])
-        g.create_dataset("fc.bias", data=rng.standard_normal(33) * 1e-3)  # float64
-        g.create_dataset("half", data=(rng.standard_normal((5, 7)) * 100).astype(np.float16))
-        g.create_dataset("big_endian", data=rng.standard_normal(50).astype(">f4"))
+        g.create_dataset("fc.bias", data=rng.standard_normal(256) * 1e-3)  # float64
+        g.create_dataset("half", data=(rng.standard_normal((20, 30)) * 100).astype(np.float16))
+        g.create_dataset("big_endian", data=rng.standard_normal(300).astype(">f4"))
         g.create_dataset("scalar", data=np.float32(3.5))
         g.create_dataset("empty", shape=(0, 3), dtype="f4")
         g.create_dataset("const", data=np.full(40, 2.5, np.float32))
-        special = rng.standard_normal(70).astype(np.float32)
+        special = rng.standard_normal(300).astype(np.float32)
         special[[3, 40]] = np.nan
         special[5], special[6] = np.inf, -np.inf
         g.create_dataset("special", data=special)

@@ -67,13 +67,16 @@ def test_compress_inspect_decompress_json(capsys, sample, tmp_path):
     code, out, err = run(capsys, "compress", sample, c, "--eb", "rel:1e-3", "--json")
     assert code == 0 and err == ""
     doc = json.loads(out)
-    assert doc["exit_code"] == 0 and doc["totals"]["compressed"] == 10
+    # 10 selected: the scalar, empty and constant ones are kept as they are (h5kit.make_sample)
+    assert doc["exit_code"] == 0 and doc["totals"]["compressed"] == 7
+    assert doc["totals"]["kept_raw"] == 3 and len(doc["datasets"]) == 10
     code, out, _ = run(capsys, "inspect", c, "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["compressed_totals"]["datasets"] == 10
+    assert code == 0 and doc["compressed_totals"]["datasets"] == 7 and doc["kept_raw"] == 3
     code, out, _ = run(capsys, "decompress", c, b, "--json")
     doc = json.loads(out)
-    assert code == 0 and doc["totals"]["restored"] == 10 and doc["failed"] == []
+    assert code == 0 and doc["totals"]["restored"] == 7 and doc["failed"] == []
+    assert doc["totals"]["kept_raw"] == 3
 
 
 def test_human_output(capsys, sample, tmp_path):
@@ -81,14 +84,24 @@ def test_human_output(capsys, sample, tmp_path):
     code, out, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3")
     # One line: the summary, without a row per dataset (ccoll inspect or --table shows them).
     assert code == 0 and out.count("\n") == 1, out
-    assert out.startswith(f"{c}: 10 dataset(s) compressed at abs:0.001 (format version 1")
+    # Kept as they are: the scalar (4 bytes) and the empty dataset, which no stream undercuts;
+    # the 40 equal values of const (two blocks of 11-bit codes, 2.5 / 2e-3, outweigh 160
+    # bytes); and half, whose float16 spacing at its magnitude (0.0625 near 100) is far wider
+    # than 2e-3, so its codes need more bits than the 16 of float16.
+    assert out.startswith(
+        f"{c}: 6 dataset(s) compressed at abs:0.001 (format version 1, lossless none), "
+        "4 kept as they are (a stream would not be smaller), 3 copied unchanged; "
+    ), out
     assert "ratio" in out and "/step_0000/" not in out
     code, table, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3", "--force", "--table")
     lines = table.splitlines()
-    assert code == 0 and lines[0].startswith(f"{c}: 10 dataset(s) compressed"), table
+    assert code == 0 and lines[0].startswith(f"{c}: 6 dataset(s) compressed"), table
     assert lines[2].split() == ["dataset", "shape", "dtype", "original", "stored", "ratio",
-                                "eb_abs"]
-    assert len(lines) == 2 + 2 + 10 and "/step_0000/half" in lines[4] + "".join(lines[5:])
+                                "eb_abs", "as"]
+    assert len(lines) == 2 + 2 + 10
+    kept = {ln.split()[0] for ln in lines[4:] if ln.split()[-1] == "raw"}
+    assert kept == {f"/step_0000/{n}" for n in ("scalar", "empty", "const", "half")}
+    assert {ln.split()[-1] for ln in lines[4:]} == {"raw", "stream"}
     code, out, _ = run(capsys, "inspect", c)
     assert code == 0 and "written by ccoll" in out and "abs:0.001 (abs 0.001)" in out
     code, out, _ = run(capsys, "compress", sample, c, "--eb", "abs:1e-3", "--force", "--quiet")
@@ -305,7 +318,8 @@ def test_inspect_of_an_intact_file_says_verified(capsys, sample, tmp_path):
     assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
     code, out, err = run(capsys, "inspect", c)
     assert code == cli.EXIT_OK and err == ""
-    assert "verified: all 10 ccoll dataset(s) intact" in out
+    assert "verified: all 7 ccoll dataset(s) intact" in out
+    assert "3 dataset(s) kept as they are by ccoll compress (exact)" in out
 
 
 # -- messages keep their useful part ----------------------------------------------------

@@ -40,12 +40,27 @@ def leftovers(folder, keep):
     return sorted(set(os.listdir(folder)) - set(keep))
 
 
+def stored_stream_bytes(x, eb, lossless, version):
+    """Bytes the stream of ``x`` (in a zstd frame with ``lossless="zstd"``) takes, made here
+    with the compressor's own API and the zstandard package."""
+    stream = ccoll.compress(np.ascontiguousarray(x).astype(x.dtype.newbyteorder("=")), eb,
+                            version=version)
+    if lossless == "zstd":
+        import zstandard
+
+        frame = zstandard.ZstdCompressor(level=3, write_content_size=True)
+        return len(frame.compress(stream.tobytes()))
+    return stream.size
+
+
+@pytest.mark.parametrize("always_stream", [False, True])
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("eb", ["rel:1e-3", "abs:1e-4", "rel:1e-6"])
 @pytest.mark.parametrize("lossless", ["none", "zstd"])
-def test_sample_round_trip(sample, tmp_path, eb, lossless, version):
+def test_sample_round_trip(sample, tmp_path, eb, lossless, version, always_stream):
     c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
-    rep = compress_file(sample, c, eb, lossless=lossless, version=version)
+    rep = compress_file(sample, c, eb, lossless=lossless, version=version,
+                        always_stream=always_stream)
     assert rep["format_version"] == version
     names = {r["path"] for r in rep["datasets"]}
     assert names == {
@@ -60,14 +75,36 @@ def test_sample_round_trip(sample, tmp_path, eb, lossless, version):
         "/step_0000/chunked",
         "/step_0000/sub/deep.weight",
     }
-    with h5py.File(c) as f:
-        for name in names:
+    # Kept as it is: exactly the datasets whose stream is not smaller than the data as stored
+    # in the input (the chunked one through gzip); never with always_stream.
+    with h5py.File(sample) as s:
+        kept = set() if always_stream else {
+            p for p in names
+            if stored_stream_bytes(s[p][()], eb, lossless, version)
+            >= min(s[p].nbytes, s[p].id.get_storage_size())
+        }
+    if not always_stream:  # 4 bytes, 0 bytes; REL stores constant data raw (zstd shrinks it)
+        tiny = {"/step_0000/scalar", "/step_0000/empty"}
+        if eb.startswith("rel") and lossless == "none":
+            tiny.add("/step_0000/const")
+        assert tiny <= kept
+    assert "/step_0000/fc.weight" not in kept
+    assert {r["path"] for r in rep["datasets"] if r["stored_as"] == "raw"} == kept
+    with h5py.File(c) as f, h5py.File(sample) as s:
+        for name in names - kept:
             ds = f[name]
-            assert ds.attrs[A.FORMAT_VERSION] == version
+            assert ds.attrs[A.FORMAT_VERSION] == version and A.STORED not in ds.attrs
             if lossless == "none":  # the stream's own header says the same
                 assert header(ds[()]).version == version
+        for name in kept:  # the input's dataset as it was, plus the marker
+            ds = f[name]
+            assert ds.dtype == s[name].dtype and ds.shape == s[name].shape
+            assert ds.compression == s[name].compression
+            assert [k for k in ds.attrs if k.startswith(A.PREFIX)] == [A.STORED]
+        if always_stream and eb.startswith("rel"):
+            assert f["/step_0000/const"].attrs[A.EB_ABS] == 0.0  # stored exactly
     decompress_file(c, b)
-    n = assert_restored(sample, b, lambda path, x: exact_eb(eb, x))
+    n = assert_restored(sample, b, lambda path, x: 0 if path in kept else exact_eb(eb, x))
     assert n == len(names)
     assert leftovers(tmp_path, ["c.h5", "b.h5"]) == []
 
@@ -115,7 +152,12 @@ def test_compressed_layout_is_self_describing(sample, tmp_path):
             e = rel_bound(1e-3, x)
             assert abs(Fraction(float(ds.attrs[A.EB_ABS])) - e) <= e * Fraction(1, 2**51)
         assert f["/step_0000/fc.weight"].attrs["rows"] == "0:64"
-        assert f["/step_0000/const"].attrs[A.EB_ABS] == 0.0  # constant data is stored exactly
+        # Constant data resolves REL to 0: its lossless stream (raw blocks) is larger than the
+        # data, and so are the streams of a scalar and an empty dataset: kept as they are.
+        for path in ["/step_0000/const", "/step_0000/scalar", "/step_0000/empty"]:
+            ds = f[path]
+            assert ds.dtype == src[path].dtype and ds.shape == src[path].shape, path
+            assert ds.attrs[A.STORED] == "raw" and A.FORMAT_VERSION not in ds.attrs, path
         assert f["labels"].dtype == np.int32 and f["text"].dtype.kind == "O"
 
 
@@ -301,7 +343,9 @@ def test_damaged_stream_skip_writes_the_rest(sample, compressed, tmp_path):
         "/step_0000/fc.weight",
         "/step_0000/sub/deep.weight",
     ]
-    assert rep["totals"]["restored"] == 8
+    # 7 streams less the 2 damaged ones; the scalar, empty and constant datasets were kept
+    # as they are (test_compressed_layout_is_self_describing).
+    assert (rep["totals"]["restored"], rep["totals"]["kept_raw"]) == (5, 3)
     with h5py.File(out) as f:
         assert "fc.weight" not in f["step_0000"] and "deep.weight" not in f["step_0000/sub"]
         assert f["step_0000/fc.bias"].dtype == np.float64

@@ -46,16 +46,25 @@ def test_inspect_compressed_file_matches_compress_report(sample, tmp_path):
     by_path = {d["path"]: d for d in rep["datasets"]}
     for r in crep["datasets"]:
         d = by_path[r["path"]]
-        assert d["codec"] == "ccoll+zstd" and d["bound"] == "rel:0.01"
         assert d["shape"] == r["shape"] and d["dtype"] == r["dtype"]
         assert d["original_bytes"] == r["original_bytes"]
         assert d["stored_bytes"] == r["stored_bytes"] or r["stored_bytes"] == 0
-        assert d["eb_abs"] == r["eb_abs"]
+        assert d["kept_raw"] == (r["stored_as"] == "raw")
+        if r["stored_as"] == "stream":
+            assert d["codec"] == "ccoll+zstd" and d["bound"] == "rel:0.01"
+            assert d["eb_abs"] == r["eb_abs"]
+        else:  # kept as it was: exact
+            assert d["codec"] == "raw" and d["bound"] == "exact" and d["eb_abs"] is None
+            assert r["eb_abs"] == 0.0 and d["verified"] is True
+    assert {r["path"] for r in crep["datasets"] if r["stored_as"] == "raw"} == {
+        "/step_0000/scalar", "/step_0000/empty"  # 4 and 0 bytes: no stream is smaller
+    }
     assert (
-        by_path["/labels"]["codec"] == "raw"
+        by_path["/labels"]["codec"] == "raw" and not by_path["/labels"]["kept_raw"]
         and by_path["/step_0000/chunked"]["codec"] == "ccoll+zstd"
     )
-    assert rep["compressed_totals"]["datasets"] == len(crep["datasets"])
+    assert rep["compressed_totals"]["datasets"] == crep["totals"]["compressed"] == 8
+    assert rep["kept_raw"] == crep["totals"]["kept_raw"] == 2
     assert by_path["/step_0000/fc.weight"]["format_version"] == 1
     assert by_path["/labels"]["format_version"] is None
 
@@ -65,7 +74,7 @@ def test_inspect_names_format_version_2(sample, tmp_path):
     crep = compress_file(sample, c, "rel:1e-3", version=2)
     rep = inspect_file(c)
     comp = [d for d in rep["datasets"] if d["format_version"] is not None]
-    assert len(comp) == len(crep["datasets"]) and rep["damaged"] == []
+    assert len(comp) == crep["totals"]["compressed"] and rep["damaged"] == []
     assert {d["codec"] for d in comp} == {"ccoll v2"}
     assert {d["format_version"] for d in comp} == {2}
 

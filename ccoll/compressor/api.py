@@ -203,6 +203,14 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
     default) or 2, which codes the same quantized values in fewer bytes (arrays of fewer
     than 2^37 elements; both backends write the same bytes). ``decompress``, ``add`` and ``header``
     read the version from the stream; two streams to add must have the same version.
+
+    Every stream has a fixed cost: ``64 + 8 * x.ndim`` bytes of header and shape, 4 bytes
+    of bitmap per 1,024 elements (at least 4), and in version 1 per non-zero block of 32
+    elements a code byte and at least a 4-byte sign word (docs/format.md, "Fixed
+    cost"). An array of
+    a few elements therefore comes back larger than its data (3 float32 values: 120
+    bytes); where that matters, keep such arrays as they are (``ccoll compress`` does so
+    for HDF5 datasets whose stream would not be smaller).
     """
     version = _check_version(version, x)
     bound = as_bound(eb)

@@ -2,8 +2,9 @@
 
 A compressed file has the root attribute ``ccoll_version``; each compressed dataset is a 1-D
 uint8 dataset holding one ccoll stream (docs/format.md), optionally wrapped in a zstd frame,
-with the attributes below next to the original dataset's own attributes. docs/cli.md
-describes the layout.
+with the attributes below next to the original dataset's own attributes. A selected dataset
+whose stream would not be smaller than the dataset itself is kept as it is, marked only by
+``ccoll_stored = "raw"``. docs/cli.md describes the layout.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ __all__ = [
     "EB_ABS",
     "LOSSLESS",
     "CRC32",
+    "STORED",
+    "STORED_RAW",
     "LOSSLESS_CHOICES",
     "copy_attrs",
 ]
@@ -33,6 +36,10 @@ BOUND = "ccoll_bound"  # dataset: the bound as requested ("rel:1e-3", "abs:1e-05
 EB_ABS = "ccoll_eb_abs"  # dataset: the absolute bound it resolved to for this dataset
 LOSSLESS = "ccoll_lossless"  # dataset: "none" or "zstd" (stream wrapped in a zstd frame)
 CRC32 = "ccoll_crc32"  # dataset: CRC-32 of the stored bytes, to catch damage on decode
+# dataset kept as it was (its own dtype, shape, chunks and filters; exact), because its stream
+# would not have been smaller; such a dataset has no other ccoll_* attribute
+STORED = "ccoll_stored"
+STORED_RAW = "raw"  # the one value of STORED
 
 LOSSLESS_CHOICES = ("none", "zstd")
 

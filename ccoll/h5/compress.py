@@ -4,6 +4,12 @@ Groups, attributes, links and every dataset that is not selected (or not floatin
 are copied unchanged. Each selected dataset becomes a 1-D uint8 dataset at the same path
 holding one ccoll stream, with the attributes of :mod:`ccoll.h5.attrs`. A REL bound resolves
 per dataset: ``rel * (max - min)`` over that dataset's finite values (docs/cli.md).
+
+A stream has a fixed cost (a 64-byte header, the shape, the block bitmap: docs/format.md),
+so a dataset of a few elements would grow. As HDF5 does with its own optional filters, a
+dataset whose stored stream (or zstd frame) would take at least as many bytes as keeping
+the dataset as it is, is kept as it is (exact), marked ``ccoll_stored = "raw"``, unless
+``always_stream`` is set.
 """
 
 from __future__ import annotations
@@ -88,15 +94,20 @@ def compress_file(
     exclude: Sequence[str] = (),
     lossless: str = "none",
     version: int = 1,
+    always_stream: bool = False,
     force: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Write ``dst``: ``src`` with its selected floating-point datasets compressed.
 
     ``version``: the stream format version of every dataset written (1 or 2);
-    ``ccoll decompress`` reads either.
+    ``ccoll decompress`` reads either. A selected dataset whose stream would not be
+    smaller than the dataset is kept as it is (module docstring), unless
+    ``always_stream``.
 
-    Returns a JSON-ready report (one record per compressed dataset, totals). Raises
+    Returns a JSON-ready report (one record per selected dataset, its ``stored_as``
+    ``"stream"`` or ``"raw"``; totals over them, with ``compressed`` streams and
+    ``kept_raw`` datasets). Raises
     :class:`InputError`, ``FileNotFoundError`` or ``FileExistsError`` for unusable input,
     :class:`ccoll.ErrorBoundError` for a bad bound; ``dst`` is never left half-written.
     """
@@ -147,7 +158,8 @@ def compress_file(
                         pb.set_postfix_str(e.path[-40:], refresh=False)
                         records.append(
                             _compress_dataset(
-                                fin[e.path], fout[e.parent], e.name, bound, lossless, version
+                                fin[e.path], fout[e.parent], e.name, bound, lossless, version,
+                                always_stream,
                             )
                         )
                         pb.update(1)
@@ -156,6 +168,7 @@ def compress_file(
                         copied += 1
     orig = sum(r["original_bytes"] for r in records)
     stored = sum(r["stored_bytes"] for r in records)
+    kept = sum(r["stored_as"] == "raw" for r in records)
     return {
         "command": "compress",
         "input": src,
@@ -163,10 +176,12 @@ def compress_file(
         "bound": bound_label(bound),
         "lossless": lossless,
         "format_version": version,
+        "always_stream": always_stream,
         "datasets": records,
         "copied_unchanged": copied,
         "totals": {
-            "compressed": len(records),
+            "compressed": len(records) - kept,
+            "kept_raw": kept,
             "original_bytes": orig,
             "stored_bytes": stored,
             "ratio": orig / stored if stored else None,
@@ -177,7 +192,7 @@ def compress_file(
 
 def _compress_dataset(
     ds: h5py.Dataset, parent: h5py.Group, name: str, bound: ErrorBound, lossless: str,
-    version: int,
+    version: int, always_stream: bool,
 ) -> dict[str, Any]:
     clash = [k for k in ds.attrs if k.startswith(A.PREFIX)]
     if clash:
@@ -188,6 +203,29 @@ def _compress_dataset(
     x = np.asarray(ds[()])
     stream, eb_abs = compress_array(x, bound, version)
     stored = zstdframe.wrap(stream) if lossless == "zstd" else stream
+    orig = int(x.nbytes)
+    record = {
+        "path": ds.name,
+        "shape": list(ds.shape),
+        "dtype": _dtype_label(ds.dtype),
+        "original_bytes": orig,
+        "stream_bytes": int(stream.size),
+    }
+    # Keeping the dataset as it is takes its data's bytes, or fewer where the input stores
+    # it through an HDF5 compression filter (or never wrote it).
+    as_is = min(orig, int(ds.id.get_storage_size()))
+    if not always_stream and stored.size >= as_is:
+        ds.file.copy(ds, parent, name=name)  # dtype, shape, chunks, filters and attributes
+        out = parent[name]
+        out.attrs[A.STORED] = A.STORED_RAW
+        kept = int(out.id.get_storage_size())
+        return {
+            **record,
+            "stored_as": "raw",
+            "stored_bytes": kept,
+            "ratio": orig / kept if kept else math.nan,
+            "eb_abs": 0.0,
+        }
     out = parent.create_dataset(name, data=stored, track_order=tracks_order(ds))
     A.copy_attrs(ds, out)
     out.attrs[A.FORMAT_VERSION] = np.int64(version)
@@ -197,13 +235,9 @@ def _compress_dataset(
     out.attrs[A.EB_ABS] = np.float64(eb_abs)
     out.attrs[A.LOSSLESS] = lossless
     out.attrs[A.CRC32] = np.int64(zlib.crc32(stored.tobytes()))
-    orig = int(x.nbytes)
     return {
-        "path": ds.name,
-        "shape": list(ds.shape),
-        "dtype": _dtype_label(ds.dtype),
-        "original_bytes": orig,
-        "stream_bytes": int(stream.size),
+        **record,
+        "stored_as": "stream",
         "stored_bytes": int(stored.size),
         "ratio": orig / stored.size if stored.size else math.nan,
         "eb_abs": eb_abs,

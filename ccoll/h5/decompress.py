@@ -1,9 +1,11 @@
 """``ccoll decompress``: restore a file written by ``ccoll compress``.
 
 Every ccoll dataset gets back its dtype, shape and attributes (the ``ccoll_*`` ones
-removed), its values within the recorded bound; everything else is copied unchanged. A
-damaged dataset (CRC-32 mismatch, malformed stream, attributes that disagree with the
-stream, unreadable HDF5 data) either stops the run with no output (``on_error="stop"``) or
+removed), its values within the recorded bound; a dataset that ``ccoll compress`` kept as
+it was (``ccoll_stored = "raw"``) is copied with its ``ccoll_*`` attribute removed;
+everything else is copied unchanged. A damaged dataset (CRC-32 mismatch, malformed stream,
+attributes that disagree with the stream, a bad keep marker, unreadable HDF5 data) either
+stops the run with no output (``on_error="stop"``) or
 is left out of the output and listed (``on_error="skip"``).
 """
 
@@ -26,7 +28,14 @@ from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import tracks_order, walk
 
-__all__ = ["decompress_file", "restore_dataset", "verify_dataset", "ON_ERROR_CHOICES"]
+__all__ = [
+    "decompress_file",
+    "restore_dataset",
+    "verify_dataset",
+    "is_ccoll_dataset",
+    "is_kept",
+    "ON_ERROR_CHOICES",
+]
 
 ON_ERROR_CHOICES = ("stop", "skip")
 
@@ -129,6 +138,32 @@ def _check_kind(hdr: StreamHeader, stream_dtype: np.dtype, shape: tuple[int, ...
         )
 
 
+def is_ccoll_dataset(ds: h5py.Dataset) -> bool:
+    """Tell whether ``ccoll compress`` wrote ``ds``: a stream, or a dataset it kept as it was."""
+    return A.FORMAT_VERSION in ds.attrs or A.STORED in ds.attrs
+
+
+def is_kept(ds: h5py.Dataset) -> bool:
+    """Tell whether ``ds`` was kept as it was (``ccoll_stored = "raw"``) rather than a stream.
+
+    Raises :class:`FormatError` for a marker that is not ``"raw"`` or that comes with
+    stream attributes: such a dataset is neither, and must not be copied as if it were data.
+    """
+    if A.STORED not in ds.attrs:
+        return False
+    v = ds.attrs[A.STORED]
+    v = v.decode() if isinstance(v, bytes) else v
+    if not isinstance(v, str) or v != A.STORED_RAW:
+        raise FormatError(f"attribute {A.STORED}={v!r} is not {A.STORED_RAW!r}")
+    extra = sorted(k for k in ds.attrs if k.startswith(A.PREFIX) and k != A.STORED)
+    if extra:
+        raise FormatError(
+            f"attribute {A.STORED}={A.STORED_RAW!r} marks a dataset kept as it was, but it "
+            f"also has {', '.join(extra)}"
+        )
+    return True
+
+
 def restore_dataset(ds: h5py.Dataset) -> np.ndarray:
     """Decode one ccoll dataset to the original array; :class:`FormatError` if damaged."""
     stored, dtype, shape, stream_dtype, version = _read_stream(ds)
@@ -142,8 +177,11 @@ def verify_dataset(ds: h5py.Dataset) -> None:
 
     The checks are those of :func:`restore_dataset` short of decoding the values: the
     attributes, the CRC-32 of the stored bytes, the zstd frame, and the stream's header
-    (magic, version, fields, exact length) against the attributes.
+    (magic, version, fields, exact length) against the attributes. For a dataset kept as it
+    was, the marker (:func:`is_kept`).
     """
+    if is_kept(ds):
+        return
     stored, _, shape, stream_dtype, version = _read_stream(ds)
     _check_kind(parse_header(stored), stream_dtype, shape, version)
 
@@ -167,6 +205,9 @@ def decompress_file(
 ) -> dict[str, Any]:
     """Write ``dst``: ``src`` (from ``ccoll compress``) with every ccoll dataset restored.
 
+    Datasets that ``ccoll compress`` kept as they were are copied without their marker and
+    listed in the report's ``kept``.
+
     With ``on_error="stop"`` the first damaged dataset raises :class:`FormatError` naming it,
     and no output is written. With ``"skip"`` damaged datasets are left out of ``dst`` and
     listed in the report's ``failed``; the caller decides the exit status.
@@ -179,6 +220,7 @@ def decompress_file(
     check_output(dst, force=force, inputs=(src,))
     t0 = time.perf_counter()
     restored: list[dict[str, Any]] = []
+    kept: list[dict[str, Any]] = []
     failed: list[dict[str, str]] = []
     copied = 0
     with h5py.File(src, "r") as fin:
@@ -190,9 +232,7 @@ def decompress_file(
         if _needs_zstd(fin):
             zstdframe.require()
         entries = list(walk(fin))
-        targets = [
-            e for e in entries if e.kind == "dataset" and A.FORMAT_VERSION in fin[e.path].attrs
-        ]
+        targets = [e for e in entries if e.kind == "dataset" and is_ccoll_dataset(fin[e.path])]
         with (
             atomic_output(dst) as tmp,
             h5py.File(tmp, "w", track_order=tracks_order(fin["/"])) as fout,
@@ -208,28 +248,31 @@ def decompress_file(
                         fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
                     elif e.kind == "extlink":
                         fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
-                    elif e.kind == "dataset" and A.FORMAT_VERSION in fin[e.path].attrs:
+                    elif e.kind == "dataset" and is_ccoll_dataset(fin[e.path]):
                         ds = fin[e.path]
                         try:
-                            y = restore_dataset(ds)
+                            y = None if is_kept(ds) else restore_dataset(ds)
                         except FormatError as exc:
                             if on_error == "stop":
                                 raise FormatError(f"dataset {e.path!r} is damaged: {exc}") from exc
                             failed.append({"path": e.path, "error": str(exc)})
                         else:
-                            out = fout[e.parent].create_dataset(
-                                e.name, data=y, track_order=tracks_order(ds)
-                            )
-                            A.copy_attrs(ds, out, skip_prefix=A.PREFIX)
-                            restored.append(
-                                {
-                                    "path": e.path,
-                                    "shape": list(y.shape),
-                                    "dtype": str(y.dtype),
-                                    "stored_bytes": int(ds.size),
-                                    "bytes": int(y.nbytes),
-                                }
-                            )
+                            if y is None:  # kept as it was by ccoll compress
+                                kept.append(_copy_kept(fin, ds, fout[e.parent], e.name))
+                            else:
+                                out = fout[e.parent].create_dataset(
+                                    e.name, data=y, track_order=tracks_order(ds)
+                                )
+                                A.copy_attrs(ds, out, skip_prefix=A.PREFIX)
+                                restored.append(
+                                    {
+                                        "path": e.path,
+                                        "shape": list(y.shape),
+                                        "dtype": str(y.dtype),
+                                        "stored_bytes": int(ds.size),
+                                        "bytes": int(y.nbytes),
+                                    }
+                                )
                         pb.update(1)
                     else:
                         fin.copy(fin[e.path], fout[e.parent], name=e.name)
@@ -240,12 +283,29 @@ def decompress_file(
         "output": dst,
         "on_error": on_error,
         "datasets": restored,
+        "kept": kept,
         "failed": failed,
         "copied_unchanged": copied,
         "totals": {
             "restored": len(restored),
+            "kept_raw": len(kept),
             "failed": len(failed),
             "bytes": sum(r["bytes"] for r in restored),
         },
         "seconds": time.perf_counter() - t0,
+    }
+
+
+def _copy_kept(fin: h5py.File, ds: h5py.Dataset, parent: h5py.Group, name: str) -> dict[str, Any]:
+    """Copy a dataset kept as it was (chunks, filters and all), less its ccoll_* marker."""
+    fin.copy(ds, parent, name=name)
+    out = parent[name]
+    for k in [k for k in out.attrs if k.startswith(A.PREFIX)]:
+        del out.attrs[k]
+    return {
+        "path": ds.name,
+        "shape": list(out.shape),
+        "dtype": out.dtype.name if out.dtype.isnative else out.dtype.str,
+        "stored_bytes": int(out.id.get_storage_size()),
+        "bytes": int(out.size * out.dtype.itemsize),
     }

@@ -3,6 +3,8 @@
 With ``verify`` (the command's default) every ccoll dataset is also checked as
 ``ccoll decompress`` would check it, short of decoding: attributes, the CRC-32 of the stored
 bytes, the zstd frame and the stream header. Damaged datasets are listed in ``damaged``.
+A dataset that ``ccoll compress`` kept as it was (its stream would not have been smaller)
+is listed as the exact data it is, with ``kept_raw`` set; verifying checks its marker.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
-from ccoll.h5.decompress import verify_dataset
+from ccoll.h5.decompress import is_kept, verify_dataset
 from ccoll.h5.output import check_input
 from ccoll.h5.tree import walk
 
@@ -37,7 +39,13 @@ def _int_or_none(v: Any) -> int | None:
 def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
     stored = int(ds.id.get_storage_size())
     damage: str | None = None
-    if A.FORMAT_VERSION in ds.attrs:
+    kept = A.STORED in ds.attrs
+    if kept and verify:
+        try:
+            is_kept(ds)
+        except FormatError as exc:
+            damage = str(exc)
+    if A.FORMAT_VERSION in ds.attrs and not kept:
         if verify:
             try:
                 verify_dataset(ds)
@@ -76,8 +84,9 @@ def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
         "ratio": original / stored if stored else None,
         "bound": bound,
         "eb_abs": eb_abs,
+        "kept_raw": kept,  # kept as it was by ccoll compress: exact
         # None: not checked (a raw dataset, or --no-verify)
-        "verified": (damage is None) if verify and codec.startswith("ccoll") else None,
+        "verified": (damage is None) if verify and (kept or codec.startswith("ccoll")) else None,
         "damage": damage,
     }
 
@@ -114,6 +123,7 @@ def inspect_file(path: str, *, verify: bool = True) -> dict[str, Any]:
         "datasets": records,
         "totals": totals(records),
         "compressed_totals": totals(comp),
+        "kept_raw": sum(r["kept_raw"] for r in records),
         "verify": verify,
         "damaged": [{"path": r["path"], "error": r["damage"]} for r in records if r["damage"]],
     }
