@@ -17,9 +17,10 @@ MPI may pick another algorithm for one more element), or by a one-integer
 ``MPI_Iallreduce`` that runs beside the data collective (exact calls, ``policy="raw"``, the
 other collectives: their result is plain MPI's, bit for bit). Every rank sees the same
 sum. Zero: every rank ran the predicted call on its own data, and the result is returned.
-Not zero: no rank returns it (the caller's buffers are untouched); every rank runs the
-call again through the agreement, which then raises the same error on every rank where
-the arguments differ (docs/collectives.md, "Every call"). A rank that never makes the call
+Not zero: no rank returns it (``x`` is untouched; an ``out`` other than ``x`` holds no
+result until then); every rank runs the call again through the agreement, which then
+raises the same error on every rank where the arguments differ (docs/collectives.md,
+"Every call"). A rank that never makes the call
 leaves the others waiting in the data collective, as in MPI, until the Communicator's
 timeout.
 """
@@ -213,9 +214,10 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
 class Fast:
     """The fast path of one channel: its history and the predicted call's collective."""
 
-    __slots__ = ("ch", "planner", "history", "last_state", "last_seconds")
+    __slots__ = ("ch", "planner", "history", "last_state", "last_seconds", "inband")
 
     def __init__(self, ch: Channel, planner: Planner) -> None:
+        self.inband: np.ndarray | None = None  # the in-band flag's buffer, where out is given
         self.ch = ch
         self.planner = planner
         self.history = History()
@@ -228,18 +230,42 @@ class Fast:
         return None if pred is None else self.planner.fast(pred)
 
     def allreduce(self, st: State, r: Ready, avg: bool, deadline: Deadline) -> Any:
-        """Run the predicted allreduce on ``r``; None if a rank deviated (nothing written)."""
+        """Run the predicted allreduce on ``r``; None if a rank deviated.
+
+        The sum goes straight into the caller's ``out`` where it is another buffer than
+        ``x`` (after a deviation ``out`` then holds no result, and the call runs again
+        the full way, which writes it or raises: as MPI's receive buffer, its contents are
+        undefined after an error); in place (``out`` is ``x``), through the channel's
+        pooled buffer, so that ``x`` is intact for that second run.
+        """
         ch = self.ch
         comm = ch.comm
         n = ch.size
         x = r.x
         t0 = time.perf_counter()
         key = r.key
-        inband = key[7] == _AUTO and key[3] != 0 and x.nbytes <= INBAND_MAX
+        out = r.out
+        dst = None  # out's memory as a flat array, where the sum may go straight there
+        inband = n > 1 and key[7] == _AUTO and key[3] != 0 and x.nbytes <= INBAND_MAX
+        if out is not None and r.narrow is None and not inband:
+            o = out if type(out) is np.ndarray else out.numpy()
+            if not np.may_share_memory(o, x):
+                dst = o.reshape(-1)
         if n == 1:
-            y = x.copy()
+            if dst is None:
+                y = x.copy()
+            else:
+                np.copyto(dst, x)
+                y = dst
         elif inband:
-            buf = np.empty(x.size + 1, x.dtype)
+            m = x.size + 1
+            if out is None:
+                buf = np.empty(m, x.dtype)  # returned: a new array
+            else:  # copied into out: the same buffer for every repeat (at most 1 MiB)
+                kept = self.inband
+                if kept is None or kept.size != m or kept.dtype != x.dtype:
+                    kept = self.inband = np.empty(m, x.dtype)
+                buf = kept
             buf[0] = 0
             buf[1:] = x
             _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, buf), {"op": MPI.SUM},
@@ -250,7 +276,12 @@ class Fast:
         else:
             flag = np.zeros(1, np.int32)
             req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
-            y = np.empty_like(x)  # never out: it stays untouched on a deviation
+            if dst is not None:
+                y = dst
+            elif out is None:
+                y = np.empty_like(x)
+            else:
+                y = ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype)
             try:
                 _run(comm.Allreduce, comm.Iallreduce, (x, y), {"op": MPI.SUM}, deadline)
             finally:
@@ -259,12 +290,13 @@ class Fast:
                 return None
         if avg:
             np.divide(y, y.dtype.type(n), out=y)
-        y = y.reshape(r.shape)
         stats = ch.stats
         stats.bytes_sent += 2 * (n - 1) * x.nbytes // n
         stats.bytes_input += x.nbytes
         self._end(st, t0)
-        out = r.out
+        if y is dst:
+            return out
+        y = y.reshape(r.shape)
         if r.narrow is not None:
             if out is not None:
                 r.narrow.into(out, y)

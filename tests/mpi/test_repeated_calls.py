@@ -591,3 +591,42 @@ def test_the_first_kernel_reads_no_setting(comm, monkeypatch):
     # (The first kernel sets OMP_WAIT_POLICY for OpenMP, as documented: not a setting read.)
     ccoll_reads = [r for r in reads if "(CCOLL_" in r]
     assert (got, ccoll_reads) == (made, [])
+
+
+@needs_two
+@pytest.mark.parametrize("n, eb", [(16, ccoll.REL(1e-3)), (300_000, None)],
+                         ids=["in-band-flag", "flag-beside"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+def test_a_deviation_after_repeats_into_out_leaves_x_intact(comm, n, eb, in_place):
+    # Repeats write the sum straight into out (or, in place, through a buffer of the
+    # channel): when a rank's call then differs, every rank raises, x is what the caller
+    # passed on every rank, and the next well-formed call writes out in full.
+    x0 = data(comm.rank, n)
+    want = allreduce_reference(comm, x0, "sum")
+    exact = mpi_result(comm, "allreduce", x0)
+
+    def check(y):
+        if eb is None:  # plain MPI's result, bit for bit
+            assert y.tobytes() == exact.tobytes()
+        else:
+            assert_within(y, want, **allowance(global_eb(comm, x0, eb), y, SIZE, "sum"))
+    with ccoll.Communicator(comm) as c:
+        for _ in range(4):
+            x = x0.copy()
+            out = x if in_place else np.full_like(x0, np.nan)
+            got = c.allreduce(x, eb, out=out)
+            assert got is out
+            check(out)
+        assert c.last_call.overlapped
+        x = x0.copy()
+        out = x if in_place else np.full_like(x0, np.nan)
+        changed = data(comm.rank, n + 1) if comm.rank == SIZE - 1 else x
+        with pytest.raises(MismatchError) as info:
+            c.allreduce(changed, eb, out=None if comm.rank == SIZE - 1 else out)
+        same_error_everywhere(comm, info, MismatchError, "element count")
+        if in_place or comm.rank == SIZE - 1:
+            assert x.tobytes() == x0.tobytes()  # the input survives the failed call
+        y = c.allreduce(x, eb, out=out)
+        assert y is out
+        check(out)
+        assert_same_on_every_rank(comm, out)
