@@ -108,6 +108,39 @@ def test_speedup_does_not_fall_where_the_doc_says(ratio: float) -> None:
     assert "from 2 to 512 nodes in eleven of them" in doc
 
 
+def test_gpu_rows_follow_from_the_stated_assumptions(ratio: float) -> None:
+    # docs/model.md "Projection on GPUs against NCCL's ring", 128 GPUs (16 nodes) at
+    # 100 Gbit/s, with the constants that section states.
+    n, k, size, beta = 128, 16, 64 << 20, 100e9 / 8
+    pt = ps.project_gpu(ratio, n, 100)
+    # NCCL's ring by hand: 2(K-1) steps between nodes at 5 us, 2(N-K) over NVLink at
+    # 3.4 us, every byte twice across the node's whole link.
+    assert pt.nccl_s == pytest.approx(2 * 15 * 5e-6 + 2 * 112 * 3.4e-6
+                                      + 2 * 127 / 128 * size / beta, rel=1e-12)
+    # On one node NCCL's ring runs at NVLink's 235 GB/s.
+    one = ps.project_gpu(ratio, 8, 100)
+    assert one.nodes == 1 and one.nccl_s == pytest.approx(
+        2 * 7 * 3.4e-6 + 2 * 7 / 8 * size / 235e9, rel=1e-12)
+    # Format 2 sends every message 1.44x smaller than format 1 ...
+    assert pt.v2_ratio_rs == pytest.approx(1.44 * pt.v1_ratio_rs, rel=1e-12)
+    assert pt.v2_ratio_ag == pytest.approx(1.44 * pt.v1_ratio_ag, rel=1e-12)
+    # ... with the cuSZp-class GPU rates scaled by the CPU's measured format-2 / format-1
+    # rates, the node phases over NVLink, on the ring: the two-level model's time.
+    p2 = replace(model.DEFAULTS, alpha=5e-6, beta=beta, reduce=1000e9, shm=235e9,
+                 chunk_overhead=10e-6, compress=300e9 * 2.52 / 2.84,
+                 add=500e9 * 1.70 / 3.04, decompress=500e9 * 6.56 / 7.80)
+    want = model.predict_hierarchical(size, k, 8, p2, pt.v2_ratio_rs,
+                                      ratio_sum=pt.v2_ratio_ag)
+    assert pt.v2_s == pytest.approx(want.homomorphic, rel=1e-9)
+    assert pt.speedup_v2 == pytest.approx(pt.nccl_s / want.homomorphic, rel=1e-9)
+    # The tables of docs/model.md are the script's, row by row.
+    doc = (REPO / "docs" / "model.md").read_text()
+    rows = [line for line in ps.gpu_table(ps.project_gpu_all(ratio)).splitlines()
+            if line[:3] in ("| 8", "| 1", "| 5", "| 6")]
+    assert len(rows) == 10
+    missing = [row for row in rows if row not in doc]
+    assert not missing, missing
+
 def test_monotone_flags_a_fall() -> None:
     pts = [ps.Point("x", k, 25, "cpu", 0.0, 1.0, 1.0, 1, mpi, 1.0)
            for k, mpi in ((2, 2.0), (4, 3.0), (8, 2.5))]
