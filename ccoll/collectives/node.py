@@ -21,7 +21,7 @@ from typing import cast
 import numpy as np
 from mpi4py import MPI
 
-from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.collectives.waiting import Deadline, share_cores, wait_all
 from ccoll.runtime import cpu_threads
 
 __all__ = [
@@ -71,8 +71,13 @@ def node_threads(comm: MPI.Intracomm, deadline: Deadline,
     env = {"NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", "")}
     if threads is not None:
         env[cpu_threads.ENV_THREADS] = str(threads)
-    n, why = cpu_threads.threads_per_rank(
-        cpu_threads.allowed_cpus(), node, env, cpu_threads.pool_size())
+    mine = cpu_threads.allowed_cpus()
+    n, why = cpu_threads.threads_per_rank(mine, node, env, cpu_threads.pool_size())
+    users: dict[int, int] = {}
+    for cpus in node:
+        for c in cpus:
+            users[c] = users.get(c, 0) + 1
+    share_cores(sum(1 / users.get(c, 1) for c in mine) < 1)  # less than a core of its own
     return cpu_threads.set_thread_count(n, explicit=threads is not None), why
 
 
