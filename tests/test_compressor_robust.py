@@ -67,7 +67,12 @@ def test_unsupported_dtypes_raise_dtype_error(dtype):
     x = np.zeros(10, dtype)
     # The message names what was passed, what is taken and the fix.
     msg = (f"x has dtype {np.dtype(dtype).name}; ccoll compresses float16, bfloat16, float32 "
-           "or float64 data: pass x.astype(np.float32)")
+           "or float64 data: " + (
+               # a cast would drop the imaginary part: the advice keeps both parts
+               "a complex array has a real and an imaginary part, and a cast to float drops "
+               "the imaginary one: pass x.real and x.imag separately, or both as one real "
+               "array (numpy: x.view(x.real.dtype); torch: torch.view_as_real(x))"
+               if np.dtype(dtype).kind == "c" else "pass x.astype(np.float32)"))
     assert_clear_error(ccoll.DTypeError, re.escape(msg), ccoll.compress, x, ccoll.ABS(1e-3))
     with pytest.raises(TypeError):
         compress_abs(x, 1e-3)
