@@ -85,20 +85,26 @@ def compressing(comm):
 def test_allreduce(comm, compressing, kind):
     x = KINDS[kind](comm.rank)
     ref = exact_sum(comm, _np(x))
-    y = compressing.allreduce(x, ccoll.ABS(EB))
+    # bfloat16 sums of up to 5 ranks' values (|x| < 0.22) are 0.0078 apart near 1: ABS(1e-3)
+    # is refused there (test_narrow_bound.py); 1e-2 it can hold.
+    eb = 1e-2 if kind == "torch-bfloat16" else EB
+    y = compressing.allreduce(x, ccoll.ABS(eb))
     _check_kind(y, x, tuple(x.shape))
     assert compressing.last_call.compressed
-    sp, extra = _allowance(y)
-    assert_within(_np(y), ref, EB, roundings=1, spacing=sp, extra=extra)
+    if _name(y) in LOW:  # the bound holds on the result in its own dtype
+        assert_within(_np(y), ref, eb)
+    else:
+        sp, extra = _allowance(y)
+        assert_within(_np(y), ref, eb, roundings=1, spacing=sp, extra=extra)
     assert_same_on_every_rank(comm, _np(y))
     # iallreduce: the same kind, and the blocking call's result bit for bit.
-    a = compressing.iallreduce(x, ccoll.ABS(EB)).wait()
+    a = compressing.iallreduce(x, ccoll.ABS(eb)).wait()
     _check_kind(a, x, tuple(x.shape))
     assert np.array_equal(_np(a), _np(y))
     # out= of the caller's kind is written and returned (contiguous, like x).
     out = torch.empty(tuple(x.shape), dtype=x.dtype) if isinstance(x, torch.Tensor) else (
         np.empty_like(x))
-    z = compressing.allreduce(x, ccoll.ABS(EB), out=out)
+    z = compressing.allreduce(x, ccoll.ABS(eb), out=out)
     assert z is out
     assert np.array_equal(_np(out), _np(y))
     # Exact (eb=None) path: still the caller's kind.
@@ -111,15 +117,19 @@ def test_allreduce(comm, compressing, kind):
 def test_reduce_scatter(comm, compressing, kind):
     x = KINDS[kind](comm.rank)
     ref = my_block(exact_sum(comm, _np(x)), comm)
-    y = compressing.reduce_scatter(x, ccoll.ABS(EB))
+    eb = 1e-2 if kind == "torch-bfloat16" else EB  # as in test_allreduce
+    y = compressing.reduce_scatter(x, ccoll.ABS(eb))
     _check_kind(y, x, ref.shape)
-    sp, extra = _allowance(y)
-    assert_within(_np(y), ref, EB, roundings=1, spacing=sp, extra=extra)
+    if _name(y) in LOW:  # the bound holds on the result in its own dtype
+        assert_within(_np(y), ref, eb)
+    else:
+        sp, extra = _allowance(y)
+        assert_within(_np(y), ref, eb, roundings=1, spacing=sp, extra=extra)
     # Every rank's block is identical to what the other ranks computed for it: gather
     # and compare against the allreduce of the same data (without the split bound, which
     # requantizes the allreduce's blocks; reduce_scatter keeps the whole bound).
     with ccoll.Communicator(comm, policy="compress", split=0) as whole:
-        full = whole.allreduce(x, ccoll.ABS(EB))
+        full = whole.allreduce(x, ccoll.ABS(eb))
     blocks = comm.allgather(_np(y))
     assert np.array_equal(np.concatenate(blocks), _np(full).ravel())
 
@@ -150,15 +160,18 @@ def test_bcast(comm, compressing, kind):
 def test_zero_dimensional_tensor(comm, compressing, dtype):
     x = torch.tensor(0.5 + comm.rank, dtype=getattr(torch, dtype))
     total = sum(0.5 + r for r in range(comm.size))  # exact in every dtype here
-    for y in (compressing.allreduce(x, ccoll.ABS(EB)), compressing.allreduce(x, None)):
+    # A bound each dtype can hold on sums up to 12.5 (5 ranks): half its gap there is
+    # 0.004 (float16) and 0.03 (bfloat16); a smaller one is refused (test_narrow_bound.py).
+    eb = {"float32": EB, "float16": 0.01, "bfloat16": 0.1}[dtype]
+    for y in (compressing.allreduce(x, ccoll.ABS(eb)), compressing.allreduce(x, None)):
         _check_kind(y, x, ())
-        assert abs(float(y) - total) <= EB
-    y = compressing.bcast(x, ccoll.ABS(EB))
+        assert abs(float(y) - total) <= eb
+    y = compressing.bcast(x, ccoll.ABS(eb))
     _check_kind(y, x, ())
-    assert abs(float(y) - 0.5) <= EB
-    y = compressing.allgather(x, ccoll.ABS(EB))
+    assert abs(float(y) - 0.5) <= eb
+    y = compressing.allgather(x, ccoll.ABS(eb))
     _check_kind(y, x, (comm.size,))
-    _check_kind(compressing.reduce_scatter(x, ccoll.ABS(EB)), x,
+    _check_kind(compressing.reduce_scatter(x, ccoll.ABS(eb)), x,
                 (1 if comm.rank == 0 else 0,))
 
 

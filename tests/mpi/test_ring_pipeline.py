@@ -66,8 +66,8 @@ def test_allgather_starts_before_the_reduce_scatter_ends(comm, monkeypatch, algo
             arrived.set()
         return real_key(t, c)
 
-    def gated(flat, layout, alg, eb_abs, place=ring.HOST):
-        g = _GatedOps(real(flat, layout, alg, eb_abs, place), layout, r, arrived)
+    def gated(flat, layout, alg, eb_abs, place=ring.HOST, version=1):
+        g = _GatedOps(real(flat, layout, alg, eb_abs, place, version), layout, r, arrived)
         gates.append(g)
         return g
 
