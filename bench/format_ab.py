@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import abkit  # bench/ is on sys.path when a script here runs
-import numpy as np
 from mpi4py import MPI
 
 import ccoll
@@ -46,43 +44,18 @@ def main() -> None:
     x, exact = abkit.gradients(args)
     ccs = {v: ccoll.Communicator(comm, policy=args.policy, format_version=f)
            for v, f in _FORMAT.items()}
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    sent: dict[str, int] = {}
-    err: dict[str, float] = {}
-    compressed: dict[str, int] = {}
-    formats: dict[str, set[int]] = {v: set() for v in VARIANTS}
-    why: dict[str, str] = {}
-    y_mpi = np.empty_like(x)
-    for it in range(args.iters + 1):
-        order = VARIANTS[it % 4:] + VARIANTS[:it % 4]
-        for v in order:
-            comm.Barrier()
-            t0 = time.perf_counter()
-            if v == "MPI_Allreduce":
-                comm.Allreduce(x, y_mpi, op=MPI.SUM)
-                y_mpi /= n
-            else:
-                y = ccs[v].allreduce(x, ccoll.REL(args.rel), op="avg")
-            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if it:
-                times[v].append(dt)
-            if v != "MPI_Allreduce":
-                rep = ccs[v].last_call
-                assert rep is not None
-                sent[v] = comm.allreduce(rep.bytes_sent, op=MPI.SUM)
-                eb_abs = rep.eb_abs or float(np.max(np.abs(exact))) * 2.0**-24  # raw: MPI's
-                err[v] = comm.allreduce(float(np.max(np.abs(y - exact))) / eb_abs, op=MPI.MAX)
-                if it > 0 and rep.compressed:
-                    compressed[v] = compressed.get(v, 0) + 1
-                    formats[v].add(rep.format_version)
-                    why[v] = rep.format_reason
+    runs = abkit.interleave(comm, ccs, x, exact, VARIANTS, args.iters, args.rel)
+    times, sent, err, compressed = runs.times, runs.sent, runs.err, runs.compressed
+    formats = {v: {rep.format_version for rep in runs.reports[v] if rep.compressed}
+               for v in VARIANTS}
+    why = {v: rs[-1].format_reason for v, rs in runs.reports.items()
+           if rs and rs[-1].compressed}
     for c in ccs.values():
         c.close()
     index = speed_index(args.data) if r == 0 else {}
     if r:
         return
     raw = 2 * (n - 1) * x.nbytes
-    sent["MPI_Allreduce"], err["MPI_Allreduce"] = raw, 0.0
     print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, policy "
           f"{args.policy}; {args.iters} calls each, rotating; slowest rank's seconds; "
           f"{describe(index)}")

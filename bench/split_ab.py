@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import abkit  # bench/ is on sys.path when a script here runs
-import numpy as np
 from mpi4py import MPI
 
 import ccoll
@@ -42,38 +40,13 @@ def main() -> None:
     ccs = {"split auto": ccoll.Communicator(comm, policy=args.policy, split=None),
            "no split": ccoll.Communicator(comm, policy=args.policy, split=0)}
     share = model.split_fraction(n) if n > 1 else 0.0  # what split=None may use
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    sent: dict[str, int] = {}
-    err: dict[str, float] = {}
-    compressed: dict[str, int] = {}
-    y_mpi = np.empty_like(x)
-    for it in range(args.iters + 1):
-        order = VARIANTS[it % 3:] + VARIANTS[:it % 3]
-        for v in order:
-            comm.Barrier()
-            t0 = time.perf_counter()
-            if v == "MPI_Allreduce":
-                comm.Allreduce(x, y_mpi, op=MPI.SUM)
-                y_mpi /= n
-            else:
-                y = ccs[v].allreduce(x, ccoll.REL(args.rel), op="avg")
-            dt = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
-            if it:
-                times[v].append(dt)
-            if v != "MPI_Allreduce":
-                rep = ccs[v].last_call
-                assert rep is not None
-                sent[v] = comm.allreduce(rep.bytes_sent, op=MPI.SUM)
-                eb_abs = rep.eb_abs or float(np.max(np.abs(exact))) * 2.0**-24  # raw: MPI's
-                err[v] = float(np.max(np.abs(y - exact))) / eb_abs
-                compressed[v] = compressed.get(v, 0) + int(rep.compressed and it > 0)
+    runs = abkit.interleave(comm, ccs, x, exact, VARIANTS, args.iters, args.rel)
+    times, sent, err, compressed = runs.times, runs.sent, runs.err, runs.compressed
     for c in ccs.values():
         c.close()
     if r:
         return
     raw = 2 * (n - 1) * x.nbytes
-    sent["MPI_Allreduce"], err["MPI_Allreduce"] = raw, 0.0
-    compressed["MPI_Allreduce"] = 0
     rows = []
     print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, model's "
           f"split share {share:g}; {args.iters} calls each, rotating; slowest rank's seconds")
