@@ -16,7 +16,7 @@ from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
 import ccoll
-from ccoll.errors import DTypeError, InputError, MismatchError
+from ccoll.errors import DTypeError, ErrorBoundError, InputError, MismatchError
 
 SIZE = MPI.COMM_WORLD.Get_size()
 BOUNDS = [ccoll.ABS(1e-3), ccoll.REL(1e-3)]
@@ -36,7 +36,17 @@ def compressing(comm):
 @pytest.mark.parametrize("n", [0, 1, 33, 10_001])
 def test_allreduce_float16_within_bound(comm, compressing, n, eb):
     x = gradient_like(comm.rank, n, np.float16)
-    y = compressing.allreduce(x, eb)
+    try:
+        y = compressing.allreduce(x, eb)
+    except ErrorBoundError as exc:
+        # From 4-5 ranks REL(1e-3) of these small ranges is less than float16 can hold at
+        # the sum of the ranks' values: every rank refuses alike (test_narrow_bound.py has
+        # the exact cases), and a bound it names the smallest of is then held.
+        msgs = comm.allgather(str(exc))
+        assert len(set(msgs)) == 1 and "smallest bound ccoll can hold" in msgs[0], msgs
+        assert isinstance(eb, ccoll.REL) and SIZE >= 4, msgs[0]
+        eb = ccoll.REL(2 * float(msgs[0].split("hold there is REL(")[1].split(")")[0]))
+        y = compressing.allreduce(x, eb)
     assert y.dtype == np.float16 and y.shape == x.shape
     assert compressing.last_call.compressed
     assert_within(y, exact_sum(comm, x), global_eb(comm, x, eb))
