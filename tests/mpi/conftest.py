@@ -95,3 +95,23 @@ def launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     monkeypatch.setattr(cpu_threads, "_count", None)  # as in a fresh process
     monkeypatch.delenv("CCOLL_THREADS", raising=False)
     return seen
+
+
+@pytest.fixture
+def state_factory():  # type: ignore[no-untyped-def]
+    """Make ``ccoll.torch.CCollHookState`` objects (``policy="compress"`` unless given) and
+    close them all after the test (the hook's default policy sends small buckets raw: the
+    tests of compression ask for it, the policy tests pass their own)."""
+    import ccoll.torch as ct
+
+    made: list = []
+
+    def make(**kw):  # type: ignore[no-untyped-def]
+        kw.setdefault("policy", "compress")
+        s = ct.CCollHookState(**kw)
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        s.close()

@@ -36,21 +36,6 @@ def gap(dtype: str, a: float) -> float:
     return 2.0 ** (math.frexp(a)[1] - BITS[dtype])
 
 
-@pytest.fixture
-def state_factory():
-    made: list[ct.CCollHookState] = []
-
-    def make(**kw) -> ct.CCollHookState:
-        kw.setdefault("policy", "compress")
-        s = ct.CCollHookState(**kw)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
-
-
 def _setup(comm, dtype: str):
     """(model, input, exact average per parameter, largest |input|, value range of inputs).
 

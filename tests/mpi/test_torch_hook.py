@@ -30,23 +30,6 @@ DTYPES = {
 }
 
 
-@pytest.fixture
-def state_factory():
-    made: list[ct.CCollHookState] = []
-
-    def make(**kw) -> ct.CCollHookState:
-        # The hook's default policy ("auto") sends these small buckets raw: the tests of
-        # compression ask for it, the policy tests pass their own.
-        kw.setdefault("policy", "compress")
-        s = ct.CCollHookState(**kw)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
-
-
 def local_grads(model: torch.nn.Module, x: torch.Tensor) -> list[np.ndarray]:
     """This rank's own gradients (no DDP), as float64."""
     model.zero_grad()
