@@ -270,6 +270,8 @@ def _value(name: str, v: Any) -> Any:
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
             return v
     elif name not in _TEXTS:
+        if name == "timeout" and isinstance(v, float) and v == math.inf:
+            return None  # wait forever, as CCOLL_TIMEOUT=inf and Communicator(timeout=inf)
         if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 and v > 0):
             return float(v)
@@ -294,11 +296,12 @@ def configure(**values: Any) -> Settings:
     if bad:
         raise TypeError(f"unknown ccoll setting(s) {', '.join(bad)}; known: "
                         f"{', '.join(sorted(names))}")
-    values = {k: v if v is None else _value(k, v) for k, v in values.items()}
+    # Every value is checked before any is set. A value may read as None (timeout="none":
+    # wait forever), which is then the setting, unlike a None passed here (removed).
+    parsed = {k: _value(k, v) for k, v in values.items() if v is not None}
     with _lock:
         for k, v in values.items():
             if v is None:
                 _configured.pop(k, None)
-            else:
-                _configured[k] = v
+        _configured.update(parsed)
     return current()

@@ -61,3 +61,12 @@ def test_a_bad_value_is_refused_at_once_and_changes_nothing(kw, match):
 def test_an_unknown_name_is_a_type_error():
     with pytest.raises(TypeError, match="unknown ccoll setting"):
         configure(bandwith=1e9)
+
+
+@pytest.mark.parametrize("forever", ["none", "inf", math.inf])
+def test_a_timeout_of_forever_is_a_setting_not_a_removal(forever):
+    # CCOLL_TIMEOUT=none waits forever (None); configure must not read it as "remove".
+    assert configure(timeout=30).timeout == 30.0
+    assert configure(timeout=forever).timeout is None
+    assert parse({"CCOLL_TIMEOUT": "none"})[0].timeout is None
+    assert configure(timeout=None).timeout == parse({})[0].timeout  # removed: the default
