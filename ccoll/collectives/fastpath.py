@@ -13,8 +13,9 @@ rank runs that signature's MPI collective at once, without the agreement:
 
 The flags are summed in the same collective: in one extra element of the data
 (``policy="auto"`` allreduces that went raw, which owe MPI no bit-for-bit equality, since
-MPI may pick another algorithm for one more element), or by a one-integer
-``MPI_Iallreduce`` that runs beside the data collective (exact calls, ``policy="raw"``, the
+MPI may pick another algorithm for one more element; and every allreduce at 2 ranks, where
+each sum is ``a + b`` whatever the algorithm), or by a one-integer ``MPI_Iallreduce`` that
+runs beside the data collective (exact calls at 3 ranks or more, ``policy="raw"``, the
 other collectives: their result is plain MPI's, bit for bit). Every rank sees the same
 sum. Zero: every rank ran the predicted call on its own data, and the result is returned.
 Not zero: no rank returns it (``x`` is untouched; an ``out`` other than ``x`` holds no
@@ -246,7 +247,7 @@ class Fast:
         key = r.key
         out = r.out
         dst = None  # out's memory as a flat array, where the sum may go straight there
-        inband = n > 1 and key[7] == _AUTO and key[3] != 0 and x.nbytes <= INBAND_MAX
+        inband = _inband(n, key, x.nbytes)
         if out is not None and r.narrow is None and not inband:
             o = out if type(out) is np.ndarray else out.numpy()
             if not np.may_share_memory(o, x):
@@ -319,16 +320,14 @@ class Fast:
         ch = self.ch
         comm = ch.comm
         pred = st.key
-        collective, count, code, kind, policy, root = (
-            pred[0], pred[1], pred[2], pred[3], pred[7], pred[8])
+        collective, count, code, root = pred[0], pred[1], pred[2], pred[8]
         dtype = np.dtype(np.float64 if code == 2 else np.float32)
         n, r = ch.size, comm.Get_rank()
         deadline = Deadline(ch.timeout, "a repeated call's check")
         sent = ch.stats.bytes_sent
         if n == 1:
             return
-        if (collective == _ALLREDUCE and policy == _AUTO and kind != 0
-                and count * dtype.itemsize <= INBAND_MAX):
+        if collective == _ALLREDUCE and _inband(n, pred, count * dtype.itemsize):
             buf = np.zeros(count + 1, dtype)
             buf[0] = 1
             _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, buf), {"op": MPI.SUM},
@@ -411,10 +410,28 @@ class Fast:
         self.ch.stats.calls += 1
 
 
+def _inband(n: int, key: tuple[Any, ...], nbytes: int) -> bool:
+    """Whether a repeated allreduce of ``key`` carries its flag in one more element.
+
+    ``policy="auto"`` calls with a bound owe MPI no bit-for-bit equality; at 2 ranks no
+    call does, since every element's sum is ``a + b`` whatever algorithm MPI picks for
+    one more element (IEEE addition commutes), so exact calls (``eb=None``,
+    ``policy="raw"``) take it too and save the flag's collective beside the data's.
+    """
+    if n < 2 or nbytes > INBAND_MAX:
+        return False
+    return n == 2 or (key[7] == _AUTO and key[3] != 0)
+
+
 def _run(blocking: Any, nonblocking: Any, args: tuple[Any, ...], kw: dict[str, Any],
          deadline: Deadline) -> None:
-    """One MPI collective: blocking, or nonblocking waited for under ``deadline``."""
+    """One MPI collective: blocking, or nonblocking waited for under ``deadline``.
+
+    A small call is often complete at its first test: it then costs no more Python.
+    """
     if deadline.at is None:
         blocking(*args, **kw)
     else:
-        wait_all([nonblocking(*args, **kw)], deadline, "the repeated call's collective")
+        req = nonblocking(*args, **kw)
+        if not req.Test():
+            wait_all([req], deadline, "the repeated call's collective")
