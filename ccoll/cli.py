@@ -670,7 +670,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"ccoll {args.command}: error: {msg}", file=sys.stderr)
         doc = {"error": msg, "error_type": type(exc).__name__}
     else:
-        if as_json:
+        if getattr(args, "silent", False):
+            pass  # a rank other than 0 of a command run under mpiexec: rank 0 reports
+        elif as_json:
             _print_json({**doc, "exit_code": code})
         elif not getattr(args, "quiet", False):
             print(text)

@@ -213,7 +213,7 @@ def run_tune(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     doc = cal.describe()
     doc["ranks"] = MPI.COMM_WORLD.Get_size()
     if MPI.COMM_WORLD.Get_rank() != 0:
-        args.quiet = True
+        args.silent = True  # neither the text nor --json's document: rank 0 prints them
         return doc, "", 0
     p = cal.params
     text = "\n".join([

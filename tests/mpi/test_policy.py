@@ -12,6 +12,7 @@ the machine is; the probe itself is checked only for agreement and sanity.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -81,7 +82,7 @@ def test_probe_agrees_and_is_cached(comm, shared_cache):
     else:
         assert (cal.link, cal.compressor) == ("probe", "measured")
         assert 0 < p.alpha < 1 and p.beta > 1e5 and p.compress > 1e6
-        assert 0 < p.raw_efficiency <= 1
+        assert 0 < p.raw_efficiency <= 16
         if comm.rank == 0:
             assert os.listdir(shared_cache) == ["links.json"]
     assert cal.seconds <= made
@@ -92,6 +93,28 @@ def test_probe_agrees_and_is_cached(comm, shared_cache):
         assert (again.link, again.compressor) == ("cache", "cache")
         assert again.params == cal.params
     _same(comm, again.params)
+
+
+def test_tune_reports_once_and_writes_the_cache(comm, shared_cache, capsys):
+    # Under mpiexec only rank 0 prints (the text, or --json's one document); every rank
+    # probes and agrees, and a Communicator made next starts from what tune wrote.
+    from ccoll import cli
+
+    assert cli.main(["tune", "--json"]) == 0
+    out = capsys.readouterr().out
+    if comm.rank == 0:
+        doc = json.loads(out)  # exactly one document: extra data would raise
+        assert doc["ranks"] == comm.size and doc["exit_code"] == 0
+        if comm.size > 1:
+            assert (doc["link"], doc["compressor"]) == ("probe", "measured")
+            assert 0 < doc["params"]["raw_efficiency"] <= 16
+    else:
+        assert out == ""
+    if comm.size > 1:
+        with ccoll.Communicator(comm, policy="auto") as cc:
+            assert (cc.calibration.link, cc.calibration.compressor) == ("cache", "cache")
+            if comm.rank == 0:
+                assert cc.calibration.params.beta == doc["params"]["beta"]
 
 
 def test_calibration_off_neither_reads_nor_writes(comm, shared_cache, monkeypatch):

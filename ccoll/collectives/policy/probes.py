@@ -56,6 +56,12 @@ _AGREEMENT_DOUBLES = 26
 # The link probe's largest ring step: on a link fast enough that this takes under 30 ms
 # (shared memory, 10 Gbit/s and faster), a shaper's burst is a small share of it anyway.
 _PROBE_MAX = 8 << 20
+# MPI_Allreduce's throughput over the probe's ring (``raw_efficiency``) may exceed 1: on
+# shared memory MPICH's own intra-node reduction beats point-to-point ring steps, and ranks
+# that share cores poll such steps slowly. Capping it at 1 priced raw calls up to 3x too
+# slow there (4 ranks on 2 cores: 288 ms predicted for a 64 MiB MPI_Allreduce that took
+# 99 ms), so compressed calls that lost were never compared with raw ones.
+_EFF_MAX = 16.0
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,7 @@ def probe_link(ch: Channel) -> LinkCalibration:
         t_ar = float(allreduce(ch, np.array([best]), MPI.MAX, "link probe")[0])
     wire = t_ar - 2 * (n - 1) * alpha - (n - 1) / n * a.nbytes / red
     eff = 2 * (n - 1) / n * a.nbytes / beta / max(wire, 1e-9)
-    return LinkCalibration(alpha, beta, red, "probe", min(max(eff, 0.05), 1.0))
+    return LinkCalibration(alpha, beta, red, "probe", min(max(eff, 0.05), _EFF_MAX))
 
 
 # ------------------------------------------------------------------------- the ring's costs
