@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "--compress is the older name")
     ap.add_argument("--methods", default=None,
                     help="comma-separated methods run one after another in this job, each "
-                    "from the same seed (overrides --method)")
+                    "from the same seed (overrides --method); powersgd:R is PowerSGD of "
+                    "rank R (powersgd: --powersgd-rank)")
     ap.add_argument("--interleave", action="store_true",
                     help="with --methods: train them all at once, one step of each in turn "
                     "(step-by-step time ratios free of the drift between runs; wire bytes "
@@ -163,7 +164,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "start need DDP's buckets rebuilt first)")
     if args.methods:
         names = [m.strip() for m in args.methods.split(",") if m.strip()]
-        bad = [m for m in names if m not in METHODS]
+        bad = [m for m in names if m not in METHODS and _powersgd_rank(m, 0) is None]
         if bad or not names:
             ap.error(f"--methods: unknown {', '.join(bad) or 'empty list'}; "
                      f"choose from {', '.join(METHODS)}")
@@ -237,6 +238,16 @@ class Task:
         return comm.allreduce(hits) / comm.allreduce(total)
 
 
+def _powersgd_rank(method: str, default: int) -> int | None:
+    """PowerSGD's rank of ``method`` (``powersgd``: ``default``; ``powersgd:R``: R), else None."""
+    if method == "powersgd":
+        return default
+    name, _, r = method.partition(":")
+    if name == "powersgd" and r.isdigit() and int(r) >= 1:
+        return int(r)
+    return None
+
+
 def link_rate() -> str | None:
     """The emulated cluster's link rate as text (``1gbit``, ``100mbit``), None elsewhere."""
     bps = os.environ.get("CCOLL_CLUSTER_RATE_BPS")
@@ -254,8 +265,10 @@ def run_name(args: argparse.Namespace, method: str, size: int) -> str:
             parts.append("ef")
         if args.policy != "compress":
             parts.append(args.policy)
-    if method == "powersgd":
-        parts.append(f"r{args.powersgd_rank}")
+    rank = _powersgd_rank(method, args.powersgd_rank)
+    if rank is not None:
+        parts[1] = "powersgd"
+        parts.append(f"r{rank}")
     parts += [f"n{size}", f"s{args.seed}"]
     rate = link_rate()
     if rate:
@@ -454,8 +467,8 @@ def register_method(ddp: Any, method: str, args: argparse.Namespace,
         # on the CPU all the same, and the timing wrapper registers it under another name.
         hook = default_hooks.bf16_compress_hook
     else:
-        state = PerBucketPowerSGD(ddp, args.powersgd_rank, args.powersgd_start_iter,
-                                  args.bucket_cap_mb)
+        state = PerBucketPowerSGD(ddp, _powersgd_rank(method, args.powersgd_rank),
+                                  args.powersgd_start_iter, args.bucket_cap_mb)
         hook = state.hook
     ddp.register_comm_hook(*timer.wrap(hook, state))
     return state
@@ -505,9 +518,10 @@ class Run:
             "eb": args.eb if ccoll_method else None,
             "error_feedback": method == "ccoll-ef" if ccoll_method else None,
             "policy": args.policy if ccoll_method else None,
-            "powersgd": {"matrix_approximation_rank": args.powersgd_rank,
+            "powersgd": {"matrix_approximation_rank": _powersgd_rank(method,
+                                                                      args.powersgd_rank),
                          "start_powerSGD_iter": args.powersgd_start_iter}
-            if method == "powersgd" else None,
+            if method.startswith("powersgd") else None,
             "ranks": size,
             "seed": args.seed,
             "steps": args.steps,
@@ -635,6 +649,7 @@ class Run:
             if gate is not None:
                 log["step_check_steps"] = dict(gate.steps)
                 log["step_check_winner"] = gate.winner
+                log["step_check_raw_skipped"] = gate.raw_skipped
             per_step = log.get("step_buckets_compressed", [])
             first = next((i for i, c in enumerate(per_step) if c > 0), None)
             log["first_compressed_step"] = first
@@ -673,6 +688,9 @@ def _what_ccoll_did(log: dict[str, Any]) -> str:
     if winner is not None:
         steps = ", ".join(f"{k} {v}" for k, v in sorted(log["step_check_steps"].items()))
         text += f"; step check chose {winner} (steps: {steps})"
+        if log.get("step_check_raw_skipped"):
+            text += (f", {log['step_check_raw_skipped']} raw tries skipped (compressed "
+                     "steps beat a raw step's floor)")
     first = log.get("first_compressed_step")
     if first is None:
         text += "; no step compressed"

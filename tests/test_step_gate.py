@@ -150,3 +150,54 @@ def test_steps_are_counted(lag) -> None:
 def test_bad_settings_raise(kw) -> None:
     with pytest.raises(ValueError):
         StepGate(**kw)
+
+
+@LAGS
+def test_a_raw_try_that_cannot_win_is_not_made(lag) -> None:
+    # 100 Mbit/s: compressed steps take 1.8 s, a raw step at least 5 s (its floor), in
+    # truth 11 s. No raw step runs; the tries are counted as lost and come ever more rarely.
+    gate = StepGate(probe=3, warmup=1)
+    modes = []
+    times: list[float] = []
+    for i in range(200):
+        mode = gate.next(times[i - lag] if i >= lag else None, raw_floor=5.0)
+        modes.append(mode)
+        times.append(1.8 if mode == AUTO else 11.0)
+    assert modes == [AUTO] * 200
+    assert gate.winner == AUTO
+    # Each skipped try counts as one lost: the runs between them double. Skips after 3
+    # measured steps (the first block), then after 6, 12, 24, 48 and 96 more: at measured
+    # steps 3, 9, 21, 45, 93 and 189, all before step 200 (one warm-up step, lag <= 2).
+    assert gate.raw_skipped == 6
+
+
+@LAGS
+def test_a_floor_below_the_compressed_steps_changes_nothing(lag) -> None:
+    # 10 Gbit/s: raw's floor (0.1 s) is far below any step: every try is made as without one.
+    with_floor, without = StepGate(probe=3, warmup=1), StepGate(probe=3, warmup=1)
+    cost = flat(1.08, 1.0)
+    times_a: list[float] = []
+    times_b: list[float] = []
+    for i in range(300):
+        a = with_floor.next(times_a[i - lag] if i >= lag else None, raw_floor=0.1)
+        b = without.next(times_b[i - lag] if i >= lag else None)
+        assert a == b
+        times_a.append(cost(a, i))
+        times_b.append(cost(b, i))
+    assert with_floor.raw_skipped == 0 and with_floor.winner == RAW
+
+
+@LAGS
+def test_raw_is_tried_once_compressed_steps_no_longer_beat_its_floor(lag) -> None:
+    # The link got faster (the floor falls, 5 s -> 0.5 s) while compressed steps stay at
+    # 1.8 s and raw ones take 1.0 s: the next due try runs raw, and raw takes over.
+    gate = StepGate(probe=3, warmup=1)
+    times: list[float] = []
+    modes = []
+    for i in range(120):
+        floor = 5.0 if i < 40 else 0.5
+        mode = gate.next(times[i - lag] if i >= lag else None, raw_floor=floor)
+        modes.append(mode)
+        times.append(1.8 if mode == AUTO else 1.0)
+    assert RAW not in modes[:40]
+    assert gate.winner == RAW and modes[-1] == RAW

@@ -18,7 +18,13 @@ backward pass, and a bucket whose allreduce got faster can still make the step s
 - a try whose step took more than ``abort`` times the winner's median (1.3: more than
   twice the spread of one run's steps on a loaded machine) ends as soon as that step's
   time arrives (one step shows a loss that large; a slow link then costs one raw step per
-  try, plus the steps of lag, not ``probe``).
+  try, plus the steps of lag, not ``probe``);
+- a raw try that cannot win is not made: the hook passes the least time a raw step can take
+  (its buckets' ring allreduce at the link's calibrated bandwidth, halved for safety), and
+  where the compressed steps' median is below that floor by the margin the raw try counts
+  as lost without running (100 Mbit/s: a raw step of MiniLM's 90 MB takes at least 5 s
+  where compressed steps take under 2 s; one such try cost more than the rest of a short
+  run). ``raw_skipped`` counts them.
 
 Blocks are counted in measured steps: the times arrive a step late (the hook's lag; the
 gate takes any), so a block runs that many steps past its measured ones.
@@ -67,6 +73,8 @@ class StepGate:
         self.times: dict[str, deque[float]] = {AUTO: deque(maxlen=probe),
                                                RAW: deque(maxlen=probe)}
         self.steps = {AUTO: 0, RAW: 0}  # steps run in each mode
+        self.raw_skipped = 0  # raw tries not made: auto's steps beat raw's floor
+        self.raw_floor: float | None = None  # least seconds of a raw step (hook's estimate)
         self.switches = 0  # times the winner changed
         self.winner: str | None = None
         self._skip = warmup  # first auto steps, not measured
@@ -86,8 +94,14 @@ class StepGate:
         """The mode of the step in progress (of the next step before the first call)."""
         return self._running or self._mode
 
-    def next(self, seconds: float | None) -> str:
-        """Record the oldest unmeasured step's agreed ``seconds``; return this step's mode."""
+    def next(self, seconds: float | None, raw_floor: float | None = None) -> str:
+        """Record the oldest unmeasured step's agreed ``seconds``; return this step's mode.
+
+        ``raw_floor``: the least seconds a raw step can take (the same on every rank), or
+        ``None`` where unknown (then every raw try is made).
+        """
+        if raw_floor is not None:
+            self.raw_floor = raw_floor
         if seconds is not None and self._pending:
             mode, counted, block = self._pending.popleft()
             if counted:
@@ -119,7 +133,12 @@ class StepGate:
         self._block += 1
         self._got = 0
         if auto is None or raw is None:  # a mode without a measured step: try it
-            self._try(AUTO if auto is None else RAW)
+            if auto is None:
+                self._try(AUTO)
+            elif self._raw_hopeless(auto):
+                self._keep_auto()
+            else:
+                self._try(RAW)
             return
         # Compression must win by the margin: step times spread by more than the
         # differences that matter here, and a wrong "auto" costs more than a wrong "raw"
@@ -133,8 +152,23 @@ class StepGate:
                 self.level = min(self.level + 1, self.max_level)
             self.winner = best
             self._mode, self._need, self._trial = best, self.probe << self.level, False
+        elif self.winner == AUTO and self._raw_hopeless(auto):
+            self._keep_auto()  # the winner's run is over, and raw still cannot win
         else:  # the winner's run is over: try the other mode again
             self._try(RAW if self.winner == AUTO else AUTO)
+
+    def _raw_hopeless(self, auto: float) -> bool:
+        """Whether a raw step cannot beat ``auto``'s median: it wins only by the margin."""
+        floor = self.raw_floor
+        return floor is not None and auto < floor * (1.0 - self.margin)
+
+    def _keep_auto(self) -> None:
+        """Count a raw try as lost without running it; auto runs on, twice as long."""
+        self.raw_skipped += 1
+        if self.winner == AUTO:
+            self.level = min(self.level + 1, self.max_level)
+        self.winner = AUTO
+        self._mode, self._need, self._trial = AUTO, self.probe << self.level, False
 
     def _try(self, mode: str) -> None:
         # A try is judged on its own steps only (an older, luckier time of the mode must

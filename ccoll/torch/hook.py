@@ -151,9 +151,11 @@ class CCollHookState:
             without (``"raw"``: every bucket of the step through the process group's
             allreduce; an ``"auto"`` step sends there too the buckets that ccoll would
             average exactly whatever their data), and runs the faster way, trying the
-            other again after 6, 12, 24, ... steps; ``gate.steps`` counts the steps of
-            each way, ``gate.mode`` is the current step's. ``None`` with the other
-            policies.
+            other again after 6, 12, 24, ... steps, unless compressed steps already beat
+            the least time a raw step can take at the calibrated link bandwidth
+            (``gate.raw_skipped`` counts such tries not made); ``gate.steps`` counts the
+            steps of each way, ``gate.mode`` is the current step's. ``None`` with the
+            other policies.
 
     """
 
@@ -826,8 +828,31 @@ def _gate_step(state: CCollHookState) -> None:
     state._gate_t0 = time.perf_counter()
     state._gate_done = None
     state._gate_open = True
-    mode = state.gate.next(agreed)
+    mode = state.gate.next(agreed, _raw_floor(state))
     state._divert = _divert_settled(state) if mode != RAW else {}
+
+
+# A raw step's floor is this share of its buckets' ring time at the calibrated bandwidth: a
+# probe on a loaded machine has measured the bandwidth 5x too low, and a floor set too
+# high would stop raw tries that could win (docs/training.md, "The step check").
+_FLOOR_SHARE = 0.5
+
+
+def _raw_floor(state: CCollHookState) -> float | None:
+    """Return the least seconds a raw step's averaging can take, or None where unknown.
+
+    The previous step's buckets, allreduced by a ring at the link bandwidth that the
+    Communicator's calibration measured (probe, cache or the settings; not the model's
+    defaults), times :data:`_FLOOR_SHARE`. Every rank has the same buckets and the same
+    calibration, so the same floor.
+    """
+    cc = state.communicator
+    cal = cc.calibration
+    n = cc.size
+    if n < 2 or not state._shapes or cal.link not in ("probe", "cache", "settings"):
+        return None
+    nbytes = sum(count * dtype.itemsize for count, dtype in state._shapes.values())
+    return _FLOOR_SHARE * 2 * (n - 1) / n * nbytes / cal.params.beta
 
 
 def _reduced_dtype(tensor: torch.Tensor) -> Any:

@@ -309,10 +309,12 @@ class ScriptedGate(StepGate):
     def __init__(self) -> None:
         super().__init__()
         self.fed: list[float | None] = []
+        self.floors: list[float | None] = []
         self.modes: list[str] = []
 
-    def next(self, seconds: float | None) -> str:
+    def next(self, seconds: float | None, raw_floor: float | None = None) -> str:
         self.fed.append(seconds)
+        self.floors.append(raw_floor)
         self.modes.append(RAW if len(self.fed) % 2 == 0 else AUTO)
         self._running = self.modes[-1]
         return self.modes[-1]
@@ -362,6 +364,16 @@ def test_step_check_runs_the_same_mode_on_every_rank(comm, state_factory, monkey
     assert len(gate.fed) == 6 and gate.fed[0] is None
     assert all(t is not None and t > 0 for t in gate.fed[1:])
     assert comm.allgather(gate.fed) == [gate.fed] * comm.size
+    # The least time of a raw step: the buckets' ring allreduce at the calibrated
+    # bandwidth, halved; the same on every rank (one rank: no link, no floor).
+    assert comm.allgather(gate.floors) == [gate.floors] * comm.size
+    if comm.size == 1:
+        assert gate.floors == [None] * 6
+    else:
+        nbytes = 4 * sum(p.numel() for p in model.parameters())
+        beta = state.communicator.calibration.params.beta
+        want = 0.5 * 2 * (comm.size - 1) / comm.size * nbytes / beta
+        assert gate.floors == pytest.approx([want] * 6, rel=1e-12)
     for i, mode in enumerate(gate.modes, start=1):
         assert (compressed[i] > compressed[i - 1]) == (mode == AUTO), (i, mode, compressed)
         assert (exact[i] > exact[i - 1]) == (mode == RAW), (i, mode, exact)
@@ -370,8 +382,9 @@ def test_step_check_runs_the_same_mode_on_every_rank(comm, state_factory, monkey
 class AutoGate(ScriptedGate):
     """A step check that runs every step "auto"."""
 
-    def next(self, seconds: float | None) -> str:
+    def next(self, seconds: float | None, raw_floor: float | None = None) -> str:
         self.fed.append(seconds)
+        self.floors.append(raw_floor)
         self.modes.append(AUTO)
         self._running = AUTO
         return AUTO

@@ -150,6 +150,29 @@ def test_powersgd_with_several_buckets(tmp_path_factory: pytest.TempPathFactory)
     assert log["params_identical_on_all_ranks"] is True
 
 
+def test_powersgd_of_two_ranks_in_one_job(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # --methods powersgd,powersgd:8: PowerSGD of the default rank (4) and of rank 8, side by
+    # side; each logs its own rank and file, and the higher rank hands over more bytes.
+    ex = _example()
+    out = tmp_path_factory.mktemp("psgd_ranks")
+    args = ex.parse_args([
+        "--methods", "powersgd,powersgd:8", "--interleave", "--steps", "4", "--eval-every",
+        "0", "--powersgd-start-iter", "2", "--target-accuracy", "0.1", "--out", str(out),
+    ])
+    low, high = ex.run(args)
+    assert (low["method"], high["method"]) == ("powersgd", "powersgd:8")
+    assert low["powersgd"]["matrix_approximation_rank"] == 4
+    assert high["powersgd"]["matrix_approximation_rank"] == 8
+    assert low["hook_payload_bytes"] < high["hook_payload_bytes"]
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        names = sorted(p.name for p in out.glob("*.json"))
+        assert [n.split("_")[2] for n in names] == ["r4", "r8"], names
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--methods", "powersgd:0"])
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--methods", "powersgd:x"])
+
+
 def test_shared_namespace_counters_count_once() -> None:
     # Ranks that share a network namespace (here all: plain mpiexec; on the emulated cluster
     # the ranks of one node) read the same interface counters: they count once, not per rank.
