@@ -96,3 +96,23 @@ def test_process_group_rejects_unknown_backend() -> None:
 
     with pytest.raises(ValueError, match="backend must be one of"):
         init_process_group_from_mpi("carrier-pigeon")
+
+
+@pytest.mark.parametrize("policy, loaded", [("auto", True), ("raw", False)])
+def test_state_loads_the_kernels_before_training(policy, loaded) -> None:
+    # The compressor's kernels load when the state is made (before training), so that the
+    # first compressed step does not pay for numba's set-up; a raw state compresses nothing
+    # and loads nothing. In a fresh process: this one has loaded them long ago.
+    code = (
+        "import ccoll.torch as ct\n"
+        "from ccoll.compressor.cpu import decode, encode\n"
+        "assert not encode._range_kernel.signatures and not decode._decode.signatures\n"
+        f"s = ct.CCollHookState(policy={policy!r})\n"
+        "print(bool(encode._range_kernel.signatures), bool(encode._plan_lossy.signatures),\n"
+        "      bool(decode._decode.signatures))\n"
+        "s.close()\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, check=False)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split() == [str(loaded)] * 3

@@ -236,6 +236,8 @@ class CCollHookState:
             base, call, policy, timeout, "CCollHookState",
             split=0.0 if self.error_feedback else None,
             ranks_per_node=1 if self.error_feedback else None)
+        if policy != "raw":
+            _load_kernels(self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
         self.compressed = 0
@@ -457,6 +459,22 @@ class CCollHookState:
             self.communicator._sync.fail(f"the hook's range allreduce raised {type(exc).__name__}")
             raise
         return float(ext[0]), float(-ext[1])
+
+
+def _load_kernels(cc: Any) -> None:
+    """Load the CPU compressor's kernels now, before training, not in its first step.
+
+    The first kernel a process runs makes numba set up its target (about 0.5 s, importing
+    SciPy where installed) and each kernel then loads from numba's cache: about 1 s in
+    all, which the first compressed step paid (docs/dev/training-runs.md, "The first
+    compressed step"). Local: no collective, the same on every rank. Formats 1 and 2
+    where the Communicator's plans may pick either; float32, the dtype every bucket but
+    float64 ones is compressed in.
+    """
+    from ccoll.warmup import warm
+
+    fv = cc.format_version
+    warm("float32", (1, 2) if fv is None else (fv,))
 
 
 def _close_state(comm: Any, communicator: Any, gate_comm: Any = None,
