@@ -390,6 +390,40 @@ class AutoGate(ScriptedGate):
         return AUTO
 
 
+@pytest.mark.parametrize("raw_path", ["process group", "ccoll MPI"])
+def test_steps_before_start_iter_take_the_raw_steps_path(comm, state_factory, monkeypatch,
+                                                         raw_path) -> None:
+    # With the step check (policy="auto"), the exact steps before start_iter go the way
+    # its raw steps go: the process group's allreduce (DDP's own) where every rank has
+    # one, else ccoll's MPI path. The exact average either way, identical on every rank.
+    import ccoll.torch.hook as hook_module
+
+    if raw_path == "ccoll MPI":
+        monkeypatch.setattr(hook_module, "_raw_group", lambda state: None)
+    state = state_factory(eb=ccoll.REL(1e-2), start_iter=3, min_numel=0, policy="auto")
+    torch.manual_seed(0)
+    model = Net()
+    ddp = DDP(model)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    for step in range(3):
+        x = rank_input(torch.float32, step)
+        every = comm.allgather(local_grads(_copy(model), x))
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+        got = [p.grad.numpy() for p in model.parameters()]
+        assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
+        for i, g in enumerate(got):
+            parts = [e[i] for e in every]
+            slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
+            assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
+    assert state.compressed == 0 and state.exact > 0
+    through_ccoll = state.communicator.stats.calls
+    if raw_path == "process group":
+        assert through_ccoll == 0  # every bucket went through the group
+    else:
+        assert through_ccoll > 0
+
+
 @pytest.mark.parametrize("error_feedback", [False, True], ids=["plain", "ef"])
 @pytest.mark.parametrize("why", ["min_numel", "calibration"])
 def test_auto_steps_send_settled_buckets_through_the_process_group(comm, state_factory,
