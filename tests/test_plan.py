@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from ccoll.collectives import model
@@ -308,3 +309,109 @@ def test_sampled_gain2_matches_the_whole_arrays_streams():
         whole = compress_abs(x, eb, version=1).nbytes / compress_abs(x, eb, version=2).nbytes
         got = sampled_gain2(x, eb, 2048, compress_abs)
         assert abs(got / whole - 1) < 0.15, (rel, got, whole)
+
+
+# Format 1's constants of the hand-priced calls below: no latency, 1 Gbit/s, compress 1,
+# add 2, decompress 4 GB/s; one chunk, no split, the ring (no halving).
+HAND = replace(model.DEFAULTS, alpha=0.0, beta=1.25e8, compress=1e9, add=2e9, decompress=4e9)
+HAND_OPTS = Options(16 * MiB, 0.0, "ring", None, None)
+HAND_FACTS = Facts("allreduce", 16 * MiB, 4, "auto", "homomorphic", False, False, False,
+                   False, 4)
+
+
+def _hand_seconds(r: float, c: float, a: float, d: float) -> float:
+    """docs/model.md's homomorphic ring by hand: 64 MiB on 4 ranks, one chunk, width 3.
+
+    ``S/c + 3/4 S/a`` (compress, adds) + ``3/4 S/(r beta)`` (the reduce-scatter) +
+    ``max(3/4 S/(r_sum beta), S/4/d) + 3/4 S/d`` (allgather, decode), ``r_sum = r 4/5``
+    (a sum of 4 streams: codes ``0.5 log2 4 = 1`` bit wider than width 3, so 4 words a
+    block become 5), plus the fixed cost of a call.
+    """
+    s, b = 64.0 * MiB, 1.25e8
+    return (HAND.overhead + s / c + 0.75 * s / a + 0.75 * s / (r * b)
+            + max(0.75 * s / (r * 0.8 * b), 0.25 * s / d) + 0.75 * s / d)
+
+
+@pytest.mark.parametrize("calibrated, speed2, version", [
+    # The calibration's format-2 kernels at a quarter of format 1's speed would keep
+    # format 1; this data's sample finds them as fast: format 2's half bytes win.
+    (0.25, (1.0, 1.0, 1.0), 2),
+    # The calibration's format 2 as fast as format 1 would send format 2; this data's
+    # sample finds every kernel at half speed: the kernels cost more than the bytes save.
+    (1.0, (0.5, 0.5, 0.5), 1),
+    # Faster compress and decompress, a slower add (as at loose bounds): format 2.
+    (0.25, (1.25, 0.5, 1.25), 2),
+])
+def test_sampled_speed_factors_replace_the_calibrations_format_2_rates(calibrated, speed2,
+                                                                      version):
+    r, gain = 16.0, 2.0
+    slow2 = replace(HAND, compress=HAND.compress * calibrated, add=HAND.add * calibrated,
+                    decompress=HAND.decompress * calibrated)
+    fc, fa, fd = speed2
+    t1 = _hand_seconds(r, 1e9, 2e9, 4e9)
+    t2 = _hand_seconds(r * gain, 1e9 * fc, 2e9 * fa, 4e9 * fd)
+    t2_cal = _hand_seconds(r * gain, 1e9 * calibrated, 2e9 * calibrated, 4e9 * calibrated)
+    # The calibration's rates alone would choose the other format.
+    assert (t2 < t1) == (version == 2) and (t2_cal < t1) == (version == 1)
+    pl = Planner(HAND, HAND_OPTS, 7, formats=Formats(slow2, 1.0))
+    st = pl.state(KEY, HAND_FACTS)
+    d0 = pl.digest(st)
+    plan = pl.plan(st, HAND_FACTS, ratio=r, width=3.0, gain2=gain, speed2=speed2)
+    assert plan.variant == "flat" and plan.version == version, plan
+    assert plan.ratio == (r * gain if version == 2 else r)
+    assert plan.predicted == pytest.approx(min(t1, t2), rel=1e-12)
+    assert f"format {3 - version} {max(t1, t2) * 1e3:.3g} ms" in plan.format_reason
+    # The factors are part of the agreed state: another sample, another fingerprint.
+    other = Planner(HAND, HAND_OPTS, 7, formats=Formats(slow2, 1.0))
+    st2 = other.state(KEY, HAND_FACTS)
+    assert other.digest(st2) == d0
+    other.plan(st2, HAND_FACTS, ratio=r, width=3.0, gain2=gain,
+               speed2=(fc, fa, fd * 1.001))
+    assert other.digest(st2) != pl.digest(st)
+
+
+@pytest.mark.parametrize("bad", [(float("inf"),) * 3, (1.0, float("nan"), 1.0),
+                                 (1.0, 0.0, 1.0), (-1.0, 1.0, 1.0), None])
+def test_speed_factors_that_are_not_factors_keep_the_calibrations_rates(bad):
+    # No sample (+inf from the agreement) or a broken one: format 2 priced as today, with
+    # the calibration's rates, here a quarter of format 1's: format 1.
+    slow2 = replace(HAND, compress=HAND.compress / 4, add=HAND.add / 4,
+                    decompress=HAND.decompress / 4)
+    pl = Planner(HAND, HAND_OPTS, 7, formats=Formats(slow2, 1.0))
+    st = pl.state(KEY, HAND_FACTS)
+    plan = pl.plan(st, HAND_FACTS, ratio=16.0, width=3.0, gain2=2.0, speed2=bad)
+    assert st.speed2 is None and plan.version == 1
+    assert plan.predicted == pytest.approx(_hand_seconds(16.0, 1e9, 2e9, 4e9), rel=1e-12)
+
+
+def test_a_fixed_policy_never_takes_the_sampled_speeds():
+    slow2 = replace(HAND, compress=HAND.compress / 4, add=HAND.add / 4,
+                    decompress=HAND.decompress / 4)
+    facts = HAND_FACTS._replace(policy="compress")
+    pl = Planner(HAND, HAND_OPTS, 7, formats=Formats(slow2, 2.0))
+    st = pl.state(KEY, facts)
+    plan = pl.plan(st, facts, ratio=16.0, width=3.0, gain2=2.0, speed2=(1.0, 1.0, 1.0))
+    # At the default ratio, the calibration's gain and rates: format 2 loses.
+    r = model.DEFAULT_RATIO
+    assert _hand_seconds(2 * r, 0.25e9, 0.5e9, 1e9) > _hand_seconds(r, 1e9, 2e9, 4e9)
+    assert plan.version == 1
+
+
+def test_sampled_format2_times_both_formats_on_one_sample(monkeypatch):
+    # A stand-in clock whose every reading advances by a step that doubles per reading
+    # (so a later timing is longer): format 1's kernels are timed first (compress, add,
+    # decompress, two runs each), then format 2's with the same order; the factors are
+    # format 1's least time over format 2's, by hand from the readings' order.
+    from ccoll.collectives.policy import fits
+    from ccoll.compressor.api import add, compress_abs, decompress
+
+    ticks = iter(2.0 ** k for k in range(64))
+    monkeypatch.setattr(fits, "_clock", lambda: next(ticks))
+    x = np.linspace(-1.0, 1.0, 32 * fits.GAIN_MIN_BLOCKS * 2, dtype=np.float32)
+    got = fits.sampled_format2(x, 1e-3, 64, (compress_abs, add, decompress))
+    # Reading pairs (2j, 2j+1) time a run: 2**(2j+1) - 2**(2j) = 2**(2j). Format 1's least
+    # runs: j = 0 (compress), 2 (add), 4 (decompress); format 2's: j = 6, 8, 10.
+    assert got.speed == (2.0 ** -12, 2.0 ** -12, 2.0 ** -12)
+    s = fits._gain_sample(x, 64)
+    assert got.gain == ((compress_abs(s, 1e-3, version=1).nbytes - 64)
+                        / (compress_abs(s, 1e-3, version=2).nbytes - 64))

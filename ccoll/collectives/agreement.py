@@ -14,8 +14,9 @@ of ``bcast`` that passes ``None`` puts ``+inf`` in both halves for count, dtype 
 (it takes the root's, which the others are still checked against). The fields from "x is
 None" on are not compared: the maximum of "x is None" tells every rank that the root must
 send its shape and dtype; the maxima of the "seconds" fields are the slowest rank's times
-of the signature's earlier calls, and the minimum ratio and maximum width are what the
-ranks sampled of their data, which the plan takes in (docs/collectives.md, "Every call").
+of the signature's earlier calls, and the minimum ratio, maximum width, minimum format-2
+gain and minimum format-2 speed factors are what the ranks sampled of their data, which
+the plan takes in (docs/collectives.md, "Every call").
 
 Only on the error path a second exchange (the lengths with ``MPI_Allgather``, then the
 bytes with ``MPI_Allgatherv``, under the same deadline) collects what each rank passed, so
@@ -100,6 +101,9 @@ _FIELDS = (
     "sampled ratio",
     "sampled width",
     "sampled gain2",
+    "sampled speed2 compress",
+    "sampled speed2 add",
+    "sampled speed2 decompress",
     "repeatable",
 )
 # A bcast rank that passes None knows neither these nor the state of the call's signature.
@@ -110,6 +114,7 @@ _TIMES = _FIELDS.index("seconds raw")
 _RATIO = _FIELDS.index("sampled ratio")
 _WIDTH = _FIELDS.index("sampled width")
 _GAIN2 = _FIELDS.index("sampled gain2")
+_SPEED2 = _FIELDS.index("sampled speed2 compress")
 _REPEATABLE = _FIELDS.index("repeatable")
 # Fields shown with str() in error messages (the others with repr()).
 _SHOWN_AS_STR = frozenset({
@@ -166,6 +171,9 @@ class Call:
     # This rank's sampled ratio of format 2's stream over format 1's on the same blocks
     # (+inf: no sample): the minimum comes back.
     gain2: float = math.inf
+    # This rank's format-1 seconds over format-2 seconds of compress, add and decompress on
+    # that sample (+inf: not timed): the minimum of each comes back.
+    speed2: tuple[float, float, float] = (math.inf, math.inf, math.inf)
     # This rank's call is one the fast path can run (ccoll.collectives.fastpath): its next
     # repeats may skip the agreement only where every rank's can.
     repeatable: bool = False
@@ -211,6 +219,7 @@ class Call:
             self.ratio,
             self.width,
             self.gain2,
+            *self.speed2,
             1 if self.repeatable else 0,
         ]
 
@@ -236,6 +245,8 @@ class Agreed(NamedTuple):
     ratio: float = math.inf  # minimum over ranks of Call.ratio
     width: float = 0.0  # maximum over ranks of Call.width
     gain2: float = math.inf  # minimum over ranks of Call.gain2
+    # minima over ranks of Call.speed2
+    speed2: tuple[float, float, float] = (math.inf, math.inf, math.inf)
     repeatable: bool = False  # every rank's Call.repeatable
 
 
@@ -277,6 +288,7 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, sig=mins, times=times,
                   ratio=got[1 + _RATIO], width=-got[k + 1 + _WIDTH],
                   gain2=got[1 + _GAIN2],
+                  speed2=(got[1 + _SPEED2], got[2 + _SPEED2], got[3 + _SPEED2]),
                   repeatable=got[1 + _REPEATABLE] > 0)
 
 

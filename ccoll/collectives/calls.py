@@ -70,7 +70,7 @@ from ccoll.collectives.inputs import (
     value_range,
 )
 from ccoll.collectives.layout import Layout
-from ccoll.collectives.policy.fits import estimate_stream, sampled_gain2
+from ccoll.collectives.policy.fits import Format2, estimate_stream, sampled_format2
 from ccoll.collectives.policy.plan import Facts, Plan, Planner, State, _mix, phase_bounds
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
@@ -304,8 +304,8 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         call.lo, call.hi = value_range(arr, dev)
     if may_compress and planner.needs_ratio(st, facts) and (root is None or is_root):
         assert bound is not None
-        call.ratio, call.width, call.gain2 = _sample(cc, arr, bound, call, facts,
-                                                     inp.dtype_name)
+        call.ratio, call.width, f2 = _sample(cc, arr, bound, call, facts, inp.dtype_name)
+        call.gain2, call.speed2 = f2.gain, f2.speed
     call.times = planner.unsent(st)
     # Such a call never repeats without the agreement (fastpath): it would skip that check.
     call.repeatable = repeatable and dev is None and not narrow
@@ -353,6 +353,7 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         plan = planner.plan(st, facts, ratio=agreed.ratio if math.isfinite(agreed.ratio)
                             else None, width=agreed.width,
                             gain2=agreed.gain2 if math.isfinite(agreed.gain2) else None,
+                            speed2=agreed.speed2,
                             times=agreed.times)
         if dev is None:
             flat = np.ascontiguousarray(arr).reshape(-1)
@@ -420,18 +421,21 @@ def _facts(call: Call, collective: str, inp: Input, dtype: np.dtype, policy: str
 
 
 def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
-            facts: Facts, dtype_name: str) -> tuple[float, float, float]:
-    """Return the ratio, mean code width and format-2 gain of this rank's data.
+            facts: Facts, dtype_name: str) -> tuple[float, float, Format2]:
+    """Return the ratio, mean code width and format 2 against format 1 on this rank's data.
 
     A strided sample of whole 32-element blocks, about 1% of the predicted raw time of
     compressor work, at the streams' bound. ``REL``'s bound from this rank's own range (at
     most the global one: a finer grid, a lower ratio, the safe side); float16/bfloat16 at
     the float32 stage's bound on that range. The gain (format 2's ratio over format 1's on
-    the same blocks; +inf: not sampled) only where the plan may choose format 2: host data,
-    a calibration of format 2, no forced version.
+    the same blocks) and the speed factors of its kernels (format 1's seconds over format
+    2's on those blocks; :func:`~ccoll.collectives.policy.fits.sampled_format2`) only where
+    the plan may choose format 2: host data, a calibration of format 2, no forced version
+    (else all +inf: not sampled).
     """
+    none = Format2(math.inf)
     if arr.size == 0:
-        return math.inf, 0.0, math.inf
+        return math.inf, 0.0, none
     narrow = dtype_name in _NARROW.values()
     lo, hi = (call.lo, call.hi) if isinstance(bound, REL) or narrow else (0.0, 0.0)
     eb = bound.resolve(lo, hi)
@@ -442,11 +446,11 @@ def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
             eb = stage_bound(eb, dtype_name, lo, hi, ranks=n if reduces else 0,
                              avg=facts.avg)
         except ErrorBoundError:
-            return math.inf, 0.0, math.inf  # refused after the agreement
+            return math.inf, 0.0, none  # refused after the agreement
     if facts.collective in ("allreduce", "reduce_scatter"):
         eb = rank_bound(sum_bound(eb, n, facts.avg), n)
     if not eb > 0:
-        return math.inf, 0.0, math.inf
+        return math.inf, 0.0, none
     p = cc.calibration.params
     from ccoll.collectives import model
 
@@ -460,11 +464,12 @@ def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
     est, nnz, widths = estimate_stream(flat, eb, nsample, api().compress_abs)
     ratio = flat.nbytes / max(est, 1.0)
     width = widths / nnz if nnz > 0 else 1.0
-    gain2 = math.inf
+    f2 = none
     if (facts.policy == "auto" and not facts.device and cc.calibration.formats is not None
             and cc.format_version is None):
-        gain2 = sampled_gain2(flat, eb, nsample, api().compress_abs)
-    return ratio, width, gain2
+        mod = api()
+        f2 = sampled_format2(flat, eb, nsample, (mod.compress_abs, mod.add, mod.decompress))
+    return ratio, width, f2
 
 
 # ------------------------------------------------------------------------- data stages

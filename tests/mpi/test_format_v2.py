@@ -254,3 +254,77 @@ def test_auto_measures_format_2_caches_it_and_picks_per_call(comm, tmp_path_fact
     assert_within(y, exact_sum(comm, x), **allowance(global_eb(comm, x, ccoll.REL(1e-2)), y,
                                                      SIZE, "sum"))
     assert_same_on_every_rank(comm, y)
+
+
+class _Clock:
+    """Stand-in readings ``reading(k)`` for ``k = 0, 1, ...``."""
+
+    def __init__(self, reading) -> None:
+        self.k, self.reading = -1, reading
+
+    def __call__(self) -> float:
+        self.k += 1
+        return self.reading(self.k)
+
+
+def _rising(k: int) -> float:
+    """1, 2, 4, ...: every timed run lasts longer than the one before."""
+    return 2.0 ** k
+
+
+def _falling(k: int) -> float:
+    """2 - 2**-k: every timed run lasts half as long as the one before."""
+    return 2.0 - 2.0 ** -k
+
+
+@pytest.mark.parametrize("forced, factor", [(_rising, 2.0 ** -12), (_falling, 2.0 ** 12)],
+                         ids=["v2-slow", "v2-fast"])
+def test_sampled_speed_factors_are_agreed_as_the_minimum(comm, monkeypatch,
+                                                         tmp_path_factory, forced, factor):
+    # The first auto call of a signature times both formats' kernels on its sample; each
+    # rank's clock gives its own factors. The last rank's clock is a stand-in here:
+    # format 1's kernels are timed first, so rising readings make format 2 look 4096x
+    # slower on that rank (compress, add, decompress: 2 runs each), falling ones 4096x
+    # faster. Every rank must plan with the minimum over ranks, the same numbers in the
+    # same state, and make the same plan.
+    if SIZE < 2:
+        pytest.skip("one rank never compresses")
+    from ccoll.collectives import calls
+    from ccoll.collectives.policy import fits
+    from ccoll.settings import configure
+
+    got = []
+
+    def spy(*a, **k):
+        got.append(fits.sampled_format2(*a, **k))
+        return got[-1]
+
+    monkeypatch.setattr(calls, "sampled_format2", spy)
+    if comm.rank == SIZE - 1:
+        monkeypatch.setattr(fits, "_clock", _Clock(forced))
+    folder = comm.bcast(str(tmp_path_factory.mktemp("cal")) if comm.rank == 0 else None)
+    configure(cache_dir=folder, alpha=5e-5, bandwidth=1.25e7)  # 100 Mbit/s: it compresses
+    try:
+        with ccoll.Communicator(comm) as c:
+            assert c.calibration.formats is not None  # format 2 measured: the plan may pick it
+            x = gradient_like(comm.rank, 1 << 20, np.float32)
+            y = c.allreduce(x, ccoll.REL(1e-2))
+            rep = c.last_call
+            (st,) = c._sync.planner._states.values()
+            agreed = st.speed2
+    finally:
+        configure(cache_dir=None, alpha=None, bandwidth=None)
+    assert len(got) == 1  # one sample, at the signature's first call
+    mine = got[0].speed
+    if comm.rank == SIZE - 1:
+        assert mine == (factor,) * 3
+    everyone = comm.allgather((mine, agreed, rep.decision(), rep.format_version))
+    assert all(e[1:] == everyone[0][1:] for e in everyone)  # the same state and plan
+    assert agreed == tuple(min(e[0][i] for e in everyone) for i in range(3))
+    if factor < 1:  # format 2 priced 4096x slower than format 1's kernels: format 1
+        assert agreed == (factor,) * 3 and rep.format_version == 1
+    else:  # the other ranks' real timings are the minimum, not the forced ones
+        assert all(agreed[i] < factor for i in range(3))
+    assert_within(y, exact_sum(comm, x), **allowance(global_eb(comm, x, ccoll.REL(1e-2)), y,
+                                                     SIZE, "sum"))
+    assert_same_on_every_rank(comm, y)

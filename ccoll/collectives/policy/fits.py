@@ -4,18 +4,23 @@
   sample (the calibration's synthetic gradient-like one), and the fixed cost of one
   kernel call;
 - :func:`sample_blocks` / :func:`estimate_stream`: the compressed size of a message,
-  estimated from a strided sample of its 32-element blocks (a call's ratio sample).
+  estimated from a strided sample of its 32-element blocks (a call's ratio sample);
+- :func:`sampled_format2`: format 2's ratio over format 1's on a call's data, and the
+  speed of format 2's kernels relative to format 1's on the same sample.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["Rates", "calibrate_compressor", "sample_blocks", "estimate_stream"]
+__all__ = ["Rates", "Format2", "calibrate_compressor", "sample_blocks", "estimate_stream",
+           "sampled_gain2", "sampled_format2"]
 
 _CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
 
@@ -29,12 +34,17 @@ class Rates(NamedTuple):
     chunk_overhead: float  # what one more kernel call costs, whatever its size
 
 
-def _best(f: Callable[[], Any], reps: int = 3) -> tuple[float, Any]:
+# The clock of :func:`sampled_format2`'s timings (a test may put a stand-in here).
+_clock: Callable[[], float] = time.perf_counter
+
+
+def _best(f: Callable[[], Any], reps: int = 3,
+          clock: Callable[[], float] = time.perf_counter) -> tuple[float, Any]:
     best, out = np.inf, None
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         out = f()
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best, out
 
 
@@ -85,6 +95,36 @@ GAIN_RUN_BLOCKS = 32
 GAIN_MIN_BLOCKS = 8192
 
 
+class Format2(NamedTuple):
+    """Format 2 against format 1 on one sample of a call's data, at the call's bound.
+
+    ``gain``: format 1's stream bytes over format 2's; ``compress``, ``add``,
+    ``decompress``: format 1's seconds over format 2's for the same kernel on the same
+    sample (> 1: format 2's kernel is faster there); ``inf`` where not timed.
+    """
+
+    gain: float
+    compress: float = math.inf
+    add: float = math.inf
+    decompress: float = math.inf
+
+    @property
+    def speed(self) -> tuple[float, float, float]:
+        """The three speed factors (compress, add, decompress)."""
+        return self.compress, self.add, self.decompress
+
+
+def _gain_sample(x: np.ndarray, nsample: int) -> np.ndarray:
+    flat = x.reshape(-1)
+    run = GAIN_RUN_BLOCKS * 32
+    nruns = flat.size // run
+    if nruns == 0:
+        return np.ascontiguousarray(flat)
+    k = max(1, min(-(-max(nsample, GAIN_MIN_BLOCKS) // GAIN_RUN_BLOCKS), nruns))
+    sel = (np.arange(k, dtype=np.int64) * nruns) // k
+    return np.ascontiguousarray(flat[: nruns * run].reshape(nruns, run)[sel].reshape(-1))
+
+
 def sampled_gain2(x: np.ndarray, eb: float, nsample: int,
                   compress_abs: Callable[..., Any]) -> float:
     """Format 2's compression ratio over format 1's on about ``nsample`` blocks of ``x``.
@@ -93,18 +133,44 @@ def sampled_gain2(x: np.ndarray, eb: float, nsample: int,
     :data:`GAIN_MIN_BLOCKS` blocks, or all of ``x``), compressed in both formats at ``eb``;
     the streams' 64-byte headers are left out of both sizes.
     """
-    flat = x.reshape(-1)
-    run = GAIN_RUN_BLOCKS * 32
-    nruns = flat.size // run
-    if nruns == 0:
-        s = np.ascontiguousarray(flat)
-    else:
-        k = max(1, min(-(-max(nsample, GAIN_MIN_BLOCKS) // GAIN_RUN_BLOCKS), nruns))
-        sel = (np.arange(k, dtype=np.int64) * nruns) // k
-        s = np.ascontiguousarray(flat[: nruns * run].reshape(nruns, run)[sel].reshape(-1))
+    s = _gain_sample(x, nsample)
     b1 = np.asarray(compress_abs(s, eb, version=1)).nbytes - 64
     b2 = np.asarray(compress_abs(s, eb, version=2)).nbytes - 64
     return max(b1, 1) / max(b2, 1)
+
+
+# Timings of each kernel in :func:`sampled_format2` (the least counts).
+SPEED_REPS = 2
+
+
+def sampled_format2(x: np.ndarray, eb: float, nsample: int,
+                    ops: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
+                    ) -> Format2:
+    """Format 2's gain (as :func:`sampled_gain2`) and kernel speeds relative to format 1.
+
+    ``ops``: ``(compress_abs, add, decompress)`` of the compressor (``compress_abs`` takes
+    ``version=``). On the same sample of runs of blocks, each format's compress, add (the
+    stream plus itself: a partial sum's wider codes) and decompress are timed, the least of
+    :data:`SPEED_REPS` runs each (the first run of each kernel also loads it where it was
+    not yet), and each factor is format 1's seconds over format 2's. Local: every rank
+    times its own; the collectives agree on the minimum (docs/model.md, "Stream format").
+    """
+    compress_abs, add, decompress = ops
+    s = _gain_sample(x, nsample)
+    out = np.empty_like(s)
+    secs: dict[int, tuple[float, float, float]] = {}
+    size: dict[int, int] = {}
+    for v in (1, 2):
+        tc, got = _best(partial(compress_abs, s, eb, version=v), SPEED_REPS, _clock)
+        buf = np.asarray(got)
+        size[v] = buf.nbytes - 64
+        ta, _ = _best(partial(add, buf, buf), SPEED_REPS, _clock)
+        td, _ = _best(partial(decompress, buf, out=out), SPEED_REPS, _clock)
+        secs[v] = (tc, ta, td)
+    gain = max(size[1], 1) / max(size[2], 1)
+    f = [a / b if a > 0 and b > 0 and math.isfinite(a / b) else math.inf
+         for a, b in zip(secs[1], secs[2], strict=True)]
+    return Format2(gain, *f)
 
 
 def estimate_stream(x: np.ndarray, eb: float, nsample: int,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from ccoll.collectives import model
@@ -138,10 +138,12 @@ class Options(NamedTuple):
 
 
 class Formats(NamedTuple):
-    """What the model knows of stream format 2 beside format 1 (from the calibration).
+    """What the model knows of stream format 2 beside format 1.
 
     ``params``: the model's constants with format 2's kernel rates; ``gain``: format 2's
-    ratio over format 1's on the same data and bound.
+    ratio over format 1's on the same data and bound. The calibration's (its synthetic
+    sample at REL 1e-3), or, for a ``policy="auto"`` signature whose first call sampled its
+    data, that sample's: the gain, and format 1's rates times the sampled speed factors.
     """
 
     params: Params
@@ -346,6 +348,9 @@ class State:
     ratio: float | None = None  # agreed sampled ratio
     width: float = model.DEFAULT_WIDTH
     gain2: float | None = None  # agreed sampled ratio of format 2 over format 1
+    # Agreed sampled speed factors of format 2's compress, add and decompress over format 1's
+    # (format 1's seconds over format 2's on the same sample; None: not sampled).
+    speed2: tuple[float, float, float] | None = None
     runs: dict[str, int] = field(default_factory=dict)  # runs per variant
     times: dict[str, list[float]] = field(default_factory=dict)  # agreed seconds per variant
     level: dict[str, int] = field(default_factory=dict)  # k of a loser: tried after 2**k calls
@@ -431,12 +436,15 @@ class Planner:
 
     def plan(self, st: State, facts: Facts, *, ratio: float | None = None,
              width: float | None = None, gain2: float | None = None,
+             speed2: tuple[float, ...] | None = None,
              times: tuple[float, ...] = ()) -> Plan:
         """Return the plan of this call, after its agreement (the same on every rank).
 
         ``ratio``/``width``/``gain2``: the agreed sample (first call of the signature;
         ``gain2``: format 2's ratio over format 1's on the same blocks, which replaces the
-        calibration's); ``times``: the agreed seconds per :data:`VARIANTS` (0: none) of the
+        calibration's; ``speed2``: format 1's seconds over format 2's of compress, add and
+        decompress on those blocks, which times format 1's rates replace the calibration's
+        format-2 rates); ``times``: the agreed seconds per :data:`VARIANTS` (0: none) of the
         signature's earlier calls.
         """
         if facts != st.facts:  # the bound resolved to 0 on this call, or no longer
@@ -448,8 +456,12 @@ class Planner:
                 st.width = width
             if gain2 is not None and math.isfinite(gain2) and gain2 > 0:
                 st.gain2 = gain2
+            if (speed2 is not None and len(speed2) == 3
+                    and all(math.isfinite(v) and v > 0 for v in speed2)):
+                st.speed2 = (float(speed2[0]), float(speed2[1]), float(speed2[2]))
             st.digest = _mix(st.digest, 1.0, st.ratio, st.width,
-                             -1.0 if st.gain2 is None else st.gain2)
+                             -1.0 if st.gain2 is None else st.gain2,
+                             *((-1.0,) * 3 if st.speed2 is None else st.speed2))
             st.cached = st.cands = None
         for v, t in zip(VARIANTS, times, strict=False):
             if t > 0:
@@ -553,8 +565,15 @@ class Planner:
             ratio = self.forced_ratio or sampled or model.DEFAULT_RATIO
             width = st.width if f.policy == "auto" else model.DEFAULT_WIDTH
             formats = self.formats
-            if formats is not None and st.gain2 is not None and f.policy == "auto":
-                formats = Formats(formats.params, st.gain2)  # this data's, not the sample's
+            if formats is not None and f.policy == "auto":
+                # This data's gain and kernel speeds, not the calibration sample's.
+                params2 = formats.params
+                if st.speed2 is not None:
+                    fc, fa, fd = st.speed2
+                    p1 = self.params
+                    params2 = replace(p1, compress=p1.compress * fc, add=p1.add * fa,
+                                      decompress=p1.decompress * fd)
+                formats = Formats(params2, formats.gain if st.gain2 is None else st.gain2)
             cands = st.cands = candidates(f, self.params, ratio, width, self.options,
                                           formats)
         return cands
