@@ -29,7 +29,7 @@ import abkit  # bench/ is on sys.path when a script here runs
 from mpi4py import MPI
 
 import ccoll
-from ccoll.speedindex import describe, speed_index
+from ccoll.speedindex import describe, speed_index_on_rank0
 
 VARIANTS = ("format 1", "format 2", "auto", "MPI_Allreduce")
 _FORMAT = {"format 1": 1, "format 2": 2, "auto": None}
@@ -52,8 +52,8 @@ def main() -> None:
            if rs and rs[-1].compressed}
     for c in ccs.values():
         c.close()
-    index = speed_index(args.data) if r == 0 else {}
-    if r:
+    index = speed_index_on_rank0(comm, args.data)  # the others asleep, not spinning
+    if r or index is None:
         return
     raw = 2 * (n - 1) * x.nbytes
     print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, policy "

@@ -53,13 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     bounds = [None if b.strip().lower() == "none" else b.strip() for b in args.eb.split(",")]
     rank, size = comm.Get_rank(), comm.Get_size()
+    try:  # the same on every rank: measured on rank 0 while the others sleep
+        from ccoll.speedindex import describe, speed_index_on_rank0
+    except ImportError:  # an older checkout (before/after runs): the index from this one
+        index_text = "speed index: run python -m ccoll.speedindex in the same session"
+    else:
+        index = speed_index_on_rank0(comm)
+        index_text = describe(index) if index is not None else ""
     if rank == 0:
-        try:
-            from ccoll.speedindex import describe, speed_index
-        except ImportError:  # an older checkout (before/after runs): the index from this one
-            print("# speed index: run python -m ccoll.speedindex in the same session")
-        else:
-            print(f"# {describe(speed_index())}")
+        print(f"# {index_text}")
         print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {size} rank(s), "
               f"load average {os.getloadavg()[0]:.2f}; "
               f"median of {args.rounds} rounds x {args.calls} calls, slowest rank; us per call")

@@ -796,12 +796,9 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     # The session's speed index (ccoll.speedindex): rank 0 measures it while the others
     # wait, so that every figure of this run has it beside it. They wait asleep: MPI's
     # blocking barrier spins, and ranks that share rank 0's cores would halve the index.
-    index = speedindex.speed_index() if rank0 else None
+    index = speedindex.speed_index_on_rank0(comm)
     if live and index is not None:
         print(f"# {speedindex.describe(index)}", flush=True)
-    req = comm.Ibarrier()
-    while not req.Test():
-        time.sleep(1e-3)
     rows, meta = bench(
         args.collective, size_list, eb=args.eb, iters=args.iters, warmup=args.warmup,
         iters_large=args.iters_large, warmup_large=args.warmup_large, large=args.large,

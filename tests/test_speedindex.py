@@ -31,3 +31,12 @@ def test_index_without_the_data_says_why(tmp_path):
     assert got["sz3_compress_gbps"] is None
     assert "no such file" in got["why"]
     assert "not measured" in speedindex.describe(got)
+
+
+def test_on_rank0_measures_on_rank_0_only(tmp_path):
+    # Collective: rank 0 gets the index, every other rank None (they wait asleep). One rank
+    # here; tests/mpi/test_speedindex_ranks.py runs it on several.
+    from mpi4py import MPI
+
+    got = speedindex.speed_index_on_rank0(MPI.COMM_SELF, str(tmp_path / "missing.h5"))
+    assert got is not None and got["sz3_compress_gbps"] is None
