@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -124,3 +126,23 @@ def test_cpu_lane_prepares_the_pool_before_sizing_it():
     )
     assert p.returncode == 0, p.stderr
     assert "LANE PASSIVE" in p.stdout, p.stdout
+
+
+def test_a_first_kernel_leaves_torchs_thread_count_alone():
+    # numba's OpenMP layer set the launching thread's OpenMP thread count to its pool's,
+    # and PyTorch's intra-op count is that thread's too: a training thread whose first
+    # ccoll kernel ran there went from OMP_NUM_THREADS=1 to 2 threads per backward pass.
+    pytest.importorskip("torch")
+    p = _run(
+        """
+        import numpy as np
+        import torch
+        import ccoll
+        before = torch.get_num_threads()
+        ccoll.compress(np.ones(1 << 17, np.float32), ccoll.ABS(1e-3))
+        print("THREADS", before, torch.get_num_threads())
+        """,
+        OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="2",
+    )
+    assert p.returncode == 0, p.stderr
+    assert "THREADS 1 1" in p.stdout, p.stdout

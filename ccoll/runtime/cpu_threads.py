@@ -111,7 +111,25 @@ def prepare() -> str:
         import numba
         from numba.np.ufunc import parallel
 
-        parallel._launch_threads()  # what numba's first parallel launch does itself
+        # What numba's first parallel launch does itself, on a thread of its own: with the
+        # OpenMP layer the launch sets the calling thread's OpenMP thread count to the
+        # pool's, which is PyTorch's intra-op count too where torch shares the runtime
+        # (seen: torch.get_num_threads() went from OMP_NUM_THREADS=1 to 2 in a training
+        # thread that ran a first kernel; 4 ranks on 2 cores then ran each backward pass
+        # with 2 spinning threads, 80% of the CPU in the kernel).
+        failed: list[BaseException] = []
+
+        def launch() -> None:
+            try:
+                parallel._launch_threads()
+            except BaseException as exc:  # raised below, in the caller's thread
+                failed.append(exc)
+
+        starter = threading.Thread(target=launch, name="ccoll-numba-pool")
+        starter.start()
+        starter.join()
+        if failed:
+            raise failed[0]
         _pool = pool_size()
         if explicit is not None:
             with _count_lock:
