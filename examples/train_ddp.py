@@ -235,6 +235,7 @@ class Task:
         for chunk in mine:
             h, t = models.retrieval_correct(self.st, chunk, per)
             hits, total = hits + h, total + t
+        settle(comm)
         return comm.allreduce(hits) / comm.allreduce(total)
 
 
@@ -284,6 +285,21 @@ def param_digest(model: torch.nn.Module) -> str:
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def settle(comm: Any) -> None:
+    """Wait, asleep, until every rank of ``comm`` is here (an ``MPI_Ibarrier`` tested with sleeps).
+
+    MPI's blocking collectives spin while they wait (MPICH yields the core between polls,
+    all in the kernel): a rank that finished its step or its share of an evaluation first
+    took the cores that the ranks still computing needed (4 ranks on 2 cores: 80% of the
+    CPU in the kernel, a 6 s step measured at 95 s). The script's own collectives outside
+    the timed steps (mean loss, slowest time, evaluation counts) come after this, when every
+    rank has arrived and they take microseconds.
+    """
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(5e-4)
 
 
 def _netns_id() -> str:
@@ -590,6 +606,7 @@ class Run:
             self.counted += counter.bytes - before
         busy = timer.busy_s()
         # Outside the timed region: the mean loss over ranks and the slowest rank's time.
+        settle(comm)
         mean_loss = comm.allreduce(float(loss.item())) / self.size
         dt_max = comm.allreduce(dt, MPI.MAX)
         self.train_time += dt_max
@@ -721,7 +738,7 @@ def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
             attrs={"compress": method, "eb": args.eb if r.ccoll else "none"},
         )
     counter = AllreduceCounter()
-    r.comm.Barrier()
+    settle(r.comm)
     net0 = net_counters()
     with recorder as rec, counter:
         for step in range(args.steps):
@@ -746,7 +763,7 @@ def train_interleaved(args: argparse.Namespace, methods: list[str]) -> list[dict
         r.log["interleaved_with"] = [m for m in methods if m != r.method]
         r.log["interleave_group"] = group
     counter = AllreduceCounter()
-    MPI.COMM_WORLD.Barrier()
+    settle(MPI.COMM_WORLD)
     with counter:
         for step in range(args.steps):
             k = step % len(runs)
