@@ -93,8 +93,6 @@ def speed_index_on_rank0(comm: Any, path: str = DEFAULT_DATA) -> dict[str, Any] 
     lower the index (seen: 117-156 MB/s where a quiet machine gave 300). Returns the index
     on rank 0, ``None`` elsewhere.
     """
-    import time
-
     index = speed_index(path) if comm.Get_rank() == 0 else None
     req = comm.Ibarrier()
     while not req.Test():

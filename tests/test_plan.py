@@ -300,14 +300,14 @@ def test_a_sampled_gain_that_is_not_a_gain_is_ignored(bad):
 def test_sampled_gain2_matches_the_whole_arrays_streams():
     # The gain sampled on runs of blocks is close to the gain of compressing all of it.
     from ccoll.bench import load_gradients
-    from ccoll.collectives.policy.fits import sampled_gain2
-    from ccoll.compressor.api import compress_abs
+    from ccoll.collectives.policy.fits import sampled_format2
+    from ccoll.compressor.api import add, compress_abs, decompress
 
     x = load_gradients("datasets/minilm.h5", 0)[: 1 << 20]
     for rel in (1e-3, 1e-2):
         eb = rel * float(x.max() - x.min())
         whole = compress_abs(x, eb, version=1).nbytes / compress_abs(x, eb, version=2).nbytes
-        got = sampled_gain2(x, eb, 2048, compress_abs)
+        got = sampled_format2(x, eb, 2048, (compress_abs, add, decompress)).gain
         assert abs(got / whole - 1) < 0.15, (rel, got, whole)
 
 

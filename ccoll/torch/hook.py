@@ -237,8 +237,6 @@ class CCollHookState:
             base, call, policy, timeout, "CCollHookState",
             split=0.0 if self.error_feedback else None,
             ranks_per_node=1 if self.error_feedback else None)
-        if policy != "raw":
-            _load_kernels(self.communicator)
         self.iter = 0
         self.residuals: dict[int, np.ndarray] = {}
         self.compressed = 0
@@ -282,6 +280,8 @@ class CCollHookState:
         self._free = [False]  # set by close(): the one place that frees (collectively)
         self._finalizer = weakref.finalize(self, _close_state, self.comm, self.communicator,
                                            self._gate_comm, self._free)
+        if policy != "raw":  # local, after every collective here: a rank it fails on waits
+            _load_kernels(self.communicator)  # in none that the others entered
 
     def __repr__(self) -> str:
         return (

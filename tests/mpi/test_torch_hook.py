@@ -303,6 +303,27 @@ def test_error_from_the_collective_reaches_backward_on_every_rank(comm, state_fa
         ddp(rank_input(torch.float32)).sum().backward()
 
 
+def _ddp_step(comm, model: torch.nn.Module, ddp: DDP, step: int):  # type: ignore[no-untyped-def]
+    """One DDP step on ``rank_input(step)``: the averaged gradients (checked to be the same
+    on every rank) and every rank's own gradients, computed before the step."""
+    x = rank_input(torch.float32, step)
+    every = comm.allgather(local_grads(_copy(model), x))
+    ddp.zero_grad()
+    ddp(x).square().mean().backward()
+    got = [p.grad.numpy() for p in model.parameters()]
+    assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
+    return got, every
+
+
+def _assert_exact_average(comm, got, every) -> None:  # type: ignore[no-untyped-def]
+    for i, g in enumerate(got):
+        # Float32 sums of the ranks' gradients divided by N: a few roundings of the
+        # summands' magnitudes, as any exact allreduce makes.
+        parts = [e[i] for e in every]
+        slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
+        assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
+
+
 class ScriptedGate(StepGate):
     """A step check whose modes are fixed (raw every other step); it records what it is fed."""
 
@@ -343,21 +364,11 @@ def test_step_check_runs_the_same_mode_on_every_rank(comm, state_factory, monkey
     ddp.register_comm_hook(state, ct.comm_hook)
     compressed, exact = [], []
     for step in range(7):
-        x = rank_input(torch.float32, step)
-        every = comm.allgather(local_grads(_copy(model), x))
-        ddp.zero_grad()
-        ddp(x).square().mean().backward()
+        got, every = _ddp_step(comm, model, ddp, step)
         compressed.append(state.compressed)
         exact.append(state.exact)
-        got = [p.grad.numpy() for p in model.parameters()]
-        assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
         if step > 0 and gate.modes[step - 1] == RAW:
-            for i, g in enumerate(got):
-                # Float32 sums of the ranks' gradients divided by N: a few roundings of
-                # the summands' magnitudes, as any exact allreduce makes.
-                parts = [e[i] for e in every]
-                slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
-                assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
+            _assert_exact_average(comm, got, every)
     # Step 0 is before start_iter: not gated. Steps 1-6 are. A step's time reaches the
     # gate at the next step's first bucket on both paths (the process group's reduction
     # starts when the step ends and completes in the background until then).
@@ -406,16 +417,7 @@ def test_steps_before_start_iter_take_the_raw_steps_path(comm, state_factory, mo
     ddp = DDP(model)
     ddp.register_comm_hook(state, ct.comm_hook)
     for step in range(3):
-        x = rank_input(torch.float32, step)
-        every = comm.allgather(local_grads(_copy(model), x))
-        ddp.zero_grad()
-        ddp(x).square().mean().backward()
-        got = [p.grad.numpy() for p in model.parameters()]
-        assert_same_on_every_rank(comm, np.concatenate([g.ravel() for g in got]))
-        for i, g in enumerate(got):
-            parts = [e[i] for e in every]
-            slack = np.sum(np.abs(parts), axis=0) * 2.0 ** -21
-            assert_within(g, ExactSum(parts) / comm.size, 0.0, extra=slack)
+        _assert_exact_average(comm, *_ddp_step(comm, model, ddp, step))
     assert state.compressed == 0 and state.exact > 0
     through_ccoll = state.communicator.stats.calls
     if raw_path == "process group":

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 __all__ = ["Rates", "Format2", "calibrate_compressor", "sample_blocks", "estimate_stream",
-           "sampled_gain2", "sampled_format2"]
+           "sampled_format2"]
 
 _CAL_PIECE = 8192  # elements of the piece that measures the fixed cost of a call
 
@@ -125,20 +125,6 @@ def _gain_sample(x: np.ndarray, nsample: int) -> np.ndarray:
     return np.ascontiguousarray(flat[: nruns * run].reshape(nruns, run)[sel].reshape(-1))
 
 
-def sampled_gain2(x: np.ndarray, eb: float, nsample: int,
-                  compress_abs: Callable[..., Any]) -> float:
-    """Format 2's compression ratio over format 1's on about ``nsample`` blocks of ``x``.
-
-    Evenly spaced runs of :data:`GAIN_RUN_BLOCKS` whole 32-element blocks (at least
-    :data:`GAIN_MIN_BLOCKS` blocks, or all of ``x``), compressed in both formats at ``eb``;
-    the streams' 64-byte headers are left out of both sizes.
-    """
-    s = _gain_sample(x, nsample)
-    b1 = np.asarray(compress_abs(s, eb, version=1)).nbytes - 64
-    b2 = np.asarray(compress_abs(s, eb, version=2)).nbytes - 64
-    return max(b1, 1) / max(b2, 1)
-
-
 # Timings of each kernel in :func:`sampled_format2` (the least counts).
 SPEED_REPS = 2
 
@@ -146,8 +132,11 @@ SPEED_REPS = 2
 def sampled_format2(x: np.ndarray, eb: float, nsample: int,
                     ops: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
                     ) -> Format2:
-    """Format 2's gain (as :func:`sampled_gain2`) and kernel speeds relative to format 1.
+    """Format 2's gain and kernel speeds relative to format 1 on about ``nsample`` blocks.
 
+    The gain is format 1's stream bytes over format 2's on evenly spaced runs of
+    :data:`GAIN_RUN_BLOCKS` whole 32-element blocks (at least :data:`GAIN_MIN_BLOCKS`
+    blocks, or all of ``x``), compressed at ``eb``, the streams' 64-byte headers left out.
     ``ops``: ``(compress_abs, add, decompress)`` of the compressor (``compress_abs`` takes
     ``version=``). On the same sample of runs of blocks, each format's compress, add (the
     stream plus itself: a partial sum's wider codes) and decompress are timed, the least of
