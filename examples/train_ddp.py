@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "steps to accuracy; fix it before the runs; default: 0.95 for cnn, "
                     "0.76 for minilm")
     ap.add_argument("--min-numel", type=int, default=4096, help="ccoll hook: smaller buckets exact")
-    ap.add_argument("--start-iter", type=int, default=1, help="ccoll hook: first compressed step")
+    ap.add_argument("--start-iter", type=int, default=0,
+                    help="ccoll hook: first compressed step (default 0, the hook's)")
     ap.add_argument("--policy", choices=("compress", "auto", "raw"), default="auto",
                     help="ccoll hook: let the cost model decide, always compress, or never")
     ap.add_argument("--powersgd-rank", type=int, default=4,

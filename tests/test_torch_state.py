@@ -28,7 +28,7 @@ def test_state_defaults() -> None:
     s = CCollHookState()
     try:
         assert s.eb == ccoll.REL(1e-3)
-        assert (s.error_feedback, s.start_iter, s.iter, s.residuals) == (False, 1, 0, {})
+        assert (s.error_feedback, s.start_iter, s.iter, s.residuals) == (False, 0, 0, {})
         assert MPI.Comm.Compare(s.comm, MPI.COMM_WORLD) == MPI.CONGRUENT  # a duplicate
         assert not hasattr(s, "__dict__")
         assert "REL(0.001)" in repr(s)

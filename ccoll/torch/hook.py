@@ -83,9 +83,9 @@ class CCollHookState:
             ``ccoll.allreduce`` with ``op="avg"``, which bounds the average by it, so each
             rank quantizes on a grid that does not shrink as ranks are added.)
         error_feedback: keep what compression dropped and add it back next step (see below).
-        start_iter: iterations before this one use the exact average. DDP rebuilds its
-            buckets after the first iteration, so the default ``1`` compresses from the
-            second iteration on, when bucket indices (and residuals keyed by them) are stable.
+        start_iter: iterations before this one use the exact average. The default ``0``
+            compresses from the first iteration on (residuals follow their parameters when
+            DDP lays the buckets out anew after it).
         min_numel: buckets with fewer elements are averaged exactly; compressing a small
             message costs more than the bytes it saves.
         comm: mpi4py intracommunicator of the DDP ranks (default ``MPI.COMM_WORLD``). The state
@@ -199,7 +199,7 @@ class CCollHookState:
         eb: ErrorBound | str | None = None,
         *,
         error_feedback: bool = False,
-        start_iter: int = 1,
+        start_iter: int = 0,
         min_numel: int = 4096,
         comm: Any = None,
         policy: str = "auto",
