@@ -57,7 +57,8 @@ def label(log: dict[str, Any]) -> str:
     m = str(log["method"])
     if m.startswith("powersgd"):
         return f"powersgd r{log['powersgd']['matrix_approximation_rank']}"
-    return m
+    name, _, eb = m.partition(":")
+    return f"{name} {eb}" if eb else m  # ccoll:rel:1e-2 -> "ccoll rel:1e-2"
 
 
 def _key(name: str) -> tuple[int, str]:

@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", default=None,
                     help="comma-separated methods run one after another in this job, each "
                     "from the same seed (overrides --method); powersgd:R is PowerSGD of "
-                    "rank R (powersgd: --powersgd-rank)")
+                    "rank R (powersgd: --powersgd-rank), ccoll:EB and ccoll-ef:EB ccoll with "
+                    "its own bound (ccoll:rel:1e-2; ccoll: --eb)")
     ap.add_argument("--interleave", action="store_true",
                     help="with --methods: train them all at once, one step of each in turn "
                     "(step-by-step time ratios free of the drift between runs; wire bytes "
@@ -165,7 +166,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "start need DDP's buckets rebuilt first)")
     if args.methods:
         names = [m.strip() for m in args.methods.split(",") if m.strip()]
-        bad = [m for m in names if m not in METHODS and _powersgd_rank(m, 0) is None]
+        bad = [m for m in names if m not in METHODS and _powersgd_rank(m, 0) is None
+               and _ccoll_spec(m, args.eb) is None]
         if bad or not names:
             ap.error(f"--methods: unknown {', '.join(bad) or 'empty list'}; "
                      f"choose from {', '.join(METHODS)}")
@@ -240,6 +242,26 @@ class Task:
         return comm.allreduce(hits) / comm.allreduce(total)
 
 
+def _ccoll_spec(method: str, default_eb: str) -> tuple[bool, str] | None:
+    """(error feedback, bound) of a ccoll method, else None.
+
+    ``ccoll`` and ``ccoll-ef`` take ``--eb``; ``ccoll:EB`` and ``ccoll-ef:EB`` (for example
+    ``ccoll:rel:1e-2``) their own bound, so that one interleaved job compares bounds. A bound
+    ccoll cannot read gives None (an unknown method).
+    """
+    import ccoll
+    from ccoll.errors import CCollError
+
+    name, sep, eb = method.partition(":")
+    if name not in ("ccoll", "ccoll-ef") or (sep and not eb):
+        return None
+    try:
+        ccoll.errorbound.as_bound(eb or default_eb)
+    except CCollError:
+        return None
+    return name == "ccoll-ef", eb or default_eb
+
+
 def _powersgd_rank(method: str, default: int) -> int | None:
     """PowerSGD's rank of ``method`` (``powersgd``: ``default``; ``powersgd:R``: R), else None."""
     if method == "powersgd":
@@ -261,9 +283,10 @@ def link_rate() -> str | None:
 
 def run_name(args: argparse.Namespace, method: str, size: int) -> str:
     parts = [args.model, "ccoll" if method.startswith("ccoll") else method]
-    if method.startswith("ccoll"):
-        parts.append(args.eb.replace(":", ""))
-        if method == "ccoll-ef":
+    spec = _ccoll_spec(method, args.eb)
+    if spec is not None:
+        parts.append(spec[1].replace(":", ""))
+        if spec[0]:
             parts.append("ef")
         if args.policy != "compress":
             parts.append(args.policy)
@@ -469,9 +492,10 @@ def register_method(ddp: Any, method: str, args: argparse.Namespace,
     if method == "none":
         return None
     state: Any = None
-    if method.startswith("ccoll"):
+    spec = _ccoll_spec(method, args.eb)
+    if spec is not None:
         state = ccoll.torch.CCollHookState(
-            eb=args.eb, error_feedback=method == "ccoll-ef", start_iter=args.start_iter,
+            eb=spec[1], error_feedback=spec[0], start_iter=args.start_iter,
             min_numel=args.min_numel, policy=args.policy,
         )
         hook: Any = ccoll.torch.comm_hook
@@ -524,7 +548,8 @@ class Run:
         self.state = register_method(self.ddp, method, args, self.timer)
         opt_cls = torch.optim.Adam if args.model == "cnn" else torch.optim.AdamW
         self.opt = opt_cls(self.ddp.parameters(), lr=args.lr)
-        self.ccoll = ccoll_method = method.startswith("ccoll")
+        spec = _ccoll_spec(method, args.eb)
+        self.ccoll = ccoll_method = spec is not None
         self.nparams = sum(p.numel() for p in task.module.parameters() if p.requires_grad)
         self.rdv = rendezvous_info()
         self.counted = 0  # bytes this run handed to dist.all_reduce
@@ -532,8 +557,8 @@ class Run:
             "model": args.model,
             "method": method,
             "compress": method,
-            "eb": args.eb if ccoll_method else None,
-            "error_feedback": method == "ccoll-ef" if ccoll_method else None,
+            "eb": spec[1] if spec is not None else None,
+            "error_feedback": spec[0] if spec is not None else None,
             "policy": args.policy if ccoll_method else None,
             "powersgd": {"matrix_approximation_rank": _powersgd_rank(method,
                                                                       args.powersgd_rank),
@@ -736,7 +761,7 @@ def train(args: argparse.Namespace, method: str) -> dict[str, Any]:
             model=f"{args.model} under DDP, {r.size} ranks, gradient average: {method}",
             seed=args.seed,
             enabled=r.rank == 0,  # every rank holds the same averaged gradients
-            attrs={"compress": method, "eb": args.eb if r.ccoll else "none"},
+            attrs={"compress": method, "eb": r.log["eb"] if r.ccoll else "none"},
         )
     counter = AllreduceCounter()
     settle(r.comm)

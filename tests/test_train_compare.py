@@ -31,6 +31,7 @@ def test_table_averages_over_seeds(tmp_path: Path, capsys) -> None:
         _log("bf16", 0, 1.5, 24.0, 0.79), _log("bf16", 1, 1.5, None, 0.75),
         _log("powersgd:8", 0, 1.2, 20.0, 0.77, rank=8),
         _log("ccoll", 0, 1.0, 18.0, 0.80), _log("ccoll", 1, 1.4, 22.0, 0.81),
+        _log("ccoll-ef:rel:1e-2", 0, 0.9, 16.0, 0.79),
     ]
     for i, log in enumerate(logs):
         (tmp_path / f"run{i}.json").write_text(json.dumps(log))
@@ -45,6 +46,7 @@ def test_table_averages_over_seeds(tmp_path: Path, capsys) -> None:
     assert rows["bf16"] == ["1.50 (1.50-1.50)", "24.0", "1/2", "0.7700 (0.7500-0.7900)", "no"]
     assert rows["powersgd r8"] == ["1.20", "20.0", "1/1", "0.7700", "no"]
     assert rows["ccoll"][1:] == ["20.0 (18.0-22.0)", "2/2", "0.8050 (0.8000-0.8100)", "yes"]
+    assert rows["ccoll-ef rel:1e-2"][:3] == ["0.90", "16.0", "1/1"]
     assert "best of bf16/fp16/PowerSGD to target: powersgd r8, 20.0 s" in out
     assert (tmp_path / "png" / "acc_time_1gbit.png").stat().st_size > 0
 

@@ -173,6 +173,28 @@ def test_powersgd_of_two_ranks_in_one_job(tmp_path_factory: pytest.TempPathFacto
         ex.parse_args(["--methods", "powersgd:x"])
 
 
+def test_ccoll_methods_with_their_own_bounds(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # --methods ccoll,ccoll-ef:rel:1e-1: one job compares bounds; each run's hook uses the
+    # bound its name gives (the logged one, the file name's), the plain name --eb's.
+    ex = _example()
+    out = tmp_path_factory.mktemp("ccoll_bounds")
+    args = ex.parse_args([
+        "--methods", "ccoll,ccoll-ef:rel:1e-1", "--interleave", "--steps", "2",
+        "--eval-every", "0", "--eb", "rel:1e-3", "--target-accuracy", "0.1", "--out", str(out),
+    ])
+    plain, loose = ex.run(args)
+    assert (plain["eb"], plain["error_feedback"]) == ("rel:1e-3", False)
+    assert (loose["eb"], loose["error_feedback"]) == ("rel:1e-1", True)
+    assert loose["params_identical_on_all_ranks"] is True
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        names = sorted(p.name for p in out.glob("*.json"))
+        assert [n.split("_")[2:4] for n in names] == [["rel1e-1", "ef"], ["rel1e-3", "auto"]], \
+            names
+    for bad in ("ccoll:", "ccoll:rel:x", "ccoll-ef:bogus:1"):
+        with pytest.raises(SystemExit):
+            ex.parse_args(["--methods", bad])
+
+
 def test_shared_namespace_counters_count_once() -> None:
     # Ranks that share a network namespace (here all: plain mpiexec; on the emulated cluster
     # the ranks of one node) read the same interface counters: they count once, not per rank.
