@@ -52,7 +52,8 @@ def train(compressed: bool) -> tuple[float, list[str], int]:
     ddp = DDP(model)
     state = None
     if compressed:
-        # The CNN's 9,930 gradients form one bucket; compress it from the second step on.
+        # The CNN's 9,930 gradients form one bucket; compress it from the first step on
+        # (start_iter's default, 0).
         state = ct.CCollHookState(eb=ccoll.REL(1e-3), min_numel=1024, policy="compress")
         ddp.register_comm_hook(state, ct.comm_hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
@@ -76,7 +77,7 @@ def train(compressed: bool) -> tuple[float, list[str], int]:
 def test_compressed_training_matches_uncompressed() -> None:
     acc_raw, digests_raw, _ = train(compressed=False)
     acc_cc, digests_cc, n_compressed = train(compressed=True)
-    assert n_compressed == STEPS - 1
+    assert n_compressed == STEPS
     assert len(set(digests_raw)) == 1, f"uncompressed replicas drifted: {digests_raw}"
     assert len(set(digests_cc)) == 1, f"compressed replicas drifted: {digests_cc}"
     assert digests_cc[0] != digests_raw[0]  # compression did change the gradients
