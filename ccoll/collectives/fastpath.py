@@ -207,7 +207,7 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
     if out is not None and (collective != "allreduce" or not _out_ok(x, out, arr, narrow)):
         return None
     code = NATIVE_CODES[arr.dtype] if narrow is None else DTYPES[narrow.name]
-    flat = arr.reshape(-1)  # a view of C-contiguous data, else a copy
+    flat = arr.ravel()  # a view of C-contiguous data, else a contiguous copy
     key = (COLLECTIVES[collective], flat.size, code, kind, value, o, algorithm, policy, r,
            shape_c, 0)
     return Ready(key, flat, x.shape, narrow, as_torch, out)
@@ -362,7 +362,7 @@ class Fast:
         if n == 1:
             y = x.copy()
         else:
-            flat = x.reshape(-1)
+            flat = x.ravel()  # MPI takes contiguous buffers only
             if _inband(n, st.key, x.nbytes):
                 buf = np.empty(x.size + 1, x.dtype)
                 buf[0] = 0
