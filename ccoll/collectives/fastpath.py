@@ -50,8 +50,9 @@ from ccoll.compressor._backend import is_torch
 from ccoll.compressor.precision import Narrow, widen
 from ccoll.errorbound import ErrorBound, as_bound
 from ccoll.errors import ErrorBoundError
+from ccoll.runtime.progress import current_request
 
-__all__ = ["History", "Fast", "Ready", "ready", "NATIVE_CODES"]
+__all__ = ["History", "Fast", "Memo", "Ready", "ready", "NATIVE_CODES"]
 
 _HISTORY_MAX = 256
 # The agreement's dtype codes of the host dtypes the fast path takes as they are.
@@ -206,19 +207,52 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
     if out is not None and (collective != "allreduce" or not _out_ok(x, out, arr, narrow)):
         return None
     code = NATIVE_CODES[arr.dtype] if narrow is None else DTYPES[narrow.name]
-    flat = arr.reshape(-1)  # a view of C-contiguous data, else a copy
+    flat = arr.ravel()  # a view of C-contiguous data, else a contiguous copy
     key = (COLLECTIVES[collective], flat.size, code, kind, value, o, algorithm, policy, r,
            shape_c, 0)
     return Ready(key, flat, x.shape, narrow, as_torch, out)
 
 
+class Memo:
+    """The last repeated allreduce into a new array, as its caller passed its arguments.
+
+    A call whose arguments are these very objects (``eb``: with the same ``value``, which
+    an :class:`ErrorBound` may change), on an array of the same dtype object and size,
+    has the key that :func:`ready` made for it: ``calls.run_call`` then runs it without
+    ready(). ``epoch``: the planner's (``state`` is still the planner's state of its key
+    while it is unchanged).
+    """
+
+    __slots__ = ("state", "epoch", "dtype", "size", "eb", "eb_value", "op", "algorithm",
+                 "policy", "collective", "policy_code", "algorithm_code")
+
+    def __init__(self, state: State, epoch: int, x: np.ndarray, eb: Any, op: Any,
+                 algorithm: Any, policy: Any, collective: str, policy_code: int,
+                 algorithm_code: int) -> None:
+        self.state = state
+        self.epoch = epoch
+        self.dtype = x.dtype
+        self.size = x.size
+        self.eb = eb
+        self.eb_value = eb.value if isinstance(eb, ErrorBound) else None
+        self.op = op
+        self.algorithm = algorithm
+        self.policy = policy
+        self.collective = collective
+        self.policy_code = policy_code
+        self.algorithm_code = algorithm_code
+
+
 class Fast:
     """The fast path of one channel: its history and the predicted call's collective."""
 
-    __slots__ = ("ch", "planner", "history", "last_state", "last_seconds", "inband")
+    __slots__ = ("ch", "planner", "history", "last_state", "last_seconds", "last_sent",
+                 "inband", "memo")
 
     def __init__(self, ch: Channel, planner: Planner) -> None:
         self.inband: np.ndarray | None = None  # the in-band flag's buffer, where out is given
+        self.memo: Memo | None = None  # the last repeat of a new array's allreduce
+        self.last_sent = 0
         self.ch = ch
         self.planner = planner
         self.history = History()
@@ -313,6 +347,50 @@ class Fast:
             import torch
 
             return torch.from_numpy(y)
+        return y
+
+    def repeat(self, st: State, x: np.ndarray, avg: bool) -> np.ndarray | None:
+        """Run the predicted allreduce on a host float32/float64 ``x``, into a new array.
+
+        What :meth:`allreduce` does for such a call without ``out`` (the same collectives,
+        so that ranks that take either meet), for a call whose arguments are those of the
+        last repeat (:attr:`memo`); None if a rank deviated.
+        """
+        ch = self.ch
+        n = ch.size
+        t0 = time.perf_counter()
+        if n == 1:
+            y = x.copy()
+        else:
+            flat = x.ravel()  # MPI takes contiguous buffers only
+            if _inband(n, st.key, x.nbytes):
+                buf = np.empty(x.size + 1, x.dtype)
+                buf[0] = 0
+                buf[1:] = flat
+                _sum_in_place(ch, buf)
+                if buf[0] != 0:
+                    return None
+                y = buf[1:].reshape(x.shape)
+            else:
+                comm = ch.comm
+                deadline = Deadline(ch.timeout, "ccoll.allreduce")  # one for both waits
+                flag = np.zeros(1, np.int32)
+                req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
+                y = np.empty(x.shape, x.dtype)
+                try:
+                    _run(comm.Allreduce, comm.Iallreduce, (flat, y.reshape(-1)),
+                         {"op": MPI.SUM}, deadline)
+                finally:
+                    wait_all([req], deadline, "the repeated call's check")
+                if flag[0] != 0:
+                    return None
+        if avg:
+            np.divide(y, y.dtype.type(n), out=y)
+        stats = ch.stats
+        sent = self.last_sent = 2 * (n - 1) * x.nbytes // n
+        stats.bytes_sent += sent
+        stats.bytes_input += x.nbytes
+        self._end(st, t0)
         return y
 
     def dummy(self, st: State) -> None:
@@ -421,6 +499,22 @@ def _inband(n: int, key: tuple[Any, ...], nbytes: int) -> bool:
     if n < 2 or nbytes > INBAND_MAX:
         return False
     return n == 2 or (key[7] == _AUTO and key[3] != 0)
+
+
+def _sum_in_place(ch: Channel, buf: np.ndarray) -> None:
+    """Run ``MPI_Allreduce(IN_PLACE, buf, SUM)`` on ``ch``, waited for as :func:`_run` waits.
+
+    Its deadline is made only where the call is not complete at its first test (small
+    repeats often are): the one collective of an in-band repeat, the deadline its only.
+    """
+    comm = ch.comm
+    if ch.timeout is None and current_request() is None:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    else:
+        req = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        if not req.Test():
+            wait_all([req], Deadline(ch.timeout, "ccoll.allreduce"),
+                     "the repeated call's collective")
 
 
 def _run(blocking: Any, nonblocking: Any, args: tuple[Any, ...], kw: dict[str, Any],

@@ -630,3 +630,46 @@ def test_a_deviation_after_repeats_into_out_leaves_x_intact(comm, n, eb, in_plac
         assert y is out
         check(out)
         assert_same_on_every_rank(comm, out)
+
+
+@pytest.mark.parametrize("eb", [None, "rel:1e-3", "REL"], ids=["exact", "string", "REL"])
+def test_the_same_argument_objects_again_repeat_as_any_call(comm, eb):
+    # A repeat whose arguments are the very objects of the last repeat skips their checks
+    # (calls.run_call's memo): it must return what any repeat returns, in the caller's
+    # shape, and a rank whose call then differs in a way those objects hide (another
+    # shape or view of the same size, an ErrorBound whose value changed) must be caught.
+    n = 1000 if eb is None else 16  # sizes whose plan is raw and settled (fast way)
+    bound = ccoll.REL(1e-3) if eb == "REL" else eb  # an object of this test's own
+    x0 = data(comm.rank, n)
+    exact = mpi_result(comm, "allreduce", x0)
+    ref = allreduce_reference(comm, x0, "sum")
+
+    def check(y, x):
+        assert y.shape == x.shape and y.flags.c_contiguous
+        if eb is None:  # plain MPI's result, bit for bit
+            assert y.tobytes() == exact.tobytes()
+        else:
+            assert_within(y.reshape(-1), ref, **allowance(
+                global_eb(comm, x0, ccoll.REL(1e-3)), y.reshape(-1), SIZE, "sum"))
+        assert_same_on_every_rank(comm, y)
+    with ccoll.Communicator(comm) as c:
+        seen = []
+        for _ in range(4):
+            check(c.allreduce(x0, bound), x0)
+            seen.append(c.last_call.overlapped)
+        # The same size and dtype in another shape, and as a strided view.
+        for x in (x0.reshape(n // 8, 8), np.repeat(x0, 2)[::2]):
+            check(c.allreduce(x, bound), x)
+            seen.append(c.last_call.overlapped)
+            check(c.allreduce(x0, bound), x0)
+            seen.append(c.last_call.overlapped)
+        expect_fast(seen, [False] + [True] * 7)
+        assert x0.tobytes() == data(comm.rank, n).tobytes()  # never written
+        if SIZE > 1 and eb == "REL":
+            if comm.rank == SIZE - 1:
+                bound.value = 1e-2  # the same object, another bound
+            with pytest.raises(MismatchError) as info:
+                c.allreduce(x0, bound)
+            same_error_everywhere(comm, info, MismatchError, "error-bound value")
+            bound.value = 1e-3
+            check(c.allreduce(x0, bound), x0)

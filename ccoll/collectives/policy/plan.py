@@ -378,6 +378,9 @@ class Planner:
         self.forced_ratio = forced_ratio
         self.formats = formats  # format 2's rates and ratio gain (None: format 1 only)
         self._states: dict[Any, State] = {}
+        # Counts the clearings of _states: a State looked up under an unchanged epoch is
+        # still the one of its key (the fast path keeps the last repeat's).
+        self.epoch = 0
         self._ideal: dict[Facts, bool] = {}
 
     # -- before the agreement (local, the same on every rank) --------------------------
@@ -388,6 +391,7 @@ class Planner:
         if st is None:
             if len(self._states) >= _MAX_STATES:
                 self._states.clear()
+                self.epoch += 1
             st = self._states[key] = State(key, facts, self.base)
         return st
 
