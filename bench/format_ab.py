@@ -5,12 +5,15 @@ Run under MPI (any rank count; on the emulated cluster too, as ``ccoll bench`` i
     .venv/bin/mpiexec -n 4 .venv/bin/python -m mpi4py bench/format_ab.py --iters 7
     .venv/bin/python jobs/emulated_cluster.py --ranks 4 --rate 100mbit -- \\
         python bench/format_ab.py --rel 1e-2 --json build/bench/format_100mbit_4.json
+    .venv/bin/python jobs/emulated_cluster.py --ranks 4 --rate 100mbit -- \
+        python bench/format_ab.py --schedule halving --policy compress
 
 Every rank loads one MiniLM gradient step of ``datasets/minilm.h5`` (rank ``i``: step
 ``i mod 4``), cut or tiled to ``--mib`` MiB of float32 (64 by default), and times
 ``allreduce(x, REL(--rel), op="avg")`` on three Communicators of one ``--policy``
 (``auto`` by default: each may also send raw): ``format_version=1``, ``format_version=2``
-and ``None`` (the plan picks per call), and ``MPI_Allreduce`` of the same array, rotating
+and ``None`` (the plan picks per call), all with one ``--schedule`` (``auto`` by default;
+``ring`` or ``halving`` forces one), and ``MPI_Allreduce`` of the same array, rotating
 the order call by call after one untimed call of each. Rank 0 prints, per variant, the
 median and best of the slowest rank's seconds, the bytes all ranks sent in the last call
 (the wire ratio: a raw ring's bytes over them), the error over the bound, the formats the
@@ -38,11 +41,14 @@ _FORMAT = {"format 1": 1, "format 2": 2, "auto": None}
 def main() -> None:
     ap = abkit.parser(__doc__.split("\n")[0], "variant")
     ap.add_argument("--policy", default="auto", choices=("compress", "auto"))
+    ap.add_argument("--schedule", default="auto", choices=("auto", "ring", "halving"),
+                    help="the Communicators' schedule (docs/collectives.md, \"Schedules\")")
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     n, r = comm.Get_size(), comm.Get_rank()
     x, exact = abkit.gradients(args)
-    ccs = {v: ccoll.Communicator(comm, policy=args.policy, format_version=f)
+    ccs = {v: ccoll.Communicator(comm, policy=args.policy, format_version=f,
+                                 schedule=args.schedule)
            for v, f in _FORMAT.items()}
     runs = abkit.interleave(comm, ccs, x, exact, VARIANTS, args.iters, args.rel)
     times, sent, err, compressed = runs.times, runs.sent, runs.err, runs.compressed
@@ -57,7 +63,8 @@ def main() -> None:
         return
     raw = 2 * (n - 1) * x.nbytes
     print(f"# {n} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, policy "
-          f"{args.policy}; {args.iters} calls each, rotating; slowest rank's seconds; "
+          f"{args.policy}, schedule {args.schedule}; {args.iters} calls each, rotating; "
+          f"slowest rank's seconds; "
           f"{describe(index)}")
     print("variant        median_ms  best_ms  bytes_all_ranks  wire_ratio  err/eb  "
           "compressed  formats  why")
@@ -65,7 +72,8 @@ def main() -> None:
     for v in VARIANTS:
         fm = ",".join(map(str, sorted(formats[v]))) or "-"
         row = {"variant": v, "ranks": n, "mib": args.mib, "rel": args.rel,
-               "policy": args.policy, "median_s": statistics.median(times[v]),
+               "policy": args.policy, "schedule": args.schedule,
+               "median_s": statistics.median(times[v]),
                "best_s": min(times[v]), "bytes": sent[v], "wire_ratio": raw / sent[v],
                "err_over_eb": err[v], "compressed_calls": compressed.get(v, 0),
                "formats": fm, "format_reason": why.get(v, ""), "times_s": times[v]}

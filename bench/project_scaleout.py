@@ -176,8 +176,9 @@ class GpuPoint:
     """ccoll on GPUs in stream formats 1 and 2 against NCCL's ring at one point (seconds).
 
     ``raw_s``: the same two levels as ccoll without compression (NVLink inside the node, the
-    faster of a raw ring and raw halving between nodes). ``v2_any_s``: format 2 if halving
-    carried it too (today a format-2 plan runs on the ring: docs/collectives.md).
+    faster of a raw ring and raw halving between nodes). ``v2_s``: format 2 on the ring
+    between nodes; ``v2_any_s``: format 2 on the faster of ring and halving, as ccoll's
+    plan may run it (docs/collectives.md, "The stream format of a call").
     ``flat_v1_s``: format 1 on one flat ring through all GPUs at the node's link, the path
     device data takes today.
     """

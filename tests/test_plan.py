@@ -243,16 +243,32 @@ def test_format_1_where_format_2s_kernels_cost_more_than_its_bytes_save():
     assert plan.compress and plan.version == 1
 
 
-def test_format_forced_unknown_halving_and_device():
+def test_format_forced_unknown_and_device():
     formats = Formats(SLOW, 2.0)
     forced = _plan_of(SLOW, formats, version=1)
     assert forced.version == 1 and forced.format_reason == "format_version=1"
     forced2 = _plan_of(SLOW, None, version=2)  # forced without a calibration of format 2
     assert forced2.version == 2 and forced2.format_reason == "format_version=2"
     assert _plan_of(SLOW, None).version == 1  # format 2 never measured: format 1
-    assert _plan_of(SLOW, formats, schedule="halving").version == 1  # halving cuts format 1
     dev = _plan_of(SLOW, formats, facts=FACTS._replace(device=True))
     assert dev.compress and dev.version == 1
+
+
+def test_halving_compares_both_formats_like_the_ring():
+    # Recursive halving cuts and joins either format: the plan prices both, picks format 2
+    # where its bytes pay (as the ring does on the same slow link) and keeps the halving.
+    formats = Formats(SLOW, 2.0)
+    plan = _plan_of(SLOW, formats, schedule="halving")
+    assert plan.compress and plan.version == 2 and plan.pieces > 0
+    assert plan.format_reason.startswith("predicted ") and "format 1 " in plan.format_reason
+    forced = _plan_of(SLOW, None, schedule="halving", version=2)
+    assert forced.version == 2 and forced.pieces > 0
+    fast_link = replace(model.DEFAULTS, beta=1.25e9)
+    slow2 = replace(fast_link, compress=fast_link.compress / 10, add=fast_link.add / 10,
+                    decompress=fast_link.decompress / 10)
+    one = _plan_of(fast_link, Formats(slow2, 1.05), schedule="halving",
+                   facts=FACTS._replace(policy="compress"))
+    assert one.compress and one.version == 1 and one.pieces > 0
 
 
 def test_format_2s_calibration_is_in_the_plans_digest():

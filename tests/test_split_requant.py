@@ -108,6 +108,30 @@ def test_off_grid_values_fall_back_to_the_allowance(avg):
     assert np.array_equal(w[~raw], decompress_wide(plain[:stream_nbytes(plain)])[~raw])
 
 
+@pytest.mark.parametrize("avg", [False, True])
+def test_off_grid_blocks_stay_in_format_2(avg):
+    # The same off-grid block with the reduced sum in format 2: the requantized stream
+    # stores it raw in format 2 too (every message of a format-2 call is format 2), and
+    # decodes to format 1's values bit for bit (both code the same quantized values).
+    ranks, share = 4, 0.5
+    ring_eb, rq = _setup(ranks, share, avg)
+    xs = _inputs(ranks)
+    xs[1][100] = np.float32(3 * 2**31 * rank_bound(ring_eb, ranks))
+    s1 = _reduce(xs, ring_eb)
+    v = decompress_wide(s1[:stream_nbytes(s1)]) / rq.divide
+    out1, out2 = np.empty(N_ELEMS, np.float64), np.empty(N_ELEMS, np.float64)
+    got1 = _requant_one(s1, out1, 0, N_ELEMS, rq, 1)
+    got2 = _requant_one(s1, out2, 0, N_ELEMS, rq, 2)
+    h2 = api().header(got2)
+    assert h2.version == 2 and h2.bound == rq.bound
+    w1 = decompress_wide(got1[:stream_nbytes(got1)])
+    w2 = decompress_wide(got2[:stream_nbytes(got2)])
+    assert np.array_equal(w1.view(np.uint64), w2.view(np.uint64))
+    assert np.array_equal(out1.view(np.uint64), out2.view(np.uint64))
+    raw = np.arange(N_ELEMS) // 32 == 100 // 32
+    assert np.array_equal(w2[raw], v[raw])  # the off-grid block: raw, bit for bit
+
+
 def test_non_finite_values_pass_the_check_bit_for_bit():
     ranks, share = 4, 0.5
     ring_eb, rq = _setup(ranks, share, True)

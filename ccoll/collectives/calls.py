@@ -620,7 +620,7 @@ def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
         ring_eb, requant = phase_bounds(p.eb_abs, n_ranks, p.avg, plan.split)
         if plan.pieces:
             halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, pieces=plan.pieces,
-                              deadline=p.deadline, requant=requant)
+                              deadline=p.deadline, requant=requant, version=plan.version)
         else:
             ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                            chunk_elems=plan.chunk_elems, deadline=p.deadline,

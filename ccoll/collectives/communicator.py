@@ -82,8 +82,8 @@ class Communicator:
     - ``format_version``: the stream format of every compressed call's messages: ``1`` or
       ``2`` (docs/format.md; version 2 codes the same quantized values in fewer bytes).
       ``None`` (default): chosen per call by the cost model from each version's measured
-      kernel rates and ratios against the link (docs/model.md, "Stream format"). Version 2
-      runs on the ring (``schedule="halving"`` takes version 1 only).
+      kernel rates and ratios against the link (docs/model.md, "Stream format"), for
+      either schedule.
 
     Creating one also reads the settings (:func:`ccoll.settings.current`, once), sets the
     threads of ccoll's CPU kernels in this process (the attribute ``threads``) and
@@ -156,10 +156,6 @@ class Communicator:
         ):
             call.problem(InputError, f"format_version must be None (chosen per call), 1 or 2, "
                          f"got {format_version!r}")
-            format_version = None
-        elif format_version == 2 and schedule == "halving":
-            call.problem(InputError, 'schedule="halving" sends format-1 streams only: pass '
-                         'format_version=None or 1, or schedule="ring" or "auto"')
             format_version = None
         self.format_version: int | None = (
             None if format_version is None else int(format_version))

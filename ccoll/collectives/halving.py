@@ -28,18 +28,21 @@ Rabenseifner's, on streams:
 one pipeline chunk each), one stream and one message each, so that compressing, sending
 and adding overlap. A later step sends and adds the pieces the step before produced, as
 they are; only a piece that straddles the step's halving point is cut there
-(:func:`~ccoll.compressor.cpu.slices.slice_blocks`, no decoding). So a rank makes about
-``P + 5 log2 N`` compress, add, cut, join and decode calls per allreduce whatever ``N``,
-where one call per block and step would make ``O(N)`` (each costs tens of microseconds
-of fixed cost, docs/model.md "Projection to many nodes").
+(:func:`~ccoll.compressor.cpu.slices.slice_blocks`, no decoding: in either stream format
+a block's bytes depend on its own values only, so a cut or a join copies them). So a
+rank makes about ``P + 5 log2 N`` compress, add, cut, join and decode calls per allreduce
+whatever ``N``, where one call per block and step would make ``O(N)`` (each costs tens of
+microseconds of fixed cost, docs/model.md "Projection to many nodes").
 
 Messages of one step go from one rank to one peer in a fixed order on one tag per step,
 and each receive is matched with ``MPI_Improbe`` at the head of its (source, tag) queue,
 so MPI's in-order matching pairs them and every receive gets a buffer of the message's
 exact size. Integer sums of codes are exact and order-free, so the reduced codes, and
 the bound (docs/error-bound.md, "Collectives"), are the ring's: without a split bound both
-schedules give the same output bytes. Host data, version-1 streams and the homomorphic
-algorithm only.
+schedules give the same output bytes. Host data and the homomorphic algorithm only; the
+streams are of the plan's format version, 1 or 2 (docs/format.md), every message of a call
+the same version (a requantized block too: its raw blocks are stored in that version).
+Both formats code the same quantized values, so the output does not depend on the version.
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def halving_allreduce(
     pieces: int,
     deadline: Deadline,
     requant: Requant | None = None,
+    version: int = 1,
 ) -> None:
     """Compressed allreduce of ``flat`` into ``flat_out`` by recursive halving and doubling.
 
@@ -88,8 +92,9 @@ def halving_allreduce(
     (within ``eb_abs`` of the sum; with ``requant``, the sum or average within ``eb_abs``
     (``/ N``) plus ``requant.bound``), host data only. ``pieces``: how many pieces the
     first step cuts the array into (:func:`ccoll.collectives.model.halving_pieces`).
+    ``version``: the stream format of every message (1 or 2; the plan's).
     """
-    run = _Halving(ch, flat, flat_out, dtype, eb_abs, pieces, deadline, requant)
+    run = _Halving(ch, flat, flat_out, dtype, eb_abs, pieces, deadline, requant, version)
     rec = _trace.ACTIVE
     if rec is None:
         run.run()
@@ -234,12 +239,13 @@ class _Tree:
         return self._cells(base, base + mask)
 
 
-def _own_stream(flat: np.ndarray, lo: int, hi: int, eb_rank: float) -> Any:
+def _own_stream(flat: np.ndarray, lo: int, hi: int, eb_rank: float, version: int = 1) -> Any:
     """Compress this rank's own data ``flat[lo:hi]`` on the per-rank grid ``eb_rank``.
 
-    What a raw piece is sent as; ``add_data`` adds the same stream to a received one.
+    What a raw piece is sent as (a stream of format ``version``); ``add_data`` adds the
+    same stream to a received one.
     """
-    return api().compress_abs(flat[lo:hi], eb_rank)
+    return api().compress_abs(flat[lo:hi], eb_rank, version=version)
 
 
 def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float,
@@ -250,7 +256,8 @@ def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float,
     (``rank``'s) data once, in the pieces of :class:`_Tree` whose base is that data (the
     first step's halves, or whole pieces on ranks that fold), on the per-rank grid: this
     returns the decoded values of those streams (``flat`` minus them is what the
-    quantization dropped, the residual of error feedback).
+    quantization dropped, the residual of error feedback). Both stream formats code the
+    same quantized values (docs/format.md, "Format version 2"), so this holds for either.
     """
     tree = _Tree(n_ranks, rank, flat.size, pieces)
     eb_rank = rank_bound(eb_abs, n_ranks)
@@ -271,9 +278,10 @@ class _Halving(_Tree):
 
     def __init__(self, ch: Channel, flat: np.ndarray, flat_out: np.ndarray, dtype: np.dtype,
                  eb_abs: float, pieces: int, deadline: Deadline,
-                 requant: Requant | None) -> None:
+                 requant: Requant | None, version: int = 1) -> None:
         self.ch, self.flat, self.flat_out, self.dtype = ch, flat, flat_out, dtype
         self.deadline, self.requant = deadline, requant
+        self.version = version
         self.comm = comm = ch.comm
         self.worker = ch.worker
         self.rec = _trace.ACTIVE
@@ -311,7 +319,7 @@ class _Halving(_Tree):
 
     def _compress(self, p: _Piece) -> Any:
         lo, hi = self._elems(p.c0, p.c1)
-        return _own_stream(self.flat, lo, hi, self.eb_rank)
+        return _own_stream(self.flat, lo, hi, self.eb_rank, self.version)
 
     def _combine(self, p: _Piece, received: Any) -> Any:
         if p.base is _RAW:
@@ -410,7 +418,7 @@ class _Halving(_Tree):
         if rq is None:
             return stream, False
         lo, hi = self._elems(*self.held_range)
-        return _requant_one(stream, self.flat_out, lo, hi, rq), True
+        return _requant_one(stream, self.flat_out, lo, hi, rq, self.version), True
 
     def _decode(self, stream: Any, nb: int, c0: int, c1: int) -> None:
         lo, hi = self._elems(c0, c1)
@@ -500,7 +508,7 @@ class _Halving(_Tree):
         if kind == "piece":
             p = arg
             lo, hi = self._elems(p.c0, p.c1)
-            nb = check_stream(buf, hi - lo, self.dtype, self.bound)
+            nb = check_stream(buf, hi - lo, self.dtype, self.bound, self.version)
             _check_count(count, nb, tag)
             if p.base is None or p.busy:
                 self.arrived[id(p)] = (buf, nb)
@@ -509,7 +517,7 @@ class _Halving(_Tree):
             return
         kk, (c0, c1) = arg if kind == "ag" else (-1, arg)
         lo, hi = self._elems(c0, c1)
-        nb = check_stream(buf, hi - lo, self.ag_dtype, self.ag_bound)
+        nb = check_stream(buf, hi - lo, self.ag_dtype, self.ag_bound, self.version)
         _check_count(count, nb, tag)
         self._decode(buf, nb, c0, c1)
         if kind == "ag":

@@ -133,9 +133,10 @@ class TwoLevel:
         if share.size:  # the same size on every node's rank l: all skip, or none
             ring_eb, requant = phase_bounds(eb_abs, n_ranks, avg, plan.split,
                                             ring_ranks=g.nodes)
-            if plan.pieces:  # version 1 only (the plan makes no halving of version 2)
+            if plan.pieces:
                 halving_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
-                                  pieces=plan.pieces, deadline=deadline, requant=requant)
+                                  pieces=plan.pieces, deadline=deadline, requant=requant,
+                                  version=plan.version)
             else:
                 ring_allreduce(inter, share, reduced, np.dtype(np.float64), ring_eb,
                                algorithm=algorithm, chunk_elems=plan.chunk_elems,

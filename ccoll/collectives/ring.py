@@ -272,8 +272,7 @@ class _Ring:
                  place: HostPlace, rec: _trace.Recorder | None,
                  requant: Requant | None = None, version: int = 1) -> None:
         self.ch, self.layout, self.dtype, self.ops = ch, layout, dtype, ops
-        # The stream format of every message (the plan's); a requantized chunk whose
-        # version-2 stream would need raw blocks goes as version 1 (_requant_one).
+        # The stream format of every message (the plan's), requantized chunks included.
         self.version = version
         self.bound, self.flat_out, self.deadline, self.place = bound, flat_out, deadline, place
         self.rec = rec
@@ -314,9 +313,7 @@ class _Ring:
         nbuf = max_c * (2 if self.gather and steps > 1 else 1) if steps else 0
         # A buffer serves both phases: room for the larger worst case of their streams.
         nbytes = max(max_nbytes(layout.chunk_elems, dtype, 1, version),
-                     max_nbytes(layout.chunk_elems, self.ag_dtype, 1, version),
-                     max_nbytes(layout.chunk_elems, self.ag_dtype, 1, fmt.VERSION)
-                     if self.requant is not None else 0)
+                     max_nbytes(layout.chunk_elems, self.ag_dtype, 1, version))
         self.bufs = place.recv_buffers(ch, nbuf, nbytes)
         self.busy = [0] * nbuf  # pending users (receive, forward, decode) of each buffer
         self.final: list[Any] = [None] * nch[r] if mine is None else list(mine)
@@ -438,9 +435,8 @@ class _Ring:
         raw = self.bufs[keep]
         if kind == "recv":
             nb = check_stream(raw, hi - lo, self.dtype, self.bound, self.version)
-        else:  # a requantized chunk may come as version 1 (_requant_one): any version
-            nb = check_stream(raw, hi - lo, self.ag_dtype, self.ag_bound,
-                              None if self.requant is not None else self.version)
+        else:
+            nb = check_stream(raw, hi - lo, self.ag_dtype, self.ag_bound, self.version)
         if status.Get_count(MPI.BYTE) != nb:
             what = f"ring step {s}" if kind == "recv" else f"allgather step {s}"
             raise FormatError(
@@ -640,9 +636,8 @@ def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant,
     The chunk's float64 values (before any rounding to the dtype), divided by ``N`` in
     float64 for an average, are compressed with the allgather's bound into a float64
     stream of format ``version``; with ``rq.accept``, the blocks with a value moved by
-    ``rq.accept`` or more are stored raw instead (in a version-1 stream: only version 1
-    can mark given blocks raw, and a stream says its own version, so the receivers decode
-    it alike). This rank decodes that stream like every other rank does.
+    ``rq.accept`` or more are stored raw instead (:func:`~ccoll.compressor.cpu.slices.raw_blocks`,
+    either format). This rank decodes that stream like every other rank does.
     """
     from ccoll.compressor.cpu import decompress_wide
     from ccoll.compressor.cpu.slices import raw_blocks
@@ -656,10 +651,6 @@ def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant,
     w = decompress_wide(out, out=_scratch(hi - lo, 1))
     if rq.accept is not None:
         far = _far_blocks(w, wide, rq.accept)
-        if far.size and version != fmt.VERSION:
-            out = a.compress_abs(wide, rq.bound, version=fmt.VERSION)
-            w = decompress_wide(out, out=w)
-            far = _far_blocks(w, wide, rq.accept)
         if far.size:
             out = raw_blocks(out, wide, far)
             w = decompress_wide(out, out=w)

@@ -4,8 +4,8 @@ Power-of-two rank counts halve and double directly; 3 and 5 fold their extra ran
 partner first. Checked exactly: the bound on every element against the exact sum, bitwise
 identical results on every rank, the same output bytes as the ring without a split
 (integer sums of codes do not depend on the order they are added in), the requantized
-split, few compute calls, two levels between nodes, a rank failing midway, and the
-agreement on ``schedule`` (docs/collectives.md, "Schedules").
+split, both stream formats, few compute calls, two levels between nodes, a rank failing
+midway, and the agreement on ``schedule`` (docs/collectives.md, "Schedules").
 """
 
 from __future__ import annotations
@@ -62,6 +62,75 @@ def test_halving_gives_the_rings_bytes(comm, op):
                                 chunk_elems=1500) as c:
             out[schedule] = c.allreduce(x, ccoll.REL(1e-3), op=op)
     np.testing.assert_array_equal(out["ring"].view(np.uint32), out["halving"].view(np.uint32))
+
+
+@pytest.mark.parametrize("split", [0.0, 0.5])
+@pytest.mark.parametrize("eb", [ccoll.ABS(1e-3), ccoll.REL(1e-3)], ids=["abs", "rel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", ["sum", "avg"])
+def test_halving_in_format_2(comm, monkeypatch, op, dtype, eb, split):
+    # Format 2 through the halving: every message a version-2 stream (cut, joined,
+    # requantized), the bound on every element, the same bits on every rank. Both formats
+    # code the same quantized values (and requantize the same values), so the result is
+    # format 1's bit for bit, and without a split the ring's in format 2 as well (but for
+    # the blocks with a raw lane, whose float64 sums follow each schedule's order).
+    from ccoll.collectives import halving
+
+    seen: list[int] = []
+    real = halving.check_stream
+
+    def spy(buf, n, dt, bound, version=None):
+        seen.append(int(np.asarray(buf)[4]))  # the header's version byte
+        return real(buf, n, dt, bound, version)
+
+    monkeypatch.setattr(halving, "check_stream", spy)
+    x = gradient_like(comm.rank, 20_011, dtype, seed=4)
+    x[7] = np.nan if comm.rank == 0 else x[7]
+    x[100] = 1e30 if comm.rank == SIZE - 1 else x[100]  # a raw lane in the sums
+    x[101] = -np.inf if comm.rank == SIZE // 2 else x[101]
+    out, versions = {}, {}
+    for schedule, v in (("halving", 2), ("halving", 1), ("ring", 2)):
+        seen.clear()
+        with ccoll.Communicator(comm, policy="compress", schedule=schedule, split=split,
+                                chunk_elems=1500, format_version=v) as c:
+            with trace.tracing() as rec:
+                out[schedule, v] = c.allreduce(x, eb, op=op)
+            assert c.last_call.format_version == v
+            assert c.last_call.compressed or SIZE == 1
+        ran = [e for e in rec.events if e[0] == "halving allreduce"]
+        assert len(ran) == (1 if schedule == "halving" and SIZE > 1 else 0)
+        versions[schedule, v] = set(seen)
+    y = out["halving", 2]
+    if SIZE > 1:
+        assert versions["halving", 2] == {2} and versions["halving", 1] == {1}
+    assert np.isnan(y[7]) and y[101] == -np.inf
+    allow = allowance(global_eb(comm, x, eb), y, SIZE, op)
+    if split:
+        allow["roundings"] = 1
+    assert_within(y, allreduce_reference(comm, x, op), **allow)
+    assert_same_on_every_rank(comm, y)
+    np.testing.assert_array_equal(y.view(np.uint8), out["halving", 1].view(np.uint8))
+    if not split:  # blocks with a raw lane add floats, in each schedule's order: not those
+        coded = np.ones(y.size, bool)
+        for i in (7, 100, 101):
+            coded[32 * (i // 32): 32 * (i // 32 + 1)] = False
+        np.testing.assert_array_equal(y[coded].view(np.uint8),
+                                      out["ring", 2][coded].view(np.uint8))
+
+
+@pytest.mark.skipif(SIZE != 4, reason="two nodes of two ranks need 4 ranks")
+def test_halving_between_nodes_in_format_2(comm):
+    x = gradient_like(comm.rank, 25_000, np.float32)
+    ys = {}
+    for v in (1, 2):
+        with ccoll.Communicator(comm, policy="compress", schedule="halving", split=0.5,
+                                ranks_per_node=2, format_version=v) as c:
+            ys[v] = c.allreduce(x, ccoll.REL(1e-3), op="avg")
+            assert c.last_call.hierarchical and c.last_call.format_version == v
+    assert_within(ys[2], allreduce_reference(comm, x, "avg"),
+                  global_eb(comm, x, ccoll.REL(1e-3)), roundings=1)
+    assert_same_on_every_rank(comm, ys[2])
+    np.testing.assert_array_equal(ys[2].view(np.uint32), ys[1].view(np.uint32))
 
 
 @pytest.mark.parametrize("count", [0, 1, SIZE - 1, 3 * SIZE + 1])

@@ -158,7 +158,7 @@ def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
           version: int = 1) -> tuple[Plan, float]:
     """Return the flat compressed path of a call: schedule, chunk, split, and its time.
 
-    ``p`` and ``ratio`` are those of stream format ``version`` (2 runs on the ring only).
+    ``p`` and ``ratio`` are those of stream format ``version`` (either runs either schedule).
     """
     n = f.ranks if ring_ranks is None else ring_ranks
     count = f.elements if share_count is None else share_count
@@ -176,8 +176,7 @@ def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
     else:
         chunk = model.chunk_elems_for(count, f.itemsize, n, p, ratio, width=width)
     pieces = 0
-    if (f.collective == "allreduce" and homo and n >= 2 and o.schedule != "ring"
-            and version == 1):
+    if f.collective == "allreduce" and homo and n >= 2 and o.schedule != "ring":
         cand = model.halving_pieces(count, f.itemsize, chunk, fixed=o.chunk_elems is not None)
         if o.schedule == "halving":
             pieces = cand
@@ -219,7 +218,7 @@ def _versions(f: Facts, o: Options, formats: Formats | None) -> tuple[int, ...]:
     """Return the stream formats the model compares for a call (one: forced or unknown)."""
     if o.version is not None:
         return (o.version,)
-    if formats is None or o.schedule == "halving" or f.device:
+    if formats is None or f.device:
         return (1,)
     return (1, 2)
 
@@ -244,7 +243,6 @@ def _best_version(f: Facts, p: Params, ratio: float, width: float, o: Options,
         why = f"format_version={o.version}"
     elif len(got) == 1:
         why = ("device data: no measured rates of the device kernels" if f.device
-               else 'schedule="halving" cuts format-1 streams' if o.schedule == "halving"
                else "format 2's rates not measured")
     else:
         other = next(g for g in got if g[1] != v)
