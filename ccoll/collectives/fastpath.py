@@ -309,25 +309,17 @@ class Fast:
                 return None
             y = buf[1:]
         else:
-            flag = np.zeros(1, np.int32)
-            req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
             if dst is not None:
                 y = dst
             elif out is None:
                 y = np.empty_like(x)
             else:
                 y = ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype)
-            try:
-                _run(comm.Allreduce, comm.Iallreduce, (x, y), {"op": MPI.SUM}, deadline)
-            finally:
-                wait_all([req], deadline, "the repeated call's check")
-            if flag[0] != 0:
+            if not _checked_sum(ch, x, y, deadline):
                 return None
         if avg:
             np.divide(y, y.dtype.type(n), out=y)
-        stats = ch.stats
-        stats.bytes_sent += 2 * (n - 1) * x.nbytes // n
-        stats.bytes_input += x.nbytes
+        _count(ch, x.nbytes)
         self._end(st, t0)
         if y is dst:
             return out
@@ -372,24 +364,13 @@ class Fast:
                     return None
                 y = buf[1:].reshape(x.shape)
             else:
-                comm = ch.comm
-                deadline = Deadline(ch.timeout, "ccoll.allreduce")  # one for both waits
-                flag = np.zeros(1, np.int32)
-                req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
                 y = np.empty(x.shape, x.dtype)
-                try:
-                    _run(comm.Allreduce, comm.Iallreduce, (flat, y.reshape(-1)),
-                         {"op": MPI.SUM}, deadline)
-                finally:
-                    wait_all([req], deadline, "the repeated call's check")
-                if flag[0] != 0:
+                deadline = Deadline(ch.timeout, "ccoll.allreduce")  # one for both waits
+                if not _checked_sum(ch, flat, y.reshape(-1), deadline):
                     return None
         if avg:
             np.divide(y, y.dtype.type(n), out=y)
-        stats = ch.stats
-        sent = self.last_sent = 2 * (n - 1) * x.nbytes // n
-        stats.bytes_sent += sent
-        stats.bytes_input += x.nbytes
+        self.last_sent = _count(ch, x.nbytes)
         self._end(st, t0)
         return y
 
@@ -499,6 +480,32 @@ def _inband(n: int, key: tuple[Any, ...], nbytes: int) -> bool:
     if n < 2 or nbytes > INBAND_MAX:
         return False
     return n == 2 or (key[7] == _AUTO and key[3] != 0)
+
+
+def _checked_sum(ch: Channel, src: np.ndarray, dst: np.ndarray, deadline: Deadline) -> bool:
+    """``MPI_Allreduce(src, dst, SUM)`` beside a one-int check of every rank's call.
+
+    The check (``MPI_Iallreduce`` of a zero flag; a rank whose call deviates adds its own)
+    is started first and waited for even when the sum raises. Returns whether no rank
+    deviated.
+    """
+    comm = ch.comm
+    flag = np.zeros(1, np.int32)
+    req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
+    try:
+        _run(comm.Allreduce, comm.Iallreduce, (src, dst), {"op": MPI.SUM}, deadline)
+    finally:
+        wait_all([req], deadline, "the repeated call's check")
+    return bool(flag[0] == 0)
+
+
+def _count(ch: Channel, nbytes: int) -> int:
+    """Count a repeated allreduce of ``nbytes`` in the channel's stats; return the bytes sent."""
+    n = ch.size
+    sent = 2 * (n - 1) * nbytes // n
+    ch.stats.bytes_sent += sent
+    ch.stats.bytes_input += nbytes
+    return sent
 
 
 def _sum_in_place(ch: Channel, buf: np.ndarray) -> None:
