@@ -33,7 +33,7 @@ from ccoll.compressor.cpu.v2 import _new_stream, _sections, compress_abs_v2, val
 from ccoll.compressor.cpu.v2blocks import KIND_PP, KIND_RAW, KIND_SP, NCODES
 from ccoll.errors import MismatchError
 
-__all__ = ["PartsV2", "parts_v2", "slice_v2", "concat_v2", "raw_blocks_v2"]
+__all__ = ["PartsV2", "slice_v2", "concat_v2", "raw_blocks_v2"]
 
 BLOCK = fmt.BLOCK
 _LOW32 = np.uint64(0xFFFFFFFF)
@@ -84,11 +84,6 @@ class PartsV2:
         self.opre = np.zeros(nnz + 1, np.int64)
         np.cumsum(sizes, out=self.opre[1:])
         self.W = lay.W
-
-
-def parts_v2(buf: np.ndarray, hdr: fmt.StreamHeader) -> PartsV2:
-    """Validate a version-2 stream (``FormatError`` if damaged) and take it apart."""
-    return PartsV2(buf, hdr)
 
 
 def _take_bits(W: np.ndarray, start: int, nbits: int) -> np.ndarray:
