@@ -101,22 +101,24 @@ class _Thing:
     """Stands for a channel or its communicator: cancel() matches by identity."""
 
 
-def _stuck_in_mpi(started: threading.Event, irecv: list[MPI.Request]) -> None:
+def _stuck_in_mpi(started: threading.Event, irecv: list[MPI.Request], bulk: bool) -> None:
     """A request that waits for a message nobody sends, without a timeout."""
     req = MPI.COMM_SELF.Irecv(bytearray(8), source=0, tag=4711)
     irecv.append(req)
     deadline = Deadline(None, "the stuck test request")  # made on the engine thread
     started.set()
-    wait_all([req], deadline, "waiting for nobody")
+    wait_all([req], deadline, "waiting for nobody", bulk=bulk)
 
 
-def test_cancel_fails_running_and_queued_requests_and_frees_the_engine():
+# bulk: blocked in MPI_Waitsome with the wake request; else tested with sleeps
+@pytest.mark.parametrize("bulk", [True, False])
+def test_cancel_fails_running_and_queued_requests_and_frees_the_engine(bulk):
     mine, other = _Thing(), _Thing()
     started = threading.Event()
     irecv: list[MPI.Request] = []
     ran: list[str] = []
     try:
-        stuck = progress.submit(_stuck_in_mpi, started, irecv, comm=mine)
+        stuck = progress.submit(_stuck_in_mpi, started, irecv, bulk, comm=mine)
         queued = [progress.submit(ran.append, "mine", comm=mine) for _ in range(2)]
         later = progress.submit(lambda: ran.append("other") or 42, comm=other)
         assert started.wait(GUARD_S)

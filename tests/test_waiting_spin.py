@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+from mpi4py import MPI
 
 from ccoll.collectives import waiting
+from ccoll.runtime import progress
 
 
 @pytest.mark.parametrize("shared, every", [(False, waiting._YIELD_EVERY),
@@ -25,3 +30,29 @@ def test_spin_yields_every_so_many_tests(monkeypatch, shared, every):
 def test_a_spin_that_runs_out_of_time_says_so(monkeypatch):
     monkeypatch.setattr(waiting.os, "sched_yield", lambda: None)
     assert not waiting.spin(lambda: False, 0.0)
+
+
+@pytest.mark.parametrize("bulk", [False, True])
+def test_engine_blocks_in_mpi_only_for_bulk_data(monkeypatch, bulk):
+    # On the progress engine without a timeout, a wait for data blocks in MPI_Waitsome (MPI
+    # moves a large exact collective only while it is called); a small one (the agreement,
+    # a range) is tested with sleeps: a blocking wait spins on a core that the backward
+    # pass beside it needs (docs/dev/training-runs.md, "Small waits beside the backward pass").
+    blocked = []
+    real = waiting._wait_or_cancel
+    monkeypatch.setattr(waiting, "_wait_or_cancel",
+                        lambda *a: blocked.append(1) or real(*a))
+    buf, tag = bytearray(8), 4712
+
+    def wait() -> bytes:
+        req = MPI.COMM_SELF.Irecv(buf, source=0, tag=tag)
+        late = threading.Timer(0.05, lambda: MPI.COMM_SELF.Send(b"12345678", dest=0, tag=tag))
+        late.start()
+        t0 = time.perf_counter()
+        waiting.wait_all([req], waiting.Deadline(None, "test"), "a late message", bulk=bulk)
+        late.join()
+        assert time.perf_counter() - t0 >= 0.04
+        return bytes(buf)
+
+    assert progress.submit(wait).wait(timeout=60) == b"12345678"
+    assert blocked == ([1] if bulk else [])

@@ -29,7 +29,7 @@ def allreduce(
     if deadline.at is None:
         comm.Allreduce(send, out, op=MPI.SUM)
     else:
-        wait_all([comm.Iallreduce(send, out, op=MPI.SUM)], deadline, "MPI_Iallreduce")
+        wait_all([comm.Iallreduce(send, out, op=MPI.SUM)], deadline, "MPI_Iallreduce", bulk=True)
     ch.stats.bytes_sent += 2 * (n_ranks - 1) * out.nbytes // n_ranks
 
 
@@ -42,7 +42,7 @@ def reduce_scatter(
         comm.Reduce_scatter(flat, out, recvcounts=counts, op=MPI.SUM)
     else:
         req = comm.Ireduce_scatter(flat, out, recvcounts=counts, op=MPI.SUM)
-        wait_all([req], deadline, "MPI_Ireduce_scatter")
+        wait_all([req], deadline, "MPI_Ireduce_scatter", bulk=True)
     ch.stats.bytes_sent += (flat.nbytes - out.nbytes)
 
 
@@ -52,7 +52,7 @@ def allgather(ch: Channel, flat: np.ndarray, out: np.ndarray, deadline: Deadline
     if deadline.at is None:
         comm.Allgather(flat, out)
     else:
-        wait_all([comm.Iallgather(flat, out)], deadline, "MPI_Iallgather")
+        wait_all([comm.Iallgather(flat, out)], deadline, "MPI_Iallgather", bulk=True)
     ch.stats.bytes_sent += (comm.Get_size() - 1) * flat.nbytes
 
 
@@ -62,6 +62,6 @@ def bcast(ch: Channel, buf: np.ndarray, root: int, deadline: Deadline) -> None:
     if deadline.at is None:
         comm.Bcast(buf, root=root)
     else:
-        wait_all([comm.Ibcast(buf, root=root)], deadline, "MPI_Ibcast")
+        wait_all([comm.Ibcast(buf, root=root)], deadline, "MPI_Ibcast", bulk=True)
     if comm.Get_rank() != (root - 1) % comm.Get_size():
         ch.stats.bytes_sent += buf.nbytes

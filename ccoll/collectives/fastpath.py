@@ -521,7 +521,7 @@ def _sum_in_place(ch: Channel, buf: np.ndarray) -> None:
         req = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
         if not req.Test():
             wait_all([req], Deadline(ch.timeout, "ccoll.allreduce"),
-                     "the repeated call's collective")
+                     "the repeated call's collective", bulk=True)
 
 
 def _run(blocking: Any, nonblocking: Any, args: tuple[Any, ...], kw: dict[str, Any],
@@ -535,4 +535,4 @@ def _run(blocking: Any, nonblocking: Any, args: tuple[Any, ...], kw: dict[str, A
     else:
         req = nonblocking(*args, **kw)
         if not req.Test():
-            wait_all([req], deadline, "the repeated call's collective")
+            wait_all([req], deadline, "the repeated call's collective", bulk=True)

@@ -74,7 +74,7 @@ def allgather(
     req = comm.Iallgatherv([mine, MPI.BYTE], [recv, (counts, displs), MPI.BYTE])
     ch.stats.bytes_sent += int(counts.sum()) - int(counts[(r + 1) % n_ranks])
     try:
-        wait_all([req], deadline, "allgather of the compressed arrays")
+        wait_all([req], deadline, "allgather of the compressed arrays", bulk=True)
     except BaseException:
         ch.abandon(mine, recv, counts, displs)  # MPI may still use them
         raise
@@ -175,7 +175,7 @@ def _bcast(comm: MPI.Intracomm, buf: np.ndarray, root: int, deadline: Deadline, 
     if deadline.at is None:
         comm.Bcast([buf, MPI.BYTE], root=root)
     else:
-        wait_all([comm.Ibcast([buf, MPI.BYTE], root=root)], deadline, what)
+        wait_all([comm.Ibcast([buf, MPI.BYTE], root=root)], deadline, what, bulk=True)
 
 
 def raise_size(rank: int, got: int, size: int) -> None:

@@ -163,7 +163,7 @@ class TwoLevel:
                 node.comm.Allgatherv(mine_out, [yflat, (counts, displs)])
             else:
                 req = node.comm.Iallgatherv(mine_out, [yflat, (counts, displs)])
-                wait_all([req], deadline, "MPI_Iallgatherv in the node")
+                wait_all([req], deadline, "MPI_Iallgatherv in the node", bulk=True)
             node.stats.bytes_sent += (r - 1) * mine_out.nbytes
         if rec is not None:
             rec.span("node share", t2, rec.clock(), {"shared memory": shm is not None})

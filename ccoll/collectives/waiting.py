@@ -21,10 +21,18 @@ compressed collectives do: MPICH's waits spin on a core their compute threads ne
 A deadline made on the progress engine's thread belongs to the request running there: when
 :func:`ccoll.runtime.progress.cancel` cancels that request (its Communicator was closed),
 the deadline expires at once with the reason. Its waits never block in MPI on the data's
-requests alone: without a timeout they block in ``MPI_Waitsome`` on them and on the
-request's wake receive (:meth:`~ccoll.runtime.progress.Request.wake_handle`), which the
-cancel completes; with one they poll. A closed Communicator so never leaves the engine
-thread inside an MPI wait, and a wait that nobody cancels costs what a plain one does.
+requests alone: without a timeout a wait for data (``bulk``: the exact collectives'
+``MPI_I*`` calls, whose algorithms move only while MPI is called) blocks in
+``MPI_Waitsome`` on them and on the request's wake receive
+(:meth:`~ccoll.runtime.progress.Request.wake_handle`), which the cancel completes; every
+other wait there (the agreement, a bucket's range, the sizes of streams: a few bytes) polls
+as a wait under a deadline does, and so does every wait with a timeout. A blocking wait
+spins on a core: beside a training's backward pass on shared cores it both slowed the
+compute and made a small collective late (4 ranks on 2 cores with a matrix-product thread
+each, 100 Mbit/s: 14-47 ms from the last rank's arrival to the end of a 320-byte
+``MPI_Iallreduce`` in ``MPI_Waitsome``, 1.3-10 ms tested with 0.2 ms sleeps, and 26% more
+products; docs/dev/training-runs.md, "Small waits beside the backward pass"). A closed
+Communicator so never leaves the engine thread inside an MPI wait.
 """
 
 from __future__ import annotations
@@ -137,12 +145,15 @@ class Deadline:
 
 
 def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
-             poll: bool = False) -> None:
+             poll: bool = False, bulk: bool = False) -> None:
     """Complete ``reqs``, or raise :class:`CollectiveError` once ``deadline`` expires.
 
     ``poll``: test with sleeps even without a deadline, never a blocking wait, which
     spins on a core, which the compressed collectives leave to their compute threads (and
-    to the other ranks' on the same node); see :func:`poll_pause`.
+    to the other ranks' on the same node); see :func:`poll_pause`. ``bulk``: the requests
+    move data (an exact collective's), which MPI moves only while it is called: on the
+    progress engine without a timeout they are waited for in ``MPI_Waitsome``; other
+    requests there are tested, with a short spin and then sleeps (the module's text).
     """
     if not reqs:
         return
@@ -151,7 +162,7 @@ def wait_all(reqs: Sequence[MPI.Request], deadline: Deadline, stage: str, *,
     at = deadline.at
     if at is None and not poll:
         MPI.Request.Waitall(reqs)
-    elif at == math.inf and deadline.req is not None and not poll:
+    elif at == math.inf and deadline.req is not None and bulk and not poll:
         _wait_or_cancel(list(reqs), deadline.req, deadline, stage)
     else:
         test = reqs[0].Test if len(reqs) == 1 else partial(MPI.Request.Testall, list(reqs))
