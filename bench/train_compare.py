@@ -54,11 +54,12 @@ def read(folders: Sequence[Path]) -> list[dict[str, Any]]:
 
 def label(log: dict[str, Any]) -> str:
     """The method as a reader names it: ``powersgd r4``, ``ccoll``, ``ccoll-ef``, ..."""
-    m = str(log["method"])
+    m, at, _ = str(log["method"]).partition("@")
+    cap = f" @{log['bucket_cap_mb']:g}MB" if at else ""  # its own DDP bucket size
     if m.startswith("powersgd"):
-        return f"powersgd r{log['powersgd']['matrix_approximation_rank']}"
+        return f"powersgd r{log['powersgd']['matrix_approximation_rank']}{cap}"
     name, _, eb = m.partition(":")
-    return f"{name} {eb}" if eb else m  # ccoll:rel:1e-2 -> "ccoll rel:1e-2"
+    return (f"{name} {eb}" if eb else m) + cap  # ccoll:rel:1e-2 -> "ccoll rel:1e-2"
 
 
 def _key(name: str) -> tuple[int, str]:
@@ -98,8 +99,8 @@ def table(link: Any, rows: dict[str, dict[str, Any]]) -> str:
     lo = min(none["final"]) if none else -math.inf
     hi = max(none["final"]) if none else math.inf
     best_other = {}
-    for name in ("bf16", "fp16") + tuple(n for n in rows if n.startswith("powersgd")):
-        if name in rows and rows[name]["time_to_target"]:
+    for name in rows:  # bf16, fp16 and PowerSGD, with any bucket size
+        if name.split(" ")[0] in ("bf16", "fp16", "powersgd") and rows[name]["time_to_target"]:
             best_other[name] = statistics.fmean(rows[name]["time_to_target"])
     seeds = sorted({s for r in rows.values() for s in r["seeds"]})
     lines = [

@@ -40,6 +40,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import math
 import os
 import pathlib
 import platform
@@ -102,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated methods run one after another in this job, each "
                     "from the same seed (overrides --method); powersgd:R is PowerSGD of "
                     "rank R (powersgd: --powersgd-rank), ccoll:EB and ccoll-ef:EB ccoll with "
-                    "its own bound (ccoll:rel:1e-2; ccoll: --eb)")
+                    "its own bound (ccoll:rel:1e-2; ccoll: --eb); a method@MB suffix gives "
+                    "that method DDP buckets of MB (ccoll@5; the others: --bucket-cap-mb)")
     ap.add_argument("--interleave", action="store_true",
                     help="with --methods: train them all at once, one step of each in turn "
                     "(step-by-step time ratios free of the drift between runs; wire bytes "
@@ -166,8 +168,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                  "start need DDP's buckets rebuilt first)")
     if args.methods:
         names = [m.strip() for m in args.methods.split(",") if m.strip()]
-        bad = [m for m in names if m not in METHODS and _powersgd_rank(m, 0) is None
-               and _ccoll_spec(m, args.eb) is None]
+        bad = [m for m in names if not _known(m, args)]
         if bad or not names:
             ap.error(f"--methods: unknown {', '.join(bad) or 'empty list'}; "
                      f"choose from {', '.join(METHODS)}")
@@ -262,6 +263,27 @@ def _ccoll_spec(method: str, default_eb: str) -> tuple[bool, str] | None:
     return name == "ccoll-ef", eb or default_eb
 
 
+def _with_cap(method: str, default: float) -> tuple[str, float] | None:
+    """(method, DDP bucket_cap_mb) of ``method@MB`` (``method``: ``default``), else None."""
+    name, sep, cap = method.partition("@")
+    if not sep:
+        return method, default
+    try:
+        mb = float(cap)
+    except ValueError:
+        return None
+    return (name, mb) if mb > 0 and math.isfinite(mb) else None
+
+
+def _known(method: str, args: argparse.Namespace) -> bool:
+    """Whether ``method`` (with or without an ``@MB`` suffix) names a method of this script."""
+    split = _with_cap(method, args.bucket_cap_mb)
+    if split is None:
+        return False
+    m = split[0]
+    return m in METHODS or _powersgd_rank(m, 0) is not None or _ccoll_spec(m, args.eb) is not None
+
+
 def _powersgd_rank(method: str, default: int) -> int | None:
     """PowerSGD's rank of ``method`` (``powersgd``: ``default``; ``powersgd:R``: R), else None."""
     if method == "powersgd":
@@ -282,6 +304,7 @@ def link_rate() -> str | None:
 
 
 def run_name(args: argparse.Namespace, method: str, size: int) -> str:
+    method, cap = _with_cap(method, args.bucket_cap_mb) or (method, args.bucket_cap_mb)
     parts = [args.model, "ccoll" if method.startswith("ccoll") else method]
     spec = _ccoll_spec(method, args.eb)
     if spec is not None:
@@ -294,6 +317,8 @@ def run_name(args: argparse.Namespace, method: str, size: int) -> str:
     if rank is not None:
         parts[1] = "powersgd"
         parts.append(f"r{rank}")
+    if cap != 25.0:  # DDP's default bucket size goes unnamed
+        parts.append(f"b{cap:g}")
     parts += [f"n{size}", f"s{args.seed}"]
     rate = link_rate()
     if rate:
@@ -483,7 +508,7 @@ class PerBucketPowerSGD:
 
 
 def register_method(ddp: Any, method: str, args: argparse.Namespace,
-                    timer: StepTimer) -> Any:
+                    timer: StepTimer, bucket_cap_mb: float) -> Any:
     """Register ``method``'s comm hook on ``ddp`` (timed); return the hook's state or None."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -509,7 +534,7 @@ def register_method(ddp: Any, method: str, args: argparse.Namespace,
         hook = default_hooks.bf16_compress_hook
     else:
         state = PerBucketPowerSGD(ddp, _powersgd_rank(method, args.powersgd_rank),
-                                  args.powersgd_start_iter, args.bucket_cap_mb)
+                                  args.powersgd_start_iter, bucket_cap_mb)
         hook = state.hook
     ddp.register_comm_hook(*timer.wrap(hook, state))
     return state
@@ -537,18 +562,23 @@ class Run:
         from ccoll.torch.process_group import rendezvous_info
 
         self.args, self.method = args, method
+        split = _with_cap(method, args.bucket_cap_mb)
+        if split is None:
+            raise ValueError(f"unknown method {method!r}")
+        base, cap = split  # the method without its @MB, and its DDP bucket size
+        self.base = base
         self.comm = comm = MPI.COMM_WORLD
         self.rank, self.size = rank, size = comm.Get_rank(), comm.Get_size()
         if args.batch % size:
             raise SystemExit(f"--batch {args.batch} is not a multiple of {size} ranks")
         self.task = task = Task(args, rank, size)
         self.rng = torch.get_rng_state()  # this run's own (dropout), set by Task
-        self.ddp = DDP(task.module, bucket_cap_mb=args.bucket_cap_mb)
+        self.ddp = DDP(task.module, bucket_cap_mb=cap)
         self.timer = StepTimer(task.module)
-        self.state = register_method(self.ddp, method, args, self.timer)
+        self.state = register_method(self.ddp, base, args, self.timer, cap)
         opt_cls = torch.optim.Adam if args.model == "cnn" else torch.optim.AdamW
         self.opt = opt_cls(self.ddp.parameters(), lr=args.lr)
-        spec = _ccoll_spec(method, args.eb)
+        spec = _ccoll_spec(base, args.eb)
         self.ccoll = ccoll_method = spec is not None
         self.nparams = sum(p.numel() for p in task.module.parameters() if p.requires_grad)
         self.rdv = rendezvous_info()
@@ -560,10 +590,11 @@ class Run:
             "eb": spec[1] if spec is not None else None,
             "error_feedback": spec[0] if spec is not None else None,
             "policy": args.policy if ccoll_method else None,
-            "powersgd": {"matrix_approximation_rank": _powersgd_rank(method,
+            "powersgd": {"matrix_approximation_rank": _powersgd_rank(base,
                                                                       args.powersgd_rank),
                          "start_powerSGD_iter": args.powersgd_start_iter}
-            if method.startswith("powersgd") else None,
+            if base.startswith("powersgd") else None,
+            "bucket_cap_mb": cap,
             "ranks": size,
             "seed": args.seed,
             "steps": args.steps,
@@ -680,7 +711,7 @@ class Run:
         log["param_digest"] = digests[0]
         log["params_identical_on_all_ranks"] = len(set(digests)) == 1
         log["loadavg_end"] = list(os.getloadavg())
-        log.update(wire_bytes(comm, self.method, state, self.counted, self.nparams,
+        log.update(wire_bytes(comm, self.base, state, self.counted, self.nparams,
                               args.steps, net0, net1, self.rdv))
         if isinstance(state, PerBucketPowerSGD):
             log["powersgd_buckets"] = state.buckets

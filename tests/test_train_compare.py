@@ -32,6 +32,8 @@ def test_table_averages_over_seeds(tmp_path: Path, capsys) -> None:
         _log("powersgd:8", 0, 1.2, 20.0, 0.77, rank=8),
         _log("ccoll", 0, 1.0, 18.0, 0.80), _log("ccoll", 1, 1.4, 22.0, 0.81),
         _log("ccoll-ef:rel:1e-2", 0, 0.9, 16.0, 0.79),
+        {**_log("bf16@5", 0, 1.4, 19.0, 0.79), "bucket_cap_mb": 5.0},
+        {**_log("ccoll@5", 0, 0.8, 15.0, 0.80), "bucket_cap_mb": 5.0},
     ]
     for i, log in enumerate(logs):
         (tmp_path / f"run{i}.json").write_text(json.dumps(log))
@@ -47,7 +49,10 @@ def test_table_averages_over_seeds(tmp_path: Path, capsys) -> None:
     assert rows["powersgd r8"] == ["1.20", "20.0", "1/1", "0.7700", "no"]
     assert rows["ccoll"][1:] == ["20.0 (18.0-22.0)", "2/2", "0.8050 (0.8000-0.8100)", "yes"]
     assert rows["ccoll-ef rel:1e-2"][:3] == ["0.90", "16.0", "1/1"]
-    assert "best of bf16/fp16/PowerSGD to target: powersgd r8, 20.0 s" in out
+    # a method@MB run (its own DDP bucket size) is a method of its own
+    assert rows["ccoll @5MB"][:3] == ["0.80", "15.0", "1/1"]
+    assert rows["bf16 @5MB"][:3] == ["1.40", "19.0", "1/1"]
+    assert "best of bf16/fp16/PowerSGD to target: bf16 @5MB, 19.0 s" in out
     assert (tmp_path / "png" / "acc_time_1gbit.png").stat().st_size > 0
 
 

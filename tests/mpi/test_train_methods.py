@@ -195,6 +195,35 @@ def test_ccoll_methods_with_their_own_bounds(tmp_path_factory: pytest.TempPathFa
             ex.parse_args(["--methods", bad])
 
 
+def test_methods_with_their_own_bucket_size(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # --methods ccoll,ccoll@0.01: the @MB suffix gives that run DDP buckets of its own size
+    # (the CNN's 40 KB of gradients in several buckets), the plain name --bucket-cap-mb's.
+    ex = _example()
+    out = tmp_path_factory.mktemp("bucket_caps")
+    args = ex.parse_args([
+        "--methods", "ccoll,ccoll@0.01,none@0.01", "--interleave", "--steps", "3",
+        "--eval-every", "0", "--min-numel", "0", "--policy", "compress",
+        "--target-accuracy", "0.1", "--out", str(out),
+    ])
+    plain, small, none = ex.run(args)
+    assert (plain["bucket_cap_mb"], small["bucket_cap_mb"], none["bucket_cap_mb"]) == \
+        (25.0, 0.01, 0.01)
+    assert (plain["method"], small["method"], none["method"]) == \
+        ("ccoll", "ccoll@0.01", "none@0.01")
+    # After DDP's rebuild at step 1 every step of the small buckets has several of them.
+    assert plain["step_buckets_compressed"][1:] == [1, 1]
+    assert min(small["step_buckets_compressed"][1:]) >= 3, small["step_buckets_compressed"]
+    assert small["params_identical_on_all_ranks"] is True
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        names = sorted(p.name for p in out.glob("*.json"))
+        assert [n for n in names if "_b0.01_" in n] == [
+            n for n in names if n.startswith(("cnn_ccoll_rel1e-3_b0.01", "cnn_none_b0.01"))]
+        assert len([n for n in names if "_b0.01_" in n]) == 2, names
+    for bad in ("ccoll@0", "ccoll@x", "ccoll@", "bogus@5", "ccoll@-1"):
+        with pytest.raises(SystemExit):
+            ex.parse_args(["--methods", bad])
+
+
 def test_shared_namespace_counters_count_once() -> None:
     # Ranks that share a network namespace (here all: plain mpiexec; on the emulated cluster
     # the ranks of one node) read the same interface counters: they count once, not per rank.
