@@ -30,7 +30,10 @@ has its own network namespace, else what the hooks handed over); whether the par
 ended bitwise identical on every rank (docs/training.md lists every field). Rank 0 redraws
 ``<out>/loss_<model>.png`` and ``<out>/acc_time_<model>_n<ranks>[_<rate>].png`` (accuracy
 against training time, one line per method) from every JSON log in ``<out>``;
-``--plot-only`` only redraws them and prints a Markdown table of the runs.
+``--plot-only`` only redraws them and prints a Markdown table of the runs. A ``@MB`` suffix
+gives a method DDP buckets of its own size (``--methods ccoll,ccoll@5``); ``--trace STEPS``
+records those steps' timelines (ccoll's collectives, the backward pass, each bucket in
+flight) into ``<out>/trace_<run>.json`` and a PNG per step.
 """
 
 from __future__ import annotations
@@ -148,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--record-params", default=None,
                     help="comma-separated name patterns of the parameters to record; "
                     "default: all")
+    ap.add_argument("--trace", default=None, metavar="STEPS",
+                    help="comma-separated steps whose timeline to record (each method's): "
+                    "ccoll's collectives, the backward pass and each bucket's time in "
+                    "flight, every rank, into trace_<run>.json (Chrome/Perfetto) and a PNG "
+                    "per step in --out; a traced step starts from a barrier, so leave "
+                    "traced runs out of timings")
     return ap
 
 
@@ -176,6 +185,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     else:
         m = "ccoll-ef" if args.method == "ccoll" and args.error_feedback else args.method
         args.method_list = [m]
+    try:
+        args.trace_steps = {int(v) for v in args.trace.split(",")} if args.trace else set()
+    except ValueError:
+        ap.error(f"--trace: steps are comma-separated integers, got {args.trace!r}")
     if args.interleave and args.record is not None:
         ap.error("--record records one method's gradients: it does not go with --interleave")
     return args
@@ -624,6 +637,7 @@ class Run:
         self.evaluate = [0, *range(args.eval_every, args.steps, args.eval_every)] \
             if args.eval_every else []
         self.train_time = 0.0
+        self.traced: list[tuple[str, Any]] = []  # (label, every rank's spans): rank 0's
 
     @contextlib.contextmanager
     def _own_rng(self) -> Any:
@@ -645,10 +659,11 @@ class Run:
                                     "train_time_s": self.train_time})
                 if self.rank == 0:
                     print(f"{self.method}: step {step:5d}  accuracy {acc:.4f}", flush=True)
+            tracing = self._trace(step)
             timer.reset()
             before = counter.bytes
             compressed0 = getattr(self.state, "compressed", None)  # ccoll: buckets so far
-            t0 = time.perf_counter()
+            t0 = t_start = time.perf_counter()
             loss = self.task.loss(self.ddp)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()  # DDP averages the gradients (through the hook) here
@@ -661,6 +676,8 @@ class Run:
             self.opt.step()
             dt += time.perf_counter() - t0  # recording is left out of the step time
             self.counted += counter.bytes - before
+            if tracing is not None:
+                self._trace_end(tracing, step, t_start)
         busy = timer.busy_s()
         # Outside the timed region: the mean loss over ranks and the slowest rank's time.
         settle(comm)
@@ -682,9 +699,50 @@ class Run:
             print(f"{self.method}: step {step:5d}  loss {mean_loss:.4f}  "
                   f"{dt_max * 1e3:7.1f} ms", flush=True)
 
+    def _trace(self, step: int) -> Any:
+        """Start recording ``step``'s timeline if ``--trace`` asks (a barrier first), else None."""
+        if step not in self.args.trace_steps:
+            return None
+        from ccoll.collectives import trace
+
+        tracing = trace.tracing(trace.start(self.comm))
+        tracing.__enter__()
+        return tracing
+
+    def _trace_end(self, tracing: Any, step: int, t_start: float) -> None:
+        """Add the step's own spans, stop recording and gather every rank's on rank 0."""
+        from ccoll.collectives import trace
+
+        rec = trace.ACTIVE
+        assert rec is not None
+        if self.timer.grad_done:
+            rec.span("forward+backward", t_start, self.timer.grad_done)
+        for i, (a, b) in enumerate(sorted(self.timer.spans)):
+            rec.span(f"bucket {i} in flight", a, b)
+        tracing.__exit__(None, None, None)
+        got = trace.gather(self.comm, rec)
+        if got is not None:
+            self.traced.append((f"{self.method} step {step}", got))
+
+    def _write_traces(self) -> None:
+        """Rank 0: the traced steps as trace-event JSON and one PNG each, in --out."""
+        from ccoll.collectives import trace
+
+        name = run_name(self.args, self.method, self.size)
+        out = self.args.out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"trace_{name}.json").write_text(json.dumps(trace.chrome(self.traced)))
+        for label, ranks in self.traced:
+            step = label.rsplit(" ", 1)[1]
+            trace.plot(trace.chrome([(label, ranks)]), str(out / f"trace_{name}_step{step}.png"),
+                       f"{label}, {self.size} ranks, {link_rate() or 'no link shaping'}")
+        print(f"{self.method}: traced steps in {out / f'trace_{name}.json'}", flush=True)
+
     def finish(self, net0: Any, net1: Any) -> dict[str, Any]:
         """Evaluate, summarize and close the run; return its log (every rank)."""
         args, comm, log, state = self.args, self.comm, self.log, self.state
+        if self.traced:  # rank 0 (after the steps: drawing takes seconds)
+            self._write_traces()
         with self._own_rng():
             acc = self.task.evaluate(comm)
         log["eval"].append({"step": args.steps, "accuracy": acc,

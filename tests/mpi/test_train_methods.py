@@ -12,6 +12,7 @@ Run: mpiexec -n 2 python -m mpi4py -m pytest tests/mpi/test_train_methods.py
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -222,6 +223,32 @@ def test_methods_with_their_own_bucket_size(tmp_path_factory: pytest.TempPathFac
     for bad in ("ccoll@0", "ccoll@x", "ccoll@", "bogus@5", "ccoll@-1"):
         with pytest.raises(SystemExit):
             ex.parse_args(["--methods", bad])
+
+
+def test_trace_records_the_steps_asked_for(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # --trace 1: step 1's timeline of every rank (ccoll's collectives, the backward pass,
+    # each bucket in flight) in trace_<run>.json and a PNG; other steps are not recorded.
+    ex = _example()
+    out = tmp_path_factory.mktemp("trace")
+    args = ex.parse_args([
+        "--methods", "ccoll", "--steps", "3", "--eval-every", "0", "--min-numel", "0",
+        "--policy", "compress", "--trace", "1", "--target-accuracy", "0.1", "--out", str(out),
+    ])
+    (log,) = ex.run(args)
+    assert log["params_identical_on_all_ranks"] is True
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        (path,) = out.glob("trace_*.json")
+        doc = json.loads(path.read_text())
+        assert [c["call"] for c in doc["otherData"]["calls"]] == ["ccoll step 1"]
+        spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+        size = MPI.COMM_WORLD.Get_size()
+        for name in ("forward+backward", "bucket 0 in flight", "allreduce"):
+            assert {e["pid"] for e in spans if e["name"] == name} == set(range(size)), name
+        # one compressed allreduce per rank: the CNN's one bucket of step 1
+        assert len([e for e in spans if e["name"] == "allreduce"]) == size
+        assert (out / path.name.replace(".json", "_step1.png")).stat().st_size > 0
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--trace", "1,x"])
 
 
 def test_shared_namespace_counters_count_once() -> None:
