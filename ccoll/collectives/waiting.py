@@ -29,9 +29,10 @@ other wait there (the agreement, a bucket's range, the sizes of streams: a few b
 as a wait under a deadline does, and so does every wait with a timeout. A blocking wait
 spins on a core: beside a training's backward pass on shared cores it both slowed the
 compute and made a small collective late (4 ranks on 2 cores with a matrix-product thread
-each, 100 Mbit/s: 14-47 ms from the last rank's arrival to the end of a 320-byte
-``MPI_Iallreduce`` in ``MPI_Waitsome``, 1.3-10 ms tested with 0.2 ms sleeps, and 26% more
-products; docs/dev/training-runs.md, "Small waits beside the backward pass"). A closed
+each, 100 Mbit/s: 17-45 ms from the last rank's arrival to the end of a 320-byte
+``MPI_Iallreduce`` in ``MPI_Waitsome``, 4-14 ms in this module's tests and sleeps, with a
+third more products beside; docs/dev/training-runs.md, "Small waits beside the backward
+pass"). A closed
 Communicator so never leaves the engine thread inside an MPI wait.
 """
 
