@@ -865,10 +865,12 @@ def train_interleaved(args: argparse.Namespace, methods: list[str]) -> list[dict
     """Train every method of ``methods`` at once, one step of each in turn; return the logs.
 
     Step ``s`` of every method runs before step ``s + 1`` of any, starting with method
-    ``s mod len(methods)``: each method's step ``s`` sees the same batch and nearly the same
-    moment of the machine as the others', so step-by-step ratios between methods lose the
-    drift between runs minutes apart (docs/training.md). The bytes on the wire come from
-    the hooks' payloads (the interface counters would mix the methods).
+    ``(s + seed) mod len(methods)``: each method's step ``s`` sees the same batch and nearly
+    the same moment of the machine as the others', so step-by-step ratios between methods
+    lose the drift between runs minutes apart (docs/training.md); which method takes step 0
+    first (the dearest step, docs/dev/training-runs.md "Step 0") moves with the seed. The
+    bytes on the wire come from the hooks' payloads (the interface counters would mix the
+    methods).
     """
     from mpi4py import MPI
 
@@ -881,7 +883,7 @@ def train_interleaved(args: argparse.Namespace, methods: list[str]) -> list[dict
     settle(MPI.COMM_WORLD)
     with counter:
         for step in range(args.steps):
-            k = step % len(runs)
+            k = (step + args.seed) % len(runs)
             for r in runs[k:] + runs[:k]:
                 r.step(step, counter)
     return [r.finish(None, None) for r in runs]

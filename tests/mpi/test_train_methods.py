@@ -114,6 +114,34 @@ def test_interleaved_runs_train_as_runs_alone(logs: dict[str, dict[str, Any]],
         assert paired in ex.plot(out) and paired.stat().st_size > 0
 
 
+def test_interleave_starts_step_0_with_the_seeds_method(monkeypatch) -> None:
+    # Step s starts with method (s + seed) mod M: which method takes step 0 first (the
+    # dearest step) moves with the seed instead of being method 0 in every seed.
+    ex = _example()
+    order: list[tuple[int, str]] = []
+
+    class Recorded:
+        def __init__(self, args: Any, method: str) -> None:
+            self.method, self.log = method, {"date_utc": "now"}
+
+        def step(self, step: int, counter: Any, rec: Any = None) -> None:
+            order.append((step, self.method))
+
+        def finish(self, *_: Any) -> dict[str, Any]:
+            return self.log
+
+    monkeypatch.setattr(ex, "Run", Recorded)
+    methods = ["none", "bf16", "ccoll"]
+    for seed in (0, 1, 2, 4):
+        order.clear()
+        args = ex.parse_args(["--methods", ",".join(methods), "--interleave", "--steps", "2",
+                              "--seed", str(seed)])
+        ex.train_interleaved(args, methods)
+        for step in (0, 1):
+            k = (step + seed) % 3
+            assert [m for s, m in order if s == step] == methods[k:] + methods[:k], (seed, order)
+
+
 def test_interleave_refuses_record() -> None:
     ex = _example()
     with pytest.raises(SystemExit):
