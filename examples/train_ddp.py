@@ -659,25 +659,23 @@ class Run:
                                     "train_time_s": self.train_time})
                 if self.rank == 0:
                     print(f"{self.method}: step {step:5d}  accuracy {acc:.4f}", flush=True)
-            tracing = self._trace(step)
-            timer.reset()
-            before = counter.bytes
-            compressed0 = getattr(self.state, "compressed", None)  # ccoll: buckets so far
-            t0 = t_start = time.perf_counter()
-            loss = self.task.loss(self.ddp)
-            self.opt.zero_grad(set_to_none=True)
-            loss.backward()  # DDP averages the gradients (through the hook) here
-            t_bwd = time.perf_counter()
-            dt = t_bwd - t0
-            exposed = max(0.0, t_bwd - timer.grad_done) if timer.grad_done else 0.0
-            if rec is not None:  # the averaged gradients, before the optimizer uses them
-                rec.record(self.ddp, step, loss=loss, lr=args.lr, batch_size=args.batch)
-            t0 = time.perf_counter()
-            self.opt.step()
-            dt += time.perf_counter() - t0  # recording is left out of the step time
-            self.counted += counter.bytes - before
-            if tracing is not None:
-                self._trace_end(tracing, step, t_start)
+            with self._traced(step):  # --trace: this step's timeline
+                timer.reset()
+                before = counter.bytes
+                compressed0 = getattr(self.state, "compressed", None)  # ccoll: buckets so far
+                t0 = time.perf_counter()
+                loss = self.task.loss(self.ddp)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()  # DDP averages the gradients (through the hook) here
+                t_bwd = time.perf_counter()
+                dt = t_bwd - t0
+                exposed = max(0.0, t_bwd - timer.grad_done) if timer.grad_done else 0.0
+                if rec is not None:  # the averaged gradients, before the optimizer uses them
+                    rec.record(self.ddp, step, loss=loss, lr=args.lr, batch_size=args.batch)
+                t0 = time.perf_counter()
+                self.opt.step()
+                dt += time.perf_counter() - t0  # recording is left out of the step time
+                self.counted += counter.bytes - before
         busy = timer.busy_s()
         # Outside the timed region: the mean loss over ranks and the slowest rank's time.
         settle(comm)
@@ -699,27 +697,25 @@ class Run:
             print(f"{self.method}: step {step:5d}  loss {mean_loss:.4f}  "
                   f"{dt_max * 1e3:7.1f} ms", flush=True)
 
-    def _trace(self, step: int) -> Any:
-        """Start recording ``step``'s timeline if ``--trace`` asks (a barrier first), else None."""
+    @contextlib.contextmanager
+    def _traced(self, step: int) -> Any:
+        """Record the block's timeline if ``--trace`` asks for ``step`` (a barrier first).
+
+        After the block: the step's own spans (forward and backward, each bucket in flight)
+        join ccoll's, and every rank's go to rank 0. A block that raises gathers nothing.
+        """
         if step not in self.args.trace_steps:
-            return None
+            yield
+            return
         from ccoll.collectives import trace
 
-        tracing = trace.tracing(trace.start(self.comm))
-        tracing.__enter__()
-        return tracing
-
-    def _trace_end(self, tracing: Any, step: int, t_start: float) -> None:
-        """Add the step's own spans, stop recording and gather every rank's on rank 0."""
-        from ccoll.collectives import trace
-
-        rec = trace.ACTIVE
-        assert rec is not None
-        if self.timer.grad_done:
-            rec.span("forward+backward", t_start, self.timer.grad_done)
-        for i, (a, b) in enumerate(sorted(self.timer.spans)):
-            rec.span(f"bucket {i} in flight", a, b)
-        tracing.__exit__(None, None, None)
+        with trace.tracing(trace.start(self.comm)) as rec:
+            t_start = rec.clock()
+            yield
+            if self.timer.grad_done:
+                rec.span("forward+backward", t_start, self.timer.grad_done)
+            for i, (a, b) in enumerate(sorted(self.timer.spans)):
+                rec.span(f"bucket {i} in flight", a, b)
         got = trace.gather(self.comm, rec)
         if got is not None:
             self.traced.append((f"{self.method} step {step}", got))

@@ -81,18 +81,24 @@ def test_aligned_requantization_moves_values_less(ranks, share, avg):
         assert abs(Fraction(float(w[i])) - exact) < Fraction(EB), i
 
 
+def _off_grid(avg: bool) -> tuple[Requant, np.ndarray, np.ndarray]:
+    """4 ranks, share 0.5: the reduced stream with one value too large for 31-bit codes on
+    the ring's grid (input 1, element 100), and its float64 values over ``rq.divide``."""
+    ranks = 4
+    ring_eb, rq = _setup(ranks, 0.5, avg)
+    xs = _inputs(ranks)
+    xs[1][100] = np.float32(3 * 2**31 * rank_bound(ring_eb, ranks))
+    s = _reduce(xs, ring_eb)
+    return rq, s, decompress_wide(s[:stream_nbytes(s)]) / rq.divide
+
+
 @pytest.mark.parametrize("avg", [True, False], ids=["avg", "sum"])
 def test_off_grid_values_fall_back_to_the_allowance(avg):
     # A value too large for 31-bit codes on the ring's grid (not on the k = 3 times coarser
     # one) makes its block of one input raw, so the reduced lane holds float64 sums off the
     # grid; rounding those to the coarse grid would move some beyond the allowance, so the
     # owner stores that block raw (and only that one).
-    ranks, share = 4, 0.5
-    ring_eb, rq = _setup(ranks, share, avg)
-    xs = _inputs(ranks)
-    xs[1][100] = np.float32(3 * 2**31 * rank_bound(ring_eb, ranks))
-    s = _reduce(xs, ring_eb)
-    v = decompress_wide(s[:stream_nbytes(s)]) / rq.divide
+    rq, s, v = _off_grid(avg)
     plain = api().compress_abs(v, rq.bound)
     moved = np.abs(decompress_wide(plain[:stream_nbytes(plain)]) - v)
     assert moved.max() >= rq.accept  # the coarse grid alone would break the allowance
@@ -113,12 +119,7 @@ def test_off_grid_blocks_stay_in_format_2(avg):
     # The same off-grid block with the reduced sum in format 2: the requantized stream
     # stores it raw in format 2 too (every message of a format-2 call is format 2), and
     # decodes to format 1's values bit for bit (both code the same quantized values).
-    ranks, share = 4, 0.5
-    ring_eb, rq = _setup(ranks, share, avg)
-    xs = _inputs(ranks)
-    xs[1][100] = np.float32(3 * 2**31 * rank_bound(ring_eb, ranks))
-    s1 = _reduce(xs, ring_eb)
-    v = decompress_wide(s1[:stream_nbytes(s1)]) / rq.divide
+    rq, s1, v = _off_grid(avg)
     out1, out2 = np.empty(N_ELEMS, np.float64), np.empty(N_ELEMS, np.float64)
     got1 = _requant_one(s1, out1, 0, N_ELEMS, rq, 1)
     got2 = _requant_one(s1, out2, 0, N_ELEMS, rq, 2)

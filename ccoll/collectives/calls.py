@@ -71,7 +71,15 @@ from ccoll.collectives.inputs import (
 )
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.policy.fits import Format2, estimate_stream, sampled_format2
-from ccoll.collectives.policy.plan import Facts, Plan, Planner, State, _mix, phase_bounds
+from ccoll.collectives.policy.plan import (
+    Facts,
+    Plan,
+    Planner,
+    State,
+    _mix,
+    phase_bounds,
+    skips_agreement,
+)
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline
@@ -146,8 +154,7 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
     if m is not None and fast.history.predicted is m.state.key \
             and fast.planner.epoch == m.epoch:
         st: State | None = m.state  # the last repeat's signature is predicted again
-        plan = m.state.cached
-        if m.state.awaiting or plan is None or not plan.fast:  # Planner.fast's test
+        if not skips_agreement(m.state):
             st = None
         # The arguments of the last repeat, the very objects: the same key as ready()'s.
         elif (out is None and type(x) is np.ndarray and x.dtype is m.dtype

@@ -46,7 +46,7 @@ from ccoll.collectives.model import Params
 
 __all__ = [
     "Facts", "Plan", "Planner", "State", "Options", "Formats", "Candidate", "candidates",
-    "phase_bounds",
+    "phase_bounds", "skips_agreement",
     "Bounds", "MARGIN", "TRY_FACTOR", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
 ]
 
@@ -361,6 +361,12 @@ class State:
     cands: list[Any] | None = None  # the model's candidates (they change with the ratio)
 
 
+def skips_agreement(st: State) -> bool:
+    """Whether the next call of ``st``'s signature may skip the agreement (:meth:`Planner.fast`)."""
+    plan = st.cached
+    return not st.awaiting and plan is not None and plan.fast
+
+
 class Planner:
     """The plans of one channel's calls: candidates, the measured loop, the fast path.
 
@@ -430,9 +436,7 @@ class Planner:
         change it (docs/collectives.md, "Every call").
         """
         st = self._states.get(key)
-        if st is None or st.awaiting or st.cached is None or not st.cached.fast:
-            return None
-        return st
+        return st if st is not None and skips_agreement(st) else None
 
     # -- the plan ------------------------------------------------------------------------
 
