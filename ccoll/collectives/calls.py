@@ -157,12 +157,15 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
         if not skips_agreement(m.state):
             st = None
         # The arguments of the last repeat, the very objects: the same key as ready()'s.
-        elif (out is None and type(x) is np.ndarray and x.dtype is m.dtype
+        elif (out is m.out and type(x) is np.ndarray and x.dtype is m.dtype
               and x.size == m.size and eb is m.eb and op is m.op
               and algorithm is m.algorithm and policy is m.policy
               and collective is m.collective
-              and (m.eb_value is None or eb.value == m.eb_value)):
-            y = _repeat(cc, route, m.state, x, op, m.policy_code, m.algorithm_code)
+              and (m.eb_value is None or eb.value == m.eb_value)
+              and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
+                                   and out.dtype is m.dtype and out.flags.writeable))):
+            y = _repeat(cc, route, m.state, x, op, m.policy_code, m.algorithm_code, out,
+                        m.through)
             if y is not None:
                 return y
             # A rank deviated: every rank takes the full way (these arguments are ready()'s).
@@ -179,11 +182,11 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
     if st is not None:
         got = _fast(cc, route, st, collective, r, op, alg, pol)
         if got is not None:
-            if (collective == "allreduce" and out is None and type(x) is np.ndarray
-                    and r is not None and r.narrow is None and alg is not None
-                    and pol is not None):
+            if (collective == "allreduce" and (out is None or type(out) is np.ndarray)
+                    and type(x) is np.ndarray and r is not None and r.narrow is None
+                    and alg is not None and pol is not None):
                 fast.memo = Memo(st, fast.planner.epoch, x, eb, op, algorithm, policy,
-                                 collective, pol, alg)
+                                 collective, pol, alg, out)
             return got
     # The full way (also after a repeat that some rank did not make: every rank is here).
     p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
@@ -192,13 +195,13 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
 
 
 def _repeat(cc: Any, route: Route, st: State, x: np.ndarray, op: str | None, pol: int,
-            alg: int) -> Any:
+            alg: int, out: np.ndarray | None, through: bool) -> Any:
     """Run the predicted allreduce of the last repeat's arguments; None: the full way."""
     ch = route.ch
     ch.check_usable()
     plan = st.cached
     try:
-        y = route.fast.repeat(st, x, op == "avg")
+        y = route.fast.repeat(st, x, op == "avg", out, through)
     except BaseException as exc:
         ch.fail(f"ccoll.allreduce raised {type(exc).__name__} in a repeated call")
         raise

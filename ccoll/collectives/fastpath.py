@@ -5,23 +5,24 @@ Every call on a channel first asks whether the signature that the agreed history
 That depends on agreed state only, so every rank gets the same answer. If it has, every
 rank runs that signature's MPI collective at once, without the agreement:
 
-- a rank whose own call has exactly the predicted signature runs it on its data, with a
-  "deviates" flag of 0;
+- a rank whose own call has exactly the predicted signature runs it on its data;
 - a rank whose call differs (another count, bound, collective, ...) runs the same
-  collective on zeros (so that no rank waits for a partner that is elsewhere), with the
-  flag 1.
+  collective (so that no rank waits for a partner that is elsewhere) and says so.
 
-The flags are summed in the same collective: in one extra element of the data
-(``policy="auto"`` allreduces that went raw, which owe MPI no bit-for-bit equality, since
-MPI may pick another algorithm for one more element; and every allreduce at 2 ranks, where
-each sum is ``a + b`` whatever the algorithm), or by a one-integer ``MPI_Iallreduce`` that
-runs beside the data collective (exact calls at 3 ranks or more, ``policy="raw"``, the
-other collectives: their result is plain MPI's, bit for bit). Every rank sees the same
-sum. Zero: every rank ran the predicted call on its own data, and the result is returned.
-Not zero: no rank returns it (``x`` is untouched; an ``out`` other than ``x`` holds no
-result until then); every rank runs the call again through the agreement, which then
-raises the same error on every rank where the arguments differ (docs/collectives.md,
-"Every call"). A rank that never makes the call
+An allreduce (its ops are all sums) says so in the data itself: the rank whose call
+differs sends NaN in every element, so the sum's first element is NaN on every rank (NaN
+plus anything is NaN, in any order). A first element that is a number therefore proves
+that no rank's call differed, and the sum, plain MPI's on the caller's buffers, is
+returned: the check costs one comparison, no copy and no second collective. A NaN there
+(a rank's call differed, or the data holds one) is told apart by a one-integer
+``MPI_Allreduce`` of "deviates" flags, which every rank then runs, since every rank sees
+the same first element. The other collectives (and an allreduce of no elements) sum the
+flags in a one-integer ``MPI_Iallreduce`` beside the data collective, on zeros where the
+rank's call differs. A zero sum of flags: every rank ran the predicted call on its own
+data, and the result is returned. Not zero: no rank returns it (``x`` is untouched; an
+``out`` other than ``x`` holds no result until then); every rank runs the call again
+through the agreement, which then raises the same error on every rank where the
+arguments differ (docs/collectives.md, "Every call"). A rank that never makes the call
 leaves the others waiting in the data collective, as in MPI, until the Communicator's
 timeout.
 """
@@ -39,7 +40,6 @@ from ccoll.collectives.agreement import (
     COLLECTIVES,
     DTYPES,
     OPS,
-    POLICIES,
     shape_code,
 )
 from ccoll.collectives.channel import Channel
@@ -58,11 +58,6 @@ _HISTORY_MAX = 256
 # The agreement's dtype codes of the host dtypes the fast path takes as they are.
 NATIVE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 _ALLREDUCE = COLLECTIVES["allreduce"]
-_AUTO = POLICIES["auto"]
-# Repeated policy="auto" allreduces that went raw carry the flag in their data up to this
-# size; larger ones beside it, where one more small collective costs little and a copy of
-# the data more (docs/collectives.md, "Every call").
-INBAND_MAX = 1 << 20
 
 
 class History:
@@ -214,23 +209,30 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
 
 
 class Memo:
-    """The last repeated allreduce into a new array, as its caller passed its arguments.
+    """The last repeated host allreduce, as its caller passed its arguments.
 
     A call whose arguments are these very objects (``eb``: with the same ``value``, which
     an :class:`ErrorBound` may change), on an array of the same dtype object and size,
     has the key that :func:`ready` made for it: ``calls.run_call`` then runs it without
-    ready(). ``epoch``: the planner's (``state`` is still the planner's state of its key
-    while it is unchanged).
+    ready(). With an ``out``, the very ``x`` and ``out`` objects again, of the same shape,
+    ``out`` still writeable: what :func:`ready` checked of them (their dtypes, shapes and
+    whether they overlap) is then unchanged. ``epoch``: the planner's (``state`` is still
+    the planner's state of its key while it is unchanged).
     """
 
     __slots__ = ("state", "epoch", "dtype", "size", "eb", "eb_value", "op", "algorithm",
-                 "policy", "collective", "policy_code", "algorithm_code")
+                 "policy", "collective", "policy_code", "algorithm_code", "x", "out",
+                 "shape", "through")
 
     def __init__(self, state: State, epoch: int, x: np.ndarray, eb: Any, op: Any,
                  algorithm: Any, policy: Any, collective: str, policy_code: int,
-                 algorithm_code: int) -> None:
+                 algorithm_code: int, out: np.ndarray | None = None) -> None:
         self.state = state
         self.epoch = epoch
+        self.out = out
+        self.x = None if out is None else x  # kept only with an out, to compare with
+        self.through = out is not None and (out is x or np.may_share_memory(out, x))
+        self.shape = x.shape
         self.dtype = x.dtype
         self.size = x.size
         self.eb = eb
@@ -247,10 +249,9 @@ class Fast:
     """The fast path of one channel: its history and the predicted call's collective."""
 
     __slots__ = ("ch", "planner", "history", "last_state", "last_seconds", "last_sent",
-                 "inband", "memo")
+                 "memo")
 
     def __init__(self, ch: Channel, planner: Planner) -> None:
-        self.inband: np.ndarray | None = None  # the in-band flag's buffer, where out is given
         self.memo: Memo | None = None  # the last repeat of a new array's allreduce
         self.last_sent = 0
         self.ch = ch
@@ -274,49 +275,25 @@ class Fast:
         pooled buffer, so that ``x`` is intact for that second run.
         """
         ch = self.ch
-        comm = ch.comm
         n = ch.size
         x = r.x
         t0 = time.perf_counter()
-        key = r.key
         out = r.out
         dst = None  # out's memory as a flat array, where the sum may go straight there
-        inband = _inband(n, key, x.nbytes)
-        if out is not None and r.narrow is None and not inband:
+        if out is not None and r.narrow is None:
             o = out if type(out) is np.ndarray else out.numpy()
             if not np.may_share_memory(o, x):
                 dst = o.reshape(-1)
+        if dst is not None:
+            y = dst
+        elif out is None:
+            y = np.empty_like(x)
+        else:  # in place: through the channel's buffer, so that x is intact on a deviation
+            y = ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype)
         if n == 1:
-            if dst is None:
-                y = x.copy()
-            else:
-                np.copyto(dst, x)
-                y = dst
-        elif inband:
-            m = x.size + 1
-            if out is None:
-                buf = np.empty(m, x.dtype)  # returned: a new array
-            else:  # copied into out: the same buffer for every repeat (at most 1 MiB)
-                kept = self.inband
-                if kept is None or kept.size != m or kept.dtype != x.dtype:
-                    kept = self.inband = np.empty(m, x.dtype)
-                buf = kept
-            buf[0] = 0
-            buf[1:] = x
-            _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, buf), {"op": MPI.SUM},
-                 deadline)
-            if buf[0] != 0:
-                return None
-            y = buf[1:]
-        else:
-            if dst is not None:
-                y = dst
-            elif out is None:
-                y = np.empty_like(x)
-            else:
-                y = ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype)
-            if not _checked_sum(ch, x, y, deadline):
-                return None
+            np.copyto(y, x)
+        elif not _checked_sum(ch, x, y, deadline):
+            return None
         if avg:
             np.divide(y, y.dtype.type(n), out=y)
         _count(ch, x.nbytes)
@@ -341,33 +318,36 @@ class Fast:
             return torch.from_numpy(y)
         return y
 
-    def repeat(self, st: State, x: np.ndarray, avg: bool) -> np.ndarray | None:
-        """Run the predicted allreduce on a host float32/float64 ``x``, into a new array.
+    def repeat(self, st: State, x: np.ndarray, avg: bool, out: np.ndarray | None = None,
+               through: bool = False) -> np.ndarray | None:
+        """Run the predicted allreduce on a host float32/float64 ``x``, into ``out`` or new.
 
-        What :meth:`allreduce` does for such a call without ``out`` (the same collectives,
-        so that ranks that take either meet), for a call whose arguments are those of the
-        last repeat (:attr:`memo`); None if a rank deviated.
+        What :meth:`allreduce` does for such a call (the same collectives, so that ranks
+        that take either meet), for a call whose arguments are those of the last repeat
+        (:attr:`memo`; ``through``: ``out`` overlaps ``x``, so the sum goes through the
+        channel's buffer and ``x`` stays intact on a deviation); None if a rank deviated.
         """
         ch = self.ch
         n = ch.size
         t0 = time.perf_counter()
         if n == 1:
-            y = x.copy()
-        else:
-            flat = x.ravel()  # MPI takes contiguous buffers only
-            if _inband(n, st.key, x.nbytes):
-                buf = np.empty(x.size + 1, x.dtype)
-                buf[0] = 0
-                buf[1:] = flat
-                _sum_in_place(ch, buf)
-                if buf[0] != 0:
-                    return None
-                y = buf[1:].reshape(x.shape)
+            if out is None:
+                y = x.copy()
             else:
+                np.copyto(out, x)
+                y = out
+        else:
+            if out is None:
                 y = np.empty(x.shape, x.dtype)
-                deadline = Deadline(ch.timeout, "ccoll.allreduce")  # one for both waits
-                if not _checked_sum(ch, flat, y.reshape(-1), deadline):
-                    return None
+                into = y.reshape(-1)
+            else:
+                y = out
+                into = (ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype) if through
+                        else out.reshape(-1))
+            if not _checked_sum(ch, x.ravel(), into, None):  # ravel: MPI takes contiguous
+                return None  # buffers only
+            if through:
+                np.copyto(y.reshape(-1), into)
         if avg:
             np.divide(y, y.dtype.type(n), out=y)
         self.last_sent = _count(ch, x.nbytes)
@@ -386,11 +366,12 @@ class Fast:
         sent = ch.stats.bytes_sent
         if n == 1:
             return
-        if collective == _ALLREDUCE and _inband(n, pred, count * dtype.itemsize):
-            buf = np.zeros(count + 1, dtype)
-            buf[0] = 1
-            _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, buf), {"op": MPI.SUM},
-                 deadline)
+        if collective == _ALLREDUCE and count > 0:
+            poison = np.full(count, np.nan, dtype)  # every element of the sum is NaN
+            _run(comm.Allreduce, comm.Iallreduce, (poison, np.empty_like(poison)),
+                 {"op": MPI.SUM}, deadline)
+            _flags(comm, 1, deadline)  # every rank saw a NaN first: it tells them apart
+            ch.stats.bytes_sent = sent
             return
         flag = np.ones(1, np.int32)
         req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
@@ -469,33 +450,44 @@ class Fast:
         self.ch.stats.calls += 1
 
 
-def _inband(n: int, key: tuple[Any, ...], nbytes: int) -> bool:
-    """Whether a repeated allreduce of ``key`` carries its flag in one more element.
+def _checked_sum(ch: Channel, src: np.ndarray, dst: np.ndarray,
+                 deadline: Deadline | None) -> bool:
+    """``MPI_Allreduce(src, dst, SUM)`` on ``ch``, checking that every rank made this call.
 
-    ``policy="auto"`` calls with a bound owe MPI no bit-for-bit equality; at 2 ranks no
-    call does, since every element's sum is ``a + b`` whatever algorithm MPI picks for
-    one more element (IEEE addition commutes), so exact calls (``eb=None``,
-    ``policy="raw"``) take it too and save the flag's collective beside the data's.
-    """
-    if n < 2 or nbytes > INBAND_MAX:
-        return False
-    return n == 2 or (key[7] == _AUTO and key[3] != 0)
-
-
-def _checked_sum(ch: Channel, src: np.ndarray, dst: np.ndarray, deadline: Deadline) -> bool:
-    """``MPI_Allreduce(src, dst, SUM)`` beside a one-int check of every rank's call.
-
-    The check (``MPI_Iallreduce`` of a zero flag; a rank whose call deviates adds its own)
-    is started first and waited for even when the sum raises. Returns whether no rank
-    deviated.
+    The check is the sum's first element (the module's text): a number proves it; a NaN
+    takes one more collective of flags. Without elements, the flags' collective runs
+    beside the sum. ``deadline``: made here where the call is not complete at its first
+    test (small repeats often are), if None. Returns whether no rank deviated.
     """
     comm = ch.comm
-    flag = np.zeros(1, np.int32)
-    req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
-    try:
-        _run(comm.Allreduce, comm.Iallreduce, (src, dst), {"op": MPI.SUM}, deadline)
-    finally:
-        wait_all([req], deadline, "the repeated call's check")
+    if src.size == 0:
+        if deadline is None:
+            deadline = Deadline(ch.timeout, "ccoll.allreduce")
+        flag = np.zeros(1, np.int32)
+        req = comm.Iallreduce(MPI.IN_PLACE, flag, op=MPI.SUM)
+        try:
+            _run(comm.Allreduce, comm.Iallreduce, (src, dst), {"op": MPI.SUM}, deadline)
+        finally:
+            wait_all([req], deadline, "the repeated call's check")
+        return bool(flag[0] == 0)
+    if ch.timeout is None and current_request() is None:
+        comm.Allreduce(src, dst, op=MPI.SUM)
+    else:
+        req = comm.Iallreduce(src, dst, op=MPI.SUM)
+        if not req.Test():
+            if deadline is None:
+                deadline = Deadline(ch.timeout, "ccoll.allreduce")
+            wait_all([req], deadline, "the repeated call's collective", bulk=True)
+    first = dst[0]
+    if first == first:  # a number: no rank sent the NaNs of a call that differs
+        return True
+    return _flags(comm, 0, deadline or Deadline(ch.timeout, "ccoll.allreduce"))
+
+
+def _flags(comm: MPI.Intracomm, mine: int, deadline: Deadline) -> bool:
+    """Sum every rank's "deviates" flag (``mine``); return whether none was set."""
+    flag = np.array([mine], np.int32)
+    _run(comm.Allreduce, comm.Iallreduce, (MPI.IN_PLACE, flag), {"op": MPI.SUM}, deadline)
     return bool(flag[0] == 0)
 
 
@@ -506,22 +498,6 @@ def _count(ch: Channel, nbytes: int) -> int:
     ch.stats.bytes_sent += sent
     ch.stats.bytes_input += nbytes
     return sent
-
-
-def _sum_in_place(ch: Channel, buf: np.ndarray) -> None:
-    """Run ``MPI_Allreduce(IN_PLACE, buf, SUM)`` on ``ch``, waited for as :func:`_run` waits.
-
-    Its deadline is made only where the call is not complete at its first test (small
-    repeats often are): the one collective of an in-band repeat, the deadline its only.
-    """
-    comm = ch.comm
-    if ch.timeout is None and current_request() is None:
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    else:
-        req = comm.Iallreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        if not req.Test():
-            wait_all([req], Deadline(ch.timeout, "ccoll.allreduce"),
-                     "the repeated call's collective", bulk=True)
 
 
 def _run(blocking: Any, nonblocking: Any, args: tuple[Any, ...], kw: dict[str, Any],

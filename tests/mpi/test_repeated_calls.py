@@ -3,12 +3,12 @@
 Once the agreed history predicts a call's signature (the last call's, or what followed it
 last time) and that signature's plan is raw and settled (``eb=None``, ``policy="raw"``, or
 ``policy="auto"`` raw whatever the data), every rank runs the MPI collective at once and the
-data collective carries the check (ccoll/collectives/fastpath.py). The result of an exact
-or ``policy="raw"`` call must still be MPI's bit for bit, an ``policy="auto"`` call that
-went raw (its flag rides in one extra element) within its bound and the same on every
-rank; the call report must say that it ran so; a rank that changes its arguments (or passes
-bad ones) after such calls must make every rank raise the same error, never hang, and leave
-the Communicator usable.
+data collective carries the check (ccoll/collectives/fastpath.py). The result of a repeat
+must be MPI's bit for bit (an allreduce's check is its sum's first element: a rank whose
+call differs sends NaNs), the call report must say that it ran so; a rank that changes its
+arguments (or passes bad ones) after such calls must make every rank raise the same error,
+never hang, and leave the Communicator usable, also where the data's own first element is
+a NaN.
 """
 
 from __future__ import annotations
@@ -129,20 +129,22 @@ def test_repeated_raw_call_runs_without_the_agreement_and_equals_mpi(comm, colle
 
 
 def test_repeated_auto_call_that_goes_raw_runs_without_the_agreement(comm):
-    # 64 B: raw whatever the data on any link. Its repeats carry the flag in one more
-    # element of the data's own MPI_Allreduce, so they owe MPI no bit-for-bit equality
-    # (MPI may add 17 elements in another order than 16): within the bound and identical on
-    # every rank instead.
+    # 64 B: raw whatever the data on any link. The first call moves its data with the
+    # agreement (one collective of more elements: within the bound, identical on every
+    # rank); its repeats run the data's own MPI_Allreduce: MPI's result bit for bit.
     x = data(comm.rank, 16)
     eb = ccoll.REL(1e-3)
+    want = mpi_result(comm, "allreduce", x)
     with ccoll.Communicator(comm) as c:
         reports = []
-        for _ in range(5):
+        for i in range(5):
             y = c.allreduce(x)  # the default bound: REL(1e-3)
             assert y.dtype == x.dtype and y.shape == x.shape
             assert_within(y, allreduce_reference(comm, x, "sum"),
                           **allowance(global_eb(comm, x, eb), y, SIZE, "sum"))
             assert_same_on_every_rank(comm, y)
+            if i:
+                assert y.tobytes() == want.tobytes()
             reports.append(c.last_call)
         assert all(r.mode == "raw" and r.path == "raw" for r in reports), [str(r) for r in
                                                                            reports]
@@ -595,7 +597,7 @@ def test_the_first_kernel_reads_no_setting(comm, monkeypatch):
 
 @needs_two
 @pytest.mark.parametrize("n, eb", [(16, ccoll.REL(1e-3)), (300_000, None)],
-                         ids=["in-band-flag", "flag-beside"])
+                         ids=["auto-small", "exact-large"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
 def test_a_deviation_after_repeats_into_out_leaves_x_intact(comm, n, eb, in_place):
     # Repeats write the sum straight into out (or, in place, through a buffer of the
@@ -673,3 +675,125 @@ def test_the_same_argument_objects_again_repeat_as_any_call(comm, eb):
             same_error_everywhere(comm, info, MismatchError, "error-bound value")
             bound.value = 1e-3
             check(c.allreduce(x0, bound), x0)
+
+
+@pytest.mark.parametrize("eb", [None, "rel:1e-3"], ids=["exact", "auto"])
+@pytest.mark.parametrize("out", [False, True], ids=["new", "out"])
+def test_a_nan_first_element_is_told_apart_from_a_call_that_differs(comm, eb, out):
+    # A repeated allreduce proves that no rank's call differed by its sum's first element
+    # (a rank whose call differs sends NaNs). Data whose own first element is a NaN makes
+    # every rank ask the flags' collective instead: the result is still MPI's, the call
+    # still repeats; and a rank that then changes its call is caught as any other.
+    x = data(comm.rank, 64)
+    if comm.rank == 0:
+        x[0] = np.nan
+    want = mpi_result(comm, "allreduce", x)
+    assert np.isnan(want[0])
+    with ccoll.Communicator(comm) as c:
+        seen = []
+        for _ in range(4):
+            dst = np.empty_like(x) if out else None
+            y = c.allreduce(x, eb, out=dst)
+            assert y is dst or not out
+            np.testing.assert_array_equal(y[1:], want[1:])
+            assert np.isnan(y[0])
+            assert_same_on_every_rank(comm, y[1:])
+            seen.append(c.last_call.overlapped)
+        expect_fast(seen, [False, True, True, True])
+        if SIZE < 2:
+            return
+        arg = data(comm.rank, 65) if comm.rank == SIZE - 1 else x
+        with pytest.raises(MismatchError) as info:
+            c.allreduce(arg, eb)
+        same_error_everywhere(comm, info, MismatchError, "element count")
+        y = c.allreduce(x, eb)
+        np.testing.assert_array_equal(y[1:], want[1:])
+
+
+@needs_two
+def test_a_call_that_differs_is_caught_by_the_first_element_alone(comm, monkeypatch):
+    # The NaNs of the rank whose call differs reach every rank's first element: the flags'
+    # collective then runs on every rank, and every rank raises (counted here: one flags'
+    # collective per rank for the one call that differs, none for the repeats around it).
+    from ccoll.collectives import fastpath
+
+    flags = []
+    real = fastpath._flags
+
+    def counted(comm_, mine, deadline):
+        flags.append(mine)
+        return real(comm_, mine, deadline)
+
+    monkeypatch.setattr(fastpath, "_flags", counted)
+    x = data(comm.rank, 256)
+    want = mpi_result(comm, "allreduce", x)
+    with ccoll.Communicator(comm) as c:
+        for _ in range(3):
+            assert c.allreduce(x, None).tobytes() == want.tobytes()
+        assert flags == []
+        changer = comm.rank == SIZE - 1
+        with pytest.raises(MismatchError) as info:
+            c.allreduce(x.astype(np.float64) if changer else x, None)
+        same_error_everywhere(comm, info, MismatchError, "dtype")
+        assert flags == [1 if changer else 0]
+        for _ in range(3):
+            assert c.allreduce(x, None).tobytes() == want.tobytes()
+        assert c.last_call.overlapped
+        assert flags == [1 if changer else 0]
+
+
+@pytest.mark.parametrize("change", ["none", "read-only", "out-shape", "x-shape", "out-dtype",
+                                    "x-dtype"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+def test_the_same_x_and_out_again_repeat_and_a_change_to_them_is_caught(comm, change,
+                                                                        in_place):
+    # A repeat into out whose x and out are the very objects of the last repeat skips
+    # their checks (calls.run_call's memo). What those objects can change in place (out
+    # made read-only, a shape or dtype assigned) must still be caught on every rank.
+    x0 = data(comm.rank, 1000)
+    exact = mpi_result(comm, "allreduce", x0)
+    x = x0.copy()
+    out = x if in_place else np.full_like(x0, np.nan)
+    with ccoll.Communicator(comm) as c:
+        seen = []
+        for _ in range(4):
+            if in_place:
+                x[...] = x0
+            assert c.allreduce(x, None, out=out) is out
+            assert out.tobytes() == exact.tobytes()
+            seen.append(c.last_call.overlapped)
+        expect_fast(seen, [False, True, True, True])
+        if change == "none" or SIZE < 2:
+            return
+        if in_place:
+            x[...] = x0
+        changer = comm.rank == SIZE - 1
+        if changer:
+            if change == "read-only":
+                out.flags.writeable = False
+            elif change == "out-shape":
+                out.shape = (100, 10)
+            elif change == "x-shape":
+                x.shape = (10, 100)
+            elif change == "out-dtype":
+                out.dtype = np.int32
+            else:
+                x.dtype = np.int32
+        exc, match = {
+            "read-only": (InputError, "writeable"),
+            "out-shape": (InputError, "out has shape"),
+            "x-shape": (InputError, "out has shape"),
+            "out-dtype": (InputError, "and dtype int32"),
+            "x-dtype": (DTypeError, "dtype int32"),
+        }[change]
+        if in_place and change in ("out-shape", "x-shape"):
+            # x is out: another shape of the same size is the same call (the result takes
+            # the caller's shape), on the changed rank as on the others.
+            y = c.allreduce(x, None, out=out)
+            assert y is out and out.tobytes() == exact.tobytes()
+            return
+        if in_place and change in ("out-dtype", "x-dtype"):
+            exc, match = DTypeError, "dtype int32"
+        with pytest.raises(exc) as info:
+            c.allreduce(x, None, out=out)
+        same_error_everywhere(comm, info, exc, match)
