@@ -133,7 +133,7 @@ def test_tracing_off_costs_no_clock_read_at_any_span_site() -> None:
     be inside an ``if rec is not None`` (or the ``... if rec is not None else ...``
     expression), so with tracing off none of them runs.
     """
-    files = ["ring.py", "waiting.py", "gather.py", "calls.py", "hier.py"]
+    files = ["ring.py", "waiting.py", "gather.py", "calls.py", "prepare.py", "hier.py"]
     for name in files:
         tree = ast.parse((REPO / "ccoll" / "collectives" / name).read_text())
         guarded: set[int] = set()

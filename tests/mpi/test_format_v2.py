@@ -289,7 +289,7 @@ def test_sampled_speed_factors_are_agreed_as_the_minimum(comm, monkeypatch,
     # same state, and make the same plan.
     if SIZE < 2:
         pytest.skip("one rank never compresses")
-    from ccoll.collectives import calls
+    from ccoll.collectives import prepare
     from ccoll.collectives.policy import fits
     from ccoll.settings import configure
 
@@ -299,7 +299,7 @@ def test_sampled_speed_factors_are_agreed_as_the_minimum(comm, monkeypatch,
         got.append(fits.sampled_format2(*a, **k))
         return got[-1]
 
-    monkeypatch.setattr(calls, "sampled_format2", spy)
+    monkeypatch.setattr(prepare, "sampled_format2", spy)
     if comm.rank == SIZE - 1:
         monkeypatch.setattr(fits, "_clock", _Clock(forced))
     folder = comm.bcast(str(tmp_path_factory.mktemp("cal")) if comm.rank == 0 else None)

@@ -25,7 +25,7 @@ from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
 import ccoll
-from ccoll.collectives import calls
+from ccoll.collectives import prepare
 from ccoll.collectives.policy import plan as plan_mod
 from ccoll.collectives.registry import default_communicator
 from ccoll.errors import CollectiveError, InputError, MismatchError
@@ -294,7 +294,7 @@ def test_raw_calls_do_not_scan_the_data(comm, shared_cache, monkeypatch, policy)
     def no_scan(*args):
         raise AssertionError("a raw call computed the value range")
 
-    monkeypatch.setattr(calls, "value_range", no_scan)
+    monkeypatch.setattr(prepare, "value_range", no_scan)
     with ccoll.Communicator(comm, policy=policy) as cc:
         for _ in range(3):  # the full way, then repeats
             y = cc.allreduce(x, eb)
