@@ -69,9 +69,9 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
               and collective is m.collective
               and (m.eb_value is None or eb.value == m.eb_value)
               and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
+                                   and x.strides == m.strides and out.strides == m.out_strides
                                    and out.dtype is m.dtype and out.flags.writeable))):
-            y = _repeat(cc, route, m.state, x, op, m.policy_code, m.algorithm_code, out,
-                        m.through)
+            y = _repeat(cc, route, m, x, op)
             if y is not None:
                 return y
             # A rank deviated: every rank takes the full way (these arguments are ready()'s).
@@ -100,22 +100,22 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
     return guard(cc, route, p, _RUNS[collective], root)
 
 
-def _repeat(cc: Any, route: Route, st: State, x: np.ndarray, op: str | None, pol: int,
-            alg: int, out: np.ndarray | None, through: bool) -> Any:
+def _repeat(cc: Any, route: Route, m: Memo, x: np.ndarray, op: str | None) -> Any:
     """Run the predicted allreduce of the last repeat's arguments; None: the full way."""
     ch = route.ch
     ch.check_usable()
+    st = m.state
     plan = st.cached
     try:
-        y = route.fast.repeat(st, x, op == "avg", out, through)
+        y = route.fast.repeat(st, x, op == "avg", m)
     except BaseException as exc:
         ch.fail(f"ccoll.allreduce raised {type(exc).__name__} in a repeated call")
         raise
     if y is None:
         return None
     fast = route.fast
-    route.last = ("allreduce", plan, pol, alg, x.dtype, x.size, None, x.nbytes, True,
-                  fast.last_sent, fast.last_seconds, 0)
+    route.last = ("allreduce", plan, m.policy_code, m.algorithm_code, x.dtype, x.size, None,
+                  x.nbytes, True, fast.last_sent, fast.last_seconds, 0)
     if LOGGER.isEnabledFor(logging.INFO):
         LOGGER.info("%s", report(cc, route))
     return y

@@ -214,15 +214,16 @@ class Memo:
     A call whose arguments are these very objects (``eb``: with the same ``value``, which
     an :class:`ErrorBound` may change), on an array of the same dtype object and size,
     has the key that :func:`ready` made for it: ``calls.run_call`` then runs it without
-    ready(). With an ``out``, the very ``x`` and ``out`` objects again, of the same shape,
-    ``out`` still writeable: what :func:`ready` checked of them (their dtypes, shapes and
-    whether they overlap) is then unchanged. ``epoch``: the planner's (``state`` is still
+    ready(). With an ``out``, the very ``x`` and ``out`` objects again, of the same shapes
+    and strides, ``out`` still writeable: what :func:`ready` checked of them (their dtypes,
+    shapes and whether they overlap) is then unchanged, and so are the flat views of their
+    memory made here. ``epoch``: the planner's (``state`` is still
     the planner's state of its key while it is unchanged).
     """
 
     __slots__ = ("state", "epoch", "dtype", "size", "eb", "eb_value", "op", "algorithm",
                  "policy", "collective", "policy_code", "algorithm_code", "x", "out",
-                 "shape", "through")
+                 "shape", "strides", "out_strides", "through", "flat", "into")
 
     def __init__(self, state: State, epoch: int, x: np.ndarray, eb: Any, op: Any,
                  algorithm: Any, policy: Any, collective: str, policy_code: int,
@@ -232,7 +233,15 @@ class Memo:
         self.out = out
         self.x = None if out is None else x  # kept only with an out, to compare with
         self.through = out is not None and (out is x or np.may_share_memory(out, x))
+        # With an out: x's and out's memory as flat arrays, made once (views of the same
+        # memory while their shapes stay those checked; a strided x is copied every call).
+        self.flat: np.ndarray | None = (x.reshape(-1) if out is not None
+                                        and x.flags.c_contiguous else None)
+        self.into: np.ndarray | None = (None if out is None or self.through
+                                        else out.reshape(-1))
         self.shape = x.shape
+        self.strides = x.strides  # with an out, looked at again: the views below rely on them
+        self.out_strides = None if out is None else out.strides
         self.dtype = x.dtype
         self.size = x.size
         self.eb = eb
@@ -318,18 +327,19 @@ class Fast:
             return torch.from_numpy(y)
         return y
 
-    def repeat(self, st: State, x: np.ndarray, avg: bool, out: np.ndarray | None = None,
-               through: bool = False) -> np.ndarray | None:
+    def repeat(self, st: State, x: np.ndarray, avg: bool, m: Memo) -> np.ndarray | None:
         """Run the predicted allreduce on a host float32/float64 ``x``, into ``out`` or new.
 
         What :meth:`allreduce` does for such a call (the same collectives, so that ranks
         that take either meet), for a call whose arguments are those of the last repeat
-        (:attr:`memo`; ``through``: ``out`` overlaps ``x``, so the sum goes through the
-        channel's buffer and ``x`` stays intact on a deviation); None if a rank deviated.
+        ``m`` (:attr:`memo`; where its ``out`` overlaps ``x``, the sum goes through the
+        channel's buffer, so that ``x`` stays intact on a deviation); None if a rank
+        deviated.
         """
         ch = self.ch
         n = ch.size
         t0 = time.perf_counter()
+        out = m.out
         if n == 1:
             if out is None:
                 y = x.copy()
@@ -340,13 +350,18 @@ class Fast:
             if out is None:
                 y = np.empty(x.shape, x.dtype)
                 into = y.reshape(-1)
-            else:
+            elif m.into is not None:
                 y = out
-                into = (ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype) if through
-                        else out.reshape(-1))
-            if not _checked_sum(ch, x.ravel(), into, None):  # ravel: MPI takes contiguous
-                return None  # buffers only
-            if through:
+                into = m.into
+            else:  # through the channel's buffer
+                y = out
+                into = ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype)
+            flat = m.flat
+            if flat is None:
+                flat = x.ravel()  # MPI takes contiguous buffers only
+            if not _checked_sum(ch, flat, into, None):
+                return None
+            if m.through:
                 np.copyto(y.reshape(-1), into)
         if avg:
             np.divide(y, y.dtype.type(n), out=y)

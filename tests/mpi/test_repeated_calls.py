@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -743,7 +744,7 @@ def test_a_call_that_differs_is_caught_by_the_first_element_alone(comm, monkeypa
 
 
 @pytest.mark.parametrize("change", ["none", "read-only", "out-shape", "x-shape", "out-dtype",
-                                    "x-dtype"])
+                                    "x-dtype", "x-strides"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
 def test_the_same_x_and_out_again_repeat_and_a_change_to_them_is_caught(comm, change,
                                                                         in_place):
@@ -777,6 +778,10 @@ def test_the_same_x_and_out_again_repeat_and_a_change_to_them_is_caught(comm, ch
                 x.shape = (10, 100)
             elif change == "out-dtype":
                 out.dtype = np.int32
+            elif change == "x-strides":  # the same shape, every element x[0] now
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    x.strides = (0,)
             else:
                 x.dtype = np.int32
         exc, match = {
@@ -785,7 +790,15 @@ def test_the_same_x_and_out_again_repeat_and_a_change_to_them_is_caught(comm, ch
             "x-shape": (InputError, "out has shape"),
             "out-dtype": (InputError, "and dtype int32"),
             "x-dtype": (DTypeError, "dtype int32"),
+            "x-strides": (InputError, "C-contiguous"),  # in place: out is x
         }[change]
+        if change == "x-strides" and not in_place:
+            # A valid call on the changed rank, of the values x shows now (not the memory
+            # its last repeat read).
+            want = mpi_result(comm, "allreduce", np.ascontiguousarray(x))
+            assert c.allreduce(x, None, out=out) is out
+            assert out.tobytes() == want.tobytes()
+            return
         if in_place and change in ("out-shape", "x-shape"):
             # x is out: another shape of the same size is the same call (the result takes
             # the caller's shape), on the changed rank as on the others.
