@@ -40,6 +40,7 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
     """
     from ccoll.collectives.nodesum import sum_slots
     from ccoll.compressor import cpu
+    from ccoll.compressor.cpu.slices import concat, raw_blocks, slice_blocks
 
     t0 = time.perf_counter()
     x = np.random.default_rng(0).standard_normal(4096).astype(dtype)
@@ -55,6 +56,10 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
             cpu.decompress_wide(a, out=np.empty(x.size))
         cpu.add_data(a, x)
         cpu.decompress(cpu.compress_abs(x, 0.0, version=v))  # lossless
+        # Recursive halving's cut and join, and the split's raw blocks (format 2: kernels).
+        nb = (x.size + 31) // 32
+        concat([slice_blocks(a, 0, nb // 2), slice_blocks(a, nb // 2, nb)])
+        raw_blocks(a, x, np.array([1]))
     slots = np.stack([x, x[::-1], x])
     sum_slots(x, slots[:2], 0, 0, np.empty(x.size // 2, np.float64))
     return time.perf_counter() - t0

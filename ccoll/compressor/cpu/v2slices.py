@@ -27,114 +27,143 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from numba import njit
 
 from ccoll.compressor import format as fmt
-from ccoll.compressor.cpu.v2 import _new_stream, _sections, compress_abs_v2, validate_v2
-from ccoll.compressor.cpu.v2blocks import KIND_PP, KIND_RAW, KIND_SP, NCODES
+from ccoll.compressor.cpu.blocks import CHUNK_BLOCKS
+from ccoll.compressor.cpu.v2 import LayoutV2, _new_stream, _sections, compress_abs_v2, validate_v2
+from ccoll.compressor.cpu.v2blocks import (
+    KIND_PP,
+    NCODES,
+    _code_bits,
+    _get,
+    _reader_at,
+    _writer_at,
+)
 from ccoll.errors import MismatchError
 
 __all__ = ["PartsV2", "slice_v2", "concat_v2", "raw_blocks_v2"]
 
 BLOCK = fmt.BLOCK
-_LOW32 = np.uint64(0xFFFFFFFF)
 
 
 class PartsV2:
-    """A validated version-2 stream taken apart block by block.
+    """A validated version-2 stream: its sections and per-chunk offsets (``lay``).
 
-    ``bits``: per block, 1 if non-zero; ``codes``: the code of each non-zero block (block
-    order); ``masks``: the mask words; ``rpre[k]``: the patched-planes blocks among non-zero
-    blocks ``0..k-1`` (their first mask word); ``opre[k]``: the payload bit where non-zero
-    block ``k`` starts; ``W``: the payload words.
+    :meth:`at` finds where block ``b``'s index field, mask word and payload bits start
+    from the offsets of its chunk (at most ``CHUNK_BLOCKS`` blocks read), so a cut costs
+    a pass over the blocks it keeps, not over the whole stream.
     """
 
-    __slots__ = ("hdr", "bits", "kpre", "codes", "masks", "rpre", "opre", "W")
+    __slots__ = ("hdr", "lay")
 
     def __init__(self, buf: np.ndarray, hdr: fmt.StreamHeader) -> None:
-        lay = validate_v2(buf, hdr)
         self.hdr = hdr
-        nblocks, nnz = hdr.nblocks, hdr.nnz
-        self.bits = np.unpackbits(np.ascontiguousarray(lay.bitmap).view(np.uint8),
-                                  bitorder="little")[:nblocks]
-        self.kpre = np.zeros(nblocks + 1, np.int64)  # non-zero blocks before each block
-        np.cumsum(self.bits, out=self.kpre[1:])
-        ib = hdr.index_bits
-        if ib:
-            ibits = np.unpackbits(np.ascontiguousarray(lay.idx).view(np.uint8),
-                                  bitorder="little")[: nnz * ib].reshape(nnz, ib)
-            fields = ibits.astype(np.int64) @ (np.int64(1) << np.arange(ib, dtype=np.int64))
-        else:
-            fields = np.zeros(nnz, np.int64)
-        codes = np.asarray(lay.table, np.int64)[fields] if nnz else np.zeros(0, np.int64)
-        self.codes = codes
-        self.masks = np.asarray(lay.masks)
-        kind = codes >> 10
-        a = (codes >> 5) & 31
-        b = codes & 31
-        pp = kind == KIND_PP
-        self.rpre = np.zeros(nnz + 1, np.int64)
-        np.cumsum(pp, out=self.rpre[1:])
-        p = np.zeros(nnz, np.int64)
-        p[pp] = np.bitwise_count(self.masks).astype(np.int64)
-        raw32 = 1024 if hdr.dtype == np.float32 else 2048
-        sizes = np.where(
-            pp, np.where(a == 0, p, 32) + 32 * a + p * b,
-            np.where(kind == KIND_SP, (a + 1) * (6 + b),
-                     np.where(kind == KIND_RAW, raw32, 2048)))
-        self.opre = np.zeros(nnz + 1, np.int64)
-        np.cumsum(sizes, out=self.opre[1:])
-        self.W = lay.W
+        self.lay: LayoutV2 = validate_v2(buf, hdr)
+
+    def at(self, b: int) -> tuple[int, int, int]:
+        """Index field, mask word and payload bit where block ``b`` starts (0..nblocks)."""
+        lay = self.lay
+        k, r, o = _offsets_at(lay.bitmap, lay.idx, lay.ib, lay.table, lay.masks,
+                              lay.chunk_k, lay.chunk_r, lay.chunk_o, b,
+                              self.hdr.dtype == np.float32)
+        return int(k), int(r), int(o)
 
 
-def _take_bits(W: np.ndarray, start: int, nbits: int) -> np.ndarray:
-    """Bits ``[start, start + nbits)`` of the bit stream ``W``, from bit 0 of a new one.
+@njit(nogil=True, cache=True)
+def _offsets_at(bitmap, idx, ib, table, masks, chunk_k, chunk_r, chunk_o, b, is32):  # type: ignore[no-untyped-def]
+    """Index field, mask word and payload bit before block ``b``, from its chunk's start."""
+    nch = chunk_k.size
+    if nch == 0:
+        return np.int64(0), np.int64(0), np.int64(0)
+    c = min(b // CHUNK_BLOCKS, nch - 1)
+    k = chunk_k[c]
+    r = chunk_r[c]
+    o = chunk_o[c]
+    pos, acc, nb = _reader_at(idx, k * ib)
+    for j in range(c * CHUNK_BLOCKS, b):
+        if (np.int64(bitmap[j >> 5]) >> (j & 31)) & 1:
+            i = np.int64(0)
+            if ib:
+                i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
+            code = table[i]
+            mask = np.int64(0)
+            if (code >> 10) == KIND_PP:
+                mask = np.int64(masks[r])
+                r += 1
+            o += _code_bits(code, mask, is32)
+            k += 1
+    return k, r, o
 
-    The bits after ``nbits`` in the last word are 0.
+
+@njit(nogil=True, cache=True)
+def _mark_codes(idx, ib, table, k0, k1, present):  # type: ignore[no-untyped-def]
+    """Mark the codes of index fields ``[k0, k1)`` in ``present`` (one entry per code)."""
+    if k1 <= k0:
+        return
+    if ib == 0:
+        present[table[0]] = 1
+        return
+    pos, acc, nb = _reader_at(idx, k0 * ib)
+    for _ in range(k1 - k0):
+        i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
+        present[table[i]] = 1
+
+
+@njit(nogil=True, cache=True)
+def _copy_fields(idx, ib, table, k0, k1, rank, dst, dib, at):  # type: ignore[no-untyped-def]
+    """OR index fields ``[k0, k1)``, re-indexed by ``rank`` (per code), into ``dst``.
+
+    ``dst`` holds ``dib``-bit fields; they go from field ``at`` on, where its bits are 0.
     """
+    if dib == 0 or k1 <= k0:
+        return
+    pos, acc, nb = _reader_at(idx, k0 * ib)
+    wpos, wacc, wnb = _writer_at(at * dib)
+    for _ in range(k1 - k0):
+        i = np.int64(0)
+        if ib:
+            i, pos, acc, nb = _get(idx, pos, acc, nb, ib)
+        wacc |= rank[table[i]] << wnb
+        wnb += dib
+        if wnb >= 32:
+            dst[wpos] |= np.uint32(wacc & 0xFFFFFFFF)
+            wpos += 1
+            wacc >>= 32
+            wnb -= 32
+    if wnb:
+        dst[wpos] |= np.uint32(wacc & 0xFFFFFFFF)
+
+
+@njit(nogil=True, cache=True)
+def _or_bits(dst, at, src, start, nbits):  # type: ignore[no-untyped-def]
+    """OR bits ``[start, start + nbits)`` of the words ``src`` into ``dst`` from bit ``at``.
+
+    The bits of ``dst`` from ``at`` on are 0, and ``dst`` has room for ``at + nbits`` bits.
+    """
+    if nbits <= 0:
+        return
     nw = (nbits + 31) >> 5
-    if nw == 0:
-        return np.zeros(0, np.uint32)
-    s, r = start >> 5, start & 31
-    src = W[s: s + nw + 1].astype(np.uint64)
-    if src.size < nw + 1:
-        src = np.concatenate([src, np.zeros(nw + 1 - src.size, np.uint64)])
-    if r:
-        out = ((src[:nw] >> np.uint64(r)) | (src[1:] << np.uint64(32 - r))) & _LOW32
-    else:
-        out = src[:nw]
+    s = start >> 5
+    r = np.uint64(start & 31)
+    d = at >> 5
+    q = np.uint64(at & 31)
+    low = np.uint64(0xFFFFFFFF)
+    for j in range(nw - 1):  # whole words: the next source word is inside src
+        w = ((np.uint64(src[s + j]) | (np.uint64(src[s + j + 1]) << np.uint64(32))) >> r) & low
+        v = w << q
+        dst[d + j] |= np.uint32(v & low)
+        dst[d + j + 1] |= np.uint32(v >> np.uint64(32))
+    j = nw - 1
+    hi = np.uint64(src[s + j + 1]) if s + j + 1 < src.size else np.uint64(0)
+    w = ((np.uint64(src[s + j]) | (hi << np.uint64(32))) >> r) & low
     tail = nbits & 31
     if tail:
-        out[-1] &= np.uint64((1 << tail) - 1)
-    return out.astype(np.uint32)
-
-
-def _put_bits(dst: np.ndarray, o: int, words: np.ndarray) -> None:
-    """OR the bit stream ``words`` into the zeroed bits of ``dst`` from bit ``o`` on.
-
-    The bits of ``words`` past its content are 0, so whatever would fall past the end of
-    ``dst`` is 0.
-    """
-    nw = words.size
-    if nw == 0:
-        return
-    p, d = o >> 5, o & 31
-    if d == 0:
-        dst[p: p + nw] |= words
-        return
-    w = words.astype(np.uint64)
-    dst[p: p + nw] |= ((w << np.uint64(d)) & _LOW32).astype(np.uint32)
-    hi = (w >> np.uint64(32 - d)).astype(np.uint32)
-    m = min(nw, dst.size - (p + 1))
-    dst[p + 1: p + 1 + m] |= hi[:m]
-
-
-def _pack_fields(dst: np.ndarray, fields: np.ndarray, ib: int) -> None:
-    """Write ``fields`` as consecutive ``ib``-bit fields into the zeroed words ``dst``."""
-    if ib == 0 or fields.size == 0:
-        return
-    bits = ((fields[:, None] >> np.arange(ib, dtype=np.int64)) & 1).astype(np.uint8)
-    packed = np.packbits(bits.reshape(-1), bitorder="little")
-    dst.view(np.uint8)[: packed.size] = packed
+        w &= (np.uint64(1) << np.uint64(tail)) - np.uint64(1)
+    v = w << q
+    dst[d + j] |= np.uint32(v & low)
+    if v >> np.uint64(32):
+        dst[d + j + 1] |= np.uint32(v >> np.uint64(32))
 
 
 Segment = tuple[PartsV2, int, int]  # blocks [b0, b1) of a stream
@@ -149,41 +178,43 @@ def _assemble(like: fmt.StreamHeader, n: int, segments: Sequence[Segment]) -> np
     if n >= fmt.MAX_N_V2:
         raise MismatchError(f"the stream would hold {n} elements: version 2 holds fewer "
                             "than 2^37")
-    bits, codes, masks, pays = [], [], [], []
+    present = np.zeros(NCODES, np.uint8)
+    spans = []
     for s, b0, b1 in segments:
-        k0, k1 = int(s.kpre[b0]), int(s.kpre[b1])
-        r0, r1 = int(s.rpre[k0]), int(s.rpre[k1])
-        bits.append(s.bits[b0:b1])
-        codes.append(s.codes[k0:k1])
-        masks.append(s.masks[r0:r1])
-        pays.append((s.W, int(s.opre[k0]), int(s.opre[k1] - s.opre[k0])))
-    code = np.concatenate(codes) if codes else np.zeros(0, np.int64)
-    # The codes present, increasing (a count per code: no sort of the blocks' codes).
-    table = np.flatnonzero(np.bincount(code, minlength=NCODES)).astype(np.uint16)
+        k0, r0, o0 = s.at(b0)
+        k1, r1, o1 = s.at(b1)
+        lay = s.lay
+        _mark_codes(lay.idx, lay.ib, lay.table, k0, k1, present)
+        spans.append((k0, k1, r0, r1, o0, o1))
+    # The codes present, increasing.
+    table = np.flatnonzero(present).astype(np.uint16)
     ntab = int(table.size)
-    nbits = sum(nb for _w, _o, nb in pays)
+    nbits = sum(o1 - o0 for _k0, _k1, _r0, _r1, o0, o1 in spans)
     hdr = fmt.StreamHeader(dtype=like.dtype, shape=(n,), eb=like.eb, bound=like.bound,
-                           nnz=int(code.size), payload_words=(nbits + 31) // 32,
-                           nterms=like.nterms, version=fmt.VERSION2,
-                           nmask=sum(int(m.size) for m in masks), ntab=ntab)
+                           nnz=sum(k1 - k0 for k0, k1, *_ in spans),
+                           payload_words=(nbits + 31) // 32, nterms=like.nterms,
+                           version=fmt.VERSION2,
+                           nmask=sum(r1 - r0 for _k0, _k1, r0, r1, _o0, _o1 in spans),
+                           ntab=ntab)
     res = _new_stream(hdr, table)
     bitmap, idx, msk, pay = _sections(res, hdr)
     bitmap[:] = 0
-    if bitmap.size:
-        packed = np.packbits(np.concatenate(bits), bitorder="little")
-        bitmap.view(np.uint8)[: packed.size] = packed
     idx[:] = 0
-    if ntab > 1:
-        rank = np.zeros(NCODES, np.int64)
-        rank[table] = np.arange(ntab)
-        _pack_fields(idx, rank[code], hdr.index_bits)
-    if msk.size:
-        msk[:] = np.concatenate(masks)
     pay[:] = 0
-    at = 0
-    for W, o, nb in pays:
-        _put_bits(pay, at, _take_bits(W, o, nb))
-        at += nb
+    rank = np.zeros(NCODES, np.int64)
+    rank[table] = np.arange(ntab)
+    ib = hdr.index_bits
+    at_b = at_k = at_r = at_o = 0
+    for (s, b0, b1), (k0, k1, r0, r1, o0, o1) in zip(segments, spans, strict=True):
+        lay = s.lay
+        _or_bits(bitmap, at_b, lay.bitmap, b0, b1 - b0)
+        _copy_fields(lay.idx, lay.ib, lay.table, k0, k1, rank, idx, ib, at_k)
+        msk[at_r: at_r + (r1 - r0)] = lay.masks[r0:r1]
+        _or_bits(pay, at_o, lay.W, o0, o1 - o0)
+        at_b += b1 - b0
+        at_k += k1 - k0
+        at_r += r1 - r0
+        at_o += o1 - o0
     return res
 
 
