@@ -22,18 +22,16 @@ docs/dev/repeated-calls.md has its output.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-
-def parse_size(text: str) -> int:
-    """``"4"``, ``"8K"``, ``"1M"`` in bytes."""
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
-    return int(float(t[:-1] if mult > 1 else t) * mult)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from repeat_cost import parse_size  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
