@@ -217,8 +217,8 @@ class Memo:
     ready(). With an ``out``, the very ``x`` and ``out`` objects again, of the same shapes
     and strides, ``out`` still writeable: what :func:`ready` checked of them (their dtypes,
     shapes and whether they overlap) is then unchanged, and so are the flat views of their
-    memory made here. ``epoch``: the planner's (``state`` is still
-    the planner's state of its key while it is unchanged).
+    memory made here. ``epoch``: the planner's (``state`` is still the planner's state of
+    its key while it is unchanged).
     """
 
     __slots__ = ("state", "epoch", "dtype", "size", "eb", "eb_value", "op", "algorithm",
@@ -261,7 +261,7 @@ class Fast:
                  "memo")
 
     def __init__(self, ch: Channel, planner: Planner) -> None:
-        self.memo: Memo | None = None  # the last repeat of a new array's allreduce
+        self.memo: Memo | None = None  # the last repeated host allreduce's arguments
         self.last_sent = 0
         self.ch = ch
         self.planner = planner

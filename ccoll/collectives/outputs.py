@@ -12,14 +12,10 @@ from typing import Any
 import numpy as np
 
 from ccoll.collectives.channel import Channel
-from ccoll.collectives.devices import (
-    DeviceData,
-    device_divide,
-)
+from ccoll.collectives.devices import DeviceData, device_divide
 from ccoll.collectives.prepare import Prepared
 
 __all__ = ["new_output", "result", "divide", "on_mpi_buffers", "mpi_buffers"]
-
 
 
 def new_output(p: Prepared, shape: tuple[int, ...], out: Any) -> Any:

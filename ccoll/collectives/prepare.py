@@ -125,9 +125,6 @@ class Prepared:
     eb_result: float | None = None
 
 
-# --------------------------------------------------------------------------- the full way
-
-
 def call_key(call: Call) -> tuple[Any, ...]:
     """Return the planner's key of an agreed call (what :func:`fastpath.ready` makes too)."""
     return (COLLECTIVES[call.collective], call.count, call.dtype, call.bound_kind,
