@@ -67,7 +67,7 @@ from ccoll.compressor.cpu.slices import concat, slice_blocks
 from ccoll.compressor.format import BLOCK
 from ccoll.errors import FormatError
 
-__all__ = ["halving_allreduce", "own_contribution"]
+__all__ = ["halving_allreduce", "own_pieces"]
 
 _DECODE = (1,)
 _RAW = "raw"  # a piece whose content is this rank's own data, not compressed yet
@@ -130,7 +130,7 @@ class _Piece:
 class _Tree:
     """The pieces of one call on one rank, stage by stage: what the schedule sends and adds.
 
-    Geometry only (no MPI, no task): :class:`_Halving` runs it, :func:`own_contribution`
+    Geometry only (no MPI, no task): :class:`_Halving` runs it, :func:`own_pieces`
     reads which pieces this rank quantizes its own data in. ``raw``: the pieces whose
     ``base`` is this rank's own data, each compressed (``_compress``) or added to a
     received stream (``add_data``) exactly once; they partition the array.
@@ -248,25 +248,17 @@ def _own_stream(flat: np.ndarray, lo: int, hi: int, eb_rank: float, version: int
     return api().compress_abs(flat[lo:hi], eb_rank, version=version)
 
 
-def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float,
-                     pieces: int) -> np.ndarray:
-    """Return what ``flat`` adds to the sum of :func:`halving_allreduce`, per element.
+def own_pieces(n: int, n_ranks: int, rank: int, pieces: int) -> list[tuple[int, int]]:
+    """Return the element ranges in which :func:`halving_allreduce` quantizes this rank's data.
 
-    The schedule on ``n_ranks`` ranks with ``eb_abs`` and ``pieces`` quantizes this rank's
-    (``rank``'s) data once, in the pieces of :class:`_Tree` whose base is that data (the
-    first step's halves, or whole pieces on ranks that fold), on the per-rank grid: this
-    returns the decoded values of those streams (``flat`` minus them is what the
-    quantization dropped, the residual of error feedback). Both stream formats code the
-    same quantized values (docs/format.md, "Format version 2"), so this holds for either.
+    The schedule on ``n_ranks`` ranks with ``pieces`` quantizes ``rank``'s data once, in the
+    pieces of :class:`_Tree` whose base is that data (the first step's halves, or whole
+    pieces on ranks that fold), on the per-rank grid (:func:`_own_stream`), each on its own
+    blocks. Both stream formats code the same quantized values (docs/format.md, "Format
+    version 2"), so this holds for either.
     """
-    tree = _Tree(n_ranks, rank, flat.size, pieces)
-    eb_rank = rank_bound(eb_abs, n_ranks)
-    out = np.empty_like(flat)
-    decode = api().decompress
-    for p in tree.raw:
-        lo, hi = tree._elems(p.c0, p.c1)
-        decode(_own_stream(flat, lo, hi, eb_rank), out=out[lo:hi])
-    return out
+    tree = _Tree(n_ranks, rank, n, pieces)
+    return [tree._elems(p.c0, p.c1) for p in tree.raw]
 
 
 class _Halving(_Tree):

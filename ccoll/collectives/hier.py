@@ -1,7 +1,8 @@
 """The two-level allreduce: exact sums inside each node, the compressed ring between nodes.
 
-:func:`own_contribution` says, for whichever path a compressed allreduce took (the flat ring,
-recursive halving, or these two levels), what this rank's own data added to the sum.
+:func:`own_residual` says, for whichever path a compressed allreduce took (the flat ring,
+recursive halving, or these two levels), what the quantization dropped of this rank's own
+data (error feedback's residual).
 
 :class:`TwoLevel` holds what a hierarchical :class:`~ccoll.collectives.communicator.Communicator`
 keeps for it: the node's channel and the inter-node channel (the ranks of one local rank
@@ -19,6 +20,7 @@ from ccoll.collectives import halving, ring
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.halving import halving_allreduce
+from ccoll.collectives.homomorphic import rank_bound
 from ccoll.collectives.layout import block_bounds
 from ccoll.collectives.node import Grouping
 from ccoll.collectives.nodeshm import NodeShm
@@ -27,25 +29,28 @@ from ccoll.collectives.policy.plan import Plan, phase_bounds
 from ccoll.collectives.ring import ring_allreduce
 from ccoll.collectives.waiting import Deadline, wait_all
 
-__all__ = ["TwoLevel", "own_contribution"]
+__all__ = ["TwoLevel", "own_residual"]
 
 
-def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float, avg: bool,
-                     plan: Plan, algorithm: str) -> np.ndarray:
-    """Return what this rank's host data ``flat`` added to the sum of a compressed allreduce.
+def own_residual(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float, avg: bool,
+                 plan: Plan, algorithm: str, out: np.ndarray) -> np.ndarray:
+    """Write into ``out`` what a compressed allreduce dropped of this rank's host data ``flat``.
 
     ``plan`` is the call's (``Communicator._last_plan()``), ``eb_abs`` its bound on the
     result, ``avg`` its op, ``algorithm`` the Communicator's. The schedule that ran says how
     it quantized this rank's data, once, on the per-rank grid of the reduce-scatter's bound
-    (:func:`phase_bounds`): the ring chunk by chunk of its blocks
-    (:func:`ccoll.collectives.ring.own_contribution`), recursive halving in the pieces of its
-    first step (:func:`ccoll.collectives.halving.own_contribution`). ``flat`` minus the
-    result is exactly what that quantization dropped (error feedback's residual). With a
-    split bound the owner of each reduced block requantizes it too; that error is the
-    owner's sum's, not in this rank's contribution. Decompress-add-recompress mixes the
-    ranks' errors at every step, and two levels quantize the node sums, not this rank's
-    data: neither has an own contribution (``ValueError``).
+    (:func:`phase_bounds`, :func:`rank_bound`): the ring chunk by chunk of its blocks
+    (:func:`ccoll.collectives.ring.own_pieces`), recursive halving in the pieces of its
+    first step (:func:`ccoll.collectives.halving.own_pieces`). ``out`` (``flat`` itself, or
+    an array of its size and dtype) receives ``flat`` minus the decoded values of those
+    streams, bit for bit (:func:`ccoll.compressor.cpu.residual_abs`, without making them).
+    With a split bound the owner of each reduced block requantizes it too; that error is
+    the owner's sum's, not this rank's. Decompress-add-recompress mixes the ranks' errors at
+    every step, and two levels quantize the node sums, not this rank's data: neither has a
+    residual of this rank's own (``ValueError``).
     """
+    from ccoll.compressor.cpu import residual_abs
+
     if not plan.compress:
         raise ValueError(f"the call was not compressed ({plan.reason}): nothing was quantized")
     if plan.two_level:
@@ -55,8 +60,14 @@ def own_contribution(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float, a
                          "rank has an own contribution (use algorithm='homomorphic')")
     ring_eb, _ = phase_bounds(eb_abs, n_ranks, avg, plan.split)
     if plan.pieces:
-        return halving.own_contribution(flat, n_ranks, rank, ring_eb, plan.pieces)
-    return ring.own_contribution(flat, n_ranks, ring_eb, plan.chunk_elems)
+        pieces = halving.own_pieces(flat.size, n_ranks, rank, plan.pieces)
+    else:
+        pieces = ring.own_pieces(flat.size, n_ranks, plan.chunk_elems)
+    eb_rank = rank_bound(ring_eb, n_ranks)
+    for lo, hi in pieces:
+        if hi > lo:
+            residual_abs(flat[lo:hi], eb_rank, out[lo:hi])
+    return out
 
 
 class TwoLevel:

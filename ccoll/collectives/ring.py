@@ -56,7 +56,7 @@ __all__ = [
     "ring_ops",
     "ring_allreduce",
     "reduce_scatter_streams",
-    "own_contribution",
+    "own_pieces",
 ]
 
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
@@ -154,25 +154,17 @@ def ring_allreduce(
     _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant, version)
 
 
-def own_contribution(flat: np.ndarray, n_ranks: int, eb_abs: float,
-                     chunk_elems: int) -> np.ndarray:
-    """Return what host data ``flat`` adds to the sum of the homomorphic ring, per element.
+def own_pieces(n: int, n_ranks: int, chunk_elems: int) -> list[tuple[int, int]]:
+    """Return the element ranges in which the homomorphic ring quantizes this rank's data.
 
-    The ring of :func:`ring_allreduce` (``algorithm="homomorphic"``, ``eb_abs``,
-    ``chunk_elems``, ``n_ranks`` ranks) quantizes this rank's data once, chunk by chunk of
-    its :class:`Layout`, on the per-rank grid of :func:`ring_ops`: ``first`` compresses a
-    chunk, ``combine`` adds the same stream to a received one in one pass. This returns the
-    decoded values of those streams (so ``flat`` minus them is what the quantization
-    dropped, the residual of error feedback).
+    The ring of :func:`ring_allreduce` (``algorithm="homomorphic"``, ``chunk_elems``,
+    ``n_ranks`` ranks, ``n`` elements) compresses each chunk of its :class:`Layout` once, on
+    the per-rank grid of :func:`ring_ops` (``first``, or ``combine``'s ``add_data``, which
+    adds the same stream to a received one in one pass): every chunk of every block, each
+    on its own blocks.
     """
-    layout = Layout(flat.size, n_ranks, chunk_elems)
-    ops = ring_ops(flat, layout, "homomorphic", eb_abs)
-    out = np.empty_like(flat)
-    decode = api().decompress
-    for b in range(n_ranks):
-        for c, (lo, hi) in enumerate(layout.chunks(b)):
-            decode(ops.first(b, c), out=out[lo:hi])
-    return out
+    layout = Layout(n, n_ranks, chunk_elems)
+    return [lohi for b in range(n_ranks) for lohi in layout.chunks(b)]
 
 
 def reduce_scatter_streams(

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from ccoll.compressor.precision import stage_bound, widen
-from ccoll.errorbound import ABS, ErrorBound, finite_range
+from ccoll.errorbound import ABS, ErrorBound
 from ccoll.errors import InputError, MismatchError
 from ccoll.torch._state import (
     STATE_VERSION,
@@ -177,6 +177,7 @@ class CCollHookState:
         "_bucket_params",
         "_pending",
         "_seen",
+        "_ef_input",
         "residuals_reset",
         "gate",
         "process_group",
@@ -247,6 +248,9 @@ class CCollHookState:
         self._bucket_params: dict[int, tuple[Any, ...]] = {}
         self._pending: dict[Any, np.ndarray] = {}
         self._seen: set[int] = set()  # buckets queued in the current iteration
+        # Error feedback's x + r, one array per bucket, kept from step to step (the engine
+        # thread's only): a new 60 MB array a step cost page faults, not just the sum.
+        self._ef_input: dict[int, np.ndarray] = {}
         self.residuals_reset = 0
         # policy="auto" also compares whole steps with and without compression (the
         # collectives' policy prices each allreduce, not what compressing costs the backward
@@ -449,6 +453,7 @@ class CCollHookState:
         from mpi4py import MPI
 
         from ccoll.collectives.waiting import Deadline, wait_all
+        from ccoll.compressor.cpu import finite_range  # one parallel pass, not numpy's two
 
         lo, hi = finite_range(x)
         ext = np.array([lo, -hi], dtype=np.float64)
@@ -586,20 +591,32 @@ def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -
         state.residuals_reset += 1
 
 
-def _own_contribution(x: np.ndarray, eb_avg: float, state: CCollHookState) -> np.ndarray:
-    """Return this rank's input as the compressed allreduce that just ran added it to the sum.
+def _own_residual(x_ef: np.ndarray, eb_avg: float, state: CCollHookState,
+                  out: np.ndarray) -> None:
+    """Write into ``out`` what the compressed allreduce that just ran dropped of ``x_ef``.
 
-    The rule lives beside the code that quantizes (:func:`ccoll.collectives.hier.own_contribution`):
-    it takes the call's plan, so the ring's chunks or recursive halving's pieces, whichever
-    ran, and the plan's split of the bound.
+    The rule lives beside the code that quantizes (:func:`ccoll.collectives.hier.own_residual`):
+    which pieces, on which grid, the call's schedule quantized this rank's input in.
     """
-    from ccoll.collectives.hier import own_contribution
+    from ccoll.collectives.hier import own_residual
 
     cc = state.communicator
     plan = cc._last_plan()  # the plan of the call that just ran (this thread's, blocking)
-    flat = x.reshape(-1)
-    own = own_contribution(flat, cc.size, cc.rank, eb_avg, True, plan, cc.algorithm)
-    return own.reshape(x.shape)
+    own_residual(x_ef.reshape(-1), cc.size, cc.rank, eb_avg, True, plan, cc.algorithm,
+                 out.reshape(-1))
+
+
+def _ef_input(state: CCollHookState, x: np.ndarray, index: int) -> np.ndarray:
+    """Return ``x + r`` (``x`` alone without a residual of its shape) in the bucket's array."""
+    buf = state._ef_input.get(index)
+    if buf is None or buf.shape != x.shape or buf.dtype != x.dtype:
+        buf = state._ef_input[index] = np.empty_like(x)
+    r = state.residuals.get(index)
+    if r is not None and r.shape == x.shape:
+        np.add(x, r, out=buf)
+    else:
+        np.copyto(buf, x)
+    return buf
 
 
 def _reduce(state: CCollHookState, x: Any, index: int, compress: bool,
@@ -631,8 +648,7 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool,
     if not state.error_feedback:
         cc.allreduce(x, state.eb, "avg", out=x)
         return
-    r = state.residuals.get(index)
-    x_ef = x + r if r is not None and r.shape == x.shape else x.copy()
+    x_ef = _ef_input(state, x, index)
     if narrow is None:
         eb_avg = state.avg_bound(x_ef)
     else:
@@ -655,8 +671,13 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool,
         return
     if cc.stats.compressed_calls == compressed_before:  # the policy sent it raw: exact
         state.residuals.pop(index, None)
-    else:
-        state.residuals[index] = x_ef - _own_contribution(x_ef, eb_avg, state)
+        return
+    r = state.residuals.get(index)
+    if (r is None or r.shape != x.shape or r.dtype != x.dtype or not r.flags.writeable
+            or not r.flags.c_contiguous):
+        r = np.empty_like(x)  # (a residual of the hook's own is overwritten in place)
+    _own_residual(x_ef, eb_avg, state, r)
+    state.residuals[index] = r
 
 
 def _average(

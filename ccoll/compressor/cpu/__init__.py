@@ -2,7 +2,7 @@
 
 The modules, by job: :mod:`.intrinsics` (LLVM-level bit operations), :mod:`.blocks` (the
 per-block codec, chunking and kernel launches), :mod:`.encode` (``compress_abs``,
-``finite_range``), :mod:`.decode` (``decompress``, ``header``, ``as_stream``) and
+``finite_range``, ``residual_abs``), :mod:`.decode` (``decompress``, ``header``, ``as_stream``) and
 :mod:`.add` (``add``, ``add_data``, ``sum_bound``); format version 2 is in :mod:`.v2blocks`
 (bit streams, the block codec) and :mod:`.v2` (its kernels; the functions above dispatch on
 the version).
@@ -19,7 +19,7 @@ package drops its cached kernels at import when any of its source files changed
 from ccoll.compressor.cpu import _cachestamp
 from ccoll.compressor.cpu.add import add, add_data, sum_bound
 from ccoll.compressor.cpu.decode import as_stream, decompress, decompress_wide, header
-from ccoll.compressor.cpu.encode import compress_abs, finite_range
+from ccoll.compressor.cpu.encode import compress_abs, finite_range, residual_abs
 
 _cachestamp.refresh()
 
@@ -31,6 +31,7 @@ __all__ = [
     "add_data",
     "header",
     "finite_range",
+    "residual_abs",
     "as_stream",
     "sum_bound",
 ]

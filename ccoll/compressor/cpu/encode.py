@@ -31,7 +31,7 @@ from ccoll.compressor.cpu.blocks import (
     _write_raw,
 )
 
-__all__ = ["compress_abs", "finite_range"]
+__all__ = ["compress_abs", "finite_range", "residual_abs"]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -128,6 +128,48 @@ def _plan_lossy(x, eb, step, small, codes, chunk_nnz, chunk_words):  # type: ign
                 words += _block_words(code, is32)
         chunk_nnz[c] = nz
         chunk_words[c] = words
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _residual_lossy(x, eb, step, small, out):  # type: ignore[no-untyped-def]
+    """``out = x - decode(compress(x))`` block by block, with :func:`_plan_lossy`'s choices.
+
+    A zero block decodes to 0 (``out = x - 0``), a raw block to ``x`` itself (``x - x``), a
+    coded block to ``T(float64(q) * step)``, the decoder's value; the subtraction is in
+    ``x``'s dtype, as numpy's. ``out`` may be ``x``: a block is read whole before its
+    lanes are written.
+    """
+    n = x.size
+    nblocks = (n + BLOCK - 1) // BLOCK
+    for c in prange((nblocks + CHUNK_BLOCKS - 1) // CHUNK_BLOCKS):
+        q = np.empty(BLOCK, np.int64)
+        t = np.empty(BLOCK, x.dtype)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            xb = x[base:e]
+            ob = out[base:e]
+            m = xb.size
+            if m == BLOCK:
+                tiny = True
+                for l in range(BLOCK):
+                    tiny &= abs(xb[l]) <= small
+                if tiny:
+                    for l in range(BLOCK):
+                        t[l] = 0.0
+                        ob[l] = xb[l] - t[l]
+                    continue
+            bad, orq, ord_ = _quantize(xb, eb, step, q)
+            if bad:
+                for l in range(m):
+                    ob[l] = xb[l] - xb[l]
+            else:
+                for l in range(m):
+                    t[l] = np.float64(q[l]) * step
+                for l in range(m):
+                    ob[l] = xb[l] - t[l]
 
 
 @njit(parallel=True, nogil=True, cache=True)
@@ -230,4 +272,29 @@ def compress_abs(x: np.ndarray, eb: float, version: int = fmt.VERSION) -> np.nda
         W = out[hdr.payload_offset :].view(np.uint32)
         with _threads_for(n):
             _write_stream(flat, bits, step, codes, chunk_k, chunk_pos, bitmap, cbytes, W)
+    return out
+
+
+def residual_abs(x: np.ndarray, eb: float, out: np.ndarray) -> np.ndarray:
+    """Write into ``out`` what ``compress_abs(x, eb)`` drops: ``x - decompress(...)``.
+
+    Bit for bit numpy's ``x - decompress(compress_abs(x, eb))`` (either format version: both
+    code the same quantized values, docs/format.md), in one pass without a stream: error
+    feedback's residual. ``x`` and ``out`` are contiguous native float32/float64 host
+    arrays of one dtype and size (``out`` may be ``x``); ``eb`` is finite and ``> 0``.
+    Returns ``out``.
+    """
+    flat = x.reshape(-1)
+    dst = out.reshape(-1)
+    if flat.dtype not in (np.float32, np.float64) or dst.dtype != flat.dtype:
+        raise TypeError(f"residual_abs takes float32/float64 x and out of its dtype, got "
+                        f"{flat.dtype} and {dst.dtype}")
+    if dst.size != flat.size or not (flat.flags.c_contiguous and dst.flags.c_contiguous):
+        raise ValueError("residual_abs needs contiguous x and out of one size")
+    eb = float(eb)
+    if not (math.isfinite(eb) and eb > 0.0):
+        raise ValueError(f"residual_abs needs a finite bound > 0, got {eb!r}")
+    if flat.size:
+        with _threads_for(flat.size):
+            _residual_lossy(flat, eb, 2.0 * eb, _small(eb, flat.dtype), dst)
     return out
