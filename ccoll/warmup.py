@@ -35,7 +35,8 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
     Also the wide decoder of format 1 (:func:`ccoll.compressor.cpu.decompress_wide`, which
     the split allreduce's requantization runs on sums and on float64 streams) and the node
     sum of a two-level allreduce (:func:`ccoll.collectives.nodesum.sum_slots`, with the
-    argument types the Communicator passes), which need no MPI to compile.
+    argument types the Communicator passes), which need no MPI to compile, and error
+    feedback's residual (:func:`ccoll.compressor.cpu.residual_abs`).
     Returns the seconds taken.
     """
     from ccoll.collectives.nodesum import sum_slots
@@ -60,6 +61,7 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
         nb = (x.size + 31) // 32
         concat([slice_blocks(a, 0, nb // 2), slice_blocks(a, nb // 2, nb)])
         raw_blocks(a, x, np.array([1]))
+    cpu.residual_abs(x, eb, np.empty_like(x))  # error feedback's residual (the DDP hook)
     slots = np.stack([x, x[::-1], x])
     sum_slots(x, slots[:2], 0, 0, np.empty(x.size // 2, np.float64))
     return time.perf_counter() - t0
