@@ -33,7 +33,7 @@ against training time, one line per method) from every JSON log in ``<out>``;
 ``--plot-only`` only redraws them and prints a Markdown table of the runs. A ``@MB`` suffix
 gives a method DDP buckets of its own size (``--methods ccoll,ccoll@5``); ``--trace STEPS``
 records those steps' timelines (ccoll's collectives, the backward pass, each bucket in
-flight) into ``<out>/trace_<run>.json`` and a PNG per step.
+flight, the optimizer's step) into ``<out>/trace_<run>.json`` and a PNG per step.
 """
 
 from __future__ import annotations
@@ -153,8 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "default: all")
     ap.add_argument("--trace", default=None, metavar="STEPS",
                     help="comma-separated steps whose timeline to record (each method's): "
-                    "ccoll's collectives, the backward pass and each bucket's time in "
-                    "flight, every rank, into trace_<run>.json (Chrome/Perfetto) and a PNG "
+                    "ccoll's collectives, the backward pass, each bucket's time in "
+                    "flight and the optimizer's step, every rank, into trace_<run>.json (Chrome/Perfetto) and a PNG "
                     "per step in --out; a traced step starts from a barrier, so leave "
                     "traced runs out of timings")
     return ap
@@ -638,6 +638,7 @@ class Run:
             if args.eval_every else []
         self.train_time = 0.0
         self.traced: list[tuple[str, Any]] = []  # (label, every rank's spans): rank 0's
+        self._phases = (0.0, 0.0, 0.0)  # the last step's backward() return, optimizer start, end
 
     @contextlib.contextmanager
     def _own_rng(self) -> Any:
@@ -674,7 +675,9 @@ class Run:
                     rec.record(self.ddp, step, loss=loss, lr=args.lr, batch_size=args.batch)
                 t0 = time.perf_counter()
                 self.opt.step()
-                dt += time.perf_counter() - t0  # recording is left out of the step time
+                t_opt = time.perf_counter()
+                dt += t_opt - t0  # recording is left out of the step time
+                self._phases = (t_bwd, t0, t_opt)
                 self.counted += counter.bytes - before
         busy = timer.busy_s()
         # Outside the timed region: the mean loss over ranks and the slowest rank's time.
@@ -701,8 +704,8 @@ class Run:
     def _traced(self, step: int) -> Any:
         """Record the block's timeline if ``--trace`` asks for ``step`` (a barrier first).
 
-        After the block: the step's own spans (forward and backward, each bucket in flight)
-        join ccoll's, and every rank's go to rank 0. A block that raises gathers nothing.
+        After the block: the step's own spans (forward and backward, each bucket in flight,
+        the wait for them after the last gradient, the optimizer's step) join ccoll's, and every rank's go to rank 0. A block that raises gathers nothing.
         """
         if step not in self.args.trace_steps:
             yield
@@ -716,6 +719,11 @@ class Run:
                 rec.span("forward+backward", t_start, self.timer.grad_done)
             for i, (a, b) in enumerate(sorted(self.timer.spans)):
                 rec.span(f"bucket {i} in flight", a, b)
+            if self.timer.grad_done:
+                t_bwd, t_opt0, t_opt1 = self._phases
+                # From the last gradient to backward()'s return: DDP waits for the buckets.
+                rec.span("backward() returns", self.timer.grad_done, t_bwd)
+                rec.span("optimizer step", t_opt0, t_opt1)
         got = trace.gather(self.comm, rec)
         if got is not None:
             self.traced.append((f"{self.method} step {step}", got))

@@ -255,7 +255,7 @@ def test_methods_with_their_own_bucket_size(tmp_path_factory: pytest.TempPathFac
 
 def test_trace_records_the_steps_asked_for(tmp_path_factory: pytest.TempPathFactory) -> None:
     # --trace 1: step 1's timeline of every rank (ccoll's collectives, the backward pass,
-    # each bucket in flight) in trace_<run>.json and a PNG; other steps are not recorded.
+    # each bucket in flight, the optimizer's step) in trace_<run>.json and a PNG; other steps are not recorded.
     ex = _example()
     out = tmp_path_factory.mktemp("trace")
     args = ex.parse_args([
@@ -270,7 +270,8 @@ def test_trace_records_the_steps_asked_for(tmp_path_factory: pytest.TempPathFact
         assert [c["call"] for c in doc["otherData"]["calls"]] == ["ccoll step 1"]
         spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
         size = MPI.COMM_WORLD.Get_size()
-        for name in ("forward+backward", "bucket 0 in flight", "allreduce"):
+        for name in ("forward+backward", "bucket 0 in flight", "allreduce",
+                     "backward() returns", "optimizer step"):
             assert {e["pid"] for e in spans if e["name"] == name} == set(range(size)), name
         # one compressed allreduce per rank: the CNN's one bucket of step 1
         assert len([e for e in spans if e["name"] == "allreduce"]) == size
