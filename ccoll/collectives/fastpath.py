@@ -257,8 +257,7 @@ class Memo:
 class Fast:
     """The fast path of one channel: its history and the predicted call's collective."""
 
-    __slots__ = ("ch", "planner", "history", "last_state", "last_seconds", "last_sent",
-                 "memo")
+    __slots__ = ("ch", "planner", "history", "last_seconds", "last_sent", "memo")
 
     def __init__(self, ch: Channel, planner: Planner) -> None:
         self.memo: Memo | None = None  # the last repeated host allreduce's arguments
@@ -266,7 +265,6 @@ class Fast:
         self.ch = ch
         self.planner = planner
         self.history = History()
-        self.last_state: State | None = None
         self.last_seconds = 0.0
 
     def due(self) -> State | None:
@@ -460,7 +458,6 @@ class Fast:
         assert plan is not None
         self.planner.end(st, plan, seconds)
         self.history.note(st.key)
-        self.last_state = st
         self.last_seconds = seconds
         self.ch.stats.calls += 1
 

@@ -127,7 +127,6 @@ class Scheduler:
 
             self._units = cpu_thread_count()
             self._lanes = make_thread_lanes(self.priority_ranks, self.sm_fractions)
-            self._per_unit = 1
         else:
             from ccoll.gpu_sched.cuda_lanes import device_limits, make_cuda_lanes
 
