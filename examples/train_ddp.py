@@ -154,9 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--trace", default=None, metavar="STEPS",
                     help="comma-separated steps whose timeline to record (each method's): "
                     "ccoll's collectives, the backward pass, each bucket's time in "
-                    "flight and the optimizer's step, every rank, into trace_<run>.json (Chrome/Perfetto) and a PNG "
-                    "per step in --out; a traced step starts from a barrier, so leave "
-                    "traced runs out of timings")
+                    "flight and the optimizer's step, every rank, into trace_<run>.json "
+                    "(Chrome/Perfetto) and a PNG per step in --out; a traced step starts "
+                    "from a barrier, so leave traced runs out of timings")
     return ap
 
 
@@ -705,7 +705,8 @@ class Run:
         """Record the block's timeline if ``--trace`` asks for ``step`` (a barrier first).
 
         After the block: the step's own spans (forward and backward, each bucket in flight,
-        the wait for them after the last gradient, the optimizer's step) join ccoll's, and every rank's go to rank 0. A block that raises gathers nothing.
+        the wait for them after the last gradient, the optimizer's step) join ccoll's, and
+        every rank's go to rank 0. A block that raises gathers nothing.
         """
         if step not in self.args.trace_steps:
             yield

@@ -255,7 +255,8 @@ def test_methods_with_their_own_bucket_size(tmp_path_factory: pytest.TempPathFac
 
 def test_trace_records_the_steps_asked_for(tmp_path_factory: pytest.TempPathFactory) -> None:
     # --trace 1: step 1's timeline of every rank (ccoll's collectives, the backward pass,
-    # each bucket in flight, the optimizer's step) in trace_<run>.json and a PNG; other steps are not recorded.
+    # each bucket in flight, the optimizer's step) in trace_<run>.json and a PNG; other
+    # steps are not recorded.
     ex = _example()
     out = tmp_path_factory.mktemp("trace")
     args = ex.parse_args([
