@@ -5,8 +5,8 @@ Run under MPI (any rank count; on the emulated cluster too)::
     .venv/bin/python jobs/emulated_cluster.py --ranks 4 --rate 100mbit -- \\
         .venv/bin/python -m mpi4py bench/format_split.py --rel 1e-3 --iters 6
 
-Every rank loads one MiniLM gradient step of ``datasets/minilm.h5`` (rank ``i``: step
-``i mod 4``), cut or tiled to ``--mib`` MiB of float32, and times ``allreduce(x,
+Every rank loads one gradient step of ``--data`` (``datasets/minilm.h5``; rank ``i``:
+step ``i mod`` its steps), cut or tiled to ``--mib`` MiB of float32, and times ``allreduce(x,
 REL(--rel), op="avg")`` on Communicators with ``policy="compress"``, ``schedule="ring"``
 and each (format, split) of ``--variants`` (``2:0.5`` is format 2 with half the bound
 given to the allgather's requantization; ``auto`` for the split is the plan's choice),
@@ -36,6 +36,7 @@ def _variant(text: str) -> tuple[int, float | None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="datasets/minilm.h5")
     ap.add_argument("--rel", type=float, default=1e-3)
     ap.add_argument("--mib", type=float, default=64.0)
     ap.add_argument("--iters", type=int, default=6)
@@ -43,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     comm = MPI.COMM_WORLD
     count = int(args.mib * (1 << 20)) // 4
-    x = np.resize(load_gradients("datasets/minilm.h5", comm.rank), count).astype(np.float32)
+    x = np.resize(load_gradients(args.data, comm.rank), count).astype(np.float32)
     names = args.variants.split(",")
     ccs = {}
     for name in names:
@@ -69,7 +70,8 @@ def main() -> None:
     index = speed_index_on_rank0(comm)
     if comm.rank != 0:
         return
-    print(f"# {comm.size} ranks, {args.mib:g} MiB float32 per rank, REL {args.rel:g}, avg, "
+    print(f"# {args.data}, {comm.size} ranks, {args.mib:g} MiB float32 per rank, "
+          f"REL {args.rel:g}, avg, "
           f"policy compress, ring; {args.iters} calls each, rotating; {describe(index)}")
     print("variant      median_ms  best_ms  bytes_all_ranks  first/this")
     for name in names:
