@@ -649,8 +649,13 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool,
         cc.allreduce(x, state.eb, "avg", out=x)
         return
     x_ef = _ef_input(state, x, index)
+    compressed_before = cc.stats.compressed_calls
     if narrow is None:
-        eb_avg = state.avg_bound(x_ef)
+        # The collective resolves the bound on the range of x_ef it agrees anyway (REL),
+        # and reports the absolute bound it held (its last call's): no range pass and no
+        # range allreduce of the hook's own.
+        cc.allreduce(x_ef, state.eb, "avg", out=x)
+        eb_avg = cc._last_bound()
     else:
         # The average is rounded to float16/bfloat16 after this float32 reduction: it gets
         # what that rounding leaves of the bound (the collectives' rule, from the agreed
@@ -660,16 +665,16 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool,
         asked = state.eb
         eb_avg = stage_bound(asked.resolve(lo, hi), narrow, lo, hi,
                              ranks=max(2, state.comm.Get_size()), avg=True, asked=asked)
-    if eb_avg == 0.0:  # constant bucket (or no room left above the rounding): exact
-        cc.allreduce(x_ef, None, "avg", out=x)
-        state.residuals.pop(index, None)
-        return
-    compressed_before = cc.stats.compressed_calls
-    cc.allreduce(x_ef, ABS(eb_avg), "avg", out=x)
+        if eb_avg == 0.0:  # constant bucket (or no room left above the rounding): exact
+            cc.allreduce(x_ef, None, "avg", out=x)
+            state.residuals.pop(index, None)
+            return
+        cc.allreduce(x_ef, ABS(eb_avg), "avg", out=x)
     # A step with NaN/Inf is skipped by GradScaler; its residual is not consumed.
     if not math.isfinite(float(np.add.reduce(x, axis=None, dtype=np.float64))):
         return
-    if cc.stats.compressed_calls == compressed_before:  # the policy sent it raw: exact
+    if cc.stats.compressed_calls == compressed_before or not eb_avg:
+        # The policy sent it raw (or a constant bucket went lossless): nothing dropped.
         state.residuals.pop(index, None)
         return
     r = state.residuals.get(index)
@@ -918,8 +923,10 @@ def _divert_settled(state: CCollHookState) -> dict[int, tuple[int, Any]]:
     """
     if state._gate_group is None:
         return {}
-    # With error feedback the calls' bounds (ABS, per step) never repeat state.eb's
-    # signature: only the size test (min_numel) diverts its buckets.
+    # With error feedback too: a full-precision bucket's call carries state.eb (the
+    # collective resolves it), so its signature is this one; a diverted bucket keeps its
+    # residual for the next compressed step, as in a raw step. (Float16/bfloat16 buckets
+    # are averaged in their own dtype: never a settled raw plan.)
     cc = state.communicator
     out = {}
     for index, (count, dtype) in sorted(state._shapes.items()):
