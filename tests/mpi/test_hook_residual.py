@@ -171,3 +171,25 @@ def test_auto_schedule_halves_a_large_bucket_at_eight_ranks(comm, monkeypatch) -
         pytest.skip("runs at 8 ranks")
     plans = check_residuals(comm, monkeypatch, "auto", n=1_000_003, steps=2)
     assert all(p.pieces > 0 for p in plans), plans
+
+
+@pytest.mark.parametrize("value", [0.0, 0.25])
+def test_constant_bucket_under_rel_is_exact_and_keeps_no_residual(comm, value) -> None:
+    # REL of a bucket whose values are all equal on every rank resolves to 0: the
+    # collective averages it exactly (raw or lossless), and error feedback keeps nothing
+    # (a residual pass with a bound of 0 would be refused). A later varying bucket
+    # compresses and keeps a residual as usual.
+    state = ct.CCollHookState(eb=ccoll.REL(1e-3), error_feedback=True, start_iter=0,
+                              min_numel=0, policy="compress", comm=comm)
+    try:
+        x = np.full(N, value, np.float32)
+        hook_mod._reduce(state, x, 0, True)
+        assert (x == np.float32(value)).all()
+        assert state.residuals == {}
+        if comm.size > 1:
+            y = bucket(comm, 0)
+            hook_mod._reduce(state, y, 0, True)
+            assert set(state.residuals) == {0}
+            assert state.communicator.last_call.compressed
+    finally:
+        state.close()
