@@ -423,11 +423,6 @@ class Communicator:
         got = self._sync.last
         return None if got is None else got[1]
 
-    def _last_bound(self) -> float:
-        """Return the absolute bound the last blocking call held (0.0: exact, or raw)."""
-        got = self._sync.last
-        return 0.0 if got is None or got[6] is None else float(got[6])
-
     # -- channels ------------------------------------------------------------------------
 
     def _async_route(self) -> Route:

@@ -28,6 +28,7 @@ from ccoll.collectives.nodesum import sum_slots
 from ccoll.collectives.policy.plan import Plan, phase_bounds
 from ccoll.collectives.ring import ring_allreduce
 from ccoll.collectives.waiting import Deadline, wait_all
+from ccoll.compressor.cpu import residual_abs
 
 __all__ = ["TwoLevel", "own_residual"]
 
@@ -49,8 +50,6 @@ def own_residual(flat: np.ndarray, n_ranks: int, rank: int, eb_abs: float, avg: 
     every step, and two levels quantize the node sums, not this rank's data: neither has a
     residual of this rank's own (``ValueError``).
     """
-    from ccoll.compressor.cpu import residual_abs
-
     if not plan.compress:
         raise ValueError(f"the call was not compressed ({plan.reason}): nothing was quantized")
     if plan.two_level:

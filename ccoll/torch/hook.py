@@ -652,10 +652,11 @@ def _reduce_counted(state: CCollHookState, x: Any, index: int, compress: bool,
     compressed_before = cc.stats.compressed_calls
     if narrow is None:
         # The collective resolves the bound on the range of x_ef it agrees anyway (REL),
-        # and reports the absolute bound it held (its last call's): no range pass and no
-        # range allreduce of the hook's own.
+        # and reports the absolute bound it held (None: exact): no range pass and no range
+        # allreduce of the hook's own.
         cc.allreduce(x_ef, state.eb, "avg", out=x)
-        eb_avg = cc._last_bound()
+        held = cc.last_call.eb_abs
+        eb_avg = 0.0 if held is None else held
     else:
         # The average is rounded to float16/bfloat16 after this float32 reduction: it gets
         # what that rounding leaves of the bound (the collectives' rule, from the agreed
