@@ -75,6 +75,8 @@ def test_in_place_and_a_huge_bound() -> None:
         (np.zeros(4, np.float32), np.zeros(4, np.float64), 1e-3, TypeError, "dtype"),
         (np.zeros(4, np.float32), np.zeros(5, np.float32), 1e-3, ValueError, "one size"),
         (np.zeros(8, np.float32)[::2], np.zeros(4, np.float32), 1e-3, ValueError, "contiguous"),
+        (np.zeros((4, 4), np.float32), np.zeros((4, 4), np.float32).T, 1e-3, ValueError,
+         "contiguous"),
         (np.zeros(4, np.float32), np.zeros(4, np.float32), 0.0, ValueError, "bound > 0"),
         (np.zeros(4, np.float32), np.zeros(4, np.float32), np.nan, ValueError, "bound > 0"),
     ],

@@ -284,13 +284,15 @@ def residual_abs(x: np.ndarray, eb: float, out: np.ndarray) -> np.ndarray:
     arrays of one dtype and size (``out`` may be ``x``); ``eb`` is finite and ``> 0``.
     Returns ``out``.
     """
+    if x.dtype not in (np.float32, np.float64) or out.dtype != x.dtype:
+        raise TypeError(f"residual_abs takes float32/float64 x and out of its dtype, got "
+                        f"{x.dtype} and {out.dtype}")
+    # Checked before reshaping: reshape(-1) of a non-contiguous array is a copy, and the
+    # residual written into a copy of out would be lost.
+    if out.size != x.size or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        raise ValueError("residual_abs needs contiguous x and out of one size")
     flat = x.reshape(-1)
     dst = out.reshape(-1)
-    if flat.dtype not in (np.float32, np.float64) or dst.dtype != flat.dtype:
-        raise TypeError(f"residual_abs takes float32/float64 x and out of its dtype, got "
-                        f"{flat.dtype} and {dst.dtype}")
-    if dst.size != flat.size or not (flat.flags.c_contiguous and dst.flags.c_contiguous):
-        raise ValueError("residual_abs needs contiguous x and out of one size")
     eb = float(eb)
     if not (math.isfinite(eb) and eb > 0.0):
         raise ValueError(f"residual_abs needs a finite bound > 0, got {eb!r}")
