@@ -10,6 +10,7 @@ one, disassembled from the process's own memory with ``objdump``.
 
     sudo python bench/perf_kernels.py compress --rel 1e-4            # MiniLM, format v2
     python bench/perf_kernels.py decompress --rel 1e-3 --version 1 --asm /tmp/dec.txt
+    python bench/perf_kernels.py add_data --rel 1e-3     # the ring's step: x added to a stream
 
 A function's extent is taken as up to the next known address (at most 1 MiB), so a share
 can include code numba placed after it. The samples are of the CPU clock (a virtual
@@ -91,7 +92,7 @@ def _operation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from compressor import DEFAULT_FILES, load_concat
 
     import ccoll
-    from ccoll.compressor import add
+    from ccoll.compressor import add, add_data
 
     path = next(p for p in DEFAULT_FILES if args.data in os.path.basename(p))
     x = load_concat(path)
@@ -105,6 +106,7 @@ def _operation(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         "compress": lambda: ccoll.compress(x, ccoll.ABS(eb), version=args.version),
         "decompress": lambda: ccoll.decompress(s, out=y),
         "add": lambda: add(a, b),
+        "add_data": lambda: add_data(a, x[h : 2 * h]),
     }[args.op]
 
 
@@ -138,7 +140,7 @@ def _annotate(span: tuple[int, int, str], ips: Counter[int], out: str, top: int)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("op", choices=["compress", "decompress", "add"])
+    ap.add_argument("op", choices=["compress", "decompress", "add", "add_data"])
     ap.add_argument("--rel", type=float, default=1e-3, help="REL bound (of the dump's range)")
     ap.add_argument("--data", default="minilm", help="bundled dump: minilm or digits_cnn")
     ap.add_argument("--version", type=int, default=2, choices=[1, 2], help="stream format")

@@ -324,6 +324,58 @@ def test_add_data_equals_add_of_the_compressed_data(seed, dt, eb, n):
     assert add_data(a, z).tobytes() == add(a, compress_abs(z, eb, version=2)).tobytes()
 
 
+def _kind_block(kind: str, rng: np.random.Generator, dt: type) -> np.ndarray:
+    """32 values (eb = 0.5, step 1) that compress to a block of ``kind``."""
+    if kind == "zero":
+        return np.zeros(32, dt)
+    if kind == "tiny":  # the compressor's zero-block shortcut: |x| <= eb / 2
+        return (rng.uniform(-0.2, 0.2, 32)).astype(dt)
+    if kind == "sparse":
+        v = np.zeros(32, dt)
+        v[rng.choice(32, 3, replace=False)] = rng.integers(-9, 10, 3)
+        return v
+    if kind == "narrow":
+        return rng.integers(-300, 301, 32).astype(dt)
+    if kind == "wide":  # |q| of 30-31 bits: past the planes, summed lane by lane
+        return (rng.choice([-1, 1], 32) * (2.0**30 + 2.0**7 * rng.integers(0, 2**20, 32))
+                ).astype(dt)
+    assert kind == "raw"
+    v = rng.integers(-5, 6, 32).astype(dt)
+    v[rng.integers(32)] = [np.nan, np.inf, -np.inf][rng.integers(3)]
+    return v
+
+
+_KINDS = ["zero", "tiny", "sparse", "narrow", "wide", "raw"]
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_add_data_equals_add_for_every_pair_of_block_kinds(dt):
+    # The one-pass add_data quantizes each block of the data beside the stream's block:
+    # every pair of kinds (zero, the zero shortcut, sparse, narrow, wide past the planes,
+    # raw) on the two sides, on plain streams and on partial sums whose overflowing lanes
+    # made 64-bit raw blocks, over several chunks, with a partial last block, must give
+    # add(a, compress(x)) byte for byte, and the reference's bytes.
+    from test_compressor_reference import ref_add_v2
+
+    from ccoll.compressor.cpu.v2 import validate_v2
+    from ccoll.compressor.cpu.v2blocks import CODE_RAW64_V2, CODE_RAW_V2
+
+    rng = np.random.default_rng(20261205)
+    pairs = [(ka, kx) for ka in _KINDS for kx in _KINDS] * 12  # 432 blocks: 2 chunks
+    order = rng.permutation(len(pairs))
+    a = np.concatenate([_kind_block(pairs[i][0], rng, dt) for i in order])
+    x = np.concatenate([_kind_block(pairs[i][1], rng, dt) for i in order])
+    a, x = a[:-7], x[:-7]  # a partial last block
+    sa = compress_abs(a, 0.5, version=2)
+    ssum = add(sa, sa)  # wide blocks overflow: raw sums (64-bit fields in float32)
+    assert (CODE_RAW64_V2 if dt is np.float32 else CODE_RAW_V2) in validate_v2(ssum).table
+    for s in (sa, ssum):
+        expect = add(s, compress_abs(x, 0.5, version=2))
+        got = add_data(s, x)
+        assert got.tobytes() == expect.tobytes()
+        assert got.tobytes() == ref_add_v2(s.tobytes(), compress_abs(x, 0.5, version=2).tobytes())
+
+
 def test_bytes_do_not_depend_on_the_thread_count():
     rng = np.random.default_rng(2)
     n = 3 * cpu_blocks.SERIAL_BELOW + 1234  # many chunks, run in parallel

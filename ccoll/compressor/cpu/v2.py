@@ -1152,14 +1152,217 @@ def add_v2(la: LayoutV2, lb: LayoutV2, bound: float, nterms: int,
                        bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, out)
 
 
-def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int) -> np.ndarray:
-    """``add(a, compress_abs(x, eb, version=2))``, ``x`` checked by the caller.
+# ------------------------------------------------------------------ sum with raw data
 
-    It compresses ``x`` with the stream's ``eb`` and adds the two streams. A fused kernel
-    (quantize ``x``'s block beside decoding ``a``'s) gave the same bytes but took a minute
-    to compile per dtype; the collectives, which need ``add_data`` in the ring's hot loop,
-    write version 1, whose ``add_data`` is fused (:func:`ccoll.compressor.cpu.add.add_data`).
+
+# Scratch words per block of a chunk's region in add_data: no block of the sum takes more
+# than 2048 bits (a raw float64 block, a raw sum's 64-bit fields, a copied block).
+DATA_SUM_WORDS = 2 * BLOCK
+
+
+@njit(nogil=True, cache=True)
+def _add_lanes_x(Wa, ap, aa, an, codea, Ma, za, xbad, qb, rb, is32, m, step, S, sp, sa, sn,
+                 qa, qs, ra, lo, mag, tmp):  # type: ignore[no-untyped-def]
+    """:func:`_add_lanes` with the second operand a quantized (or raw, ``xbad``) block of data.
+
+    For what the planes do not take: a raw block on either side, or magnitudes wider than
+    ``PLANES_MAX_W``. With ``za == 0`` (the stream's block is zero) the data's quantized
+    block is written as the compressor writes it (no overflow check: the add copies that
+    block). Called, not inlined, as :func:`_add_lanes` is.
+    """
+    code = np.int64(NO_BLOCK)
+    M = np.int64(0)
+    if not za:
+        code, _ = _choose(qb, mag)
+        sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qb, mag, tmp)
+        return ap, aa, an, sp, sa, sn, code, M, False
+    ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
+    if e1:
+        return ap, aa, an, sp, sa, sn, code, M, True
+    ka = codea >> 10
+    kb = np.int64(KIND_RAW) if xbad else np.int64(0)
+    raw = ka > 1 or xbad
+    if not raw:
+        big, orq = _sum_q(qa, qb, qs, mag, m)
+        if big:
+            raw = True
+        elif orq != 0:
+            code, _ = _choose(qs, mag)
+            sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
+    if raw:
+        code = CODE_RAW64_V2 if is32 else CODE_RAW_V2
+        sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step, is32)
+    return ap, aa, an, sp, sa, sn, code, M, False
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, step, small,
+                        is32, ocodes, omasks, bitmap, S, chunk_nnz, chunk_nmask, chunk_bits,
+                        errs):  # type: ignore[no-untyped-def]
+    """Pass 1 of add_data: each chunk's ``a + compress(x)``, packed into its region of ``S``.
+
+    ``x``'s blocks are quantized as :func:`_plan_lossy` quantizes them (the same zero,
+    raw and quantized decisions) and added where they are: on bit-planes where both
+    operands are narrow (a zero block of the stream counts as narrow, so the data's block
+    alone is coded from the same planes), lane by lane (:func:`_add_lanes_x`) otherwise.
+    Chunk ``c`` packs from word ``c * (DATA_SUM_WORDS * CHUNK_BLOCKS + 1)`` of ``S``.
+    Codes, mask words and bitmap words as :func:`_add_v2_chunks`.
+    """
+    n = x.size
+    nblocks = ocodes.size
+    wide = not is32
+    region = DATA_SUM_WORDS * CHUNK_BLOCKS + 1
+    for c in prange(chunk_nnz.size):
+        qa = np.empty(BLOCK, np.int64)
+        qb = np.empty(BLOCK, np.int64)
+        qs = np.empty(BLOCK, np.int64)
+        ra = np.empty(BLOCK, np.int64)
+        rb = np.empty(BLOCK, np.int64)
+        lo = np.empty(BLOCK, np.uint32)
+        mag = np.empty(BLOCK, np.uint32)
+        tmp = np.empty(BLOCK, np.uint32)
+        Pa = np.empty(BLOCK, np.int64)
+        Pb = np.empty(BLOCK, np.int64)
+        Sb = np.empty(BLOCK, np.int64)
+        T = np.empty(BLOCK, np.int64)
+        Sk = np.empty(BLOCK, np.int64)
+        aip, aia, ain = _reader_at(ia, cka[c] * iba)
+        ap, aa, an = _reader_at(Wa, coa[c])
+        ar = cra[c]
+        s0 = c * region * 32
+        sp, sa, sn = _writer_at(s0)
+        b0 = c * CHUNK_BLOCKS
+        b1 = min(b0 + CHUNK_BLOCKS, nblocks)
+        nz = 0
+        nm = 0
+        word = np.int64(0)
+        zprev = True
+        for b in range(b0, b1):
+            base = b * BLOCK
+            e = min(base + BLOCK, n)
+            m = e - base
+            ub = np.uint64(base)
+            za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
+            # The data's block: zero, raw (bad) or quantized, decided as _plan_lossy does.
+            xz = False
+            if m == BLOCK and zprev:
+                tiny = True
+                for l in range(BLOCK):
+                    tiny &= abs(x[ub + np.uint64(l)]) <= small
+                xz = tiny
+            bad = np.int64(0)
+            mx = np.int64(0)
+            if not xz:
+                bad, mx = _quantize_v2(x, ub, m, eb, step, qb)
+                xz = mx == 0 and bad == 0
+            zprev = xz
+            if za == 0 and xz:
+                if (b & 31) == 31 or b == b1 - 1:
+                    bitmap[b >> 5] = word
+                    word = 0
+                continue
+            codea = np.int64(-1)
+            Ma = np.int64(0)
+            if za:
+                i, aip, aia, ain = _get(ia, aip, aia, ain, iba)
+                codea = np.int64(ta[i])
+                if (codea >> 10) == KIND_PP:
+                    Ma = np.int64(ma[ar])
+                    ar += 1
+            code = np.int64(NO_BLOCK)
+            M = np.int64(0)
+            if xz:
+                code = codea
+                M = Ma
+                ap, aa, an, sp, sa, sn = _copy_bits(Wa, ap, aa, an, S, sp, sa, sn,
+                                                    _code_bits(codea, Ma, is32))
+            elif bad and za == 0:
+                code = np.int64(CODE_RAW_V2)
+                sp, sa, sn = _emit_raw_bits(S, sp, sa, sn, bits_[base:e], m, wide)
+            elif bad == 0 and _bitlen(mx) <= PLANES_MAX_W and (
+                    za == 0 or ((codea >> 10) <= 1 and _qwidth(codea) <= PLANES_MAX_W)):
+                wa = np.int64(0)
+                sga = np.int64(0)
+                if za:
+                    vm = (np.int64(1) << m) - 1 if m < BLOCK else np.int64(0xFFFFFFFF)
+                    ap, aa, an, sga, wa, e1 = _read_planes(Wa, ap, aa, an, codea, Ma, vm, Pa)
+                    if e1:
+                        errs[c] = 1
+                        break
+                wb = _bitlen(mx)
+                if mx < 256:
+                    _planes_abs8(qb, Pb, Sb, 0)
+                else:
+                    _planes_abs(qb, Pb, Sb, wb, 0)
+                neg, w = _sum_planes(Pa, wa, sga, Pb, wb, _neg_mask(qb), T)
+                if w:
+                    code = _choose_planes(T, w, Sk)
+                    sp, sa, sn, M = _emit_planes(S, sp, sa, sn, code, T, Sk, 0, neg, Pa)
+            else:
+                if bad:
+                    for l in range(m):
+                        rb[l] = np.int64(bits_[base + l])
+                (ap, aa, an, sp, sa, sn, code, M,
+                 err) = _add_lanes_x(Wa, ap, aa, an, codea, Ma, za, bad != 0, qb, rb, is32, m,
+                                     step, S, sp, sa, sn, qa, qs, ra, lo, mag, tmp)
+                if err:
+                    errs[c] = 1
+                    break
+            if code >= 0:
+                word |= np.int64(1) << (b & 31)
+                ocodes[b0 + nz] = code
+                nz += 1
+                if (code >> 10) == KIND_PP:
+                    omasks[b0 + nm] = M
+                    nm += 1
+            if (b & 31) == 31 or b == b1 - 1:
+                bitmap[b >> 5] = word
+                word = 0
+        if sn:
+            S[sp] = sa
+        chunk_nnz[c] = nz
+        chunk_nmask[c] = nm
+        chunk_bits[c] = (sp * 32 + sn) - s0
+
+
+def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """``add(a, compress_abs(x, eb, version=2))`` in one pass, ``x`` checked by the caller.
+
+    Byte for byte that sum, without writing ``x``'s stream and reading it back: each of
+    ``x``'s blocks is quantized as the compressor quantizes it and added to the stream's
+    block where it is (:func:`_add_data_v2_chunks`), then the chunks are placed as the
+    add places them. A stream without a bound (``eb = 0``, lossless) is summed through
+    its compressed data.
     """
     ha = la.hdr
-    b = compress_abs_v2(np.ascontiguousarray(x).reshape(ha.shape), ha.eb)
-    return add_v2(la, validate_v2(b), bound, nterms)
+    flat = _readonly(np.ascontiguousarray(x).reshape(-1))
+    eb = ha.eb
+    if eb == 0.0:
+        b = compress_abs_v2(flat.reshape(ha.shape), eb)
+        return add_v2(la, validate_v2(b), bound, nterms, out)
+    is32 = ha.dtype == np.float32
+    n = ha.n
+    nblocks = ha.nblocks
+    nch = _nchunks(nblocks)
+    region = DATA_SUM_WORDS * CHUNK_BLOCKS + 1
+    S = np.empty(max(nch * region, 1), np.uint32)
+    reg = np.arange(nch, dtype=np.int64) * region
+    ocodes = np.empty(nblocks, np.int16)
+    omasks = np.empty(nblocks, np.uint32)
+    bitmap_t = np.empty((nblocks + 31) // 32, np.uint32)
+    chunk_nnz = np.zeros(nch, np.int64)
+    chunk_nmask = np.zeros(nch, np.int64)
+    chunk_bits = np.zeros(nch, np.int64)
+    errs = np.zeros(nch, np.uint8)
+    bits_ = flat.view(np.uint32) if is32 else flat.view(np.uint64)
+    if nch:
+        with _threads_for(n):
+            _add_data_v2_chunks(la.W, la.bitmap, la.table, la.idx, la.ib, la.masks,
+                                la.chunk_k, la.chunk_r, la.chunk_o, flat, bits_, eb, 2.0 * eb,
+                                _small(eb, flat.dtype), is32, ocodes, omasks, bitmap_t, S,
+                                chunk_nnz, chunk_nmask, chunk_bits, errs)
+    if errs.any():
+        raise FormatError("stream holds a sparse block whose positions are not increasing")
+    return _finish_sum(ha.dtype, ha.shape, eb, bound, nterms, nblocks, ocodes, omasks,
+                       bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, out)
