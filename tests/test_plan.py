@@ -431,3 +431,26 @@ def test_sampled_format2_times_both_formats_on_one_sample(monkeypatch):
     s = fits._gain_sample(x, 64)
     assert got.gain == ((compress_abs(s, 1e-3, version=1).nbytes - 64)
                         / (compress_abs(s, 1e-3, version=2).nbytes - 64))
+
+
+def test_sampled_format2_prices_the_add_as_the_ring_step(monkeypatch):
+    # With add_data as a fourth kernel, the add factor is the ring's step: add_data's time
+    # less the compression's (the model counts the compression apart), at least a quarter
+    # of add_data's. Durations by hand, in the order of the timings (two runs each:
+    # compress, add, decompress, add_data; format 1, then format 2).
+    from ccoll.collectives.policy import fits
+    from ccoll.compressor.api import add, add_data, compress_abs, decompress
+
+    runs = [4, 5, 2, 3, 1, 1, 3, 9,  # format 1: add_data 3 < compress 4: the quarter, 0.75
+            8, 8, 4, 4, 2, 2, 20, 20]  # format 2: 20 - 8 = 12
+    readings = []
+    t = 0.0
+    for d in runs:
+        readings += [t, t + d]
+        t += d + 100.0
+    ticks = iter(readings)
+    monkeypatch.setattr(fits, "_clock", lambda: next(ticks))
+    x = np.linspace(-1.0, 1.0, 32 * fits.GAIN_MIN_BLOCKS * 2, dtype=np.float32)
+    got = fits.sampled_format2(x, 1e-3, 64, (compress_abs, add, decompress, add_data))
+    assert got.speed == (4 / 8, 0.75 / 12, 1 / 2)
+    assert next(ticks, None) is None  # every kernel timed twice, no other reading

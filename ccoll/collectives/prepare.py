@@ -395,5 +395,6 @@ def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,
     if (facts.policy == "auto" and not facts.device and cc.calibration.formats is not None
             and cc.format_version is None):
         mod = api()
-        f2 = sampled_format2(flat, eb, nsample, (mod.compress_abs, mod.add, mod.decompress))
+        f2 = sampled_format2(flat, eb, nsample,
+                             (mod.compress_abs, mod.add, mod.decompress, mod.add_data))
     return ratio, width, f2

@@ -277,16 +277,17 @@ def _falling(k: int) -> float:
     return 2.0 - 2.0 ** -k
 
 
-@pytest.mark.parametrize("forced, factor", [(_rising, 2.0 ** -12), (_falling, 2.0 ** 12)],
+@pytest.mark.parametrize("forced, factor", [(_rising, 2.0 ** -16), (_falling, 2.0 ** 16)],
                          ids=["v2-slow", "v2-fast"])
 def test_sampled_speed_factors_are_agreed_as_the_minimum(comm, monkeypatch,
                                                          tmp_path_factory, forced, factor):
     # The first auto call of a signature times both formats' kernels on its sample; each
     # rank's clock gives its own factors. The last rank's clock is a stand-in here:
-    # format 1's kernels are timed first, so rising readings make format 2 look 4096x
-    # slower on that rank (compress, add, decompress: 2 runs each), falling ones 4096x
-    # faster. Every rank must plan with the minimum over ranks, the same numbers in the
-    # same state, and make the same plan.
+    # format 1's kernels are timed first, so rising readings make format 2 look 65536x
+    # slower on that rank (compress, add, decompress, add_data: 2 runs each; the add's
+    # factor, add_data less compress, comes out the same), falling ones 65536x faster.
+    # Every rank must plan with the minimum over ranks, the same numbers in the same
+    # state, and make the same plan.
     if SIZE < 2:
         pytest.skip("one rank never compresses")
     from ccoll.collectives import prepare
@@ -321,7 +322,7 @@ def test_sampled_speed_factors_are_agreed_as_the_minimum(comm, monkeypatch,
     everyone = comm.allgather((mine, agreed, rep.decision(), rep.format_version))
     assert all(e[1:] == everyone[0][1:] for e in everyone)  # the same state and plan
     assert agreed == tuple(min(e[0][i] for e in everyone) for i in range(3))
-    if factor < 1:  # format 2 priced 4096x slower than format 1's kernels: format 1
+    if factor < 1:  # format 2 priced 65536x slower than format 1's kernels: format 1
         assert agreed == (factor,) * 3 and rep.format_version == 1
     else:  # the other ranks' real timings are the minimum, not the forced ones
         assert all(agreed[i] < factor for i in range(3))

@@ -130,21 +130,25 @@ SPEED_REPS = 2
 
 
 def sampled_format2(x: np.ndarray, eb: float, nsample: int,
-                    ops: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
-                    ) -> Format2:
+                    ops: tuple[Callable[..., Any], ...]) -> Format2:
     """Format 2's gain and kernel speeds relative to format 1 on about ``nsample`` blocks.
 
     The gain is format 1's stream bytes over format 2's on evenly spaced runs of
     :data:`GAIN_RUN_BLOCKS` whole 32-element blocks (at least :data:`GAIN_MIN_BLOCKS`
     blocks, or all of ``x``), compressed at ``eb``, the streams' 64-byte headers left out.
     ``ops``: ``(compress_abs, add, decompress)`` of the compressor (``compress_abs`` takes
-    ``version=``). On the same sample of runs of blocks, each format's compress, add (the
-    stream plus itself: a partial sum's wider codes) and decompress are timed, the least of
-    :data:`SPEED_REPS` runs each (the first run of each kernel also loads it where it was
-    not yet), and each factor is format 1's seconds over format 2's. Local: every rank
-    times its own; the collectives agree on the minimum (docs/model.md, "Stream format").
+    ``version=``), optionally with ``add_data`` fourth. On the same sample of runs of
+    blocks, each format's compress, add (the stream plus itself: a partial sum's wider
+    codes) and decompress are timed, the least of :data:`SPEED_REPS` runs each (the first
+    run of each kernel also loads it where it was not yet), and each factor is format 1's
+    seconds over format 2's. With ``add_data``, the add is priced as the ring's step does
+    it: ``add_data`` of the sample to its own stream, less the sample's compression (the
+    model counts every rank's whole input compressed once, then the adds), each format's
+    difference at least a quarter of its ``add_data`` time. Local: every rank times its
+    own; the collectives agree on the minimum (docs/model.md, "Stream format").
     """
-    compress_abs, add, decompress = ops
+    compress_abs, add, decompress = ops[:3]
+    add_data = ops[3] if len(ops) > 3 else None
     s = _gain_sample(x, nsample)
     out = np.empty_like(s)
     secs: dict[int, tuple[float, float, float]] = {}
@@ -155,6 +159,9 @@ def sampled_format2(x: np.ndarray, eb: float, nsample: int,
         size[v] = buf.nbytes - 64
         ta, _ = _best(partial(add, buf, buf), SPEED_REPS, _clock)
         td, _ = _best(partial(decompress, buf, out=out), SPEED_REPS, _clock)
+        if add_data is not None:
+            tad, _ = _best(partial(add_data, buf, s), SPEED_REPS, _clock)
+            ta = max(tad - tc, 0.25 * tad)
         secs[v] = (tc, ta, td)
     gain = max(size[1], 1) / max(size[2], 1)
     f = [a / b if a > 0 and b > 0 and math.isfinite(a / b) else math.inf
