@@ -940,6 +940,37 @@ def _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32, m, st
     return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, False
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _note_sum(code, M, b, b0, b1, nz, nm, word, ocodes, omasks, bitmap):  # type: ignore[no-untyped-def]
+    """Record block ``b``'s code in a sum (``NO_BLOCK``: a zero block) and its mask word.
+
+    A chunk's codes and mask words are packed from ``ocodes[b0]`` and ``omasks[b0]``;
+    its bitmap word is stored once its 32nd block (or the chunk's last) is recorded.
+    Returns the updated counts and bitmap word.
+    """
+    if code >= 0:
+        word |= np.int64(1) << (b & 31)
+        ocodes[b0 + nz] = code
+        nz += 1
+        if (code >> 10) == KIND_PP:
+            omasks[b0 + nm] = M
+            nm += 1
+    if (b & 31) == 31 or b == b1 - 1:
+        bitmap[b >> 5] = word
+        word = 0
+    return nz, nm, word
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _end_chunk(S, sp, sa, sn, s0, c, nz, nm, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
+    """Flush a sum's chunk writer and store the chunk's counts (pass 1 of add/add_data)."""
+    if sn:
+        S[sp] = sa
+    chunk_nnz[c] = nz
+    chunk_nmask[c] = nm
+    chunk_bits[c] = (sp * 32 + sn) - s0
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib_b, mb, ckb,
                    crb, cob, n, is32, step, ocodes, omasks, bitmap, reg, S, chunk_nnz,
@@ -980,9 +1011,8 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
             za = (np.int64(bma[b >> 5]) >> (b & 31)) & 1
             zb = (np.int64(bmb[b >> 5]) >> (b & 31)) & 1
             if za == 0 and zb == 0:
-                if (b & 31) == 31 or b == b1 - 1:
-                    bitmap[b >> 5] = word
-                    word = 0
+                nz, nm, word = _note_sum(NO_BLOCK, 0, b, b0, b1, nz, nm, word, ocodes,
+                                         omasks, bitmap)
                 continue
             codea = np.int64(-1)
             Ma = np.int64(0)
@@ -1034,21 +1064,9 @@ def _add_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, Wb, bmb, tb, ib_, ib
                 if err:
                     errs[c] = 1
                     break
-            if code >= 0:
-                word |= np.int64(1) << (b & 31)
-                ocodes[b0 + nz] = code
-                nz += 1
-                if (code >> 10) == KIND_PP:
-                    omasks[b0 + nm] = M
-                    nm += 1
-            if (b & 31) == 31 or b == b1 - 1:
-                bitmap[b >> 5] = word
-                word = 0
-        if sn:
-            S[sp] = sa
-        chunk_nnz[c] = nz
-        chunk_nmask[c] = nm
-        chunk_bits[c] = (sp * 32 + sn) - s0
+            nz, nm, word = _note_sum(code, M, b, b0, b1, nz, nm, word, ocodes, omasks,
+                                     bitmap)
+        _end_chunk(S, sp, sa, sn, s0, c, nz, nm, chunk_nnz, chunk_nmask, chunk_bits)
 
 
 @njit(nogil=True, cache=True)
@@ -1257,9 +1275,8 @@ def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, s
                 xz = mx == 0 and bad == 0
             zprev = xz
             if za == 0 and xz:
-                if (b & 31) == 31 or b == b1 - 1:
-                    bitmap[b >> 5] = word
-                    word = 0
+                nz, nm, word = _note_sum(NO_BLOCK, 0, b, b0, b1, nz, nm, word, ocodes,
+                                         omasks, bitmap)
                 continue
             codea = np.int64(-1)
             Ma = np.int64(0)
@@ -1308,21 +1325,9 @@ def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, s
                 if err:
                     errs[c] = 1
                     break
-            if code >= 0:
-                word |= np.int64(1) << (b & 31)
-                ocodes[b0 + nz] = code
-                nz += 1
-                if (code >> 10) == KIND_PP:
-                    omasks[b0 + nm] = M
-                    nm += 1
-            if (b & 31) == 31 or b == b1 - 1:
-                bitmap[b >> 5] = word
-                word = 0
-        if sn:
-            S[sp] = sa
-        chunk_nnz[c] = nz
-        chunk_nmask[c] = nm
-        chunk_bits[c] = (sp * 32 + sn) - s0
+            nz, nm, word = _note_sum(code, M, b, b0, b1, nz, nm, word, ocodes, omasks,
+                                     bitmap)
+        _end_chunk(S, sp, sa, sn, s0, c, nz, nm, chunk_nnz, chunk_nmask, chunk_bits)
 
 
 def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int,
