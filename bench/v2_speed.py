@@ -19,6 +19,7 @@ each operation spends its time instead.
     python bench/v2_speed.py --baseline 1a86725 --compress   # compress only (a quick A/B)
     python bench/v2_speed.py --baseline 1a86725 --sz3        # and SZ3 in the same rounds
     python bench/v2_speed.py --baseline HEAD --v1            # v1's kernels of HEAD against these
+    python bench/v2_speed.py --baseline e009e93 --add-data   # the ring's step (add_data) only
 
 docs/performance.md ("Format v2 on the CPU") and docs/dev/format-v2.md quote its output.
 """
@@ -186,6 +187,56 @@ def compress_speeds(repeat: int, base: ModuleType | None, sz3: bool) -> None:
     _table(head, row_of)
 
 
+def add_data_speeds(repeat: int, base: ModuleType | None) -> None:
+    """``add_data`` only (the ring's step): v1, the baseline's v2, the working tree's v2.
+
+    Data ``xb`` (the dump's second half) added to the stream of ``xa`` (its first half) at
+    the bound, GB/s of ``xb``; "c + add v2": the working tree's compress, validation and
+    add of two streams, the same bytes by the other way; "dec + add + enc v2": the step
+    without the homomorphic sum (decode the stream, add the floats, compress the sum: the
+    sum's own grid, not the same bytes).
+    """
+    from ccoll.compressor import add_data
+    from ccoll.compressor.cpu import v2
+
+    variants = {"v2": v2} if base is None else {"v2 base": base, "v2": v2}
+    head = ["data", "REL", "add_data v1"] + [f"add_data {k}" for k in variants]
+    head += ["c + add v2", "dec + add + enc v2", "v2 / v1"]
+    head += (["v2 / base"] if base is not None else []) + ["v2 / (dec + add + enc)"]
+
+    def row_of(x: np.ndarray, rel: float) -> list[str]:
+        import ccoll
+
+        h = x.size // 2
+        xa, xb = x[:h], x[h : 2 * h]
+        eb = rel * (float(x.max()) - float(x.min()))
+        a1 = ccoll.compress(xa, ccoll.ABS(eb))
+        a2 = v2.compress_abs_v2(xa, eb)
+        fns: dict[str, Callable[[], object]] = {"v1": lambda: add_data(a1, xb)}
+        for k, m in variants.items():
+            fns[k] = lambda m=m: m.add_data_v2(m.validate_v2(a2), xb, 2 * eb, 2)
+        fns["ca"] = lambda: v2.add_v2(v2.validate_v2(a2),
+                                      v2.validate_v2(v2.compress_abs_v2(xb, eb)), 2 * eb, 2)
+        ya = np.empty_like(xa)
+
+        def dec_add_enc() -> None:
+            v2.decode_into(v2.validate_v2(a2), ya)
+            np.add(ya, xb, out=ya)
+            v2.compress_abs_v2(ya, eb)
+
+        fns["dae"] = dec_add_enc
+        want = fns["ca"]().tobytes()  # type: ignore[attr-defined]
+        for k in variants:
+            assert fns[k]().tobytes() == want  # type: ignore[attr-defined]
+        t = _best(fns, repeat)
+        row = [f"{t[k] * 1e3:.3f} ms ({xb.nbytes / t[k] / 1e9:.2f})" for k in fns]
+        row += [f"{t['v1'] / t['v2']:.3f}x"]
+        row += [f"{t['v2 base'] / t['v2']:.3f}x"] if base is not None else []
+        return row + [f"{t['dae'] / t['v2']:.3f}x"]
+
+    _table(head, row_of)
+
+
 def _speed_row(x: np.ndarray, rel: float, variants: dict[str, ModuleType],
                base: ModuleType | None, repeat: int, sz3: bool) -> list[str]:
     import ccoll
@@ -318,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", metavar="REV", help="also time the v2 kernels of git REV")
     ap.add_argument("--passes", action="store_true", help="time the passes of each v2 call")
     ap.add_argument("--compress", action="store_true", help="time compress only")
+    ap.add_argument("--add-data", action="store_true",
+                    help="time add_data only (a stream plus data: the ring's step)")
     ap.add_argument("--sz3", action="store_true",
                     help="also time SZ3 (pysz) in the same rounds, and v2's speed over it")
     ap.add_argument("--v1", action="store_true",
@@ -340,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         v1_speeds(args.repeat, args.baseline)
     elif args.passes:
         passes(args.repeat)
+    elif args.add_data:
+        add_data_speeds(args.repeat, _baseline(args.baseline) if args.baseline else None)
     elif args.compress:
         compress_speeds(args.repeat, _baseline(args.baseline) if args.baseline else None,
                         args.sz3)
