@@ -9,8 +9,8 @@ call says so on stderr (:mod:`ccoll.compressor.cpu.notice`); with a warm cache t
 silent and takes a second or two.
 
 ``--v2`` also compiles the kernels of stream format version 2 (``compress(...,
-version=2)``, docs/format.md), which inline their block helpers and take about 65 s
-more of CPU time for float32 and 25 s for float64 (bench/v2_compile.py); ``--jobs 2``
+version=2)``, docs/format.md), which inline their block helpers and take about 130 s
+more of CPU time for float32 and 65 s for float64 (bench/v2_compile.py); ``--jobs 2``
 compiles the dtypes side by side in two processes (numba compiles on one core).
 """
 

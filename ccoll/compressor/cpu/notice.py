@@ -43,7 +43,7 @@ def message(dtype: str | None, version: int = 1) -> str:
     """
     what = "kernels" if version == 1 else "format-2 kernels"
     what += f" for {dtype}" if dtype else ""
-    took = "about 30 s" if version == 1 else "about 1-2 minutes"
+    took = "about 30 s" if version == 1 else "about 1-3 minutes"
     return (
         f"ccoll: compiling {what}, once, {took} on 2 idle cores; "
         "later runs load them from numba's cache"
