@@ -917,15 +917,25 @@ def _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32, m, st
     writer's state, the sum's code (``NO_BLOCK`` for a zero sum), its mask word and an
     error flag (sparse positions not increasing).
     """
-    rawsum = CODE_RAW64_V2 if is32 else CODE_RAW_V2
-    code = np.int64(NO_BLOCK)
-    M = np.int64(0)
     ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
     bp, ba, bn, e2 = _read_side(Wb, bp, ba, bn, codeb, Mb, is32, qb, lo, tmp, rb)
     if e1 or e2:
-        return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, True
-    ka = codea >> 10
-    kb = codeb >> 10
+        return ap, aa, an, bp, ba, bn, sp, sa, sn, np.int64(NO_BLOCK), np.int64(0), True
+    sp, sa, sn, code, M = _sum_lanes(codea >> 10, qa, ra, codeb >> 10, qb, rb, is32, m, step,
+                                     S, sp, sa, sn, qs, mag, tmp)
+    return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, False
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _sum_lanes(ka, qa, ra, kb, qb, rb, is32, m, step, S, sp, sa, sn, qs, mag, tmp):  # type: ignore[no-untyped-def]
+    """Write the sum of two decoded non-zero blocks of kinds ``ka``, ``kb`` lane by lane.
+
+    Quantized lanes in ``qa``/``qb``, raw bit patterns in ``ra``/``rb``. A raw block on
+    either side, or a sum that reaches ``QMAX_ADD``, gives a raw sum. Returns the writer's
+    state, the sum's code (``NO_BLOCK`` for a zero sum) and its mask word.
+    """
+    code = np.int64(NO_BLOCK)
+    M = np.int64(0)
     raw = ka > 1 or kb > 1
     if not raw:
         big, orq = _sum_q(qa, qb, qs, mag, m)
@@ -935,9 +945,9 @@ def _add_lanes(Wa, ap, aa, an, codea, Ma, Wb, bp, ba, bn, codeb, Mb, is32, m, st
             code, _ = _choose(qs, mag)
             sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
     if raw:
-        code = rawsum
+        code = CODE_RAW64_V2 if is32 else CODE_RAW_V2
         sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step, is32)
-    return ap, aa, an, bp, ba, bn, sp, sa, sn, code, M, False
+    return sp, sa, sn, code, M
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -1197,19 +1207,9 @@ def _add_lanes_x(Wa, ap, aa, an, codea, Ma, za, xbad, qb, rb, is32, m, step, S, 
     ap, aa, an, e1 = _read_side(Wa, ap, aa, an, codea, Ma, is32, qa, lo, tmp, ra)
     if e1:
         return ap, aa, an, sp, sa, sn, code, M, True
-    ka = codea >> 10
     kb = np.int64(KIND_RAW) if xbad else np.int64(0)
-    raw = ka > 1 or xbad
-    if not raw:
-        big, orq = _sum_q(qa, qb, qs, mag, m)
-        if big:
-            raw = True
-        elif orq != 0:
-            code, _ = _choose(qs, mag)
-            sp, sa, sn, M = _emit_q(S, sp, sa, sn, code, qs, mag, tmp)
-    if raw:
-        code = CODE_RAW64_V2 if is32 else CODE_RAW_V2
-        sp, sa, sn = _emit_raw_sum(S, sp, sa, sn, ka, qa, ra, kb, qb, rb, m, step, is32)
+    sp, sa, sn, code, M = _sum_lanes(codea >> 10, qa, ra, kb, qb, rb, is32, m, step, S, sp,
+                                     sa, sn, qs, mag, tmp)
     return ap, aa, an, sp, sa, sn, code, M, False
 
 
@@ -1330,8 +1330,7 @@ def _add_data_v2_chunks(Wa, bma, ta, ia, iba, ma, cka, cra, coa, x, bits_, eb, s
         _end_chunk(S, sp, sa, sn, s0, c, nz, nm, chunk_nnz, chunk_nmask, chunk_bits)
 
 
-def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int,
-                out: np.ndarray | None = None) -> np.ndarray:
+def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int) -> np.ndarray:
     """``add(a, compress_abs(x, eb, version=2))`` in one pass, ``x`` checked by the caller.
 
     Byte for byte that sum, without writing ``x``'s stream and reading it back: each of
@@ -1345,7 +1344,7 @@ def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int,
     eb = ha.eb
     if eb == 0.0:
         b = compress_abs_v2(flat.reshape(ha.shape), eb)
-        return add_v2(la, validate_v2(b), bound, nterms, out)
+        return add_v2(la, validate_v2(b), bound, nterms)
     is32 = ha.dtype == np.float32
     n = ha.n
     nblocks = ha.nblocks
@@ -1370,4 +1369,4 @@ def add_data_v2(la: LayoutV2, x: np.ndarray, bound: float, nterms: int,
     if errs.any():
         raise FormatError("stream holds a sparse block whose positions are not increasing")
     return _finish_sum(ha.dtype, ha.shape, eb, bound, nterms, nblocks, ocodes, omasks,
-                       bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, out)
+                       bitmap_t, S, reg, chunk_nnz, chunk_nmask, chunk_bits, n, None)
