@@ -636,3 +636,64 @@ def test_lut_store_matches_the_portable_loop():
         assert np.array_equal(a[3:35].view(np.uint32), want.view(np.uint32))
         assert np.array_equal(b[3:35].view(np.uint32), want.view(np.uint32))
         assert np.isnan(a[:3]).all() and np.isnan(a[35:]).all()
+
+
+def test_patched_lanes_by_pdep_equal_lanes_by_rank_and_the_definition():
+    # Machines without a vector popcount take the pdep way for h <= 2 (v2blocks.SPREAD_HIGH);
+    # both ways run here whatever this machine takes, against the format's definition.
+    from numba import njit
+
+    from ccoll.compressor.cpu import v2blocks as vb
+
+    @njit
+    def both(M, hb, h, k, sign, lo, a, b):  # type: ignore[no-untyped-def]
+        vb._pp_lanes_ranked(M, hb, h, k, sign, lo, a)
+        vb._pp_lanes_spread(M, hb, h, k, sign, lo, b)
+
+    rng = np.random.default_rng(6)
+    for _ in range(400):
+        h = int(rng.integers(0, 3))
+        k = int(rng.integers(0, 31 - h))
+        M = int(rng.integers(0, 2**32)) & int(rng.integers(0, 2**32))  # sparse and dense
+        high = [l for l in range(32) if (M >> l) & 1]
+        fields = rng.integers(0, 1 << h, len(high)) if h else np.zeros(len(high), np.int64)
+        hb = sum(int(v) << (i * h) for i, v in enumerate(fields))
+        hb = hb - (1 << 64) if hb >= 1 << 63 else hb
+        sign = int(rng.integers(0, 2**32))
+        lo = rng.integers(0, 1 << k, 32).astype(np.uint32) if k else np.zeros(32, np.uint32)
+        a = np.zeros(32, np.int64)
+        b = np.zeros(32, np.int64)
+        both(M, hb, h, k, sign, lo, a, b)
+        mag = [int(lo[l]) for l in range(32)]
+        for i, l in enumerate(high):
+            mag[l] += (int(fields[i]) + 1) << k
+        want = [-v if (sign >> l) & 1 else v for l, v in enumerate(mag)]
+        assert a.tolist() == want
+        assert b.tolist() == want
+
+
+def test_conversions_through_int32_are_exact_for_every_quantized_value():
+    # Machines without AVX-512DQ convert quantized values through int32 (intrinsics._q_int).
+    from numba import njit
+
+    from ccoll.compressor.cpu import intrinsics as it
+
+    @njit
+    def conv(d, i, oi, of, wi, wf):  # type: ignore[no-untyped-def]
+        for j in range(d.size):
+            oi[j] = it._int_via_i32(d[j])
+            of[j] = it._float_via_i32(i[j])
+            wi[j] = it._q_int(d[j])
+            wf[j] = it._q_float(i[j])
+
+    lim = 2**31 - 1
+    i = np.concatenate([np.array([0, 1, -1, lim, -lim, lim - 1, -lim + 1, -(2**31)]),
+                        np.random.default_rng(7).integers(-lim, lim + 1, 2000)])
+    d = i.astype(np.float64)
+    outs = [np.empty(i.size, np.int64), np.empty(i.size), np.empty(i.size, np.int64),
+            np.empty(i.size)]
+    conv(d, i, *outs)
+    for o in (outs[0], outs[2]):
+        assert np.array_equal(o, i)
+    for o in (outs[1], outs[3]):
+        assert np.array_equal(o, d)

@@ -26,6 +26,8 @@ from ccoll.compressor.cpu.intrinsics import (
     _or_plane,
     _plane_of,
     _popcount,
+    _q_float,
+    _q_int,
     _round_like,
 )
 from ccoll.runtime.cpu_threads import parallel_launch
@@ -112,8 +114,9 @@ def _quantize(xb, eb, step, q):  # type: ignore[no-untyped-def]
             v = xd / step
             inr = abs(v) < QLIM
             vv = v if inr else 0.0
-            qi = np.int64(np.floor(vv + 0.5))
-            yd = _round_like(np.float64(qi) * step, xb)
+            fq = np.floor(vv + 0.5)  # |fq| < 2^31: float64(qi) is fq itself
+            qi = _q_int(fq)
+            yd = _round_like(fq * step, xb)
             ok = inr & (abs(yd - xd) < eb)
             bad += np.int64(not ok)
             orq |= abs(qi)
@@ -126,8 +129,9 @@ def _quantize(xb, eb, step, q):  # type: ignore[no-untyped-def]
             v = xd / step
             inr = abs(v) < QLIM
             vv = v if inr else 0.0
-            qi = np.int64(np.floor(vv + 0.5))
-            yd = _round_like(np.float64(qi) * step, xb)
+            fq = np.floor(vv + 0.5)  # |fq| < 2^31: float64(qi) is fq itself
+            qi = _q_int(fq)
+            yd = _round_like(fq * step, xb)
             ok = inr & (abs(yd - xd) < eb)
             bad += np.int64(not ok)
             orq |= abs(qi)
@@ -157,7 +161,7 @@ def _encode_x(xb, step, code, Wb, mag):  # type: ignore[no-untyped-def]
         for l in range(BLOCK):
             # Same arithmetic as _quantize; the block is known to be accepted.
             v = np.float64(xb[l]) / step
-            qi = np.int64(np.floor(v + 0.5))
+            qi = _q_int(np.floor(v + 0.5))  # accepted: |v| < 2^31 - 1
             c = qi - prev * lor
             prev = qi
             sign |= np.int64(c < 0) << l
@@ -165,7 +169,7 @@ def _encode_x(xb, step, code, Wb, mag):  # type: ignore[no-untyped-def]
     else:
         for l in range(m):
             v = np.float64(xb[l]) / step
-            qi = np.int64(np.floor(v + 0.5))
+            qi = _q_int(np.floor(v + 0.5))  # accepted: |v| < 2^31 - 1
             c = qi - prev * lor
             prev = qi
             sign |= np.int64(c < 0) << l
@@ -240,11 +244,11 @@ def _decode_to(Wb, code, mag, ob, step):  # type: ignore[no-untyped-def]
     elif m == BLOCK:
         for l in range(BLOCK):
             s = (sign >> l) & 1
-            ob[l] = np.float64((np.int64(mag[l]) ^ -s) + s) * step
+            ob[l] = _q_float((np.int64(mag[l]) ^ -s) + s) * step
     else:
         for l in range(m):
             s = (sign >> l) & 1
-            ob[l] = np.float64((np.int64(mag[l]) ^ -s) + s) * step
+            ob[l] = _q_float((np.int64(mag[l]) ^ -s) + s) * step
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -51,6 +51,8 @@ from ccoll.compressor.cpu.intrinsics import (
     _planes_abs,
     _planes_abs8,
     _popcount,
+    _q_float,
+    _q_int,
     _round_like,
     _tzcnt,
 )
@@ -119,7 +121,7 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
             inr = abs(v) < QLIM
             vv = v if inr else 0.0
             fq = np.floor(vv + 0.5)
-            qi = np.int64(fq)
+            qi = _q_int(fq)
             yd = _round_like(fq * step, x)
             allok &= inr & (abs(yd - xd) < eb)
             q[l] = qi
@@ -133,7 +135,7 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
                 inr = abs(v) < QLIM
                 vv = v if inr else 0.0
                 fq = np.floor(vv + 0.5)
-                qi = np.int64(fq)
+                qi = _q_int(fq)
                 yd = _round_like(fq * step, x)
                 allok &= inr & (abs(yd - xd) < eb)
             q[l] = qi
@@ -400,14 +402,14 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
                     if m == BLOCK:
                         for l in range(BLOCK):
                             # The arithmetic of _quantize; the block is known to be accepted.
-                            qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
+                            qi = _q_int(np.floor(np.float64(xb[l]) / step + 0.5))
                             q[l] = qi
                             mag[l] = abs(qi)
                     else:
                         for l in range(BLOCK):
                             qi = np.int64(0)
                             if l < m:
-                                qi = np.int64(np.floor(np.float64(xb[l]) / step + 0.5))
+                                qi = _q_int(np.floor(np.float64(xb[l]) / step + 0.5))
                             q[l] = qi
                             mag[l] = abs(qi)
                     ppos, pacc, pnb, M = _emit_q(P, ppos, pacc, pnb, code, q, mag, tmp)
@@ -763,6 +765,18 @@ def validate_v2(buf: np.ndarray, hdr: fmt.StreamHeader | None = None) -> LayoutV
 # ---------------------------------------------------------------------------- decompression
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _q_narrow(code):  # type: ignore[no-untyped-def]
+    """Whether every value of a quantized block of ``code`` has ``|q| < 2^31``.
+
+    The compressor makes no other (docs/format.md, "Pre-quantization"), but the format
+    allows patched planes of ``k + h`` up to 61 bits and sparse values of 31 bits plus 1.
+    """
+    if code >> 10 == KIND_SP:
+        return (code & 31) <= 30
+    return ((code >> 5) & 31) + (code & 31) <= 30
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step, n, is32,
                out, outbits, errs):  # type: ignore[no-untyped-def]
@@ -819,8 +833,12 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                     bit, err = _decode_lut_at(W, last, bit, code, M, pl, out, b * BLOCK, tab)
                 else:
                     bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
-                    for l in range(m):
-                        out[ub + np.uint64(l)] = np.float64(qv[l]) * step
+                    if _q_narrow(code):  # |q| < 2^31: converted 4 lanes at a time
+                        for l in range(m):
+                            out[ub + np.uint64(l)] = _q_float(qv[l]) * step
+                    else:
+                        for l in range(m):
+                            out[ub + np.uint64(l)] = np.float64(qv[l]) * step
                 if err:
                     errs[c] = 1
                     break
