@@ -41,6 +41,7 @@ from ccoll.compressor.cpu.blocks import (
 )
 from ccoll.compressor.cpu.intrinsics import (
     HAVE_AVX512,
+    HAVE_AVX512DQ,
     LUT_BITS,
     _bitlen,
     _bits_from_f64,
@@ -114,6 +115,7 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
     """
     allok = True
     mx = np.int64(0)
+    mx32 = np.int32(0)
     if m == BLOCK:
         for l in range(BLOCK):  # constant trip count, branch-free: vectorized
             xd = np.float64(x[ub + np.uint64(l)])
@@ -121,11 +123,18 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
             inr = abs(v) < QLIM
             vv = v if inr else 0.0
             fq = np.floor(vv + 0.5)
-            qi = _q_int(fq)
             yd = _round_like(fq * step, x)
             allok &= inr & (abs(yd - xd) < eb)
-            q[l] = qi
-            mx = max(mx, abs(qi))
+            if HAVE_AVX512DQ:
+                qi = np.int64(fq)
+                q[l] = qi
+                mx = max(mx, abs(qi))
+            else:  # 32-bit lanes: AVX2 has their max and abs, not the 64-bit ones
+                qs = np.int32(fq)
+                q[l] = np.int64(qs)
+                mx32 = max(mx32, abs(qs))
+        if not HAVE_AVX512DQ:
+            mx = np.int64(mx32)
     else:
         for l in range(BLOCK):
             qi = np.int64(0)
