@@ -734,3 +734,42 @@ def test_v2_codes_of_many_chunks_equal_the_reference(dtype):
     x[rng.integers(0, x.size, 3)] = np.inf  # raw blocks
     x = x[: x.size - 13]  # a partial last block
     assert compress_abs(x, eb, version=2).tobytes() == ref_compress_v2(x, eb)
+
+
+def _fields(fields: list[tuple[int, int]]) -> tuple[int, int]:
+    val = nb = 0
+    for f, w in fields:
+        val |= f << nb
+        nb += w
+    return val, nb
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_v2_blocks_with_values_of_2_to_the_31_and_more_decode_as_the_reference(dtype):
+    # The compressor keeps |q| < 2^31, but the format allows patched planes up to k + h = 61
+    # bits and sparse values of 2^31; decoders that convert |q| < 2^31 through int32 (cores
+    # without AVX-512DQ, v2._q_narrow) must take the 64-bit way for these, on each side of it.
+    rng = np.random.default_rng(8)
+    blocks: list[tuple[int, int | None, int, int] | None] = []
+    for k, h in [(29, 1), (30, 0), (30, 1), (29, 2), (30, 2), (15, 16), (30, 31), (0, 31)]:
+        mask = int(rng.integers(1, 2**32))
+        high = [i for i in range(32) if (mask >> i) & 1]
+        sign = int(rng.integers(0, 2**32))
+        lo = [int(rng.integers(0, 1 << k)) if k else 0 for _ in range(32)]
+        fl = [(sign, 32)] if k else [((sign >> i) & 1, 1) for i in high]
+        fl += [(sum(((lo[i] >> j) & 1) << i for i in range(32)), 32) for j in range(k)]
+        fl += [((1 << h) - 1 - int(rng.integers(0, 2)) if h else 0, h) for _ in high]
+        val, nb = _fields(fl)
+        blocks.append(((k << 5) | h, mask, val, nb))
+    for v in (29, 30, 31):
+        lanes = sorted(int(i) for i in rng.choice(32, 3, replace=False))
+        fl = [(i, 5) for i in lanes] + [(int(s), 1) for s in rng.integers(0, 2, 3)]
+        fl += [((1 << v) - 1, v), ((1 << v) - 2, v), (0, v)]
+        val, nb = _fields(fl)
+        blocks.append(((1 << 10) | (2 << 5) | v, None, val, nb))
+    eb = 2.0**-80
+    buf = ref_assemble_v2(blocks, np.dtype(dtype), (32 * len(blocks),), eb, eb, 1)
+    ref = ref_decompress_v2(buf)
+    ours = decompress(np.frombuffer(buf, np.uint8))
+    assert np.abs(ref).max() >= 2.0**31 * 2 * eb  # values beyond int32 are there
+    assert ours.tobytes() == ref.tobytes()
