@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         "time.perf_counter()": time.perf_counter,
         "an empty Python call": lambda: None,
     }
+    memo = getattr(fast, "memo", None)
+    if memo is not None and hasattr(fast, "rerun"):  # the memo's own path (newer code)
+        pieces["Fast.rerun(): the data and the accounting"] = lambda: fast.rerun(memo, x)
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, eb={eb}, float32[1], "
           f"1 rank; best of {args.rounds} x {args.calls} calls, ns per call")
     print("| piece | ns |")

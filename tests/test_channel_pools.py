@@ -86,3 +86,17 @@ def test_pinned_buffers_best_fit_and_release(ch, monkeypatch):
         ch.check_usable()
         ch.unpin(ch.pinned(1 * MiB))  # keeps b needed; a is not
     assert [x.size for x in ch._pinned] == [1 * MiB]
+
+
+def test_a_channel_whose_finalizer_ran_refuses_calls():
+    # The finalizer runs from close() or at the interpreter's exit (weakref.finalize's
+    # atexit): either way a later call must raise, not use a released communicator.
+    from ccoll.errors import CollectiveError
+
+    c = Channel(MPI.COMM_SELF.Dup(), "test", None)
+    c.check_usable()
+    assert not c.closed
+    c._finalizer()  # as at exit: close() was never called
+    assert c.closed
+    with pytest.raises(CollectiveError, match="closed"):
+        c.check_usable()

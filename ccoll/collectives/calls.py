@@ -57,29 +57,36 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
     """Run one call: the fast way if its signature's plan allows, else the full way."""
     fast = route.fast
     m = fast.memo
-    if m is not None and fast.history.predicted is m.state.key \
-            and fast.planner.epoch == m.epoch:
-        st: State | None = m.state  # the last repeat's signature is predicted again
-        if not skips_agreement(m.state):
-            st = None
-        # The arguments of the last repeat, the very objects: the same key as ready()'s.
-        elif (out is m.out and type(x) is np.ndarray and x.dtype is m.dtype
-              and x.size == m.size and eb is m.eb and op is m.op
-              and algorithm is m.algorithm and policy is m.policy
-              and collective is m.collective
-              and (m.eb_value is None or eb.value == m.eb_value)
-              and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
-                                   and x.strides == m.strides and out.strides == m.out_strides
-                                   and out.dtype is m.dtype and out.flags.writeable))):
-            y = _repeat(cc, route, m, x, op)
-            if y is not None:
-                return y
-            # A rank deviated: every rank takes the full way (these arguments are ready()'s).
-            p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
-                        policy=policy, root=root, repeatable=True)
-            return guard(cc, route, p, _RUNS[collective], root)
-    else:
-        st = fast.due()
+    # The arguments of the last repeat, the very objects, while its plan stands: the same
+    # key as ready()'s (fastpath.Memo). Every test is an identity or a number's.
+    if (m is not None and eb is m.eb and out is m.out and op is m.op
+            and collective is m.collective and algorithm is m.algorithm
+            and policy is m.policy and type(x) is np.ndarray and x.dtype is m.dtype
+            and x.size == m.size and fast.history.predicted is m.key
+            and m.state.cached is m.plan and not m.state.awaiting
+            and fast.planner.epoch == m.epoch
+            and (m.eb_value is None or eb.value == m.eb_value)
+            and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
+                                 and x.strides == m.strides and out.strides == m.out_strides
+                                 and out.dtype is m.dtype and out.flags.writeable))):
+        ch = route.ch
+        ch.check_usable()
+        try:
+            y = fast.rerun(m, x)
+        except BaseException as exc:
+            ch.fail(f"ccoll.allreduce raised {type(exc).__name__} in a repeated call")
+            raise
+        if y is not None:
+            route.last = ("allreduce", m.plan, m.policy_code, m.algorithm_code, m.dtype,
+                          m.size, None, m.nbytes, True, m.sent, fast.last_seconds, 0)
+            if LOGGER.isEnabledFor(logging.INFO):
+                LOGGER.info("%s", report(cc, route))
+            return y
+        # A rank deviated: every rank takes the full way (these arguments are ready()'s).
+        p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
+                    policy=policy, root=root, repeatable=True)
+        return guard(cc, route, p, _RUNS[collective], root)
+    st = fast.due()
     alg = route.algorithm if algorithm is None else (
         ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None)
     pol = route.policy if policy is None else (
@@ -90,35 +97,14 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
         if got is not None:
             if (collective == "allreduce" and (out is None or type(out) is np.ndarray)
                     and type(x) is np.ndarray and r is not None and r.narrow is None
-                    and alg is not None and pol is not None):
+                    and alg is not None and pol is not None and skips_agreement(st)):
                 fast.memo = Memo(st, fast.planner.epoch, x, eb, op, algorithm, policy,
-                                 collective, pol, alg, out)
+                                 collective, pol, alg, route.ch.size, out)
             return got
     # The full way (also after a repeat that some rank did not make: every rank is here).
     p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
                 policy=policy, root=root, repeatable=r is not None)
     return guard(cc, route, p, _RUNS[collective], root)
-
-
-def _repeat(cc: Any, route: Route, m: Memo, x: np.ndarray, op: str | None) -> Any:
-    """Run the predicted allreduce of the last repeat's arguments; None: the full way."""
-    ch = route.ch
-    ch.check_usable()
-    st = m.state
-    plan = st.cached
-    try:
-        y = route.fast.repeat(st, x, op == "avg", m)
-    except BaseException as exc:
-        ch.fail(f"ccoll.allreduce raised {type(exc).__name__} in a repeated call")
-        raise
-    if y is None:
-        return None
-    fast = route.fast
-    route.last = ("allreduce", plan, m.policy_code, m.algorithm_code, x.dtype, x.size, None,
-                  x.nbytes, True, fast.last_sent, fast.last_seconds, 0)
-    if LOGGER.isEnabledFor(logging.INFO):
-        LOGGER.info("%s", report(cc, route))
-    return y
 
 
 def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,

@@ -117,26 +117,30 @@ class Channel:
         # rank closes), never garbage collection.
         self._failed_flag = [False]
         self._free = [False]
+        # [released]: set by the finalizer when it runs (close(), or at the interpreter's
+        # exit), read by every call (cheaper than asking the finalizer whether it is alive).
+        self._released = [False]
         self._finalizer = weakref.finalize(self, _release, comm, self.worker,
-                                           self._failed_flag, self._free)
+                                           self._failed_flag, self._free, self._released)
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` ran (or the communicator was freed)."""
-        return self._closing or not self._finalizer.alive
+        return self._closing or self._released[0]
 
     def check_usable(self) -> None:
         """Raise :class:`CollectiveError` if an earlier call on this channel failed midway.
 
-        Every call starts here: on the progress engine's thread it also notes that the
-        request uses this channel, so that :meth:`close` can stop it.
+        Every call starts here (a repeated call too: kept to a few attribute reads): on the
+        progress engine's thread it also notes that the request uses this channel, so that
+        :meth:`close` can stop it.
         """
         progress.uses(self)
-        self._calls += 1
-        if self._calls >= self._trim_at:
-            self._trim_at = self._calls + _TRIM_EVERY
+        calls = self._calls = self._calls + 1
+        if calls >= self._trim_at:
+            self._trim_at = calls + _TRIM_EVERY
             self.trim()
-        if self.closed:
+        if self._closing or self._released[0]:
             raise CollectiveError("this ccoll Communicator has been closed (freed)")
         if self.failed is not None:
             raise CollectiveError(
@@ -304,9 +308,10 @@ def _no_lanes() -> Scheduler | None:
 
 
 def _release(comm: MPI.Intracomm, worker: Worker, failed: list[bool],
-             free: list[bool]) -> None:
+             free: list[bool], released: list[bool]) -> None:
     # Holds no reference to the Channel (weakref.finalize would then never run). Runs from
     # close() (free[0] set: every rank frees here) or at garbage collection (not set).
+    released[0] = True
     worker.close()
     if failed[0]:
         return  # see Channel.fail: a failed call's messages must not reach a later one

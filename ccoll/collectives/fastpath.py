@@ -44,7 +44,7 @@ from ccoll.collectives.agreement import (
 )
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.layout import block_bounds
-from ccoll.collectives.policy.plan import Planner, State
+from ccoll.collectives.policy.plan import Plan, Planner, State
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor._backend import is_torch
 from ccoll.compressor.precision import Narrow, widen
@@ -55,6 +55,9 @@ from ccoll.runtime.progress import current_request
 __all__ = ["History", "Fast", "Memo", "Ready", "ready", "NATIVE_CODES"]
 
 _HISTORY_MAX = 256
+# Tests of a repeated allreduce's request before its deadline is made and the wait of
+# waiting.wait_all takes over (a few microseconds: a small call between ranks on one node).
+_QUICK_TESTS = 32
 # The agreement's dtype codes of the host dtypes the fast path takes as they are.
 NATIVE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 _ALLREDUCE = COLLECTIVES["allreduce"]
@@ -214,21 +217,26 @@ class Memo:
     A call whose arguments are these very objects (``eb``: with the same ``value``, which
     an :class:`ErrorBound` may change), on an array of the same dtype object and size,
     has the key that :func:`ready` made for it: ``calls.run_call`` then runs it without
-    ready(). With an ``out``, the very ``x`` and ``out`` objects again, of the same shapes
-    and strides, ``out`` still writeable: what :func:`ready` checked of them (their dtypes,
-    shapes and whether they overlap) is then unchanged, and so are the flat views of their
-    memory made here. ``epoch``: the planner's (``state`` is still the planner's state of
-    its key while it is unchanged).
+    ready() (:meth:`Fast.rerun`), while its state still holds the plan ``plan`` it held
+    then (raw and settled) and the planner's ``epoch`` is unchanged. With an ``out``, the
+    very ``x`` and ``out`` objects again, of the same shapes and strides, ``out`` still
+    writeable: what :func:`ready` checked of them (their dtypes, shapes and whether they
+    overlap) is then unchanged, and so are the flat views of their memory made here.
     """
 
-    __slots__ = ("state", "epoch", "dtype", "size", "eb", "eb_value", "op", "algorithm",
-                 "policy", "collective", "policy_code", "algorithm_code", "x", "out",
-                 "shape", "strides", "out_strides", "through", "flat", "into")
+    __slots__ = ("state", "key", "plan", "epoch", "dtype", "size", "nbytes", "sent",
+                 "divisor", "eb", "eb_value", "op", "avg", "algorithm", "policy",
+                 "collective", "policy_code", "algorithm_code", "x", "out", "shape",
+                 "strides", "out_strides", "through", "flat", "into")
 
     def __init__(self, state: State, epoch: int, x: np.ndarray, eb: Any, op: Any,
                  algorithm: Any, policy: Any, collective: str, policy_code: int,
-                 algorithm_code: int, out: np.ndarray | None = None) -> None:
+                 algorithm_code: int, n_ranks: int, out: np.ndarray | None = None) -> None:
         self.state = state
+        self.key = state.key
+        plan = state.cached
+        assert plan is not None  # made after a run of the settled raw plan
+        self.plan: Plan = plan
         self.epoch = epoch
         self.out = out
         self.x = None if out is None else x  # kept only with an out, to compare with
@@ -244,9 +252,15 @@ class Memo:
         self.out_strides = None if out is None else out.strides
         self.dtype = x.dtype
         self.size = x.size
+        self.nbytes = x.nbytes
+        self.sent = 2 * (n_ranks - 1) * x.nbytes // n_ranks  # what _count counts
         self.eb = eb
         self.eb_value = eb.value if isinstance(eb, ErrorBound) else None
         self.op = op
+        self.avg = op == "avg"
+        # avg's divisor as an array: a ufunc takes it faster than a scalar (1.0 against
+        # 1.3 us on one element), the same float32/float64 division.
+        self.divisor = np.array(n_ranks, x.dtype)
         self.algorithm = algorithm
         self.policy = policy
         self.collective = collective
@@ -325,20 +339,20 @@ class Fast:
             return torch.from_numpy(y)
         return y
 
-    def repeat(self, st: State, x: np.ndarray, avg: bool, m: Memo) -> np.ndarray | None:
+    def rerun(self, m: Memo, x: np.ndarray) -> np.ndarray | None:
         """Run the predicted allreduce on a host float32/float64 ``x``, into ``out`` or new.
 
         What :meth:`allreduce` does for such a call (the same collectives, so that ranks
         that take either meet), for a call whose arguments are those of the last repeat
         ``m`` (:attr:`memo`; where its ``out`` overlaps ``x``, the sum goes through the
         channel's buffer, so that ``x`` stays intact on a deviation); None if a rank
-        deviated.
+        deviated. What :meth:`_end` and :func:`_count` do, with what ``m`` holds: a
+        repeated call's own time is a few attribute reads (docs/dev/repeated-calls.md).
         """
         ch = self.ch
-        n = ch.size
         t0 = time.perf_counter()
         out = m.out
-        if n == 1:
+        if ch.size == 1:
             if out is None:
                 y = x.copy()
             else:
@@ -346,14 +360,14 @@ class Fast:
                 y = out
         else:
             if out is None:
-                y = np.empty(x.shape, x.dtype)
-                into = y.reshape(-1)
+                y = np.empty(x.shape, m.dtype)
+                into = y if y.ndim == 1 else y.reshape(-1)
             elif m.into is not None:
                 y = out
                 into = m.into
             else:  # through the channel's buffer
                 y = out
-                into = ch.recv_buffers(1, x.nbytes)[0][:x.nbytes].view(x.dtype)
+                into = ch.recv_buffers(1, m.nbytes)[0][:m.nbytes].view(m.dtype)
             flat = m.flat
             if flat is None:
                 flat = x.ravel()  # MPI takes contiguous buffers only
@@ -361,10 +375,20 @@ class Fast:
                 return None
             if m.through:
                 np.copyto(y.reshape(-1), into)
-        if avg:
-            np.divide(y, y.dtype.type(n), out=y)
-        self.last_sent = _count(ch, x.nbytes)
-        self._end(st, t0)
+        if m.avg:
+            np.divide(y, m.divisor, out=y)
+        seconds = time.perf_counter() - t0
+        st = m.state
+        self.planner.end(st, m.plan, seconds)
+        history = self.history
+        if history.last is not m.key:
+            history.note(m.key)
+        self.last_seconds = seconds
+        self.last_sent = sent = m.sent
+        stats = ch.stats
+        stats.bytes_sent += sent
+        stats.bytes_input += m.nbytes
+        stats.calls += 1
         return y
 
     def dummy(self, st: State) -> None:
@@ -486,10 +510,15 @@ def _checked_sum(ch: Channel, src: np.ndarray, dst: np.ndarray,
         comm.Allreduce(src, dst, op=MPI.SUM)
     else:
         req = comm.Iallreduce(src, dst, op=MPI.SUM)
-        if not req.Test():
-            if deadline is None:
-                deadline = Deadline(ch.timeout, "ccoll.allreduce")
-            wait_all([req], deadline, "the repeated call's collective", bulk=True)
+        test = req.Test
+        if not test():
+            for _ in range(_QUICK_TESTS):  # a small call's peer is often a few tests away
+                if test():
+                    break
+            else:
+                if deadline is None:
+                    deadline = Deadline(ch.timeout, "ccoll.allreduce")
+                wait_all([req], deadline, "the repeated call's collective", bulk=True)
     first = dst[0]
     if first == first:  # a number: no rank sent the NaNs of a call that differs
         return True

@@ -678,6 +678,30 @@ def test_the_same_argument_objects_again_repeat_as_any_call(comm, eb):
             check(c.allreduce(x0, bound), x0)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("where", ["new", "out", "in-place"])
+def test_the_same_objects_averaged_again_equal_mpi_divided(comm, dtype, where):
+    # The memo's repeat (calls.run_call) divides by the rank count itself: its mean must be
+    # MPI's sum divided by N in the array's dtype, bit for bit, into a new array of x's
+    # shape, into out, or in place, on every repeat.
+    x0 = data(comm.rank, 96, dtype).reshape(12, 8)
+    want = mpi_result(comm, "allreduce", x0) / dtype(SIZE)
+    out = None if where == "new" else np.empty_like(x0)
+    x = out if where == "in-place" else x0
+    with ccoll.Communicator(comm) as c:
+        seen = []
+        for _ in range(5):
+            if where == "in-place":
+                x[...] = x0
+            y = c.allreduce(x, None, op="avg", out=out)
+            assert y.shape == x0.shape and y.dtype == dtype
+            assert y is out or out is None
+            assert y.tobytes() == want.tobytes()
+            seen.append(c.last_call.overlapped)
+        expect_fast(seen, [False] + [True] * 4)
+        assert where == "in-place" or x0.tobytes() == data(comm.rank, 96, dtype).tobytes()
+
+
 @pytest.mark.parametrize("eb", [None, "rel:1e-3"], ids=["exact", "auto"])
 @pytest.mark.parametrize("out", [False, True], ids=["new", "out"])
 def test_a_nan_first_element_is_told_apart_from_a_call_that_differs(comm, eb, out):
