@@ -30,6 +30,7 @@ from ccoll.compressor.cpu.blocks import (
     _threads_for,
     _write_raw,
 )
+from ccoll.compressor.cpu.intrinsics import _q_float
 
 __all__ = ["compress_abs", "finite_range", "residual_abs"]
 
@@ -166,8 +167,8 @@ def _residual_lossy(x, eb, step, small, out):  # type: ignore[no-untyped-def]
                 for l in range(m):
                     ob[l] = xb[l] - xb[l]
             else:
-                for l in range(m):
-                    t[l] = np.float64(q[l]) * step
+                for l in range(m):  # |q| < 2^31 in an accepted block
+                    t[l] = _q_float(q[l]) * step
                 for l in range(m):
                     ob[l] = xb[l] - t[l]
 
