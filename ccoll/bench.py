@@ -155,16 +155,22 @@ def parse_ranks_per_node(text: str) -> list[int | None]:
 
 def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb: Any,
              algos: Sequence[str]) -> dict[str, Callable[[], np.ndarray]]:
-    """One zero-argument callable per algorithm, each returning its output array."""
+    """One zero-argument callable per algorithm, each returning its output array.
+
+    An allreduce's rows all write one output array: where a buffer lies changes MPI's own
+    call on it by up to 2x (seen: 256 KiB on shared memory, 2 ranks, whichever row had the
+    array allocated second; docs/dev/repeated-calls.md), so the rows differ only in the call.
+    """
     from mpi4py import MPI
 
     n, r = comm.Get_size(), comm.Get_rank()
     counts = [len(b) for b in np.array_split(np.empty(x.size, np.int8), n)]
     out: dict[str, Callable[[], np.ndarray]] = {}
+    shared = np.empty_like(x)  # every allreduce row's output
     for a in algos:
         if a == "mpi":
             if collective == "allreduce":
-                y = np.empty_like(x)
+                y = shared
                 out[a] = lambda y=y: (comm.Allreduce(x, y, op=MPI.SUM), y)[1]  # type: ignore[misc]
             elif collective == "reduce_scatter":
                 y = np.empty(counts[r], x.dtype)
@@ -176,7 +182,7 @@ def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb:
             continue
         cc = ccs[a]
         if collective == "allreduce":
-            y = np.empty_like(x)
+            y = shared
             out[a] = lambda cc=cc, y=y: cc.allreduce(x, eb, out=y)  # type: ignore[misc]
         elif collective == "reduce_scatter":
             out[a] = lambda cc=cc: cc.reduce_scatter(x, eb)  # type: ignore[misc]
@@ -349,7 +355,7 @@ def bench(
                                 formats[a].add(rep.format_version)
                                 why[a] = rep.format_reason
                     if it == nit - 1:
-                        outs[a] = y
+                        outs[a] = y.copy()  # an allreduce's rows share their output array
             errs: dict[str, float | None] = {}
             if check:
                 ref = _reference(collective, comm, x)

@@ -87,6 +87,23 @@ def test_data_for_size_spreads_whole_blocks_over_the_dump() -> None:
     assert (x[:n] == base).all() and (x[n:2 * n] == base).all() and (x[2 * n:] == base[:5]).all()
 
 
+def test_allreduce_rows_write_one_output_array_and_get_the_sum() -> None:
+    # Where an output array lies changed MPI's own call on it by up to 2x (256 KiB, shared
+    # memory), so every allreduce row of a size writes the same array: the rows differ only
+    # in the call. One rank: the sum is x itself, in every row.
+    from mpi4py import MPI
+
+    import ccoll
+
+    x = np.arange(1000, dtype=np.float32)
+    with ccoll.Communicator(MPI.COMM_SELF) as cc:
+        run = bench._runners("allreduce", MPI.COMM_SELF, {"auto": cc}, x, None,
+                             ["mpi", "auto"])
+        got = [run[a]() for a in ("mpi", "auto")]
+        assert got[0] is got[1]
+        assert got[1].tobytes() == x.tobytes()
+
+
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
 @pytest.mark.parametrize(
     ("collective", "lo"),
