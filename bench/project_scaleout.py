@@ -11,9 +11,9 @@ between nodes), and the speedup.
 The wire ratio comes from the measured one of ``op="avg"`` on MiniLM gradients at REL 1e-3
 (docs/bench/scaleout.json, docs/performance.md "Scale out"): one rank's ratio ``r`` is
 solved from the measured wire ratio at the largest rank count there, through the model's
-word count (:func:`model.split_bits`, ``g log2 k`` growth of sums, the split the model
+word count (:func:`ratios.split_bits`, ``g log2 k`` growth of sums, the split the model
 chooses), and then extrapolated to ``K`` ring members the same way
-(:func:`model.split_ratios`).
+(:func:`ratios.split_ratios`).
 
 A second projection puts ccoll on GPUs next to NCCL's ring (:func:`project_gpu`,
 docs/model.md "Projection on GPUs against NCCL's ring"): 8 to 512 GPUs, 8 per node, 64 MiB
@@ -34,7 +34,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ccoll.collectives import model
+from ccoll.collectives import model, ratios
 from ccoll.collectives.policy.plan import MARGIN as DECISION_MARGIN
 
 HERE = Path(__file__).resolve().parent
@@ -110,8 +110,8 @@ class Point:
 
 def wire_ratio(ratio: float, ranks: int, share: float) -> float:
     """The model's wire ratio (raw ring bytes / bytes sent) of a flat ring of ``ranks``."""
-    words = model.split_bits(ranks, share)
-    return 2 * (ranks - 1) * ratio * (1.0 + model.DEFAULT_WIDTH) / words
+    words = ratios.split_bits(ranks, share)
+    return 2 * (ranks - 1) * ratio * (1.0 + ratios.DEFAULT_WIDTH) / words
 
 
 def calibrate_ratio(rows: list[dict[str, float]]) -> tuple[float, int]:
@@ -139,8 +139,8 @@ def project(ratio: float, nodes: int, link_gbit: float, compressor: str, size: s
     ``model.predict_raw_halving``), each taking its faster schedule. ``p``: the model's
     constants, if not :func:`params`'s.
     """
-    share = model.split_fraction(nodes)
-    r_rs, r_ag = model.split_ratios(ratio, nodes, share)
+    share = ratios.split_fraction(nodes)
+    r_rs, r_ag = ratios.split_ratios(ratio, nodes, share)
     p = params(link_gbit, compressor) if p is None else p
     total = SIZES[size]
     pr = model.predict(total, nodes * RANKS_PER_NODE, p, r_rs, ratio_sum=r_ag,
@@ -241,8 +241,8 @@ def project_gpu(ratio: float, ranks: int, link_gbit: float) -> GpuPoint:
     size = SIZES[GPU_SIZE]
     nccl = nccl_ring(size, ranks, link_gbit)
     p1, p2 = gpu_params(link_gbit, 1), gpu_params(link_gbit, 2)
-    share = model.split_fraction(ranks)
-    r_rs, r_ag = model.split_ratios(ratio, ranks, share)
+    share = ratios.split_fraction(ranks)
+    r_rs, r_ag = ratios.split_ratios(ratio, ranks, share)
     if nodes >= 2:
         flat = model.predict(size, ranks, p1, r_rs, ratio_sum=r_ag).homomorphic
         v1 = project(ratio, nodes, link_gbit, "gpu", GPU_SIZE, p=p1)

@@ -46,7 +46,7 @@ def worker(path: str, rel: float, share: float | None, schedule: str = "ring") -
 
     import ccoll
     from ccoll.bench import load_gradients
-    from ccoll.collectives import model
+    from ccoll.collectives import ratios
 
     comm = MPI.COMM_WORLD
     n, r = comm.Get_size(), comm.Get_rank()
@@ -55,7 +55,7 @@ def worker(path: str, rel: float, share: float | None, schedule: str = "ring") -
     total = np.empty(x.size, np.float64)
     comm.Allreduce(x.astype(np.float64), total, op=MPI.SUM)
     row: dict[str, float | str] = {"ranks": n, "elements": x.size,
-                                   "auto_share": model.split_fraction(n), "schedule": schedule}
+                                   "auto_share": ratios.split_fraction(n), "schedule": schedule}
     splits = dict(SPLITS)
     if share is not None:
         splits["fixed"] = share

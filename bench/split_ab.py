@@ -25,7 +25,7 @@ import abkit  # bench/ is on sys.path when a script here runs
 from mpi4py import MPI
 
 import ccoll
-from ccoll.collectives import model
+from ccoll.collectives import ratios
 
 VARIANTS = ("split auto", "no split", "MPI_Allreduce")
 
@@ -39,7 +39,7 @@ def main() -> None:
     x, exact = abkit.gradients(args)
     ccs = {"split auto": ccoll.Communicator(comm, policy=args.policy, split=None),
            "no split": ccoll.Communicator(comm, policy=args.policy, split=0)}
-    share = model.split_fraction(n) if n > 1 else 0.0  # what split=None may use
+    share = ratios.split_fraction(n) if n > 1 else 0.0  # what split=None may use
     runs = abkit.interleave(comm, ccs, x, exact, VARIANTS, args.iters, args.rel)
     times, sent, err, compressed = runs.times, runs.sent, runs.err, runs.compressed
     for c in ccs.values():

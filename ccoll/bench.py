@@ -464,7 +464,7 @@ def _predict(cc: Any, collective: str, x: np.ndarray, eb_share: float,
     """
     from mpi4py import MPI
 
-    from ccoll.collectives import model
+    from ccoll.collectives import floor, model
     from ccoll.collectives.codec import api
     from ccoll.collectives.policy.fits import estimate_stream
 
@@ -490,7 +490,7 @@ def _predict(cc: Any, collective: str, x: np.ndarray, eb_share: float,
                          hier=hier)
     if hier is not None:
         return pred, None
-    floors = {a: model.floor(x.nbytes, n, p, ratio, algorithm=a, collective=collective,
+    floors = {a: floor.floor(x.nbytes, n, p, ratio, algorithm=a, collective=collective,
                              ratio_sum=pred.ratio_sum, width=width).seconds
               for a in ("raw", "homomorphic", "dar")}
     return pred, floors

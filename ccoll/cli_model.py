@@ -10,14 +10,9 @@ import argparse
 from dataclasses import asdict, replace
 from typing import Any
 
-from ccoll.collectives.model import (
-    DEFAULT_WIDTH,
-    DEFAULTS,
-    Params,
-    break_even_bandwidth,
-    break_even_size,
-    predict,
-)
+from ccoll.collectives.floor import break_even_bandwidth, break_even_size
+from ccoll.collectives.model import DEFAULTS, Params, predict
+from ccoll.collectives.ratios import DEFAULT_WIDTH
 from ccoll.errors import InputError
 from ccoll.helpformat import DefaultsFormatter
 from ccoll.units import format_iec, format_time, parse_rate, parse_size, parse_time

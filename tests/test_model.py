@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 
 from ccoll import cli_model
-from ccoll.collectives import model
+from ccoll.collectives import floor, model, ratios
 from ccoll.collectives.model import Params
 from ccoll.errors import InputError
 
@@ -25,18 +25,18 @@ P = Params(alpha=1e-4, beta=1e8, compress=1e9, add=2e9, decompress=4e9, reduce=8
 
 @pytest.mark.parametrize("x", [1.0, 2.0, 3.0, 0.75, 1e-9, 7.0, 1234.5, 2.0**40 + 1, 1.5])
 def test_log2_matches_libm(x: float) -> None:
-    assert model.log2(x) == pytest.approx(math.log2(x), abs=1e-13)
+    assert ratios.log2(x) == pytest.approx(math.log2(x), abs=1e-13)
 
 
 @pytest.mark.parametrize("e", [-3, 0, 1, 2, 10, 52])
 def test_log2_exact_at_powers_of_two(e: int) -> None:
-    assert model.log2(2.0**e) == e
+    assert ratios.log2(2.0**e) == e
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, math.nan])
 def test_log2_rejects_non_positive(bad: float) -> None:
     with pytest.raises(ValueError, match="x > 0"):
-        model.log2(bad)
+        ratios.log2(bad)
 
 
 def test_raw_ring_formula() -> None:
@@ -76,11 +76,11 @@ def test_best_chunks_is_the_minimum_over_powers_of_two() -> None:
 
 
 def test_ratio_of_sum_widens_codes() -> None:
-    assert model.ratio_of_sum(10.0, 1, 3.0) == 10.0
+    assert ratios.ratio_of_sum(10.0, 1, 3.0) == 10.0
     # 4 terms, growth 1/2: +1 bit on 1 + 3 words -> 10 * 4 / 5
-    assert model.ratio_of_sum(10.0, 4, 3.0) == pytest.approx(8.0)
-    assert model.ratio_of_sum(10.0, 8, 3.0) < model.ratio_of_sum(10.0, 4, 3.0)
-    assert model.ratio_at_finer_bound(10.0, 2.0, 3.0) == pytest.approx(8.0)
+    assert ratios.ratio_of_sum(10.0, 4, 3.0) == pytest.approx(8.0)
+    assert ratios.ratio_of_sum(10.0, 8, 3.0) < ratios.ratio_of_sum(10.0, 4, 3.0)
+    assert ratios.ratio_at_finer_bound(10.0, 2.0, 3.0) == pytest.approx(8.0)
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
@@ -117,7 +117,7 @@ def test_other_collectives_pay_on_slow_links_only(collective: str) -> None:
 
 
 def test_break_even_size_is_where_the_times_cross() -> None:
-    s = model.break_even_size(4, P, 16.0)
+    s = floor.break_even_size(4, P, 16.0)
     assert s is not None
     below = model.predict(s * 0.98, 4, P, 16.0)
     above = model.predict(s * 1.02, 4, P, 16.0)
@@ -125,7 +125,7 @@ def test_break_even_size_is_where_the_times_cross() -> None:
 
 
 def test_break_even_bandwidth_is_where_the_times_cross() -> None:
-    b = model.break_even_bandwidth(64 * MiB, 2, P, 16.0)
+    b = floor.break_even_bandwidth(64 * MiB, 2, P, 16.0)
     assert b is not None
     assert model.predict(64 * MiB, 2, replace(P, beta=b * 0.98), 16.0).choice == "homomorphic"
     assert model.predict(64 * MiB, 2, replace(P, beta=b * 1.02), 16.0).choice == "raw"
@@ -144,7 +144,7 @@ def test_break_even_bandwidth_large_message_closed_form() -> None:
 
 def test_no_break_even_when_the_compressor_is_too_slow() -> None:
     p = replace(P, compress=1e6, beta=1e10)
-    assert model.break_even_size(2, p, 16.0) is None
+    assert floor.break_even_size(2, p, 16.0) is None
 
 
 @pytest.mark.parametrize("name", ["alpha", "beta", "compress"])
@@ -276,7 +276,7 @@ def test_halving_shape(n: int, shape: tuple[int, int]) -> None:
 
 
 def test_halving_power_of_two_term_by_term() -> None:
-    n, size, ratio, w, g = 8, 64 * MiB, 10.0, model.DEFAULT_WIDTH, model.SUM_GROWTH
+    n, size, ratio, w, g = 8, 64 * MiB, 10.0, ratios.DEFAULT_WIDTH, ratios.SUM_GROWTH
     per_word = size / (ratio * (1 + w) * P.beta)
     rs_words = sum(0.5 ** (j + 1) * (1 + w + g * j) for j in range(3))
     ag_words = 1 + w + g * 3  # the full sum of 8 streams, no split
@@ -304,8 +304,8 @@ def test_halving_fold_costs_a_whole_message_each_way() -> None:
     fast = replace(P, compress=1e15, add=1e15, decompress=1e15, alpha=0.0, overhead=0.0)
     four = model.predict_halving(size, 4, fast, ratio)
     five = model.predict_halving(size, 5, fast, ratio)
-    per_word = size / (ratio * (1 + model.DEFAULT_WIDTH) * fast.beta)
-    assert five - four > 2 * (1 + model.DEFAULT_WIDTH) * per_word * 0.99
+    per_word = size / (ratio * (1 + ratios.DEFAULT_WIDTH) * fast.beta)
+    assert five - four > 2 * (1 + ratios.DEFAULT_WIDTH) * per_word * 0.99
 
 
 def test_halving_partial_sums_stay_narrow() -> None:
@@ -313,9 +313,9 @@ def test_halving_partial_sums_stay_narrow() -> None:
     # its bytes at step 0 (one stream) and a quarter at step 1 (sums of two) ...
     steps, _ = model.halving_words(512)
     mean = sum(f * w for f, w in steps) / sum(f for f, _ in steps)
-    rs, _ = model._split_words(512, 0.0, model.DEFAULT_WIDTH, model.SUM_GROWTH)
-    assert mean < 1 + model.DEFAULT_WIDTH + model.SUM_GROWTH * 1.01
-    assert rs / 511 > 1 + model.DEFAULT_WIDTH + model.SUM_GROWTH * 6
+    rs, _ = ratios._split_words(512, 0.0, ratios.DEFAULT_WIDTH, ratios.SUM_GROWTH)
+    assert mean < 1 + ratios.DEFAULT_WIDTH + ratios.SUM_GROWTH * 1.01
+    assert rs / 511 > 1 + ratios.DEFAULT_WIDTH + ratios.SUM_GROWTH * 6
 
 
 def test_raw_halving_formula() -> None:
@@ -337,7 +337,7 @@ def test_many_ranks_on_a_latency_bound_link_halve() -> None:
     # Without latency and with the compressor far faster than the link the bytes decide:
     # halving's partial sums are narrower, so it still sends fewer.
     fast = replace(P, alpha=0.0, compress=1e15, add=1e15, decompress=1e15, overhead=0.0)
-    rs, ag = model.split_ratios(10.0, 64, model.split_fraction(64))
+    rs, ag = ratios.split_ratios(10.0, 64, ratios.split_fraction(64))
     ring = model.predict_homomorphic(64 * MiB, 64, fast, rs, ratio_sum=ag)
-    halv = model.predict_halving(64 * MiB, 64, fast, 10.0, share=model.split_fraction(64))
+    halv = model.predict_halving(64 * MiB, 64, fast, 10.0, share=ratios.split_fraction(64))
     assert halv < ring

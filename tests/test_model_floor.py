@@ -1,4 +1,4 @@
-"""The model's floor of a call (``model.floor``) and ``ccoll bench``'s floor columns."""
+"""The model's floor of a call (``floor.floor``) and ``ccoll bench``'s floor columns."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import io
 import pytest
 
 from ccoll import bench
-from ccoll.collectives import model
+from ccoll.collectives import floor, model
 from ccoll.collectives.model import Params
 
 MiB = 1 << 20
@@ -19,7 +19,7 @@ S = 64 * MiB
 
 
 def test_raw_allreduce_floor_is_the_ring_at_the_link_rate():
-    f = model.floor(S, 4, P, 1.0, algorithm="raw")
+    f = floor.floor(S, 4, P, 1.0, algorithm="raw")
     assert f.wire == pytest.approx(6 * 1e-4 + 1.5 * S / 1e8)
     assert f.compute == pytest.approx(0.75 * S / 8e9)
     assert f.seconds == f.wire
@@ -28,14 +28,14 @@ def test_raw_allreduce_floor_is_the_ring_at_the_link_rate():
 def test_homomorphic_allreduce_floor_by_hand():
     # 2 ranks, ratio 10, reduced ratio 8: compress all, add half, decode all; send half
     # at ratio 10 and half at ratio 8.
-    f = model.floor(S, 2, P, 10.0, algorithm="homomorphic", ratio_sum=8.0)
+    f = floor.floor(S, 2, P, 10.0, algorithm="homomorphic", ratio_sum=8.0)
     assert f.compute == pytest.approx(S / 1e9 + 0.5 * S / 2e9 + S / 4e9)
     assert f.wire == pytest.approx(2 * 1e-4 + 0.5 * S / 1e8 * (1 / 10 + 1 / 8))
     assert f.seconds == max(f.compute, f.wire)
 
 
 def test_dar_allreduce_floor_by_hand():
-    f = model.floor(S, 2, P, 10.0, algorithm="dar")
+    f = floor.floor(S, 2, P, 10.0, algorithm="dar")
     blk = S / 2
     assert f.compute == pytest.approx(blk / 1e9 + blk * (1 / 4e9 + 1 / 8e9 + 1 / 1e9) + S / 4e9)
 
@@ -49,8 +49,8 @@ def test_no_prediction_beats_the_floor(algorithm, ranks, beta, size):
     # fixed costs and chunks add), whatever the chunking.
     p = Params(alpha=5e-5, beta=beta, compress=2e9, add=3e9, decompress=5e9, reduce=8e9,
                overhead=3e-4, chunk_overhead=5e-5)
-    f = model.floor(size, ranks, p, 12.0, algorithm=algorithm)
-    raw = model.floor(size, ranks, p, 12.0, algorithm="raw")
+    f = floor.floor(size, ranks, p, 12.0, algorithm=algorithm)
+    raw = floor.floor(size, ranks, p, 12.0, algorithm="raw")
     for k in (1, 4, 64):
         pred = model.predict(size, ranks, p, 12.0, chunks=k)
         assert getattr(pred, algorithm) >= f.seconds * (1 - 1e-12)
@@ -60,20 +60,20 @@ def test_no_prediction_beats_the_floor(algorithm, ranks, beta, size):
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "bcast"])
 def test_other_collectives_floor_below_their_prediction(collective):
     for alg, attr in (("raw", "raw"), ("homomorphic", "homomorphic")):
-        f = model.floor(S, 4, P, 10.0, algorithm=alg, collective=collective)
+        f = floor.floor(S, 4, P, 10.0, algorithm=alg, collective=collective)
         pred = model.predict(S, 4, P, 10.0, collective=collective, chunks=1)
         assert 0 < f.seconds <= getattr(pred, attr)
 
 
 def test_one_rank_has_no_floor():
-    assert model.floor(S, 1, P, 10.0, algorithm="homomorphic").seconds == 0.0
+    assert floor.floor(S, 1, P, 10.0, algorithm="homomorphic").seconds == 0.0
 
 
 @pytest.mark.parametrize(("kw", "what"), [({"algorithm": "ring"}, "algorithm"),
                                           ({"collective": "gather"}, "collective")])
 def test_floor_rejects_unknown_names(kw, what):
     with pytest.raises(ValueError, match=what):
-        model.floor(S, 2, P, 10.0, **kw)
+        floor.floor(S, 2, P, 10.0, **kw)
 
 
 def _row(alg: str, avg: float, floor: float | None) -> bench.Row:

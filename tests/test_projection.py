@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ccoll.collectives import model
+from ccoll.collectives import model, ratios
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("project_scaleout",
@@ -45,12 +45,12 @@ def test_calibrated_ratio_reproduces_the_measured_wire_ratio(ratio: float) -> No
 def test_one_point_equals_the_model_functions(ratio: float) -> None:
     k, r, size = 64, 8, 1 << 30
     pt = ps.project(ratio, k, 100, "gpu", "1 GiB", schedules=("ring",))
-    share = model.split_fraction(k)
+    share = ratios.split_fraction(k)
     assert share == 0.5
     # Words per block by the split, written out from docs/model.md "Split bound".
-    w, g = model.DEFAULT_WIDTH, model.SUM_GROWTH
-    # The allgather's grid is 63 times the sum's (model.split_multiple): e1 = eb 64/126.
-    assert model.split_multiple(k, share) == k - 1
+    w, g = ratios.DEFAULT_WIDTH, ratios.SUM_GROWTH
+    # The allgather's grid is 63 times the sum's (ratios.split_multiple): e1 = eb 64/126.
+    assert ratios.split_multiple(k, share) == k - 1
     finer = math.log2(2 * (k - 1) / k)  # log2(eb / e1)
     rs_words = sum(1 + w + g * math.log2(j) + finer for j in range(1, k))
     ag_words = (k - 1) * (1 + max(0.0, w + (g - 1) * math.log2(k) + 1))
@@ -73,7 +73,7 @@ def test_halving_point_equals_the_model_functions(ratio: float) -> None:
     k, r, size = 512, 8, 64 << 20
     pt = ps.project(ratio, k, 25, "gpu", "64 MiB")
     assert (pt.schedule, pt.mpi_schedule) == ("halving", "halving")
-    share = model.split_fraction(k)
+    share = ratios.split_fraction(k)
     p = replace(model.DEFAULTS, alpha=5e-6, beta=25e9 / 8, compress=300e9, add=500e9,
                 decompress=500e9, reduce=1000e9, chunk_overhead=10e-6)
     pi = replace(p, beta=p.beta / r)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ccoll.collectives import model
+from ccoll.collectives import model, ratios
 from ccoll.compressor import cpu
 
 
@@ -16,28 +16,28 @@ def test_split_fraction_splits_where_the_allgather_saves_more_than_the_ring_pays
     # N = 5 (a tie at N = 4). On an aligned grid (allgather grid k times the sum's, k odd)
     # the reduce-scatter keeps e1 = s eb N / k, which breaks the tie at 4 and pays at 3.
     for n in (1, 2):
-        assert model.split_fraction(n) == 0.0
-    assert model.split_fraction(3) == pytest.approx(0.6)  # k = 3: e1 = 0.6 eb
+        assert ratios.split_fraction(n) == 0.0
+    assert ratios.split_fraction(3) == pytest.approx(0.6)  # k = 3: e1 = 0.6 eb
     for n in (4, 6, 8, 16, 64):
-        assert model.split_fraction(n) == 0.5
-        assert model.split_multiple(n, 0.5) == n - 1
-        assert model.split_reduce_share(n, 0.5) == pytest.approx(n / (2 * (n - 1)))
+        assert ratios.split_fraction(n) == 0.5
+        assert ratios.split_multiple(n, 0.5) == n - 1
+        assert ratios.split_reduce_share(n, 0.5) == pytest.approx(n / (2 * (n - 1)))
     # Odd N: the shares k / (N + k - 1) are the aligned ones (5: k = 5, e1 = 5/9 eb).
-    assert model.split_fraction(5) == pytest.approx(5 / 9)
-    assert model.split_multiple(5, 5 / 9) == 5
+    assert ratios.split_fraction(5) == pytest.approx(5 / 9)
+    assert ratios.split_multiple(5, 5 / 9) == 5
     # Far out the requantized block's width reaches 0 bits (clamped): the reduce-scatter
     # then gets more of the bound.
-    assert 0 < model.split_fraction(512) < 0.5
+    assert 0 < ratios.split_fraction(512) < 0.5
     # Plain shares: the tie at 4, and the order at 8 (neither 0.25 at 8 nor 0.5 at odd N
     # is an odd multiple of the sum's grid with a gain).
-    assert model.split_multiple(8, 0.25) == 0 and model.split_multiple(5, 0.5) == 0
-    assert model.split_bits(8, 0.5) < model.split_bits(8, 0.25) < model.split_bits(8, 0.0)
+    assert ratios.split_multiple(8, 0.25) == 0 and ratios.split_multiple(5, 0.5) == 0
+    assert ratios.split_bits(8, 0.5) < ratios.split_bits(8, 0.25) < ratios.split_bits(8, 0.0)
     # A plain share 1/2 at 4 ranks (e1 = eb/2: one bit more in each of the 3 reduce-scatter
     # messages, one less in each allgather one) ties with no split; aligned (e1 = 2/3 eb)
     # it pays log2(3/2) bits instead of 1 in each reduce-scatter message.
-    tie4 = sum(1 + 3 + 0.5 * model.log2(k) + 1 for k in (1, 2, 3)) + 3 * (1 + 3 - 1 + 1)
-    assert tie4 == pytest.approx(model.split_bits(4, 0.0))
-    assert model.split_bits(4, 0.5) == pytest.approx(tie4 - 3 * model.log2(4 / 3))
+    tie4 = sum(1 + 3 + 0.5 * ratios.log2(k) + 1 for k in (1, 2, 3)) + 3 * (1 + 3 - 1 + 1)
+    assert tie4 == pytest.approx(ratios.split_bits(4, 0.0))
+    assert ratios.split_bits(4, 0.5) == pytest.approx(tie4 - 3 * ratios.log2(4 / 3))
 
 
 def test_split_multiple_keeps_the_total_within_the_bound():
@@ -45,8 +45,8 @@ def test_split_multiple_keeps_the_total_within_the_bound():
     # moves a value by; and the aligned share is used only where e1 beats 1 - f.
     for ranks in (2, 3, 4, 5, 7, 8, 16, 100, 512):
         for share in [j / 64 for j in range(1, 64)] + [0.999]:
-            k = model.split_multiple(ranks, share)
-            e1 = model.split_reduce_share(ranks, share)
+            k = ratios.split_multiple(ranks, share)
+            e1 = ratios.split_reduce_share(ranks, share)
             if not k:
                 assert e1 == pytest.approx(1 - share)
                 continue
@@ -58,7 +58,7 @@ def test_split_multiple_keeps_the_total_within_the_bound():
 
 def test_split_bits_never_counts_a_negative_width():
     # A huge N would make the requantized width negative; it is clamped at 0 bits.
-    assert model.split_bits(1 << 20, 0.5) > 0
+    assert ratios.split_bits(1 << 20, 0.5) > 0
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -101,7 +101,7 @@ def test_split_pays_where_the_link_bounds_the_call():
 
     def pays(gbit: float, n: int) -> bool:
         p = replace(model.DEFAULTS, beta=gbit * 1e9 / 8)
-        return model.split_pays(64 << 20, n, p, 10.0, model.split_fraction(n))
+        return model.split_pays(64 << 20, n, p, 10.0, ratios.split_fraction(n))
 
     # The compressor at its CPU defaults: the few percent of bytes a split saves at 4 ranks
     # pay only on a very slow link; at 16 ranks it saves a quarter.
@@ -126,7 +126,7 @@ def test_plans_take_the_split_only_where_it_pays():
     for policy in ("compress", "auto"):
         # A slow link: the split's bytes pay for its requantization.
         p = first_plan(count, 4, 4, slow, 10.0, policy=policy)
-        assert p.compress and p.split == model.split_fraction(4) > 0
+        assert p.compress and p.split == ratios.split_fraction(4) > 0
         assert phase_bounds(1e-3, 4, True, p.split).requant is not None
     # A fast link: no split, the whole bound goes to the sum.
     p = first_plan(count, 4, 4, fast, 10.0, policy="compress")

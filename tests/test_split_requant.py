@@ -1,7 +1,7 @@
 """The owner's requantization of a split allreduce on an aligned grid (no MPI traffic).
 
 Where the allgather's grid is an odd multiple ``k`` of the reduced sum's
-(``model.split_multiple``), rounding a reduced value to it moves it by at most
+(``ratios.split_multiple``), rounding a reduced value to it moves it by at most
 ``(k - 1) / 2`` of the sum's steps, which is what lets the reduce-scatter keep the larger
 bound ``e1 = f eb K / k``. The owner checks that on every element and stores a block raw
 where a value is off the sum's grid (a raw lane). Checked exactly here: the allowance on
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from kit import assert_within
 
-from ccoll.collectives import model
+from ccoll.collectives import ratios
 from ccoll.collectives.codec import api, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.ring import Requant, _requant_one
@@ -29,9 +29,9 @@ EB = 1e-3
 
 def _setup(ranks: int, share: float, avg: bool) -> tuple[float, Requant]:
     """The ring's bound of the sum and the Requant, as ``Communicator.ring_bounds`` makes them."""
-    k = model.split_multiple(ranks, share)
+    k = ratios.split_multiple(ranks, share)
     assert k >= 3 and k % 2 == 1
-    e1 = EB * model.split_reduce_share(ranks, share)
+    e1 = EB * ratios.split_reduce_share(ranks, share)
     assert e1 > EB * (1 - share)  # the aligned grid leaves the reduce-scatter more
     ring_eb = sum_bound(e1, ranks, avg)
     divide = ranks if avg else 1
@@ -69,7 +69,7 @@ def test_aligned_requantization_moves_values_less(ranks, share, avg):
     assert api().header(got).bound == rq.bound  # on the sum's grid: no fallback
     w = decompress_wide(got[:stream_nbytes(got)])
     assert np.array_equal(out, w)
-    k = model.split_multiple(ranks, share)
+    k = ratios.split_multiple(ranks, share)
     step = 2 * rank_bound(ring_eb, ranks) / rq.divide  # the sum's grid, in the result's units
     assert_within(w, v, Fraction(step) * (k - 1) / 2 * (1 + Fraction(1, 2**30)))
     assert_within(w, v, rq.accept, strict=True)
@@ -169,8 +169,8 @@ from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.ring import Requant, _decode_one, _requant_one
 dtype = np.dtype(sys.argv[1])
 ranks, share, n = 4, 0.5, 5000
-k = model.split_multiple(ranks, share)
-e1 = 1e-3 * model.split_reduce_share(ranks, share)
+k = ratios.split_multiple(ranks, share)
+e1 = 1e-3 * ratios.split_reduce_share(ranks, share)
 ring_eb = sum_bound(e1, ranks, True)
 eb_r = rank_bound(ring_eb, ranks)
 rq = Requant(k * eb_r / ranks, ranks, 1e-3 - e1, share)

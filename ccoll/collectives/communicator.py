@@ -67,7 +67,7 @@ class Communicator:
       reduced block requantizes it within ``e2 = split * eb`` and the allgather forwards
       that, which does not widen with the number of ranks (docs/error-bound.md, "Split
       bound"). ``None`` (default): the share with the fewest bytes for the number of ranks
-      (:func:`ccoll.collectives.model.split_fraction`), where the cost model predicts it
+      (:func:`ccoll.collectives.ratios.split_fraction`), where the cost model predicts it
       faster than none; ``0``: no split. Host data only; ``reduce_scatter`` keeps the whole
       bound.
     - ``ranks_per_node``: the node grouping of hierarchical collectives. ``None`` (default):

@@ -79,7 +79,7 @@ class Requant:
     ``divide`` is ``N`` for an average (the owner divides the reduced sum before it
     requantizes, so nobody divides afterwards) and 1 for a sum. ``accept``, when set, is
     what the requantization may move a value by (below ``bound``: the allgather's grid is an
-    odd multiple of the reduced sum's, :func:`ccoll.collectives.model.split_multiple`); the
+    odd multiple of the reduced sum's, :func:`ccoll.collectives.ratios.split_multiple`); the
     owner checks every element against it and stores the blocks with one farther raw
     (values off the sum's grid: raw lanes). ``share`` is the split's share of the bound,
     for the cost model. Host data only.

@@ -60,12 +60,12 @@ def test_values_off_the_sums_grid_stay_within_bound(comm, op, dtype, schedule, s
     # rest of the bound allows. The owner stores those blocks raw; its stream keeps its
     # header, so the halving's owners still join their streams. The split: the model's
     # (split=None), or the share with the fewest bytes for the ranks, always applied.
-    from ccoll.collectives import model
+    from ccoll.collectives import ratios
     from ccoll.collectives.homomorphic import rank_bound
     from ccoll.collectives.policy.plan import phase_bounds
 
     eb = 1e-3
-    share = None if split == "model" else model.split_fraction(comm.size)
+    share = None if split == "model" else ratios.split_fraction(comm.size)
     x = gradient_like(comm.rank, 20_011, dtype)
     with ccoll.Communicator(comm, policy="compress", schedule=schedule, split=share) as c:
         # The plan of this signature (policy="compress": the same at every call), and the
@@ -128,10 +128,10 @@ SLOW_LINK = {"CCOLL_ALPHA": "50us", "CCOLL_BANDWIDTH": "8Mbit", "CCOLL_COMPRESS_
 @pytest.mark.parametrize("link", ["slow", "calibrated"])
 def test_split_auto_follows_the_model(comm, monkeypatch, link):
     # split=None: the share with the fewest bytes for the number of ranks
-    # (model.split_fraction), where the model predicts it faster than none
+    # (ratios.split_fraction), where the model predicts it faster than none
     # (model.split_pays; policy="compress" prices at the default ratio); none for one
     # rank, for DAR and for device data.
-    from ccoll.collectives import model
+    from ccoll.collectives import model, ratios
     from ccoll.collectives.policy.plan import Facts, candidates
 
     if link == "slow":
@@ -145,16 +145,16 @@ def test_split_auto_follows_the_model(comm, monkeypatch, link):
         c.allreduce(x, ccoll.ABS(1e-3))
         got = c._last_plan().split
         p = c.calibration.params
-        fewest = model.split_fraction(n) if n > 1 else 0.0
+        fewest = ratios.split_fraction(n) if n > 1 else 0.0
         pays = fewest > 0 and model.split_pays(4.0 * count, n, p, model.DEFAULT_RATIO, fewest,
-                                               width=model.DEFAULT_WIDTH)
+                                               width=ratios.DEFAULT_WIDTH)
         assert got == (fewest if pays else 0.0), (got, fewest, pays)
         if link == "slow" and n >= 3:
             assert got == fewest > 0  # the case where the split is taken
         # Device data: no split (the device kernels do not requantize).
         dev = Facts("allreduce", count, 4, "compress", "homomorphic", False, False, False,
                     True, n)
-        flat = candidates(dev, p, model.DEFAULT_RATIO, model.DEFAULT_WIDTH,
+        flat = candidates(dev, p, model.DEFAULT_RATIO, ratios.DEFAULT_WIDTH,
                           c._sync.planner.options)[1]
         assert flat.plan.variant == "flat" and flat.plan.split == 0.0
     with ccoll.Communicator(comm, policy="compress", algorithm="dar") as c:

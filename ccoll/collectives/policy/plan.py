@@ -40,7 +40,7 @@ import struct
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from ccoll.collectives import model
+from ccoll.collectives import model, ratios
 from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.model import Params
 
@@ -166,7 +166,7 @@ def _flat(f: Facts, p: Params, ratio: float, width: float, o: Options,
     split = 0.0
     homo = f.algorithm == "homomorphic" and not f.device
     if f.collective == "allreduce" and homo and n >= 2:
-        share = model.split_fraction(n) if o.split is None else o.split
+        share = ratios.split_fraction(n) if o.split is None else o.split
         if share > 0 and o.split is None and not model.split_pays(size, n, p, ratio, share,
                                                                   width=width):
             share = 0.0
@@ -279,7 +279,7 @@ def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options,
 
 def _ideal_loses(f: Facts, p: Params, o: Options) -> bool:
     """Whether every compressed path loses even at an infinite ratio (raw whatever the data)."""
-    cands = candidates(f, p, 1e30, model.DEFAULT_WIDTH, o._replace(version=1))
+    cands = candidates(f, p, 1e30, ratios.DEFAULT_WIDTH, o._replace(version=1))
     raw = cands[0].seconds
     return all(c.seconds * (1 + MARGIN) >= raw for c in cands[1:])
 
@@ -301,7 +301,7 @@ def phase_bounds(eb_abs: float, n_ranks: int, avg: bool, share: float,
     With a split share ``f``, ``e2 = fl(f eb)`` and ``e1 = fl(eb - e2)``: the sum is bounded
     by ``e1`` (``N e1`` for an average) and each reduced block is requantized within ``e2``.
     Where ``f`` makes the allgather's grid an odd multiple ``k`` of the reduced sum's
-    (:func:`model.split_multiple`), ``e1 = fl(eb f K / k)``, the grid is ``k`` times the
+    (:func:`ratios.split_multiple`), ``e1 = fl(eb f K / k)``, the grid is ``k`` times the
     sum's and the requantization may move a value by ``fl(eb - e1)`` at most, which the owner
     checks. Without a split the sum is bounded by ``eb`` (``N eb``) and nothing is
     requantized. ``ring_ranks``: the ranks of the ring when it is not all ``n_ranks`` (the
@@ -313,9 +313,9 @@ def phase_bounds(eb_abs: float, n_ranks: int, avg: bool, share: float,
     if share <= 0.0 or eb_abs == 0.0 or streams < 2:
         return Bounds(sum_bound(eb_abs, n_ranks, avg), None)
     divide = n_ranks if avg else 1
-    k = model.split_multiple(streams, share)
+    k = ratios.split_multiple(streams, share)
     if k:  # the allgather's grid is k times the reduced sum's
-        e1 = eb_abs * model.split_reduce_share(streams, share)
+        e1 = eb_abs * ratios.split_reduce_share(streams, share)
         accept = eb_abs - e1
         ring_eb = sum_bound(e1, n_ranks, avg)
         e2 = k * rank_bound(ring_eb, streams) / divide
@@ -344,7 +344,7 @@ class State:
     digest: int
     calls: int = 0  # completed calls of this signature (every rank alike)
     ratio: float | None = None  # agreed sampled ratio
-    width: float = model.DEFAULT_WIDTH
+    width: float = ratios.DEFAULT_WIDTH
     gain2: float | None = None  # agreed sampled ratio of format 2 over format 1
     # Agreed sampled speed factors of format 2's compress, add and decompress over format 1's
     # (format 1's seconds over format 2's on the same sample; None: not sampled).
@@ -569,7 +569,7 @@ class Planner:
             # do not depend on what calls measured.
             sampled = st.ratio if f.policy == "auto" else None
             ratio = self.forced_ratio or sampled or model.DEFAULT_RATIO
-            width = st.width if f.policy == "auto" else model.DEFAULT_WIDTH
+            width = st.width if f.policy == "auto" else ratios.DEFAULT_WIDTH
             formats = self.formats
             if formats is not None and f.policy == "auto":
                 # This data's gain and kernel speeds, not the calibration sample's.
