@@ -163,7 +163,7 @@ for m in pkgutil.iter_modules(cpu.__path__, "ccoll.compressor.cpu."):
         if hasattr(v, "signatures") and hasattr(v, "py_func"):
             kernels[f"{m.name}.{k}"] = v
 before = {k: len(v.signatures) for k, v in kernels.items()}
-from ccoll.collectives import model
+from ccoll.collectives import ratios
 from ccoll.collectives.codec import api, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound, sum_bound
 from ccoll.collectives.ring import Requant, _decode_one, _requant_one
