@@ -118,7 +118,7 @@ def test_plans_take_the_split_only_where_it_pays():
 
     from kit import first_plan
 
-    from ccoll.collectives.policy.plan import phase_bounds
+    from ccoll.collectives.policy.bounds import phase_bounds
 
     slow = replace(model.DEFAULTS, beta=0.01e9 / 8)
     fast = replace(model.DEFAULTS, beta=10e9 / 8)

@@ -36,11 +36,8 @@ from ccoll.collectives.halving import halving_allreduce
 from ccoll.collectives.homomorphic import sum_bound
 from ccoll.collectives.layout import Layout
 from ccoll.collectives.outputs import divide, new_output, on_mpi_buffers, result
-from ccoll.collectives.policy.plan import (
-    State,
-    phase_bounds,
-    skips_agreement,
-)
+from ccoll.collectives.policy.bounds import phase_bounds
+from ccoll.collectives.policy.plan import State, skips_agreement
 from ccoll.collectives.prepare import WHAT, Prepared, Route, prepare
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops

@@ -25,7 +25,8 @@ from ccoll.collectives.layout import block_bounds
 from ccoll.collectives.node import Grouping
 from ccoll.collectives.nodeshm import NodeShm
 from ccoll.collectives.nodesum import sum_slots
-from ccoll.collectives.policy.plan import Plan, phase_bounds
+from ccoll.collectives.policy.bounds import phase_bounds
+from ccoll.collectives.policy.plan import Plan
 from ccoll.collectives.ring import ring_allreduce
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor.cpu import residual_abs

@@ -62,7 +62,7 @@ def test_values_off_the_sums_grid_stay_within_bound(comm, op, dtype, schedule, s
     # (split=None), or the share with the fewest bytes for the ranks, always applied.
     from ccoll.collectives import ratios
     from ccoll.collectives.homomorphic import rank_bound
-    from ccoll.collectives.policy.plan import phase_bounds
+    from ccoll.collectives.policy.bounds import phase_bounds
 
     eb = 1e-3
     share = None if split == "model" else ratios.split_fraction(comm.size)
@@ -97,7 +97,7 @@ def test_split_result_lies_on_the_allgather_grid(comm):
     # e2 is 0.5 eb, or just below where the grid is an odd multiple of the sum's.
     x = gradient_like(comm.rank, 50_000, np.float64)
     eb = 1e-3
-    from ccoll.collectives.policy.plan import phase_bounds
+    from ccoll.collectives.policy.bounds import phase_bounds
 
     with ccoll.Communicator(comm, policy="compress", split=0.5) as c:
         y = c.allreduce(x, ccoll.ABS(eb), op="avg")
