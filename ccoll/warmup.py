@@ -52,7 +52,7 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
         cpu.decompress(a, out=np.empty_like(x))
         b = cpu.compress_abs(x[::-1].copy(), eb, version=v)
         cpu.decompress(cpu.add(a, b))
-        if v == 1:  # the split allreduce's requantization (ccoll.collectives.ring)
+        if v == 1:  # the split allreduce's requantization (ccoll.collectives.requant)
             cpu.decompress_wide(cpu.add(a, b), out=np.empty(x.size))
             cpu.decompress_wide(a, out=np.empty(x.size))
         cpu.add_data(a, x)

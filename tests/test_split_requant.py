@@ -20,7 +20,7 @@ from kit import assert_within
 from ccoll.collectives import ratios
 from ccoll.collectives.codec import api, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound, sum_bound
-from ccoll.collectives.ring import Requant, _requant_one
+from ccoll.collectives.requant import Requant, requant_one
 from ccoll.compressor.cpu import decompress_wide
 
 N_ELEMS = 4099
@@ -65,7 +65,7 @@ def test_aligned_requantization_moves_values_less(ranks, share, avg):
     s = _reduce(xs, ring_eb)
     v = decompress_wide(s[:stream_nbytes(s)]) / rq.divide
     out = np.empty(N_ELEMS, np.float64)
-    got = _requant_one(s, out, 0, N_ELEMS, rq)
+    got = requant_one(s, out, 0, N_ELEMS, rq)
     assert api().header(got).bound == rq.bound  # on the sum's grid: no fallback
     w = decompress_wide(got[:stream_nbytes(got)])
     assert np.array_equal(out, w)
@@ -103,7 +103,7 @@ def test_off_grid_values_fall_back_to_the_allowance(avg):
     moved = np.abs(decompress_wide(plain[:stream_nbytes(plain)]) - v)
     assert moved.max() >= rq.accept  # the coarse grid alone would break the allowance
     out = np.empty(N_ELEMS, np.float64)
-    got = _requant_one(s, out, 0, N_ELEMS, rq)
+    got = requant_one(s, out, 0, N_ELEMS, rq)
     assert api().header(got).bound == rq.bound  # same header: the owners' streams still join
     w = decompress_wide(got[:stream_nbytes(got)])
     assert_within(w, v, rq.accept, strict=True)
@@ -121,8 +121,8 @@ def test_off_grid_blocks_stay_in_format_2(avg):
     # decodes to format 1's values bit for bit (both code the same quantized values).
     rq, s1, v = _off_grid(avg)
     out1, out2 = np.empty(N_ELEMS, np.float64), np.empty(N_ELEMS, np.float64)
-    got1 = _requant_one(s1, out1, 0, N_ELEMS, rq, 1)
-    got2 = _requant_one(s1, out2, 0, N_ELEMS, rq, 2)
+    got1 = requant_one(s1, out1, 0, N_ELEMS, rq, 1)
+    got2 = requant_one(s1, out2, 0, N_ELEMS, rq, 2)
     h2 = api().header(got2)
     assert h2.version == 2 and h2.bound == rq.bound
     w1 = decompress_wide(got1[:stream_nbytes(got1)])
@@ -141,7 +141,7 @@ def test_non_finite_values_pass_the_check_bit_for_bit():
     s = _reduce(xs, ring_eb)
     v = decompress_wide(s[:stream_nbytes(s)]) / rq.divide
     out = np.empty(N_ELEMS, np.float64)
-    got = _requant_one(s, out, 0, N_ELEMS, rq)
+    got = requant_one(s, out, 0, N_ELEMS, rq)
     w = decompress_wide(got[:stream_nbytes(got)])
     assert np.isnan(w[7]) and w[2000] == np.inf
     assert_within(w, v, rq.accept, strict=True)
@@ -166,7 +166,7 @@ before = {k: len(v.signatures) for k, v in kernels.items()}
 from ccoll.collectives import ratios
 from ccoll.collectives.codec import api, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound, sum_bound
-from ccoll.collectives.ring import Requant, _decode_one, _requant_one
+from ccoll.collectives.requant import Requant, decode_one, requant_one
 dtype = np.dtype(sys.argv[1])
 ranks, share, n = 4, 0.5, 5000
 k = ratios.split_multiple(ranks, share)
@@ -181,8 +181,8 @@ s = api().compress_abs(xs[0], eb_r)
 for x in xs[1:]:
     s = api().add_data(s, x, eb_r)
 out = np.empty(n, dtype)
-r = _requant_one(s, out, 0, n, rq)
-_decode_one(r, stream_nbytes(r), out, 0, n, dtype != np.float64)
+r = requant_one(s, out, 0, n, rq)
+decode_one(r, stream_nbytes(r), out, 0, n, dtype != np.float64)
 print(json.dumps(sorted(k for k, v in kernels.items() if len(v.signatures) > before[k])))
 """
 

@@ -18,7 +18,7 @@ Rabenseifner's, on streams:
   the two (:func:`~ccoll.compressor.cpu.slices.concat`). The final streams travel
   unchanged, so every rank decodes the very bytes each block's owner produced and every
   rank's output is identical. With a split bound the owner requantizes its block first
-  (as the ring does, :class:`~ccoll.collectives.ring.Requant`).
+  (as the ring does, :class:`~ccoll.collectives.requant.Requant`).
 - **Other rank counts.** With ``N = Q + rest`` (``0 < rest < Q``) the first ``2 rest``
   ranks pair up: each even one sends its compressed input to the odd one after it, which
   adds it to its own and takes part for both; at the end it sends the result back (one
@@ -61,7 +61,8 @@ from ccoll.collectives.codec import api, check_stream, stream_nbytes
 from ccoll.collectives.homomorphic import rank_bound
 from ccoll.collectives.layout import block_bounds
 from ccoll.collectives.model import halving_shape
-from ccoll.collectives.ring import _POLL_MAX_S, Requant, _decode_one, _requant_one
+from ccoll.collectives.requant import Requant, decode_one, requant_one
+from ccoll.collectives.ring import _POLL_MAX_S
 from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
 from ccoll.compressor.cpu.slices import concat, slice_blocks
 from ccoll.compressor.format import BLOCK
@@ -410,12 +411,12 @@ class _Halving(_Tree):
         if rq is None:
             return stream, False
         lo, hi = self._elems(*self.held_range)
-        return _requant_one(stream, self.flat_out, lo, hi, rq, self.version), True
+        return requant_one(stream, self.flat_out, lo, hi, rq, self.version), True
 
     def _decode(self, stream: Any, nb: int, c0: int, c1: int) -> None:
         lo, hi = self._elems(c0, c1)
         wide = self.requant is not None and self.dtype != self.ag_dtype
-        self.submit((1, c0, 0), partial(_decode_one, stream, nb, self.flat_out, lo, hi, wide),
+        self.submit((1, c0, 0), partial(decode_one, stream, nb, self.flat_out, lo, hi, wide),
                     ("decode", None), "decode", {"blocks": c1 - c0, "bytes": nb}, "reduce")
 
     # -- MPI -----------------------------------------------------------------------------

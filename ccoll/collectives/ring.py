@@ -21,18 +21,17 @@ streams, or decompress-add-recompress. Every rank decodes the same bytes (the st
 owner of each block produced, forwarded unchanged), so every rank gets the same output bit
 for bit. docs/collectives.md describes the algorithms, docs/error-bound.md the bounds.
 
-With a split bound (:class:`Requant`) the owner of a block decodes each fully reduced chunk
-to its float64 values, divides them by ``N`` for an average, re-compresses them with the
-allgather's bound into a float64 stream and forwards that; every rank, the owner too,
-decodes those bytes and rounds them once to the dtype. The allgather then moves streams
-that do not widen with ``N`` (docs/error-bound.md, "Split bound").
+With a split bound (:class:`~ccoll.collectives.requant.Requant`) the owner of a block
+decodes each fully reduced chunk to its float64 values, divides them by ``N`` for an
+average, re-compresses them with the allgather's bound into a float64 stream and forwards
+that; every rank, the owner too, decodes those bytes and rounds them once to the dtype.
+The allgather then moves streams that do not widen with ``N`` (docs/error-bound.md,
+"Split bound"; :mod:`ccoll.collectives.requant`).
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
@@ -41,17 +40,16 @@ from mpi4py import MPI
 
 from ccoll.collectives import trace as _trace
 from ccoll.collectives.channel import Channel
-from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
+from ccoll.collectives.codec import check_stream, max_nbytes, stream_nbytes
 from ccoll.collectives.dar import DarOps, dar_bound
 from ccoll.collectives.devices import HOST, HostPlace, device_add
 from ccoll.collectives.homomorphic import HomomorphicOps, rank_bound
 from ccoll.collectives.layout import Layout
+from ccoll.collectives.requant import Requant, decode_one, requant_one
 from ccoll.collectives.waiting import Deadline, drain_tasks, poll_pause, test_some
-from ccoll.compressor import format as fmt
 from ccoll.errors import CollectiveError, FormatError
 
 __all__ = [
-    "Requant",
     "RingOps",
     "ring_ops",
     "ring_allreduce",
@@ -62,34 +60,6 @@ __all__ = [
 # While both a compute task and an MPI transfer are pending, the driving thread alternates
 # between MPI_Testsome and a short wait for the worker; the wait grows up to this cap.
 _POLL_MAX_S = 1e-3
-
-# Elements per piece of the owner's check of a requantized chunk (float64 scratch: 256 KiB).
-_CHECK_CHUNK = 1 << 15
-# float64 elements of each decoding buffer a worker thread keeps (16 MiB; larger chunks
-# decode into fresh arrays).
-_SCRATCH_MAX = 1 << 21
-_SCRATCH = threading.local()
-
-
-@dataclass(frozen=True)
-class Requant:
-    """The allgather half of a split bound: requantize each reduced chunk before forwarding.
-
-    ``bound`` is the absolute bound of the requantized streams (``e2``, on the result);
-    ``divide`` is ``N`` for an average (the owner divides the reduced sum before it
-    requantizes, so nobody divides afterwards) and 1 for a sum. ``accept``, when set, is
-    what the requantization may move a value by (below ``bound``: the allgather's grid is an
-    odd multiple of the reduced sum's, :func:`ccoll.collectives.ratios.split_multiple`); the
-    owner checks every element against it and stores the blocks with one farther raw
-    (values off the sum's grid: raw lanes). ``share`` is the split's share of the bound,
-    for the cost model. Host data only.
-    """
-
-    bound: float
-    divide: int = 1
-    accept: float | None = None
-    share: float = 0.0
-
 
 class RingOps(Protocol):
     """What one algorithm does with the chunks of the ring."""
@@ -387,7 +357,7 @@ class _Ring:
         if rq is not None:
             lo, hi = self.layout.chunks(self.r)[c]
             self.requant_open[c] = True
-            fn = partial(_requant_one, stream, self.flat_out, lo, hi, rq, self.version)
+            fn = partial(requant_one, stream, self.flat_out, lo, hi, rq, self.version)
             self.submit(_requant_key(self.steps, c), fn, ("requant", -1, c, None), "requantize",
                         {"block": self.r, "chunk": c}, lane="compress")
             return
@@ -397,7 +367,7 @@ class _Ring:
 
     def _decode(self, t: int, b: int, c: int, stream: Any, nb: int, buf: int) -> None:
         lo, hi = self.layout.chunks(b)[c]
-        fn = partial(_decode_one, stream, nb, self.flat_out, lo, hi,
+        fn = partial(decode_one, stream, nb, self.flat_out, lo, hi,
                      self.requant is not None and self.dtype != self.ag_dtype,
                      self.place.lanes.kw("reduce"))
         self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
@@ -591,87 +561,3 @@ class _Ring:
             for b in self.bufs:
                 place.sent(b)
         return self.final
-
-
-def _scratch(n: int, slot: int) -> np.ndarray:
-    """``n`` float64 elements of a buffer this thread keeps (fresh ones above the cap).
-
-    Decoding into memory already touched skips the page faults of a fresh array, about
-    half of a decode's time on a chunk of millions of elements. The caller uses it only
-    until it returns.
-    """
-    if n > _SCRATCH_MAX:
-        return np.empty(n)
-    bufs: dict[int, np.ndarray] | None = getattr(_SCRATCH, "bufs", None)
-    if bufs is None:
-        bufs = _SCRATCH.bufs = {}
-    buf = bufs.get(slot)
-    if buf is None or buf.size < n:
-        buf = bufs[slot] = np.empty(n)
-    return buf[:n]
-
-
-def _decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: bool,
-                kw: dict[str, Any] | None = None) -> None:
-    if wide:  # a requantized float64 stream into float32: one rounding, to nearest
-        w = api().decompress(stream[:nb], out=_scratch(hi - lo, 0))
-        with np.errstate(over="ignore"):  # beyond the dtype's range: ±Inf, by contract
-            flat_out[lo:hi] = w
-    else:  # kw: the reduce lane's stream= for device data
-        api().decompress(stream[:nb], out=flat_out[lo:hi], **(kw or {}))
-
-
-def _requant_one(stream: Any, flat_out: Any, lo: int, hi: int, rq: Requant,
-                 version: int = 1) -> Any:
-    """Requantize this rank's reduced chunk; return the stream the allgather forwards.
-
-    The chunk's float64 values (before any rounding to the dtype), divided by ``N`` in
-    float64 for an average, are compressed with the allgather's bound into a float64
-    stream of format ``version``; with ``rq.accept``, the blocks with a value moved by
-    ``rq.accept`` or more are stored raw instead (:func:`~ccoll.compressor.cpu.slices.raw_blocks`,
-    either format). This rank decodes that stream like every other rank does.
-    """
-    from ccoll.compressor.cpu import decompress_wide
-    from ccoll.compressor.cpu.slices import raw_blocks
-
-    wide = decompress_wide(stream[:stream_nbytes(stream)], out=_scratch(hi - lo, 0))
-    if rq.divide > 1:
-        np.divide(wide, float(rq.divide), out=wide)
-    a = api()
-    out = a.compress_abs(wide, rq.bound, version=version)
-    # A float64 stream: w is exactly what every rank decodes.
-    w = decompress_wide(out, out=_scratch(hi - lo, 1))
-    if rq.accept is not None:
-        far = _far_blocks(w, wide, rq.accept)
-        if far.size:
-            out = raw_blocks(out, wide, far)
-            w = decompress_wide(out, out=w)
-    with np.errstate(over="ignore"):  # one rounding to the dtype, as _decode_one's
-        flat_out[lo:hi] = w
-    return out
-
-
-def _far_blocks(w: np.ndarray, v: np.ndarray, accept: float) -> np.ndarray:
-    """Blocks (of 32) with an element whose decoded ``w`` is not within ``accept`` of ``v``.
-
-    Decided exactly: ``fl(|w - v|) < accept`` implies ``|w - v| < accept`` (rounding is
-    monotone and ``accept`` is a float64), the compressor's own acceptance test
-    (docs/error-bound.md). Non-finite values pass when ``w`` has ``v``'s bits.
-    """
-    step = _CHECK_CHUNK
-    d = np.empty(min(step, w.size))
-    near = np.empty(d.size, bool)
-    found: list[np.ndarray] = []
-    with np.errstate(invalid="ignore", over="ignore"):
-        for i in range(0, w.size, step):  # pieces that stay in cache
-            m = min(step, w.size - i)
-            np.subtract(w[i:i + m], v[i:i + m], out=d[:m])
-            np.abs(d[:m], out=d[:m])
-            np.less(d[:m], accept, out=near[:m])
-            if not near[:m].all():
-                found.append(i + np.flatnonzero(~near[:m]))
-    if not found:
-        return np.zeros(0, np.int64)
-    far = np.concatenate(found)
-    far = far[w[far].view(np.uint64) != v[far].view(np.uint64)]
-    return np.unique(far // fmt.BLOCK)

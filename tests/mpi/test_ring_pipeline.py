@@ -114,7 +114,7 @@ def test_driving_thread_decodes_while_the_worker_is_busy(comm, monkeypatch):
         pytest.skip("a single rank receives no chunk")
     x = gradient_like(r, N_ELEMS, np.float32, seed=9)
     threads: set[str] = set()
-    real = ring._decode_one
+    real = ring.decode_one
     driving = threading.current_thread()
 
     def traced(*args):
@@ -128,7 +128,7 @@ def test_driving_thread_decodes_while_the_worker_is_busy(comm, monkeypatch):
             time.sleep(0.05)
         return traced(*args)
 
-    monkeypatch.setattr(ring, "_decode_one", slow)
+    monkeypatch.setattr(ring, "decode_one", slow)
     with ccoll.Communicator(comm, policy="compress", chunk_elems=CHUNK) as cc:
         y = cc.allreduce(x, ccoll.REL(1e-3))
     assert threading.current_thread().name in threads, threads

@@ -20,7 +20,7 @@ class Bounds(NamedTuple):
     """The bound of each phase of a compressed allreduce (docs/error-bound.md)."""
 
     ring: float  # bound of the reduce-scatter's sum (of the sum, also for an average)
-    requant: Any  # ccoll.collectives.ring.Requant, or None (no split)
+    requant: Any  # ccoll.collectives.requant.Requant, or None (no split)
 
 
 def phase_bounds(eb_abs: float, n_ranks: int, avg: bool, share: float,
@@ -36,7 +36,7 @@ def phase_bounds(eb_abs: float, n_ranks: int, avg: bool, share: float,
     requantized. ``ring_ranks``: the ranks of the ring when it is not all ``n_ranks`` (the
     inter-node ring of a two-level call); ``N`` stays the number the average divides by.
     """
-    from ccoll.collectives.ring import Requant
+    from ccoll.collectives.requant import Requant
 
     streams = n_ranks if ring_ranks is None else ring_ranks
     if share <= 0.0 or eb_abs == 0.0 or streams < 2:
