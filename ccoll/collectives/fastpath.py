@@ -55,9 +55,6 @@ from ccoll.runtime.progress import current_request
 __all__ = ["History", "Fast", "Memo", "Ready", "ready", "NATIVE_CODES"]
 
 _HISTORY_MAX = 256
-# Tests of a repeated allreduce's request before its deadline is made and the wait of
-# waiting.wait_all takes over (a few microseconds: a small call between ranks on one node).
-_QUICK_TESTS = 32
 # The agreement's dtype codes of the host dtypes the fast path takes as they are.
 NATIVE_CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
 _ALLREDUCE = COLLECTIVES["allreduce"]
@@ -510,15 +507,10 @@ def _checked_sum(ch: Channel, src: np.ndarray, dst: np.ndarray,
         comm.Allreduce(src, dst, op=MPI.SUM)
     else:
         req = comm.Iallreduce(src, dst, op=MPI.SUM)
-        test = req.Test
-        if not test():
-            for _ in range(_QUICK_TESTS):  # a small call's peer is often a few tests away
-                if test():
-                    break
-            else:
-                if deadline is None:
-                    deadline = Deadline(ch.timeout, "ccoll.allreduce")
-                wait_all([req], deadline, "the repeated call's collective", bulk=True)
+        if not req.Test():
+            if deadline is None:
+                deadline = Deadline(ch.timeout, "ccoll.allreduce")
+            wait_all([req], deadline, "the repeated call's collective", bulk=True)
     first = dst[0]
     if first == first:  # a number: no rank sent the NaNs of a call that differs
         return True
