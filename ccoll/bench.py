@@ -109,6 +109,28 @@ def data_for_size(base: np.ndarray, count: int) -> np.ndarray:
     return base[pos]
 
 
+def call_order(rows: Sequence[str], iters: int,
+               blocks: int) -> list[tuple[str, int | None]]:
+    """Return the calls of one size: ``(row, timed index)``, ``None`` for a lead call.
+
+    Each row's ``iters`` timed calls are cut into ``blocks`` runs (fewer if there are
+    fewer calls) and the rows take turns run by run; every run starts with one untimed
+    call of its row. So every timed call follows a call of its own row, as in a job that
+    repeats it: what a call leaves behind (a shaped link's spent burst, the TCP window,
+    the caches) is its own row's, never another's. Call by call, a raw MPI call after a
+    compressed call found the emulated 1 Gbit/s link's token bucket full and took 1.3 ms
+    at 256 KiB where back to back it takes 2.1 ms (docs/performance.md).
+    """
+    k = max(1, min(blocks, iters))
+    edges = [iters * b // k for b in range(k + 1)]
+    order: list[tuple[str, int | None]] = []
+    for b in range(k):
+        for a in rows:
+            order.append((a, None))
+            order.extend((a, it) for it in range(edges[b], edges[b + 1]))
+    return order
+
+
 def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[int]:
     """Message sizes from ``minbytes`` to ``maxbytes`` multiplied by ``factor``, whole items."""
     out: list[int] = []
@@ -237,6 +259,7 @@ def bench(
     ranks_per_node: int | None | Sequence[int | None] = None,
     schedule: str = "auto",
     format_version: int | None = None,
+    blocks: int = 3,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
 
@@ -249,7 +272,8 @@ def bench(
     Communicators' (``"auto"``, ``"ring"`` or ``"halving"``; the meta's ``schedule``),
     ``format_version`` their stream format (``None``: chosen per call; the meta's
     ``format_version``). A ccoll row's ``formats`` says which formats its compressed timed
-    calls sent; its extra ``format_reason`` why the last one did.
+    calls sent; its extra ``format_reason`` why the last one did. ``blocks``: runs each
+    row's timed calls are cut into (:func:`call_order`).
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -336,26 +360,29 @@ def bench(
             formats: dict[str, set[int]] = {a: set() for a in algos}
             why: dict[str, str] = {}
             outs: dict[str, np.ndarray] = {}
-            for it in range(nit):
-                for a in algos:
-                    st = ccs[a].stats if a in ccs else None
-                    s0 = (st.bytes_sent, st.compressed_calls) if st is not None else (0, 0)
+            for a, it in call_order(algos, nit, blocks):
+                if it is None:  # a run's lead call: untimed, not counted
                     comm.Barrier()
-                    t0 = time.perf_counter()
-                    y = run[a]()
-                    times[a][it] = time.perf_counter() - t0
-                    if st is not None:
-                        sent[a] += st.bytes_sent - s0[0]
-                        compressed[a] += st.compressed_calls - s0[1]
-                        rep = ccs[a].last_call
-                        if rep is not None:
-                            paths[a] += ("T" if rep.hierarchical else
-                                         "C" if rep.compressed else "R")
-                            if rep.compressed:
-                                formats[a].add(rep.format_version)
-                                why[a] = rep.format_reason
-                    if it == nit - 1:
-                        outs[a] = y.copy()  # an allreduce's rows share their output array
+                    run[a]()
+                    continue
+                st = ccs[a].stats if a in ccs else None
+                s0 = (st.bytes_sent, st.compressed_calls) if st is not None else (0, 0)
+                comm.Barrier()
+                t0 = time.perf_counter()
+                y = run[a]()
+                times[a][it] = time.perf_counter() - t0
+                if st is not None:
+                    sent[a] += st.bytes_sent - s0[0]
+                    compressed[a] += st.compressed_calls - s0[1]
+                    rep = ccs[a].last_call
+                    if rep is not None:
+                        paths[a] += ("T" if rep.hierarchical else
+                                     "C" if rep.compressed else "R")
+                        if rep.compressed:
+                            formats[a].add(rep.format_version)
+                            why[a] = rep.format_reason
+                if it == nit - 1:
+                    outs[a] = y.copy()  # an allreduce's rows share their output array
             errs: dict[str, float | None] = {}
             if check:
                 ref = _reference(collective, comm, x)
@@ -428,6 +455,7 @@ def bench(
             if log is not None and r == 0:
                 log(_format_rows(rows[-len(algos):], header=len(rows) == len(algos)))
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
+        meta["blocks"] = blocks
         top = groupings[rpns[0]]
         meta.update(nodes=top.nodes, ranks_per_node=top.ranks_per_node, grouping=top.source,
                     hierarchical=hier_of_rpn[rpns[0]] is not None)
@@ -534,8 +562,9 @@ micro-benchmarks and nccl-tests do. Run it under MPI, on all ranks of MPI_COMM_W
 
   mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
 
-For each size, the algorithms of --algorithms run side by side in one job, interleaved
-call by call:
+For each size, the algorithms of --algorithms run side by side in one job, taking
+turns in runs (--blocks runs per algorithm, each run one untimed call then its share
+of the timed calls, so that every timed call follows a call of its own algorithm):
   mpi          plain MPI (MPI_Allreduce, MPI_Reduce_scatter or MPI_Allgather through
                mpi4py's buffers)
   homomorphic  ccoll's ring that adds compressed streams without decoding them
@@ -721,6 +750,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="warm-up iterations above --large (default 1)")
     p.add_argument("--large", type=parse_size, default=parse_size("1M"),
                    help="sizes above this use the -large counts (default 1M)")
+    p.add_argument("--blocks", type=int, default=3,
+                   help="runs each algorithm's timed calls are cut into; the algorithms take "
+                   "turns run by run, each run led by one untimed call of its own (default 3)")
     p.add_argument("--eb", default="rel:1e-3",
                    help="error bound, rel:V or abs:V (default rel:1e-3)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
@@ -778,6 +810,8 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         algos = ["mpi"] + [a for a in algos if a != "mpi"]
     if args.iters < 1 or args.iters_large < 1 or args.warmup < 0 or args.warmup_large < 0:
         raise InputError("iteration counts must be >= 1 (warm-up >= 0)")
+    if args.blocks < 1:
+        raise InputError(f"--blocks must be >= 1, got {args.blocks}")
     if args.minbytes < 1 or args.maxbytes < args.minbytes or args.stepfactor < 1:
         raise InputError("need 1 <= -b <= -e and -f >= 1")
     if not Path(args.data).is_file():
@@ -813,6 +847,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         trace=bool(args.trace or args.trace_png), ranks_per_node=rpns,
         schedule=args.schedule,
         format_version=None if args.format_version == "auto" else int(args.format_version),
+        blocks=args.blocks,
     )
     timeline = meta.pop("trace", None)
     meta["speed_index"] = index
