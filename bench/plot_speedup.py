@@ -4,7 +4,8 @@ Draws one line per CSV for ``policy="auto"`` (what a default call gets) and, wit
 ``--compress``, a dashed one for the homomorphic ring (``policy="compress"``), each over
 ``MPI_Allreduce`` of the same run, and with ``--table`` prints the Markdown rows of
 docs/performance.md's headline table (``auto / compress`` at the chosen sizes). Nothing is
-measured here: the numbers are the CSVs' ``speedup`` column.
+measured here: the numbers are the CSVs' ``speedup`` column (the means' ratio), or with
+``--median`` their ``med_speedup`` (the medians': one stalled call does not move it).
 
 Run (the figure of README.md and docs/performance.md):
 
@@ -48,16 +49,18 @@ def _label(path: Path) -> str:
     return f"{LINKS.get(m.group(1), m.group(1))}, {m.group(2)} ranks"
 
 
-def read(path: Path) -> dict[str, dict[int, float]]:
-    """``{algorithm: {size: speedup}}`` of one CSV."""
+def read(path: Path, column: str = "speedup") -> dict[str, dict[int, float]]:
+    """``{algorithm: {size: speedup}}`` of one CSV (``column``: ``speedup``, ``med_speedup``)."""
     out: dict[str, dict[int, float]] = {}
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
-            if row.get("collective", "allreduce") != "allreduce" or not row["speedup"]:
+            if column not in row:
+                raise SystemExit(f"{path}: no column {column!r} (a CSV of an older ccoll bench)")
+            if row.get("collective", "allreduce") != "allreduce" or not row[column]:
                 continue
-            out.setdefault(row["algorithm"], {})[int(row["size"])] = float(row["speedup"])
+            out.setdefault(row["algorithm"], {})[int(row["size"])] = float(row[column])
     if "auto" not in out and "homomorphic" not in out:
-        raise SystemExit(f"{path}: no 'auto' or 'homomorphic' rows with a speedup")
+        raise SystemExit(f"{path}: no 'auto' or 'homomorphic' rows with a {column}")
     return out
 
 
@@ -80,7 +83,8 @@ def table(runs: list[tuple[str, dict[str, dict[int, float]]]], sizes: list[int])
     return "\n".join(lines)
 
 
-def plot(runs: list[tuple[str, dict[str, dict[int, float]]]], png: Path, compress: bool) -> None:
+def plot(runs: list[tuple[str, dict[str, dict[int, float]]]], png: Path, compress: bool,
+         median: bool = False) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,7 +111,7 @@ def plot(runs: list[tuple[str, dict[str, dict[int, float]]]], png: Path, compres
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("bytes per rank")
-    ax.set_ylabel("speed-up over MPI_Allreduce")
+    ax.set_ylabel("speed-up over MPI_Allreduce" + (" (medians)" if median else ""))
     top = max(s for _, algs in runs for pts in algs.values() for s in pts)
     ticks = [1 << k for k in range(2, 31, 4) if 1 << k <= top]
     ax.set_xticks(ticks, [_size_name(t) for t in ticks])
@@ -131,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         help='also plot the homomorphic ring (policy="compress"), dashed',
     )
     ap.add_argument("--table", action="store_true", help="print the Markdown table")
+    ap.add_argument("--median", action="store_true",
+                    help="MPI's median call over the row's (med_speedup), not the means' ratio")
     ap.add_argument(
         "--sizes",
         default=",".join(SIZES),
@@ -141,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.csv:
         label, _, path = spec.rpartition("=")
         p = Path(path)
-        runs.append((label or _label(p), read(p)))
+        runs.append((label or _label(p), read(p, "med_speedup" if args.median else "speedup")))
     if args.png is not None:
         if args.png.exists() and not args.force:
             print(f"{args.png} exists; --force replaces it", file=sys.stderr)
             return 1
-        plot(runs, args.png, args.compress)
+        plot(runs, args.png, args.compress, args.median)
     if args.table:
         print(table(runs, [_bytes(s) for s in args.sizes.split(",")]))
     return 0

@@ -63,6 +63,10 @@ class Row:
     of_floor: float | None = None  # avg_us / floor_us
     # Stream formats the compressed timed calls sent ("1", "2", "1,2"; None: none compressed)
     formats: str | None = None
+    # The median call, and mpi's median over this row's: single slow calls (a 30 ms stall
+    # among 30 calls of 10 us on 2 shared cores) move the mean, not these.
+    med_us: float | None = None
+    med_speedup: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -406,13 +410,13 @@ def bench(
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
                 for h in dict.fromkeys(hier_of[a] for a in algos):
                     preds[h] = _predict(model_cc, collective, x, share, h)
-            mpi_avg = None
+            mpi_avg = mpi_med = None
             for a in algos:
                 t = np.empty_like(times[a])
                 comm.Allreduce(times[a], t, op=MPI.MAX)
                 avg = float(t.mean())
                 if a == "mpi":
-                    mpi_avg = avg
+                    mpi_avg, mpi_med = avg, float(np.median(t))
                 tot_sent = _allreduce_float(comm, sent[a], MPI.SUM) / n / nit
                 rb = _raw_bytes(collective, n, size)
                 ratio = (rb / tot_sent if tot_sent > 0 else None) if a in ccs else None
@@ -446,12 +450,15 @@ def bench(
                     model_us=model_us, floor_us=floor_us,
                     of_floor=avg * 1e6 / floor_us if floor_us else None,
                     formats=",".join(map(str, sorted(formats[a]))) or None,
+                    med_us=float(np.median(t)) * 1e6,
                     extra={"calls": paths[a], "format_reason": why.get(a, "")}
                     if a in ccs else {},
                 ))
             for row in rows[-len(algos):]:
                 if mpi_avg is not None and row.avg_us > 0:
                     row.speedup = mpi_avg * 1e6 / row.avg_us
+                if mpi_med is not None and row.med_us:
+                    row.med_speedup = mpi_med * 1e6 / row.med_us
             if log is not None and r == 0:
                 log(_format_rows(rows[-len(algos):], header=len(rows) == len(algos)))
         meta = _meta(collective, n, bound, data, iters, warmup, iters_large, warmup_large, large)
@@ -581,6 +588,7 @@ Rank 0 prints one row per size and algorithm:
   avg(us)      mean time per call in microseconds, over the timed calls
   min(us)      fastest timed call
   max(us)      slowest timed call
+  med(us)      median timed call
   algbw(GB/s)  size / avg(us), in 10^9 bytes per second
   busbw(GB/s)  algbw times 2(N-1)/N for allreduce, (N-1)/N for reduce_scatter and N-1
                for allgather (N ranks), as nccl-tests defines it: comparable across N
@@ -589,6 +597,7 @@ Rank 0 prints one row per size and algorithm:
   err/eb       largest |result - exact float64 result| over the resolved bound, every
                element of the last timed call: at most 1 for ccoll (--no-check: -)
   speedup      avg(us) of mpi / avg(us) of this row
+  x(med)       med(us) of mpi / med(us) of this row (one slow call moves the mean, not it)
   comp         share of the timed calls that compressed (ccoll rows): 1.00 all, 0.00 none
                (sent raw through MPI), in between for auto, which decides call by call
   fmt          stream formats the compressed timed calls sent (1, 2 or 1,2; --format-version;
@@ -634,11 +643,13 @@ _COLS = [
     ("avg(us)", ">11", lambda r: f"{r.avg_us:.1f}"),
     ("min(us)", ">11", lambda r: f"{r.min_us:.1f}"),
     ("max(us)", ">11", lambda r: f"{r.max_us:.1f}"),
+    ("med(us)", ">11", lambda r: "-" if r.med_us is None else f"{r.med_us:.1f}"),
     ("algbw(GB/s)", ">11", lambda r: f"{r.algbw_gbs:.3f}"),
     ("busbw(GB/s)", ">11", lambda r: f"{r.busbw_gbs:.3f}"),
     ("ratio", ">7", lambda r: "-" if r.ratio is None else f"{r.ratio:.2f}"),
     ("err/eb", ">7", lambda r: "-" if r.err_over_eb is None else f"{r.err_over_eb:.3f}"),
     ("speedup", ">7", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}"),
+    ("x(med)", ">7", lambda r: "-" if r.med_speedup is None else f"{r.med_speedup:.2f}"),
     ("comp", ">5", lambda r: "-" if r.compressed_calls is None else f"{r.compressed_calls:.2f}"),
     ("fmt", ">4", lambda r: r.formats or "-"),
     ("model(us)", ">11", lambda r: "-" if r.model_us is None else f"{r.model_us:.1f}"),

@@ -152,6 +152,7 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     assert sorted({r["size"] for r in rows}) == expect
     for r in rows:
         assert r["avg_us"] > 0 and r["min_us"] <= r["avg_us"] <= r["max_us"]
+        assert r["min_us"] <= r["med_us"] <= r["max_us"]
         # The model's floor of every call, and the measured time over it.
         assert r["floor_us"] > 0, r
         assert r["of_floor"] == pytest.approx(r["avg_us"] / r["floor_us"])
@@ -159,6 +160,9 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
             assert r["err_over_eb"] <= 1.0, r
         else:
             assert r["speedup"] == pytest.approx(1.0)
+            assert r["med_speedup"] == pytest.approx(1.0)
+        mpi = next(m for m in rows if m["algorithm"] == "mpi" and m["size"] == r["size"])
+        assert r["med_speedup"] == pytest.approx(mpi["med_us"] / r["med_us"])
     big = [r for r in rows if r["size"] == 65536 and r["algorithm"] == "homomorphic"]
     assert big[0]["ratio"] > 2, "MiniLM gradients at REL 1e-3 compress"
     assert doc["meta"]["ranks"] == 2 and doc["meta"]["collective"] == collective
