@@ -54,15 +54,18 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
     """Run one call: the fast way if its signature's plan allows, else the full way."""
     fast = route.fast
     m = fast.memo
-    # The arguments of the last repeat, the very objects, while its plan stands: the same
-    # key as ready()'s (fastpath.Memo). Every test is an identity or a number's.
-    if (m is not None and eb is m.eb and out is m.out and op is m.op
+    # The arguments of the last repeat, the very objects (a bound: one of the same kind and
+    # value, as a loop that writes REL(1e-3) in its call makes a new one each time), while
+    # its plan stands: the same key as ready()'s (fastpath.Memo). Every test is an
+    # identity or a number's.
+    if (m is not None and (eb is m.eb if m.eb_value is None else
+                           type(eb) is m.eb_type and eb.value == m.eb_value)
+            and out is m.out and op is m.op
             and collective is m.collective and algorithm is m.algorithm
             and policy is m.policy and type(x) is np.ndarray and x.dtype is m.dtype
             and x.size == m.size and fast.history.predicted is m.key
             and m.state.cached is m.plan and not m.state.awaiting
             and fast.planner.epoch == m.epoch
-            and (m.eb_value is None or eb.value == m.eb_value)
             and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
                                  and x.strides == m.strides and out.strides == m.out_strides
                                  and out.dtype is m.dtype and out.flags.writeable))):

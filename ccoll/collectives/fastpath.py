@@ -211,18 +211,18 @@ def ready(collective: str, x: Any, eb: Any, op: str | None, out: Any, algorithm:
 class Memo:
     """The last repeated host allreduce, as its caller passed its arguments.
 
-    A call whose arguments are these very objects (``eb``: with the same ``value``, which
-    an :class:`ErrorBound` may change), on an array of the same dtype object and size,
-    has the key that :func:`ready` made for it: ``calls.run_call`` then runs it without
-    ready() (:meth:`Fast.rerun`), while its state still holds the plan ``plan`` it held
-    then (raw and settled) and the planner's ``epoch`` is unchanged. With an ``out``, the
+    A call whose arguments are these very objects (``eb``: an :class:`ErrorBound` of the
+    same type and ``value``, the same object or not), on an array of the same dtype object
+    and size, has the key that :func:`ready` made for it: ``calls.run_call`` then runs it
+    without ready() (:meth:`Fast.rerun`), while its state still holds the plan ``plan`` it
+    held then (raw and settled) and the planner's ``epoch`` is unchanged. With an ``out``, the
     very ``x`` and ``out`` objects again, of the same shapes and strides, ``out`` still
     writeable: what :func:`ready` checked of them (their dtypes, shapes and whether they
     overlap) is then unchanged, and so are the flat views of their memory made here.
     """
 
     __slots__ = ("state", "key", "plan", "epoch", "dtype", "size", "nbytes", "sent",
-                 "divisor", "eb", "eb_value", "op", "avg", "algorithm", "policy",
+                 "divisor", "eb", "eb_type", "eb_value", "op", "avg", "algorithm", "policy",
                  "collective", "policy_code", "algorithm_code", "x", "out", "shape",
                  "strides", "out_strides", "through", "flat", "into")
 
@@ -252,7 +252,9 @@ class Memo:
         self.nbytes = x.nbytes
         self.sent = 2 * (n_ranks - 1) * x.nbytes // n_ranks  # what _count counts
         self.eb = eb
+        # An ErrorBound: any of the same type and value has the same key; else the object.
         self.eb_value = eb.value if isinstance(eb, ErrorBound) else None
+        self.eb_type = type(eb)
         self.op = op
         self.avg = op == "avg"
         # avg's divisor as an array: a ufunc takes it faster than a scalar (1.0 against

@@ -678,6 +678,44 @@ def test_the_same_argument_objects_again_repeat_as_any_call(comm, eb):
             check(c.allreduce(x0, bound), x0)
 
 
+@pytest.mark.parametrize("change", ["none", "value", "kind"])
+def test_a_new_bound_of_the_same_kind_and_value_repeats_through_the_memo(comm, monkeypatch,
+                                                                        change):
+    # A loop that writes REL(1e-3) in its call passes a new object every time. Of the same
+    # kind and value, it must take the memo's repeat (no ready(): 12 against 3 us a call at
+    # one rank) and give what any repeat gives; a rank whose new bound has another value or
+    # kind must still be caught, on every rank.
+    from ccoll.collectives import calls
+
+    n = 16  # a size whose plan is raw and settled
+    x0 = data(comm.rank, n)
+    ref = allreduce_reference(comm, x0, "sum")
+    readies = []
+    real = calls.ready
+    monkeypatch.setattr(calls, "ready", lambda *a, **k: (readies.append(1), real(*a, **k))[1])
+
+    def check(y):
+        assert_within(y, ref, **allowance(global_eb(comm, x0, ccoll.REL(1e-3)), y, SIZE, "sum"))
+        assert_same_on_every_rank(comm, y)
+    with ccoll.Communicator(comm) as c:
+        seen = []
+        for i in range(5):
+            if i == 2:
+                before = len(readies)  # the memo is made by the second call
+            check(c.allreduce(x0, ccoll.REL(1e-3)))
+            seen.append(c.last_call.overlapped)
+        expect_fast(seen, [False] + [True] * 4)
+        assert len(readies) == before, "a new equal bound missed the memo"
+        if change == "none" or SIZE < 2:
+            return
+        other = ccoll.REL(1e-2) if change == "value" else ccoll.ABS(1e-3)
+        with pytest.raises(MismatchError) as info:
+            c.allreduce(x0, other if comm.rank == SIZE - 1 else ccoll.REL(1e-3))
+        same_error_everywhere(comm, info, MismatchError,
+                              "error-bound value" if change == "value" else "error-bound kind")
+        check(c.allreduce(x0, ccoll.REL(1e-3)))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("where", ["new", "out", "in-place"])
 def test_the_same_objects_averaged_again_equal_mpi_divided(comm, dtype, where):
