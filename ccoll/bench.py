@@ -287,7 +287,7 @@ def bench(
     from ccoll.collectives import trace as _trace
     from ccoll.collectives.communicator import Communicator
     from ccoll.collectives.homomorphic import rank_bound
-    from ccoll.errorbound import as_bound, finite_range
+    from ccoll.errorbound import REL, as_bound, finite_range
 
     comm = MPI.COMM_WORLD if comm is None else comm
     comm = comm.Dup()
@@ -409,7 +409,8 @@ def bench(
             if model_cc is not None and n > 1:
                 share = rank_bound(eb_abs, n) if collective != "allgather" else eb_abs
                 for h in dict.fromkeys(hier_of[a] for a in algos):
-                    preds[h] = _predict(model_cc, collective, x, share, h)
+                    preds[h] = _predict(model_cc, collective, x, share, h,
+                                        ranged=isinstance(bound, REL))
             mpi_avg = mpi_med = None
             for a in algos:
                 t = np.empty_like(times[a])
@@ -489,8 +490,12 @@ def bench(
 
 
 def _predict(cc: Any, collective: str, x: np.ndarray, eb_share: float,
-             hier: tuple[int, int] | None = None) -> tuple[Any, dict[str, float] | None]:
+             hier: tuple[int, int] | None = None,
+             ranged: bool = False) -> tuple[Any, dict[str, float] | None]:
     """Predict this size with this run's calibration and a sampled ratio; and its floors.
+
+    ``ranged``: the bound is REL, so a compressed call finds the data's range first (priced
+    in the compressed predictions as the plan prices it, not in the floors).
 
     Collective over ``cc``'s communicator (the ratio is summed over ranks). The floors
     (seconds, by algorithm: ``raw``, ``homomorphic``, ``dar``) use the same rates.
@@ -522,7 +527,7 @@ def _predict(cc: Any, collective: str, x: np.ndarray, eb_share: float,
         block = -(-share // hier[0])
         k = max(1, -(-block // model.chunk_elems_for(share, x.itemsize, hier[0], p)))
     pred = model.predict(x.nbytes, n, p, ratio, collective=collective, width=width, chunks=k,
-                         hier=hier)
+                         hier=hier, ranged=ranged)
     if hier is not None:
         return pred, None
     floors = {a: floor.floor(x.nbytes, n, p, ratio, algorithm=a, collective=collective,

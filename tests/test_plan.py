@@ -24,6 +24,7 @@ from ccoll.collectives.policy.plan import (
     Options,
     Plan,
     Planner,
+    candidates,
 )
 
 MiB = 1 << 20
@@ -223,6 +224,27 @@ def _plan_of(p: model.Params, formats, *, facts: Facts = FACTS, version=None,
     pl = Planner(p, Options(None, None, schedule, None, version), 7, formats=formats)
     st = pl.state(KEY, facts)
     return pl.plan(st, facts, ratio=ratio)
+
+
+def test_a_rel_bounds_range_pass_is_priced_in_compressed_paths_only():
+    # A REL bound on host data: a call that may compress first scans its data for the
+    # range (size / scan seconds); raw calls do not. The same in model.predict.
+    size = 16 * MiB * 4
+    opts = Options(None, None, "auto", None)
+    plain = candidates(FACTS, SLOW, 16.0, 1.0, opts)
+    ranged = candidates(FACTS._replace(ranged=True), SLOW, 16.0, 1.0, opts)
+    assert ranged[0].seconds == plain[0].seconds  # raw
+    for a, b in zip(plain[1:], ranged[1:], strict=True):
+        assert b.seconds == pytest.approx(a.seconds + size / SLOW.scan)
+    pred = model.predict(size, 4, SLOW, 16.0)
+    with_scan = model.predict(size, 4, SLOW, 16.0, ranged=True)
+    assert with_scan.raw == pred.raw
+    assert with_scan.homomorphic == pytest.approx(pred.homomorphic + size / SLOW.scan)
+    assert with_scan.dar == pytest.approx(pred.dar + size / SLOW.scan)
+    # A scan slow enough turns a compressed plan raw.
+    slow_scan = replace(SLOW, scan=size / (2 * plain[0].seconds))
+    assert Planner(slow_scan, opts, 7).raw_whatever(FACTS._replace(ranged=True))
+    assert not Planner(slow_scan, opts, 7).raw_whatever(FACTS)
 
 
 def test_format_2_where_its_bytes_pay_on_a_slow_link():

@@ -91,13 +91,16 @@ class Params:
     # bytes/s of one rank's share of its node's shared memory (the intra-node phases of a
     # hierarchical allreduce): an assumed constant, not measured (docs/model.md).
     shm: float = SHM_BANDWIDTH
+    # bytes/s of the pass that finds a REL bound's range of the data, before the agreement
+    # of a call that may compress (docs/model.md, "The range of a REL bound").
+    scan: float = 8e9
 
     def __post_init__(self) -> None:
         for name, v in asdict(self).items():
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"model parameter {name} must be finite and >= 0, got {v!r}")
         for name in ("beta", "compress", "add", "decompress", "reduce", "raw_efficiency",
-                     "shm"):
+                     "shm", "scan"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model parameter {name} is a rate and must be > 0")
 
@@ -543,16 +546,24 @@ def predict_hierarchical(size: float, nodes: int, ranks_per_node: int, p: Params
 def predict(size: float, ranks: int, p: Params, ratio: float, *,
             collective: str = "allreduce", ratio_sum: float | None = None,
             chunks: int | None = None, width: float = DEFAULT_WIDTH,
-            max_chunks: int = 64, hier: tuple[int, int] | None = None) -> Prediction:
+            max_chunks: int = 64, hier: tuple[int, int] | None = None,
+            ranged: bool = False) -> Prediction:
     """Raw, homomorphic and DAR predictions for one call; ``chunks=None`` picks the best.
 
     For ``allgather`` and ``bcast`` (nothing is summed) ``homomorphic`` and ``dar`` both
     hold the compressed algorithm's time, and ``ratio`` is at the full bound. ``hier``
     (nodes, ranks per node): an allreduce on at least 2 nodes of 2+ ranks is predicted in
     two levels (:func:`predict_hierarchical`); ``chunks`` are then per inter-node block.
+    ``ranged``: a REL bound on host data, whose range a compressed call finds first, a
+    pass over the data at ``p.scan`` (added to ``homomorphic`` and ``dar``).
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
+    if ranged and ranks > 1:
+        pred = predict(size, ranks, p, ratio, collective=collective, ratio_sum=ratio_sum,
+                       chunks=chunks, width=width, max_chunks=max_chunks, hier=hier)
+        scan = size / p.scan
+        return replace(pred, homomorphic=pred.homomorphic + scan, dar=pred.dar + scan)
     if hier is not None and hierarchical_applies(hier, collective):
         return predict_hierarchical(size, hier[0], hier[1], p, ratio, ratio_sum=ratio_sum,
                                     chunks=chunks, width=width, max_chunks=max_chunks)

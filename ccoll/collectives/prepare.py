@@ -213,8 +213,11 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     if out is not None:
         out_arr = check_out(call, out, shape, dtype, arr if dev is None else dev, inp)
     avg = op == "avg"
+    # A REL bound's range pass is the compressed plan's alone where nothing else needs it
+    # (float16/bfloat16 find the range whatever the plan).
+    ranged = isinstance(bound, REL) and dev is None and inp.narrow is None
     facts = _facts(call, collective, inp, dtype, policy or "", algorithm or "",
-                   bound is None, False, avg, dev is not None, n_ranks)
+                   bound is None, False, avg, dev is not None, n_ranks, ranged)
     key = call_key(call)
     planner = route.planner
     st = planner.state(key, facts)
@@ -342,9 +345,9 @@ def _moved_itemsize(inp: Input, dtype: np.dtype) -> int:
 
 def _facts(call: Call, collective: str, inp: Input, dtype: np.dtype, policy: str,
            algorithm: str, exact_: bool, lossless: bool, avg: bool, device: bool,
-           ranks: int) -> Facts:
+           ranks: int, ranged: bool = False) -> Facts:
     return Facts(collective, call.count, _moved_itemsize(inp, dtype), policy, algorithm,
-                 exact_, lossless, avg, device, ranks)
+                 exact_, lossless, avg, device, ranks, ranged)
 
 
 def _sample(cc: Any, arr: np.ndarray, bound: ErrorBound, call: Call,

@@ -25,7 +25,7 @@ from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
 import ccoll
-from ccoll.collectives import prepare
+from ccoll.collectives import model, prepare
 from ccoll.collectives.policy import plan as plan_mod
 from ccoll.collectives.registry import default_communicator
 from ccoll.errors import CollectiveError, InputError, MismatchError
@@ -83,6 +83,8 @@ def test_probe_agrees_and_is_cached(comm, shared_cache):
         assert (cal.link, cal.compressor) == ("probe", "measured")
         assert 0 < p.alpha < 1 and p.beta > 1e5 and p.compress > 1e6
         assert 0 < p.raw_efficiency <= 16
+        # The range pass of a REL bound, timed too (the default is a round 8e9).
+        assert p.scan > 1e6 and p.scan != model.DEFAULTS.scan
         if comm.rank == 0:
             assert os.listdir(shared_cache) == ["links.json"]
     assert cal.seconds <= made

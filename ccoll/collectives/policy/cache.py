@@ -124,12 +124,13 @@ def link_key(ch: Channel) -> str:
 
 
 _LINK_FIELDS = ("alpha", "beta", "reduce", "raw_efficiency")
-# The rates of format 2 ("...2") and its ratio over format 1's ("gain2") are measured with
-# format 1's; an entry without them is measured again.
+# The rates of format 2 ("...2"), its ratio over format 1's ("gain2") and the range pass's
+# rate ("scan") are measured with format 1's; an entry without them is measured again.
 _COMP_FIELDS = ("compress", "add", "decompress", "chunk_overhead", "call_overhead",
-                "compress2", "add2", "decompress2", "gain2")
+                "compress2", "add2", "decompress2", "gain2", "scan")
 _COMP_NEEDED = tuple(f for f in _COMP_FIELDS if f != "call_overhead")
-_COMP_RATES = ("compress", "add", "decompress", "compress2", "add2", "decompress2", "gain2")
+_COMP_RATES = ("compress", "add", "decompress", "compress2", "add2", "decompress2", "gain2",
+               "scan")
 
 
 def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | None:

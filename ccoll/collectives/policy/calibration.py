@@ -11,8 +11,8 @@ one defined place (the Communicator's creation), never inside a later call:
 3. else, for a ``policy="auto"`` Communicator (``probe=True``), a probe on the channel: ring
    steps for the link (:func:`~ccoll.collectives.policy.probes.probe_link`), the compressor
    timed on a synthetic gradient-like sample (:func:`synthetic_sample`; both stream formats,
-   and format 2's ratio over format 1's on it), and tiny
-   compressed ring allreduces for the fixed costs; written to the cache;
+   and format 2's ratio over format 1's on it, and the pass that finds a REL bound's range),
+   and tiny compressed ring allreduces for the fixed costs; written to the cache;
 4. else the model's defaults (:data:`ccoll.collectives.model.DEFAULTS`).
 
 Steps 2 and 3 are ``policy="auto"``'s: a Communicator of a fixed policy plans its chunks
@@ -28,6 +28,7 @@ result is frozen: plans of later calls are arithmetic on it (docs/model.md, "Cal
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 import time
 from dataclasses import asdict, dataclass, replace
@@ -144,6 +145,18 @@ def _gain2(x: np.ndarray, eb: float) -> float:
                  / a.compress_abs(x, eb, version=2).nbytes)
 
 
+def _scan_rate(x: np.ndarray) -> float:
+    """Bytes/s of the pass that finds a REL bound's range (the best of 3 on ``x``; local)."""
+    from ccoll.collectives.inputs import value_range
+
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        value_range(x, None)
+        best = min(best, time.perf_counter() - t0)
+    return x.nbytes / max(best, 1e-9)
+
+
 def _link(ch: Channel, s: Settings, key: str | None, probe: bool,
           entry: dict[str, float] | None) -> tuple[LinkCalibration, str]:
     if ch.comm.Get_size() == 1:
@@ -181,12 +194,13 @@ def _compressor(ch: Channel, s: Settings, key: str | None, probe: bool,
     if all(v is not None for v in given):
         return ({"compress": s.compress_gbps * 1e9, "add": s.add_gbps * 1e9,  # type: ignore[operator]
                  "decompress": s.decompress_gbps * 1e9,  # type: ignore[operator]
-                 "chunk_overhead": d.chunk_overhead, "call_overhead": d.overhead},
+                 "chunk_overhead": d.chunk_overhead, "call_overhead": d.overhead,
+                 "scan": d.scan},
                 "settings")
     if entry is not None and "compress" in entry:
         comp = {k: entry[k] for k in ("compress", "add", "decompress", "chunk_overhead",
                                       "call_overhead", "compress2", "add2", "decompress2",
-                                      "gain2")}
+                                      "gain2", "scan")}
         src = "cache"
     elif probe and ch.comm.Get_size() > 1:
         x = synthetic_sample()
@@ -196,22 +210,24 @@ def _compressor(ch: Channel, s: Settings, key: str | None, probe: bool,
         # Format 2 at the same point: its rates, and its ratio over format 1's.
         m2 = calibrate_compressor(x, eb, _ops(2))
         gain = _gain2(x, eb)
+        scan = _scan_rate(x)
         n = ch.comm.Get_size()
         call, chunk = measure_ring_costs(ch, x[: 1 << 16], eb / n)
         mine = np.array([m.compress, m.add, m.decompress, -max(chunk, m.chunk_overhead), -call,
-                         m2.compress, m2.add, m2.decompress, gain])
+                         m2.compress, m2.add, m2.decompress, gain, scan])
         agreed = allreduce(ch, mine, MPI.MIN, "compressor calibration")
         comp = {"compress": float(agreed[0]), "add": float(agreed[1]),
                 "decompress": float(agreed[2]), "chunk_overhead": float(-agreed[3]),
                 "call_overhead": float(-agreed[4]), "compress2": float(agreed[5]),
                 "add2": float(agreed[6]), "decompress2": float(agreed[7]),
-                "gain2": float(agreed[8])}
+                "gain2": float(agreed[8]), "scan": float(agreed[9])}
         src = "measured"
         if s.calibration != "off" and key is not None:
             cache.write_compressor(ch, key, comp, s.cache_dir)
     else:
         comp = {"compress": d.compress, "add": d.add, "decompress": d.decompress,
-                "chunk_overhead": d.chunk_overhead, "call_overhead": d.overhead}
+                "chunk_overhead": d.chunk_overhead, "call_overhead": d.overhead,
+                "scan": d.scan}
         src = "defaults"
     for name, v in zip(("compress", "add", "decompress"), given, strict=True):
         if v is not None:
@@ -243,6 +259,7 @@ def obtain(ch: Channel, s: Settings, *, probe: bool) -> Calibration:
         add=comp["add"] * eff, decompress=comp["decompress"] * eff, reduce=link.reduce,
         overhead=max(over, 0.0) + link.alpha * max(1, (n - 1).bit_length()),
         chunk_overhead=comp["chunk_overhead"], raw_efficiency=link.raw_efficiency,
+        scan=comp["scan"],
     )
     format2 = gain2 = None
     if comp.get("gain2", 0.0) > 0 and all(comp.get(k, 0.0) > 0

@@ -80,6 +80,9 @@ class Facts(NamedTuple):
     avg: bool
     device: bool
     ranks: int
+    # A REL bound on host data: a call that may compress first finds its data's range, a
+    # pass over it before the agreement that only a compressed plan needs.
+    ranged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +271,10 @@ def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options,
     hier = o.hier
     if hier is not None and model.hierarchical_applies(hier, f.collective) and not f.device:
         paths.append(_two_levels)
+    scan = size / p.scan if f.ranged else 0.0  # the range of a REL bound, before it all
     for path in paths:
         plan, t = _best_version(f, p, ratio, width, o, formats, path)
+        t += scan
         out.append(Candidate(Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split,
                                   plan.version, predicted_raw=t_raw, predicted=t,
                                   ratio=plan.ratio, format_reason=plan.format_reason), t))
