@@ -66,6 +66,7 @@ __all__ = [
     "SHM_BANDWIDTH",
     "predict_hierarchical",
     "hierarchical_applies",
+    "range_time",
 ]
 
 
@@ -559,11 +560,26 @@ def predict(size: float, ranks: int, p: Params, ratio: float, *,
     """
     if collective not in COLLECTIVES:
         raise ValueError(f"collective must be one of {COLLECTIVES}, got {collective!r}")
-    if ranged and ranks > 1:
-        pred = predict(size, ranks, p, ratio, collective=collective, ratio_sum=ratio_sum,
-                       chunks=chunks, width=width, max_chunks=max_chunks, hier=hier)
-        scan = size / p.scan
-        return replace(pred, homomorphic=pred.homomorphic + scan, dar=pred.dar + scan)
+    pred = _predict(size, ranks, p, ratio, collective, ratio_sum, chunks, width, max_chunks,
+                    hier)
+    if not ranged or ranks <= 1:
+        return pred
+    scan = range_time(size, p)
+    return replace(pred, homomorphic=pred.homomorphic + scan, dar=pred.dar + scan)
+
+
+def range_time(size: float, p: Params) -> float:
+    """Seconds of the pass that finds a REL bound's range in ``size`` bytes.
+
+    A compressed call's, before its agreement (docs/model.md, "The range of a REL bound").
+    """
+    return size / p.scan
+
+
+def _predict(size: float, ranks: int, p: Params, ratio: float, collective: str,
+             ratio_sum: float | None, chunks: int | None, width: float, max_chunks: int,
+             hier: tuple[int, int] | None) -> Prediction:
+    """:func:`predict` without the range pass."""
     if hier is not None and hierarchical_applies(hier, collective):
         return predict_hierarchical(size, hier[0], hier[1], p, ratio, ratio_sum=ratio_sum,
                                     chunks=chunks, width=width, max_chunks=max_chunks)

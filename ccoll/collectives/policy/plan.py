@@ -271,7 +271,7 @@ def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options,
     hier = o.hier
     if hier is not None and model.hierarchical_applies(hier, f.collective) and not f.device:
         paths.append(_two_levels)
-    scan = size / p.scan if f.ranged else 0.0  # the range of a REL bound, before it all
+    scan = model.range_time(size, p) if f.ranged else 0.0  # a REL bound's range, first
     for path in paths:
         plan, t = _best_version(f, p, ratio, width, o, formats, path)
         t += scan
