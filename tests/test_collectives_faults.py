@@ -150,13 +150,13 @@ def test_a_rank_that_skips_a_call_fails_the_others_by_default(tmp_path):
     # No Communicator here gets a timeout and CCOLL_TIMEOUT is unset: the default, ten
     # minutes (PyTorch's for NCCL), ends every wait. The deadlines' clock
     # (ccoll.collectives.waiting._clock) runs SPEED times faster than the real one, so that
-    # ten minutes pass in ten seconds. Rank 3 skips one call of each kind; ranks 0-2 must
+    # ten minutes pass in three seconds. Rank 3 skips one call of each kind; ranks 0-2 must
     # raise CollectiveError after the timeout, in the agreement, in a repeated call's MPI
     # collective (the fast way: no agreement), in the engine's request, ...
     proc = run_job(tmp_path, """
         os.environ.pop("CCOLL_TIMEOUT", None)
         from ccoll.collectives import waiting
-        SPEED = 60.0
+        SPEED = 200.0
         _t0 = time.monotonic()
         waiting._clock = lambda: _t0 + (time.monotonic() - _t0) * SPEED
         timeout = ccoll.Communicator(comm).timeout
