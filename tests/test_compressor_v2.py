@@ -672,6 +672,59 @@ def test_patched_lanes_by_pdep_equal_lanes_by_rank_and_the_definition():
         assert b.tolist() == want
 
 
+def test_patched_blocks_stored_from_32_bit_lanes_equal_lanes_by_rank_times_the_step():
+    # Machines without a vector popcount decode patched-planes blocks with h <= 8 and
+    # values below 2^31 in 32-bit lanes straight to floats (v2blocks.DIRECT32); that way
+    # runs here whatever this machine takes, into float32 and float64 arrays at an offset.
+    from numba import njit
+
+    from ccoll.compressor.cpu import v2blocks as vb
+
+    @njit
+    def both(M, hb, h, k, sign, lo, sl, qv, o32, o64, step):  # type: ignore[no-untyped-def]
+        vb._pp_lanes_ranked(M, hb, h, k, sign, lo, qv)
+        vb._pp_store_lanes(M, hb, h, k, sign, lo, sl, o32, 3, step)
+        vb._pp_store_lanes(M, hb, h, k, sign, lo, sl, o64, 3, step)
+
+    rng = np.random.default_rng(8)
+    seen = set()
+    for _ in range(1500):
+        h = int(rng.integers(0, 9))
+        k = int(rng.integers(0, 31 - h))
+        M = int(rng.integers(0, 2**32))
+        if rng.random() < 0.1:
+            M = 2**32 - 1  # every lane high
+        elif rng.random() < 0.7:
+            M &= int(rng.integers(0, 2**32))
+        while bin(M).count("1") * h > 64:  # p*h <= 64
+            M &= int(rng.integers(0, 2**32))
+        high = [l for l in range(32) if (M >> l) & 1]
+        # the widest fields half the time: all ones, so that no slot spills into the next
+        fields = (np.full(len(high), (1 << h) - 1) if rng.random() < 0.5
+                  else rng.integers(0, 1 << h, len(high)))
+        hb = sum(int(v) << (i * h) for i, v in enumerate(fields))
+        hb = hb - (1 << 64) if hb >= 1 << 63 else hb
+        sign = int(rng.integers(0, 2**32))
+        lo = rng.integers(0, 1 << k, 32).astype(np.uint32) if k else np.zeros(32, np.uint32)
+        step = float(rng.uniform(1e-9, 1e-2))
+        qv = np.zeros(32, np.int64)
+        o32 = np.full(38, np.nan, np.float32)
+        o64 = np.full(38, np.nan)
+        both(M, hb, h, k, sign, lo, np.zeros(4, np.int64), qv, o32, o64, step)
+        mag = [int(lo[l]) for l in range(32)]
+        for i, l in enumerate(high):
+            mag[l] += (int(fields[i]) + 1) << k
+        assert qv.tolist() == [-v if (sign >> l) & 1 else v for l, v in enumerate(mag)]
+        want = qv.astype(np.float64) * step
+        assert np.array_equal(o64[3:35], want), (h, k, M)
+        assert np.array_equal(o32[3:35].view(np.uint32), want.astype(np.float32).view(np.uint32))
+        assert np.isnan(o32[:3]).all() and np.isnan(o32[35:]).all(), (h, k)
+        assert np.isnan(o64[:3]).all() and np.isnan(o64[35:]).all(), (h, k)
+        seen.add((2 if h <= 2 else 4 if h <= 4 else 8, bin(M).count("1") * h == 64))
+    # every slot width, with and without all 64 bits of high parts
+    assert seen == {(s, full) for s in (2, 4, 8) for full in (False, True)}, seen
+
+
 def test_conversions_through_int32_are_exact_for_every_quantized_value():
     # Machines without AVX-512DQ convert quantized values through int32 (intrinsics._q_int).
     from numba import njit

@@ -37,6 +37,9 @@ __all__ = [
     "HAVE_VPOPCNT",
     "_q_int",
     "_q_float",
+    "_pp_store2",
+    "_pp_store4",
+    "_pp_store8",
 ]
 
 
@@ -611,3 +614,75 @@ def _round_like_impl(d, arr):  # type: ignore[no-untyped-def]
             return d
 
     return impl
+
+
+# A patched-planes block of format 2 whose values fit 31 bits, built and stored in 32-bit
+# lanes: AVX2 has 8-lane 32-bit shifts, adds and selects and converts 4 int32 lanes to
+# float64 per instruction, where the same work in int64 lanes goes through memory twice
+# and through 64-bit lanes (docs/dev/avx2.md, "The decoder in 32-bit lanes").
+_PP_SLOTS = (2, 4, 8)  # slot widths in bits: 32 slots in 1, 2 or 4 int64 words
+
+
+def _pp_store_codegen(slot):  # type: ignore[no-untyped-def]
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        out_t = signature.args[0]
+        o = context.make_array(out_t)(context, builder, args[0])
+        lo_a = context.make_array(signature.args[2])(context, builder, args[2])
+        sl_a = context.make_array(signature.args[3])(context, builder, args[3])
+        base, m, k, sign, step = args[1], args[4], args[5], args[6], args[7]
+        zero = ir.Constant(_V32, None)
+        lo = builder.load(builder.bitcast(lo_a.data, _V32.as_pointer()), align=4)
+        words = builder.load(builder.bitcast(sl_a.data, ir.VectorType(_I32, 8).as_pointer()),
+                             align=4)
+        # lane l's field: bits slot*l .. of the slot words, as 32-bit words read little-endian
+        hi = builder.shuffle_vector(words, ir.Constant(ir.VectorType(_I32, 8), ir.Undefined),
+                                    ir.Constant(_V32, [(slot * l) >> 5 for l in range(32)]))
+        hi = builder.and_(builder.lshr(hi, ir.Constant(_V32, [(slot * l) & 31 for l in range(32)])),
+                          ir.Constant(_V32, [(1 << slot) - 1] * 32))
+        one = ir.Constant(_V32, [1] * 32)
+        add = builder.shl(builder.add(hi, one), _splat32(builder, builder.trunc(k, _I32)))
+        fm = builder.bitcast(builder.trunc(m, _I32), _M32)
+        v = builder.add(lo, builder.select(fm, add, zero))
+        neg = builder.bitcast(builder.trunc(sign, _I32), _M32)
+        v = builder.select(neg, builder.sub(zero, v), v)
+        v64 = ir.VectorType(ir.DoubleType(), 32)
+        d = builder.sitofp(v, v64)
+        sv = builder.insert_element(ir.Constant(v64, ir.Undefined), step, ir.Constant(_I32, 0))
+        sv = builder.shuffle_vector(sv, ir.Constant(v64, ir.Undefined), ir.Constant(_V32, [0] * 32))
+        d = builder.fmul(d, sv)
+        if out_t.dtype == types.float32:
+            ft = ir.FloatType()
+            r = builder.fptrunc(d, ir.VectorType(ft, 32))
+        else:
+            ft = ir.DoubleType()
+            r = d
+        op = builder.gep(builder.bitcast(o.data, ft.as_pointer()), [base])
+        builder.store(r, builder.bitcast(op, ir.VectorType(ft, 32).as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return codegen
+
+
+_PP_STORE_DOC = """Store a patched-planes block of 32 lanes to ``out[base:base+32]``.
+
+``out[base + l] = T(float64(v) * step)`` (``T`` the dtype of the float32/float64 C array
+``out``), ``v = +-(lo[l] + ((f + 1) << k))`` where bit ``l`` of ``m`` is set (a high
+lane), ``+-lo[l]`` elsewhere, negative where bit ``l`` of ``sign`` is set. ``lo`` is 32
+uint32, ``sl`` 4 int64 words holding lane ``l``'s ``f`` at bit ``S * l`` (``S`` = 2, 4 or
+8 for ``_pp_store2``, ``4``, ``8``; read as little-endian 32-bit words). Every ``v``
+must have ``|v| < 2^31``.
+"""
+
+
+def _pp_store_intrinsic(slot):  # type: ignore[no-untyped-def]
+    def typer(typingctx, out, base, lo, sl, m, k, sign, step):  # type: ignore[no-untyped-def]
+        sig = types.void(out, types.int64, lo, sl, types.int64, types.int64, types.int64,
+                         types.float64)
+        return sig, _pp_store_codegen(slot)
+
+    typer.__name__ = f"_pp_store{slot}"
+    typer.__doc__ = _PP_STORE_DOC
+    return intrinsic(typer)
+
+
+_pp_store2, _pp_store4, _pp_store8 = (_pp_store_intrinsic(s) for s in _PP_SLOTS)

@@ -60,6 +60,7 @@ from ccoll.compressor.cpu.intrinsics import (
 from ccoll.compressor.cpu.v2blocks import (
     CODE_RAW64_V2,
     CODE_RAW_V2,
+    DIRECT32,
     KIND_PP,
     KIND_RAW,
     KIND_RAW64,
@@ -72,7 +73,9 @@ from ccoll.compressor.cpu.v2blocks import (
     _choose_planes,
     _code_bits,
     _copy_bits,
+    _d32_ok,
     _decode_lut_at,
+    _decode_pp32_at,
     _emit_planes,
     _emit_q,
     _emit_raw_bits,
@@ -807,13 +810,16 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
     for j in range(1 << LUT_BITS):
         tab[j] = np.float64(j) * step
     lutok = np.empty(table.size, np.uint8)
+    d32ok = np.empty(table.size, np.uint8)
     for t in range(table.size):
         lutok[t] = use_lut and _lut_ok(np.int64(table[t]))
+        d32ok[t] = DIRECT32 and _d32_ok(np.int64(table[t]))
     for c in prange(chunk_k.size):
         qv = np.empty(BLOCK, np.int64)
         lo = np.empty(BLOCK, np.uint32)
         rb = np.empty(BLOCK, np.int64)
         pl = np.empty(LUT_BITS + 2, np.int64)
+        sl = np.empty(4, np.int64)
         ipos, iacc, inb = _reader_at(idx, chunk_k[c] * ib)
         bit = chunk_o[c]
         r = chunk_r[c]
@@ -840,6 +846,9 @@ def _decode_v2(W, bitmap, table, idx, ib, masks, chunk_k, chunk_r, chunk_o, step
                     r += 1
                 if lutok[i] and m == BLOCK and _popcount(M) * (code & 31) <= 64:
                     bit, err = _decode_lut_at(W, last, bit, code, M, pl, out, b * BLOCK, tab)
+                elif d32ok[i] and m == BLOCK and _popcount(M) * (code & 31) <= 64:
+                    bit = _decode_pp32_at(W, last, bit, code, M, lo, sl, out, b * BLOCK, step)
+                    err = np.int64(0)
                 else:
                     bit, err = _read_q_at(W, last, bit, code, M, qv, lo)
                     if _q_narrow(code):  # |q| < 2^31: converted 4 lanes at a time

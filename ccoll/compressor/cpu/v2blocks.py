@@ -30,6 +30,9 @@ from ccoll.compressor.cpu.intrinsics import (
     _pext64,
     _plane_of,
     _popcount,
+    _pp_store2,
+    _pp_store4,
+    _pp_store8,
     _tzcnt,
 )
 
@@ -436,6 +439,28 @@ def _pp_lanes_spread(M, hb, h, k, sign, lo, qv):  # type: ignore[no-untyped-def]
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _pp_low(W, last, bit, k, M, lo):  # type: ignore[no-untyped-def]
+    """Read a patched-planes block's signs and ``k`` low planes (into ``lo``, 32 uint32).
+
+    Returns the high-lane count, the 32-lane sign word and the bit of the high parts.
+    """
+    p, sign, bit = _pp_sign(W, last, bit, k, M)
+    for l in range(BLOCK):
+        lo[l] = 0
+    for j in range(k):
+        _or_plane(lo, _field_at(W, last, bit, 32), j)
+        bit += 32
+    return p, sign, bit
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _pp_high(W, last, bit, nbh):  # type: ignore[no-untyped-def]
+    """Return the ``nbh <= 64`` bits of a block's high parts at ``bit``, and the next bit."""
+    w0 = min(nbh, 32)
+    return _field_at(W, last, bit, w0) | (_field_at(W, last, bit + 32, nbh - w0) << 32), bit + nbh
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _read_q_at(W, last, bit, code, M, qv, lo):  # type: ignore[no-untyped-def]
     """:func:`_read_q` by bit offset: the quantized block at ``bit`` into ``qv[0:32]``.
 
@@ -462,17 +487,10 @@ def _read_q_at(W, last, bit, code, M, qv, lo):  # type: ignore[no-untyped-def]
         return bit, -bad
     k = a
     h = b
-    p, sign, bit = _pp_sign(W, last, bit, k, M)
-    for l in range(BLOCK):
-        lo[l] = 0
-    for j in range(k):
-        _or_plane(lo, _field_at(W, last, bit, 32), j)
-        bit += 32
+    p, sign, bit = _pp_low(W, last, bit, k, M, lo)
     nbh = p * h
     if nbh <= 64:
-        w0 = min(nbh, 32)
-        hb = _field_at(W, last, bit, w0) | (_field_at(W, last, bit + 32, nbh - w0) << 32)
-        bit += nbh
+        hb, bit = _pp_high(W, last, bit, nbh)
         if SPREAD_HIGH and h <= 2:
             _pp_lanes_spread(M, hb, h, k, sign, lo, qv)
         else:
@@ -554,10 +572,7 @@ def _read_lut_at(W, last, bit, code, M, pl):  # type: ignore[no-untyped-def]
     else:
         for j in range(nlo):
             pl[j] = 0
-    nbh = p * h
-    w0 = min(nbh, 32)
-    hb = _field_at(W, last, bit, w0) | (_field_at(W, last, bit + 32, nbh - w0) << 32)
-    bit += nbh
+    hb, bit = _pp_high(W, last, bit, p * h)
     hm = (np.int64(1) << h) - 1
     m0 = M & 0xFFFF
     pl[nlo] = _pdep64(hb, _pdep64(m0, _NIB) * hm)
@@ -588,6 +603,62 @@ def _decode_lut_at_impl(W, last, bit, code, M, pl, out, base, tab):  # type: ign
 
         return impl
     return lambda W, last, bit, code, M, pl, out, base, tab: (bit, np.int64(0))
+
+
+# Without a vector popcount (AVX2) a patched-planes block with h <= 8 and p*h <= 64 whose
+# values fit 31 bits is built in 32-bit lanes and stored as floats in one step
+# (intrinsics._pp_store2/4/8): its high parts go to 2-, 4- or 8-bit slots by pdep, one word
+# per 32, 16 or 8 lanes, so no lane needs its rank (docs/dev/avx2.md).
+DIRECT32 = SPREAD_HIGH
+_BYTE = 0x0101010101010101  # bit 8i for every i < 8
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _d32_ok(code):  # type: ignore[no-untyped-def]
+    """Whether a block of ``code`` may take :func:`_pp_store_lanes` (given p*h <= 64)."""
+    a = (code >> 5) & 31
+    b = code & 31
+    return code >> 10 == KIND_PP and b <= 8 and a + b <= 30
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _pp_store_lanes(M, hb, h, k, sign, lo, sl, out, base, step):  # type: ignore[no-untyped-def]
+    """Store :func:`_pp_lanes_ranked`'s lanes times ``step`` to ``out[base:base+32]``.
+
+    For ``h <= 8``, ``p*h <= 64`` and values below ``2^31``; ``sl`` is scratch (4 int64).
+    The i-th field of ``hb`` goes to the i-th high lane's slot of 2, 4 or 8 bits by pdep.
+    """
+    hm = (np.int64(1) << h) - 1
+    if h <= 2:
+        sl[0] = _pdep64(hb, _pdep64(M, _EVEN) * hm)
+        _pp_store2(out, base, lo, sl, M, k, sign, step)
+    elif h <= 4:
+        m0 = M & 0xFFFF
+        sl[0] = _pdep64(hb, _pdep64(m0, _NIB) * hm)
+        # h * popcount(m0) <= p*h <= 64; at 64 no high lane is left, and the mask is 0.
+        sl[1] = _pdep64(hb >> ((h * _popcount(m0)) & 63), _pdep64(M >> 16, _NIB) * hm)
+        _pp_store4(out, base, lo, sl, M, k, sign, step)
+    else:
+        off = np.int64(0)
+        for g in range(4):
+            mg = (M >> (8 * g)) & 0xFF
+            sl[g] = _pdep64(hb >> (off & 63), _pdep64(mg, _BYTE) * hm)
+            off += h * _popcount(mg)
+        _pp_store8(out, base, lo, sl, M, k, sign, step)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _decode_pp32_at(W, last, bit, code, M, lo, sl, out, base, step):  # type: ignore[no-untyped-def]
+    """Decode a full patched-planes block into ``out[base:base+32]``; return the next bit.
+
+    For blocks that :func:`_d32_ok` admits and whose ``p*h <= 64``.
+    """
+    k = (code >> 5) & 31
+    h = code & 31
+    p, sign, bit = _pp_low(W, last, bit, k, M, lo)
+    hb, bit = _pp_high(W, last, bit, p * h)
+    _pp_store_lanes(M, hb, h, k, sign, lo, sl, out, base, step)
+    return bit
 
 
 @njit(nogil=True, cache=True, inline="always")
