@@ -725,6 +725,33 @@ def test_patched_blocks_stored_from_32_bit_lanes_equal_lanes_by_rank_times_the_s
     assert seen == {(s, full) for s in (2, 4, 8) for full in (False, True)}, seen
 
 
+def test_the_costs_of_small_blocks_in_32_bit_lanes_equal_the_64_bit_ones_and_the_rules():
+    # Machines without a vector popcount price a small block's 8 codes in 32-bit lanes
+    # (v2.COSTS32); both ways run here, against rules 3-4 computed in Python.
+    from numba import njit
+
+    from ccoll.compressor.cpu import intrinsics as it
+
+    @njit
+    def both(S, m):  # type: ignore[no-untyped-def]
+        return it._costs8(S, 0, m), it._costs8_32(S, 0, m, it.BITLEN8)
+
+    rng = np.random.default_rng(9)
+    for m in range(1, 256):
+        for _ in range(12):
+            mags = rng.integers(0, m + 1, 32) if rng.random() < 0.5 else rng.integers(0, 2, 32)
+            mags[rng.integers(0, 32)] = m
+            S = np.array([sum(1 << l for l in range(32) if mags[l] >= 1 << j) for j in range(8)],
+                         np.int64)
+            p = [bin(int(S[k])).count("1") for k in range(8)]
+            costs = [32 + p[0] + p[0] * (m - 1).bit_length()]
+            costs += [64 + 32 * k + p[k] * ((m >> k) - 1).bit_length()
+                      for k in range(1, m.bit_length())]
+            best = min(costs)
+            want = (best << 3) | costs.index(best)
+            assert both(S, m) == (want, want), (m, mags)
+
+
 def test_conversions_through_int32_are_exact_for_every_quantized_value():
     # Machines without AVX-512DQ convert quantized values through int32 (intrinsics._q_int).
     from numba import njit

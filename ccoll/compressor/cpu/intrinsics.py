@@ -37,6 +37,8 @@ __all__ = [
     "HAVE_VPOPCNT",
     "_q_int",
     "_q_float",
+    "_costs8_32",
+    "BITLEN8",
     "_pp_store2",
     "_pp_store4",
     "_pp_store8",
@@ -686,3 +688,53 @@ def _pp_store_intrinsic(slot):  # type: ignore[no-untyped-def]
 
 
 _pp_store2, _pp_store4, _pp_store8 = (_pp_store_intrinsic(s) for s in _PP_SLOTS)
+
+
+def _bitlen_table8() -> np.ndarray:
+    """``T[m]``, byte ``k``: ``bitlen((m >> k) - 1)`` for ``m < 2^8`` (0 where ``m >> k = 0``)."""
+    t = np.zeros(256, np.uint64)
+    for m in range(256):
+        t[m] = sum(max((m >> k) - 1, 0).bit_length() << (8 * k) for k in range(8))
+    return t.view(np.int64)
+
+
+# _costs8's 8 costs in 32-bit lanes, for machines without AVX-512 (docs/dev/avx2.md, "The
+# choice in 32-bit lanes"): AVX2 has no 64-bit population count, leading-zero count,
+# multiply or unsigned minimum, and LLVM builds each from several instructions per lane
+# pair. Everything the costs need fits 32 bits, and the bit lengths come from a table.
+BITLEN8 = _bitlen_table8()
+
+
+@intrinsic
+def _costs8_32(typingctx, S, o, m, tab):  # type: ignore[no-untyped-def]
+    """:func:`_costs8` (the same result) in 32-bit lanes; ``tab`` is :data:`BITLEN8`."""
+    sig = types.int64(S, types.int64, types.int64, tab)
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        v8 = ir.VectorType(_I32, 8)
+        sa = context.make_array(signature.args[0])(context, builder, args[0])
+        ptr = builder.gep(builder.bitcast(sa.data, _I64.as_pointer()), [args[1]])
+        sv = builder.trunc(builder.load(builder.bitcast(ptr, _V8I64.as_pointer()), align=8), v8)
+        mod = builder.module
+        ctpop = mod.declare_intrinsic("llvm.ctpop.v8i32", fnty=ir.FunctionType(v8, [v8]))
+        umin = mod.declare_intrinsic("llvm.vector.reduce.umin.v8i32",
+                                     fnty=ir.FunctionType(_I32, [v8]))
+        p = builder.call(ctpop, [sv])
+        m = args[2]
+        ta = context.make_array(signature.args[3])(context, builder, args[3])
+        bw = builder.load(builder.gep(builder.bitcast(ta.data, _I64.as_pointer()), [m]))
+        bl = builder.zext(builder.bitcast(bw, ir.VectorType(ir.IntType(8), 8)), v8)
+        ks = ir.Constant(v8, list(range(8)))
+        base = ir.Constant(v8, [32] + [64 + 32 * k for k in range(1, 8)])
+        p0 = builder.and_(p, ir.Constant(v8, [-1] + [0] * 7))
+        cost = builder.add(builder.add(base, p0), builder.mul(p, bl))
+        key = builder.or_(builder.shl(cost, ir.Constant(v8, [3] * 8)), ks)
+        w = builder.trunc(builder.sub(ir.Constant(_I64, 64),
+                                      builder.ctlz(m, ir.Constant(ir.IntType(1), 0))), _I32)
+        ws = builder.insert_element(ir.Constant(v8, ir.Undefined), w, ir.Constant(_I32, 0))
+        ws = builder.shuffle_vector(ws, ir.Constant(v8, ir.Undefined), ir.Constant(v8, [0] * 8))
+        key = builder.select(builder.icmp_unsigned("<", ks, ws), key,
+                             ir.Constant(v8, [(1 << 31) - 1] * 8))
+        return builder.zext(builder.call(umin, [key]), _I64)
+
+    return sig, codegen

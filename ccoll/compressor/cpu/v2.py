@@ -40,12 +40,15 @@ from ccoll.compressor.cpu.blocks import (
     _threads_for,
 )
 from ccoll.compressor.cpu.intrinsics import (
+    BITLEN8,
     HAVE_AVX512,
     HAVE_AVX512DQ,
+    HAVE_VPOPCNT,
     LUT_BITS,
     _bitlen,
     _bits_from_f64,
     _costs8,
+    _costs8_32,
     _f32_from_bits,
     _f64_from_bits,
     _neg_mask,
@@ -173,6 +176,11 @@ SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
 GROUP_PLANES = 32
 
 
+# Without a vector popcount (AVX2) the 8 costs of a small block are computed in 32-bit
+# lanes (intrinsics._costs8_32): the same key.
+COSTS32 = not HAVE_VPOPCNT
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _choose_block(SS, o, mx, is32):  # type: ignore[no-untyped-def]
     """Code and payload bits of a quantized block with max ``mx >= 1`` (rules 3-4).
@@ -184,7 +192,7 @@ def _choose_block(SS, o, mx, is32):  # type: ignore[no-untyped-def]
     c = _popcount(SS[o])
     v = _bitlen(mx - 1)
     if mx < 256:
-        key = _costs8(SS, o, mx)
+        key = _costs8_32(SS, o, mx, BITLEN8) if COSTS32 else _costs8(SS, o, mx)
         k = key & 7
         best = key >> 3
         if c <= 4 and c * (6 + v) <= best:
