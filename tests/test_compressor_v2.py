@@ -752,6 +752,38 @@ def test_the_costs_of_small_blocks_in_32_bit_lanes_equal_the_64_bit_ones_and_the
             assert both(S, m) == (want, want), (m, mags)
 
 
+def test_planes_and_signs_of_int32_lanes_equal_those_of_int64_lanes():
+    # Machines without AVX-512DQ keep the plan pass's quantized values in int32 (v2.Q_LANE);
+    # the plane and sign intrinsics take either width, here both against the definition.
+    from numba import njit
+
+    from ccoll.compressor.cpu import intrinsics as it
+
+    @njit
+    def planes(q, w, T, S):  # type: ignore[no-untyped-def]
+        it._planes_abs(q, T, S, w, 1)
+        it._planes_abs8(q, T, S, 40)
+        return it._neg_mask(q)
+
+    rng = np.random.default_rng(10)
+    for _ in range(300):
+        top = int(rng.choice([2, 256, 2**31]))
+        q = rng.integers(-top + 1, top, 32)
+        w = max(int(np.abs(q).max()).bit_length(), 1)
+        mag = np.abs(q)
+        want_t = [sum(((int(mag[l]) >> j) & 1) << l for l in range(32)) for j in range(w)]
+        want_s = [sum(int(mag[l] >= 1 << j) << l for l in range(32)) for j in range(w)]
+        want_neg = sum(int(q[l] < 0) << l for l in range(32))
+        for dt in (np.int64, np.int32):
+            T = np.zeros(48, np.int64)
+            S = np.zeros(48, np.int64)
+            assert planes(q.astype(dt), w, T, S) == want_neg
+            assert T[1:1 + w].tolist() == want_t and S[1:1 + w].tolist() == want_s
+            if top <= 256:  # the byte-lane form: 8 planes, 0 above the maximum's
+                assert T[40:48].tolist() == (want_t + [0] * 8)[:8], dt
+                assert S[40:48].tolist() == (want_s + [0] * 8)[:8], dt
+
+
 def test_conversions_through_int32_are_exact_for_every_quantized_value():
     # Machines without AVX-512DQ convert quantized values through int32 (intrinsics._q_int).
     from numba import njit

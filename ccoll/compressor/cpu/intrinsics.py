@@ -251,17 +251,18 @@ _V64 = ir.VectorType(ir.IntType(64), 32)
 
 @intrinsic
 def _neg_mask(typingctx, q):  # type: ignore[no-untyped-def]
-    """Word with bit ``l`` set where ``q[l] < 0``, for the 32 int64 lanes of ``q``.
+    """Word with bit ``l`` set where ``q[l] < 0``, for the 32 int32 or int64 lanes of ``q``.
 
     A vector compare and a mask move, where a loop of shifts and ORs does not vectorize
-    into one; ``q`` must be a C-contiguous int64 array of at least 32 elements.
+    into one; ``q`` must be a C-contiguous int32 or int64 array of at least 32 elements.
     """
     sig = types.int64(q)
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         arr = context.make_array(signature.args[0])(context, builder, args[0])
-        vec = builder.load(builder.bitcast(arr.data, _V64.as_pointer()), align=8)
-        neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
+        vt = _lanes_of(signature.args[0])
+        vec = builder.load(builder.bitcast(arr.data, vt.as_pointer()), align=4)
+        neg = builder.icmp_signed("<", vec, ir.Constant(vt, None))
         return builder.zext(builder.bitcast(neg, _I32), ir.IntType(64))
 
     return sig, codegen
@@ -270,9 +271,23 @@ def _neg_mask(typingctx, q):  # type: ignore[no-untyped-def]
 _I64 = ir.IntType(64)
 
 
+def _lanes_of(arr_t):  # type: ignore[no-untyped-def]
+    """Return the 32-lane vector type of an int32 or int64 array's elements."""
+    return ir.VectorType(ir.IntType(arr_t.dtype.bitwidth), 32)
+
+
+def _abs_lanes(builder, arr, arr_t, to):  # type: ignore[no-untyped-def]
+    """``|q|`` of the first 32 lanes of the int32 or int64 array ``arr``, narrowed to ``to``."""
+    vt = _lanes_of(arr_t)
+    vec = builder.load(builder.bitcast(arr.data, vt.as_pointer()), align=4)
+    neg = builder.icmp_signed("<", vec, ir.Constant(vt, None))
+    mag = builder.select(neg, builder.sub(ir.Constant(vt, None), vec), vec)
+    return mag if vt.element.width == to.element.width else builder.trunc(mag, to)
+
+
 @intrinsic
 def _planes_abs(typingctx, q, T, S, w, o):  # type: ignore[no-untyped-def]
-    """Bit-planes of ``|q|`` for the 32 int64 lanes of ``q`` (``|q| < 2^31``), ``j < w``.
+    """Bit-planes of ``|q|`` for the 32 int32/int64 lanes of ``q`` (``|q| < 2^31``), ``j < w``.
 
     ``T[o + j]`` (int64) receives bit ``j`` of the 32 magnitudes (bit ``l`` = lane ``l``)
     and ``S[o + j]`` the lanes with ``|q| >= 2^j``. ``q`` is loaded once, as the 64-byte vectors
@@ -286,10 +301,7 @@ def _planes_abs(typingctx, q, T, S, w, o):  # type: ignore[no-untyped-def]
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         qa = context.make_array(signature.args[0])(context, builder, args[0])
-        vec = builder.load(builder.bitcast(qa.data, _V64.as_pointer()), align=8)
-        neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
-        mag = builder.trunc(builder.select(neg, builder.sub(ir.Constant(_V64, None), vec), vec),
-                            _V32)
+        mag = _abs_lanes(builder, qa, signature.args[0], _V32)
         tp = context.make_array(signature.args[1])(context, builder, args[1]).data
         sp = context.make_array(signature.args[2])(context, builder, args[2]).data
         tp = builder.gep(builder.bitcast(tp, _I64.as_pointer()), [args[4]])
@@ -335,10 +347,7 @@ def _planes_abs8(typingctx, q, T, S, o):  # type: ignore[no-untyped-def]
 
     def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
         qa = context.make_array(signature.args[0])(context, builder, args[0])
-        vec = builder.load(builder.bitcast(qa.data, _V64.as_pointer()), align=8)
-        neg = builder.icmp_signed("<", vec, ir.Constant(_V64, None))
-        mag = builder.trunc(builder.select(neg, builder.sub(ir.Constant(_V64, None), vec), vec),
-                            _V8)
+        mag = _abs_lanes(builder, qa, signature.args[0], _V8)
         tp = context.make_array(signature.args[1])(context, builder, args[1]).data
         sp = context.make_array(signature.args[2])(context, builder, args[2]).data
         tp = builder.gep(builder.bitcast(tp, _I64.as_pointer()), [args[3]])

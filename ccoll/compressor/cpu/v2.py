@@ -137,7 +137,7 @@ def _quantize_v2(x, ub, m, eb, step, q):  # type: ignore[no-untyped-def]
                 mx = max(mx, abs(qi))
             else:  # 32-bit lanes: AVX2 has their max and abs, not the 64-bit ones
                 qs = np.int32(fq)
-                q[l] = np.int64(qs)
+                q[l] = qs
                 mx32 = max(mx32, abs(qs))
         if not HAVE_AVX512DQ:
             mx = np.int64(mx32)
@@ -175,6 +175,10 @@ SCRATCH_WORDS = 8 * CHUNK_BLOCKS + 1
 # chain of quantization, planes and choice of its block. GROUP_PLANES planes per block.
 GROUP_PLANES = 32
 
+
+# The plan pass's quantized values: int32 where the CPU lacks AVX-512DQ, which then
+# quantizes in 32-bit lanes (|q| < 2^31), so that no lane is widened to 64 bits and back.
+Q_LANE = np.int64 if HAVE_AVX512DQ else np.int32
 
 # Without a vector popcount (AVX2) the 8 costs of a small block are computed in 32-bit
 # lanes (intrinsics._costs8_32): the same key.
@@ -222,7 +226,7 @@ def _plan_lossy(x, bits_, eb, step, small, codes, chunk_nnz, chunk_nmask, chunk_
     rawbits = 1024 if is32 else 2048
     room = (SCRATCH_WORDS - 1) * 32
     for c in prange(chunk_nnz.size):
-        q = np.empty(BLOCK, np.int64)
+        q = np.empty(BLOCK, Q_LANE)
         H = np.empty(BLOCK, np.int64)
         TT = np.empty(32 * GROUP_PLANES, np.int64)  # planes of the group's blocks
         SS = np.empty(32 * GROUP_PLANES, np.int64)  # and their suffix ORs
