@@ -445,6 +445,7 @@ def test_sampled_format2_times_both_formats_on_one_sample(monkeypatch):
 
     ticks = iter(2.0 ** k for k in range(64))
     monkeypatch.setattr(fits, "_clock", lambda: next(ticks))
+    monkeypatch.setattr(fits, "SPEED_REPS", 2)
     x = np.linspace(-1.0, 1.0, 32 * fits.GAIN_MIN_BLOCKS * 2, dtype=np.float32)
     got = fits.sampled_format2(x, 1e-3, 64, (compress_abs, add, decompress))
     # Reading pairs (2j, 2j+1) time a run: 2**(2j+1) - 2**(2j) = 2**(2j). Format 1's least
@@ -453,6 +454,32 @@ def test_sampled_format2_times_both_formats_on_one_sample(monkeypatch):
     s = fits._gain_sample(x, 64)
     assert got.gain == ((compress_abs(s, 1e-3, version=1).nbytes - 64)
                         / (compress_abs(s, 1e-3, version=2).nbytes - 64))
+
+
+def test_sampled_format2_times_the_kernels_on_one_thread_by_its_cpu_time():
+    # Ranks that share cores sample at once: the kernels run on the calling thread alone,
+    # timed by its CPU time, each SPEED_REPS times; the caller's thread count comes back.
+    import time
+
+    import numba
+
+    from ccoll.collectives.policy import fits
+    from ccoll.compressor.api import add, compress_abs, decompress
+
+    assert fits._clock is time.thread_time
+    seen = []
+
+    def spy(f):  # type: ignore[no-untyped-def]
+        def run(*a, **k):  # type: ignore[no-untyped-def]
+            seen.append(numba.get_num_threads())
+            return f(*a, **k)
+        return run
+
+    before = numba.get_num_threads()
+    x = np.linspace(-1.0, 1.0, 32 * fits.GAIN_MIN_BLOCKS * 2, dtype=np.float32)
+    fits.sampled_format2(x, 1e-3, 64, (spy(compress_abs), spy(add), spy(decompress)))
+    assert seen == [1] * (2 * 3 * fits.SPEED_REPS) and fits.SPEED_REPS >= 3
+    assert numba.get_num_threads() == before
 
 
 def test_sampled_format2_prices_the_add_as_the_ring_step(monkeypatch):
@@ -472,6 +499,7 @@ def test_sampled_format2_prices_the_add_as_the_ring_step(monkeypatch):
         t += d + 100.0
     ticks = iter(readings)
     monkeypatch.setattr(fits, "_clock", lambda: next(ticks))
+    monkeypatch.setattr(fits, "SPEED_REPS", 2)
     x = np.linspace(-1.0, 1.0, 32 * fits.GAIN_MIN_BLOCKS * 2, dtype=np.float32)
     got = fits.sampled_format2(x, 1e-3, 64, (compress_abs, add, decompress, add_data))
     assert got.speed == (4 / 8, 0.75 / 12, 1 / 2)

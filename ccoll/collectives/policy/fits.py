@@ -34,8 +34,10 @@ class Rates(NamedTuple):
     chunk_overhead: float  # what one more kernel call costs, whatever its size
 
 
-# The clock of :func:`sampled_format2`'s timings (a test may put a stand-in here).
-_clock: Callable[[], float] = time.perf_counter
+# The clock of :func:`sampled_format2`'s timings (a test may put a stand-in here): the
+# calling thread's CPU time, with the kernels on that one thread, so that time the rank
+# spends descheduled (ranks that share cores sample at once) does not count.
+_clock: Callable[[], float] = time.thread_time
 
 
 def _best(f: Callable[[], Any], reps: int = 3,
@@ -126,7 +128,7 @@ def _gain_sample(x: np.ndarray, nsample: int) -> np.ndarray:
 
 
 # Timings of each kernel in :func:`sampled_format2` (the least counts).
-SPEED_REPS = 2
+SPEED_REPS = 5
 
 
 def sampled_format2(x: np.ndarray, eb: float, nsample: int,
@@ -140,12 +142,13 @@ def sampled_format2(x: np.ndarray, eb: float, nsample: int,
     ``version=``), optionally with ``add_data`` fourth. On the same sample of runs of
     blocks, each format's compress, add (the stream plus itself: a partial sum's wider
     codes) and decompress are timed, the least of :data:`SPEED_REPS` runs each (the first
-    run of each kernel also loads it where it was not yet), and each factor is format 1's
-    seconds over format 2's. With ``add_data``, the add is priced as the ring's step does
-    it: ``add_data`` of the sample to its own stream, less the sample's compression (the
-    model counts every rank's whole input compressed once, then the adds), each format's
-    difference at least a quarter of its ``add_data`` time. Local: every rank times its
-    own; the collectives agree on the minimum (docs/model.md, "Stream format").
+    run of each kernel also loads it where it was not yet), on one numba thread and by the
+    thread's CPU time (:data:`_clock`), and each factor is format 1's seconds over format
+    2's. With ``add_data``, the add is priced as the ring's step does it: ``add_data`` of
+    the sample to its own stream, less the sample's compression (the model counts every
+    rank's whole input compressed once, then the adds), each format's difference at least
+    a quarter of its ``add_data`` time. Local: every rank times its own; the collectives
+    agree on the minimum (docs/model.md, "Stream format").
     """
     compress_abs, add, decompress = ops[:3]
     add_data = ops[3] if len(ops) > 3 else None
@@ -153,6 +156,25 @@ def sampled_format2(x: np.ndarray, eb: float, nsample: int,
     out = np.empty_like(s)
     secs: dict[int, tuple[float, float, float]] = {}
     size: dict[int, int] = {}
+    import numba
+
+    threads = numba.get_num_threads()  # this thread's setting: others are not touched
+    numba.set_num_threads(1)
+    try:
+        _time_formats(s, out, eb, compress_abs, add, decompress, add_data, secs, size)
+    finally:
+        numba.set_num_threads(threads)
+    gain = max(size[1], 1) / max(size[2], 1)
+    f = [a / b if a > 0 and b > 0 and math.isfinite(a / b) else math.inf
+         for a, b in zip(secs[1], secs[2], strict=True)]
+    return Format2(gain, *f)
+
+
+def _time_formats(s: np.ndarray, out: np.ndarray, eb: float, compress_abs: Callable[..., Any],
+                  add: Callable[..., Any], decompress: Callable[..., Any],
+                  add_data: Callable[..., Any] | None,
+                  secs: dict[int, tuple[float, float, float]], size: dict[int, int]) -> None:
+    """Fill ``secs[v]`` (compress, add, decompress) and ``size[v]`` for formats 1 and 2."""
     for v in (1, 2):
         tc, got = _best(partial(compress_abs, s, eb, version=v), SPEED_REPS, _clock)
         buf = np.asarray(got)
@@ -163,10 +185,6 @@ def sampled_format2(x: np.ndarray, eb: float, nsample: int,
             tad, _ = _best(partial(add_data, buf, s), SPEED_REPS, _clock)
             ta = max(tad - tc, 0.25 * tad)
         secs[v] = (tc, ta, td)
-    gain = max(size[1], 1) / max(size[2], 1)
-    f = [a / b if a > 0 and b > 0 and math.isfinite(a / b) else math.inf
-         for a, b in zip(secs[1], secs[2], strict=True)]
-    return Format2(gain, *f)
 
 
 def estimate_stream(x: np.ndarray, eb: float, nsample: int,
