@@ -28,7 +28,6 @@ result is frozen: plans of later calls are arithmetic on it (docs/model.md, "Cal
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
 import time
 from dataclasses import asdict, dataclass, replace
@@ -42,7 +41,7 @@ from ccoll.collectives import model
 from ccoll.collectives.channel import Channel
 from ccoll.collectives.model import Params
 from ccoll.collectives.policy import cache
-from ccoll.collectives.policy.fits import calibrate_compressor
+from ccoll.collectives.policy.fits import _best, calibrate_compressor
 from ccoll.collectives.policy.probes import (
     LinkCalibration,
     allreduce,
@@ -149,11 +148,7 @@ def _scan_rate(x: np.ndarray) -> float:
     """Bytes/s of the pass that finds a REL bound's range (the best of 3 on ``x``; local)."""
     from ccoll.collectives.inputs import value_range
 
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        value_range(x, None)
-        best = min(best, time.perf_counter() - t0)
+    best, _ = _best(partial(value_range, x, None), 3)
     return x.nbytes / max(best, 1e-9)
 
 

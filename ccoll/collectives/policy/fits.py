@@ -158,6 +158,9 @@ def sampled_format2(x: np.ndarray, eb: float, nsample: int,
     size: dict[int, int] = {}
     import numba
 
+    from ccoll.runtime.cpu_threads import prepare
+
+    prepare()  # the process's threading set-up comes before numba's pool starts
     threads = numba.get_num_threads()  # this thread's setting: others are not touched
     numba.set_num_threads(1)
     try:
