@@ -16,6 +16,7 @@ import pytest
 
 from ccoll.collectives import model
 from ccoll.collectives.policy.plan import (
+    FEWER_BYTES,
     FIRST_LEVEL,
     MAX_LEVEL,
     VARIANTS,
@@ -42,9 +43,11 @@ class Ranks:
     """``n`` ranks' planners of one channel, fed the same agreed numbers."""
 
     def __init__(self, p: model.Params, clocks: list, *, facts: Facts = FACTS,
-                 hier: tuple[int, int] | None = None, ratio: float = 16.0) -> None:
-        self.planners = [Planner(p, Options(None, None, "auto", hier), 7) for _ in clocks]
-        self.clocks = clocks  # per rank: variant -> seconds
+                 hier: tuple[int, int] | None = None, ratio: float = 16.0,
+                 formats: Formats | None = None) -> None:
+        self.planners = [Planner(p, Options(None, None, "auto", hier), 7, formats=formats)
+                         for _ in clocks]
+        self.clocks = clocks  # per rank: candidate (Plan.key) -> seconds
         self.facts = facts
         self.ratio = ratio
         self.log: list[Plan] = []
@@ -66,15 +69,17 @@ class Ranks:
                      for pl, st in zip(self.planners, states, strict=True)]
         assert all(p == plans[0] for p in plans), "ranks planned differently"
         for pl, st, p, clock in zip(self.planners, states, plans, self.clocks, strict=True):
-            pl.end(st, p, clock(p.variant))
+            pl.end(st, p, clock(p.key))
         self.log.append(plans[0])
         self.fast.append(fast[0] is not None)
         return plans[0]
 
     def run(self, n: int) -> str:
-        """``n`` calls; one letter per call: R raw, C compressed, T two levels."""
-        letters = {"raw": "R", "flat": "C", "two levels": "T"}
-        return "".join(letters[self.call().variant] for _ in range(n))
+        """``n`` calls; one letter per call: R raw, C compressed, T two levels (V, W: the
+        same in format 2)."""
+        letters = {"raw": "R", "flat": "C", "two levels": "T", "flat v2": "V",
+                   "two levels v2": "W"}
+        return "".join(letters[self.call().key] for _ in range(n))
 
 
 def times(raw: float, flat: float, two: float = 9.0):
@@ -504,3 +509,84 @@ def test_sampled_format2_prices_the_add_as_the_ring_step(monkeypatch):
     got = fits.sampled_format2(x, 1e-3, 64, (compress_abs, add, decompress, add_data))
     assert got.speed == (4 / 8, 0.75 / 12, 1 / 2)
     assert next(ticks, None) is None  # every kernel timed twice, no other reading
+
+
+# ------------------------------------------- the stream format in the measured loop
+
+def _clock(**t: float):
+    """Seconds per candidate key (``flat_v2`` for "flat v2"), the same every call."""
+    table = {k.replace("_v2", " v2").replace("_", " "): v for k, v in t.items()}
+    return lambda key: table[key]
+
+
+def test_the_other_format_of_the_best_path_is_measured_and_the_faster_runs():
+    # Format 2 predicted faster (the same kernels, twice the ratio on a slow link); on this
+    # machine format 1's calls take 0.20 s and format 2's 0.25 s: format 2 first, format 1
+    # tried (two runs: the first is not measured), then format 1 by measurement, format 2
+    # tried again after 4, 8, ... calls. Ranks with different clocks plan alike.
+    clocks = [_clock(raw=1.0, flat=0.20, flat_v2=0.25),
+              _clock(raw=1.1, flat=0.21, flat_v2=0.26)]
+    r = Ranks(SLOW, clocks, formats=Formats(SLOW, 2.0))
+    seq = r.run(60)
+    assert seq.startswith("VVCC"), seq
+    best = [p for p in r.log[4:] if not p.trial]
+    assert best and all(p.key == "flat" and p.version == 1 for p in best), seq
+    assert best[-1].reason.startswith("measured faster: compressed 210 ms")
+    assert "measured 210 ms" in best[-1].format_reason
+    assert "format 2 measured 260 ms" in best[-1].format_reason
+    v2 = [i for i, c in enumerate(seq) if c == "V"][2:]
+    assert v2 and all(r.log[i].trial for i in v2)
+    gaps = [b - a for a, b in zip(v2, v2[1:], strict=False)]
+    assert gaps == sorted(gaps) and len(set(gaps)) == len(gaps), (seq, gaps)
+    assert "R" not in seq  # raw is predicted far slower: never tried
+
+
+def test_format_2_runs_where_it_is_within_the_share_of_format_1s_time():
+    # The model prefers format 1 (format 2's kernels at half speed, 1.05x fewer bytes);
+    # measured, format 2 is 2% slower: it runs, for its fewer bytes. At 10% slower it does
+    # not.
+    slow2 = replace(SLOW, compress=SLOW.compress / 2, add=SLOW.add / 2,
+                    decompress=SLOW.decompress / 2)
+    near = Ranks(SLOW, [_clock(raw=9.0, flat=0.200, flat_v2=0.204)],
+                 formats=Formats(slow2, 1.05))
+    seq = near.run(30)
+    assert seq.startswith("CCVV"), seq
+    best = [p for p in near.log[4:] if not p.trial]
+    assert best and all(p.version == 2 for p in best), seq
+    assert best[-1].format_reason.endswith(f"(within {FEWER_BYTES:.0%}: fewer bytes)")
+    far = Ranks(SLOW, [_clock(raw=9.0, flat=0.200, flat_v2=0.220)],
+                formats=Formats(slow2, 1.05))
+    seq = far.run(30)
+    assert seq.startswith("CCVV"), seq
+    assert all(p.version == 1 for p in far.log[4:] if not p.trial), seq
+
+
+def test_a_prediction_within_the_share_sends_format_2():
+    # Neither format measured: format 2 predicted at most FEWER_BYTES slower runs (also
+    # for a fixed policy, whose plans come from the model alone).
+    cands = candidates(HAND_FACTS, HAND, 16.0, 3.0, HAND_OPTS,
+                       Formats(replace(HAND, compress=HAND.compress / 1.02), 1.0))
+    t1, t2 = (c.seconds for c in cands[1:])
+    assert t1 < t2 <= t1 * (1 + FEWER_BYTES)
+    for policy in ("auto", "compress"):
+        facts = HAND_FACTS._replace(policy=policy)
+        pl = Planner(HAND, HAND_OPTS, 7,
+                     formats=Formats(replace(HAND, compress=HAND.compress / 1.02), 1.0))
+        plan = pl.plan(pl.state(KEY, facts), facts, ratio=16.0, width=3.0)
+        assert plan.version == 2, (policy, plan)
+        assert plan.format_reason.endswith("fewer bytes)"), plan.format_reason
+    slower = Formats(replace(HAND, compress=HAND.compress / 1.5, add=HAND.add / 1.5), 1.0)
+    pl = Planner(HAND, HAND_OPTS, 7, formats=slower)
+    assert pl.plan(pl.state(KEY, HAND_FACTS), HAND_FACTS, ratio=16.0,
+                   width=3.0).version == 1
+
+
+def test_where_compression_loses_only_one_format_is_tried():
+    # Raw measures faster: the compressed path is tried in the format that would run, and
+    # its other format never (the same trials as with one format).
+    r = Ranks(MID, [_clock(raw=1.0, flat=1.5, flat_v2=1.5)], ratio=1.1,
+              formats=Formats(MID, 1.5))
+    seq = r.run(200)
+    assert "C" not in seq or "V" not in seq, seq
+    assert seq.count("V") + seq.count("C") <= 2 + 8, seq  # two runs, then 4, 8, ... apart
+    assert sum(r.fast) > 150

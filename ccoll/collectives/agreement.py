@@ -98,6 +98,8 @@ _FIELDS = (
     "seconds raw",
     "seconds compressed",
     "seconds two levels",
+    "seconds compressed v2",
+    "seconds two levels v2",
     "sampled ratio",
     "sampled width",
     "sampled gain2",
@@ -111,6 +113,7 @@ _WILD = tuple(_FIELDS.index(f) for f in ("element count", "dtype", "shape", "pla
 # The fields from "x is None" on are not compared: every rank reads their min and max.
 _ANY = _FIELDS.index("x is None")
 _TIMES = _FIELDS.index("seconds raw")
+_NTIMES = _FIELDS.index("sampled ratio") - _TIMES  # one per candidate of the measured loop
 _RATIO = _FIELDS.index("sampled ratio")
 _WIDTH = _FIELDS.index("sampled width")
 _GAIN2 = _FIELDS.index("sampled gain2")
@@ -162,8 +165,9 @@ class Call:
     # bcast only: this non-root rank passed None (count, dtype and shape are the root's).
     wild: bool = False
     # This rank's least seconds per candidate of the signature's calls not yet agreed
-    # (raw, compressed, two levels; 0: none): the maximum over ranks comes back.
-    times: tuple[float, ...] = (0.0, 0.0, 0.0)
+    # (plan.VARIANTS: raw, compressed, two levels, each path in format 2; 0: none): the
+    # maximum over ranks comes back.
+    times: tuple[float, ...] = (0.0,) * 5
     # This rank's sampled ratio and mean code width of its data (+inf: no sample): the
     # minimum ratio and the maximum width come back.
     ratio: float = math.inf
@@ -241,7 +245,7 @@ class Agreed(NamedTuple):
     none: bool = False  # some rank passed None to bcast
     # The agreed compared fields (equal on every rank): the call's signature.
     sig: tuple[float, ...] = ()
-    times: tuple[float, ...] = (0.0, 0.0, 0.0)  # maxima over ranks of Call.times
+    times: tuple[float, ...] = (0.0,) * 5  # maxima over ranks of Call.times
     ratio: float = math.inf  # minimum over ranks of Call.ratio
     width: float = 0.0  # maximum over ranks of Call.width
     gain2: float = math.inf  # minimum over ranks of Call.gain2
@@ -284,7 +288,7 @@ def agree(comm: MPI.Intracomm, call: Call, deadline: Deadline) -> Agreed:
     if mins != maxs or maxs[1] != 0.0:  # NaN never equals itself: a mismatch
         bad = [i for i in range(_ANY) if mins[i] != maxs[i]]
         _raise(comm, call, bad, maxs[1] != 0.0, deadline)
-    times = tuple(-got[k + 1 + i] for i in range(_TIMES, _TIMES + 3))
+    times = tuple(-got[k + 1 + i] for i in range(_TIMES, _TIMES + _NTIMES))
     return Agreed(got[0], -got[k], -got[k + 1 + _ANY] > 0, sig=mins, times=times,
                   ratio=got[1 + _RATIO], width=-got[k + 1 + _WIDTH],
                   gain2=got[1 + _GAIN2],

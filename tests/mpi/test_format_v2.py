@@ -256,6 +256,48 @@ def test_auto_measures_format_2_caches_it_and_picks_per_call(comm, tmp_path_fact
     assert_same_on_every_rank(comm, y)
 
 
+def test_auto_measures_both_formats_and_every_rank_runs_the_same(comm, monkeypatch,
+                                                                 tmp_path_factory):
+    # The measured loop times the best path in both formats, each call agreed on every
+    # rank: the same format, the same bytes, within the bound. Stand-ins: every candidate
+    # plausible (TRY_FACTOR made huge, so raw is tried too), and raw calls counted 100x
+    # slower than they ran, so that the compressed path is the best on shared memory.
+    if SIZE < 2:
+        pytest.skip("one rank never compresses")
+    from ccoll.collectives.policy import plan as plan_mod
+    from ccoll.settings import configure
+
+    monkeypatch.setattr(plan_mod, "TRY_FACTOR", 1e12)
+    end = plan_mod.Planner.end
+
+    def slow_raw(self, st, plan, seconds):
+        end(self, st, plan, seconds * (100.0 if plan.key == "raw" else 1.0))
+
+    monkeypatch.setattr(plan_mod.Planner, "end", slow_raw)
+    folder = comm.bcast(str(tmp_path_factory.mktemp("cal2")) if comm.rank == 0 else None)
+    configure(cache_dir=folder, alpha=5e-5, bandwidth=1.25e7)
+    x = gradient_like(comm.rank, 1 << 18, np.float32)
+    eb = ccoll.REL(1e-2)
+    reps = []
+    try:
+        with ccoll.Communicator(comm) as c:
+            for _ in range(12):
+                y = c.allreduce(x, eb)
+                rep = c.last_call
+                reps.append((rep.compressed, rep.format_version if rep.compressed else 0,
+                             rep.trial, rep.decision()))
+                assert_same_on_every_rank(comm, y)
+                allow = allowance(global_eb(comm, x, eb), y, SIZE, "sum")
+                assert_within(y, exact_sum(comm, x), **allow)
+    finally:
+        configure(cache_dir=None, alpha=None, bandwidth=None)
+    everyone = comm.allgather(reps)
+    assert all(r == everyone[0] for r in everyone)
+    versions = {v for comp, v, _, _ in reps if comp}
+    assert versions == {1, 2}, reps  # both formats ran
+    assert any(not comp for comp, _, _, _ in reps), reps  # raw was tried
+
+
 class _Clock:
     """Stand-in readings ``reading(k)`` for ``k = 0, 1, ...``."""
 

@@ -46,7 +46,7 @@ from ccoll.collectives.model import Params
 __all__ = [
     "Facts", "Plan", "Planner", "State", "Options", "Formats", "Candidate", "candidates",
     "skips_agreement",
-    "MARGIN", "TRY_FACTOR", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
+    "MARGIN", "TRY_FACTOR", "FEWER_BYTES", "FIRST_LEVEL", "MAX_LEVEL", "WINDOW", "VARIANTS",
 ]
 
 # A compressed path predicted (not measured) faster runs only if faster by this share: the
@@ -62,8 +62,12 @@ FIRST_LEVEL = 2
 MAX_LEVEL = 10
 # Agreed times kept per candidate; the least counts (one slowed call decides nothing).
 WINDOW = 3
-# The candidates, in the order they are listed and agreed on.
-VARIANTS = ("raw", "flat", "two levels")
+# Of one path's two stream formats, format 2 (fewer bytes) runs unless format 1 is faster
+# by more than this share of its time: at equal speed the link and the peers' traffic gain
+# from the smaller stream, and calls on shared cores vary by more than this from run to run.
+FEWER_BYTES = 0.03
+# The candidates' keys (:attr:`Plan.key`), in the order their times are agreed on.
+VARIANTS = ("raw", "flat", "two levels", "flat v2", "two levels v2")
 _MAX_STATES = 4096  # signatures kept per channel (a job that never repeats starts over)
 
 
@@ -110,6 +114,14 @@ class Plan:
     trial: bool = False
     fast: bool = False
     format_reason: str = ""
+    # The candidate it is in the measured loop (:data:`VARIANTS`): the path, " v2" added
+    # in format 2. Derived; set once here so that a repeated call reads a field.
+    key: str = field(default="", init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        key = self.variant + " v2" if self.version == 2 and self.variant != "raw" \
+            else self.variant
+        object.__setattr__(self, "key", key)
 
     @property
     def compress(self) -> bool:
@@ -225,12 +237,12 @@ def _versions(f: Facts, o: Options, formats: Formats | None) -> tuple[int, ...]:
     return (1, 2)
 
 
-def _best_version(f: Facts, p: Params, ratio: float, width: float, o: Options,
-                  formats: Formats | None, path: Any) -> tuple[Plan, float]:
-    """Run ``path`` (:func:`_flat` or :func:`_two_levels`) for each format; keep the faster.
+def _by_version(f: Facts, p: Params, ratio: float, width: float, o: Options,
+                formats: Formats | None, path: Any) -> list[tuple[Plan, float]]:
+    """Run ``path`` (:func:`_flat` or :func:`_two_levels`) in each format the model compares.
 
-    The plan carries the chosen version, the ratio the model used for it and why
-    (``format_reason``). Ties keep format 1, whose kernels every backend has run longest.
+    Each plan carries its version, the ratio the model used for it and why
+    (``format_reason``: its prediction beside the other format's). Format 1 first.
     """
     versions = _versions(f, o, formats)
     got = []
@@ -240,27 +252,73 @@ def _best_version(f: Facts, p: Params, ratio: float, width: float, o: Options,
                   else (formats.params, ratio * formats.gain))
         plan, t = path(f, pv, rv, width, o, version=v)
         got.append((t, v, plan, rv))
-    t, v, plan, rv = min(got, key=lambda g: (g[0], g[1]))
-    if o.version is not None:
-        why = f"format_version={o.version}"
-    elif len(got) == 1:
-        why = ("device data: no measured rates of the device kernels" if f.device
-               else "format 2's rates not measured")
-    else:
-        other = next(g for g in got if g[1] != v)
-        why = (f"predicted {_ms(t)} at ratio {rv:.3g}; format {other[1]} "
-               f"{_ms(other[0])} at ratio {other[3]:.3g}")
-    return (Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split, v, ratio=rv,
-                 format_reason=why), t)
+    out = []
+    for t, v, plan, rv in got:
+        if o.version is not None:
+            why = f"format_version={o.version}"
+        elif len(got) == 1:
+            why = ("device data: no measured rates of the device kernels" if f.device
+                   else "format 2's rates not measured")
+        else:
+            other = next(g for g in got if g[1] != v)
+            why = (f"predicted {_ms(t)} at ratio {rv:.3g}; format {other[1]} "
+                   f"{_ms(other[0])} at ratio {other[3]:.3g}")
+        out.append((Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split, v,
+                         ratio=rv, format_reason=why), t))
+    return out
+
+
+def _paths(cands: list[Candidate], measured: dict[str, float]) -> list[Candidate]:
+    """One candidate per path (raw first), each compressed path in the format that runs.
+
+    Of a path's two formats, format 2, which sends fewer bytes where the model compares
+    both (docs/model.md, "Stream format"), runs unless format 1 is faster by more than
+    :data:`FEWER_BYTES`: by their ``measured`` times (by :attr:`Plan.key`) once both have
+    one, else by the model's (a format measured slow does not hand its path to the other
+    format's prediction: that one is tried only where the path is the best).
+    """
+    by: dict[str, list[Candidate]] = {}
+    for c in cands:
+        by.setdefault(c.plan.variant, []).append(c)
+    out = []
+    for group in by.values():
+        one = next((c for c in group if c.plan.version == 1), None)
+        two = next((c for c in group if c.plan.version == 2), None)
+        if one is None or two is None:
+            out.append(group[0])
+        else:
+            k1, k2 = one.plan.key, two.plan.key
+            t1, t2 = ((measured[k1], measured[k2]) if k1 in measured and k2 in measured
+                      else (one.seconds, two.seconds))
+            out.append(two if t2 <= t1 * (1.0 + FEWER_BYTES) else one)
+    return out
+
+
+def _format_why(pick: Candidate, cands: list[Candidate], est: dict[str, float],
+                measured: dict[str, float], trial: bool = False) -> str:
+    """Why ``pick`` runs in its stream format, beside the other format of its path."""
+    p = pick.plan
+    other = next((c for c in cands if c.plan.variant == p.variant and c.plan.key != p.key),
+                 None)
+    if other is None:
+        return p.format_reason
+    k, ok = p.key, other.plan.key
+    why = (f"{'measured' if k in measured else 'predicted'} {_ms(est[k])} at ratio "
+           f"{p.ratio:.3g}; format {other.plan.version} "
+           f"{'measured ' if ok in measured else ''}{_ms(est[ok])} at ratio "
+           f"{other.plan.ratio:.3g}")
+    if p.version == 2 and est[k] > est[ok] and not trial:
+        why += f" (within {FEWER_BYTES:.0%}: fewer bytes)"
+    return why
 
 
 def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options,
                formats: Formats | None = None) -> list[Candidate]:
     """Every way the model sees to run the call, raw first, with predicted seconds.
 
-    Each compressed path runs in the stream format predicted faster (``formats``: what the
-    calibration measured of format 2; ``o.version`` forces one). Pure arithmetic on agreed
-    numbers: the same list on every rank.
+    Each compressed path once per stream format the model compares (``formats``: what the
+    calibration measured of format 2; ``o.version`` forces one), format 1 first. Pure
+    arithmetic on agreed numbers: the same list on every rank.
     """
     n = f.ranks
     size = float(f.elements * f.itemsize)
@@ -273,11 +331,12 @@ def candidates(f: Facts, p: Params, ratio: float, width: float, o: Options,
         paths.append(_two_levels)
     scan = model.range_time(size, p) if f.ranged else 0.0  # a REL bound's range, first
     for path in paths:
-        plan, t = _best_version(f, p, ratio, width, o, formats, path)
-        t += scan
-        out.append(Candidate(Plan(plan.variant, "", plan.chunk_elems, plan.pieces, plan.split,
-                                  plan.version, predicted_raw=t_raw, predicted=t,
-                                  ratio=plan.ratio, format_reason=plan.format_reason), t))
+        for plan, t in _by_version(f, p, ratio, width, o, formats, path):
+            t += scan
+            out.append(Candidate(Plan(plan.variant, "", plan.chunk_elems, plan.pieces,
+                                      plan.split, plan.version, predicted_raw=t_raw,
+                                      predicted=t, ratio=plan.ratio,
+                                      format_reason=plan.format_reason), t))
     return out
 
 
@@ -443,7 +502,7 @@ class Planner:
 
     def end(self, st: State, plan: Plan, seconds: float) -> None:
         """Count a completed call (every rank alike); keep this rank's time of it."""
-        v = plan.variant
+        v = plan.key
         runs = st.runs.get(v, 0)
         st.runs[v] = runs + 1
         if runs > 0:  # a variant's first run is not measured
@@ -506,8 +565,12 @@ class Planner:
         if f.policy == "raw":
             return Plan("raw", 'policy="raw"', fast=True), inf
         if f.policy == "compress":
-            best = min(self._cands(st, f)[1:], key=lambda c: c.seconds)
-            return _named(best.plan, 'policy="compress"'), inf
+            cands = self._cands(st, f)
+            est = {c.plan.key: c.seconds for c in cands}
+            best = min(_paths(cands[1:], {}), key=lambda c: c.seconds)
+            p = best.plan
+            return Plan(p.variant, 'policy="compress"', p.chunk_elems, p.pieces, p.split,
+                        p.version, format_reason=_format_why(best, cands, est, {})), inf
         if f.ranks < 2:
             return Plan("raw", "one rank", fast=True), inf
         if f.elements == 0:
@@ -548,18 +611,23 @@ class Planner:
 
     def _measured(self, st: State, cands: list[Candidate]) -> tuple[Plan, float]:
         measured = {v: min(t) for v, t in st.times.items() if t}
-        est = {c.plan.variant: measured.get(c.plan.variant, c.seconds) for c in cands}
+        est = {c.plan.key: measured.get(c.plan.key, c.seconds) for c in cands}
+        paths = _paths(cands, measured)
 
         def score(c: Candidate) -> float:
-            v = c.plan.variant
+            v = c.plan.key
             # A prediction of a compressed path must beat the rest by the margin.
             return est[v] * (1.0 + MARGIN) if v != "raw" and v not in measured else est[v]
 
-        best = min(cands, key=score)
-        bv = best.plan.variant
-        trial = self._trial(st, cands, best, measured, est)
+        best = min(paths, key=score)
+        bv = best.plan.key
+        # The loop measures every path in the format it runs, and the best path in its
+        # other format too (no more trials than paths where compression loses).
+        pool = paths + [c for c in cands
+                        if c.plan.variant == best.plan.variant and c.plan.key != bv]
+        trial = self._trial(st, pool, best, measured, est)
         pick = trial or best
-        v = pick.plan.variant
+        v = pick.plan.key
         t_raw = est["raw"]
         if trial is not None:
             why = (f"trial of {_label(v)} (predicted {_ms(pick.seconds)}, "
@@ -574,25 +642,28 @@ class Planner:
             why = "predicted slower compressed"
         else:
             why = f"predicted {t_raw / est[v]:.2f}x faster compressed" + (
-                " in two levels" if v == "two levels" else "")
+                " in two levels" if pick.plan.two_level else "")
         # Raw, measured, and no trial due: the next repeats may skip the agreement, until
         # the call at which a measured loser is due again.
         settled = v == "raw" and trial is None and "raw" in measured
+        keys = {c.plan.key for c in pool}
         due = min((st.last_run.get(u, 0) + (1 << st.level.get(u, FIRST_LEVEL))
-                   for u in measured if u != v), default=math.inf)
+                   for u in measured if u != v and u in keys), default=math.inf)
         p = pick.plan
+        fwhy = _format_why(pick, cands, est, measured, trial is not None) if p.compress \
+            else p.format_reason
         return (Plan(p.variant, why, p.chunk_elems, p.pieces, p.split, p.version,
                      cands[0].seconds, est[v], p.ratio, trial is not None, settled,
-                     p.format_reason), due)
+                     fwhy), due)
 
     def _trial(self, st: State, cands: list[Candidate], best: Candidate,
                measured: dict[str, float], est: dict[str, float]) -> Candidate | None:
         """Return the candidate to try on this call instead of the best, or None (pure)."""
-        bv = best.plan.variant
+        bv = best.plan.key
         if bv not in measured:
             return None  # first measure what the model chose
         for c in cands:
-            v = c.plan.variant
+            v = c.plan.key
             if v == bv:
                 continue
             if v not in measured:
@@ -611,7 +682,8 @@ def _named(p: Plan, why: str) -> Plan:
 
 
 def _label(v: str) -> str:
-    return {"raw": "raw", "flat": "compressed", "two levels": "two levels"}[v]
+    return {"raw": "raw", "flat": "compressed", "two levels": "two levels",
+            "flat v2": "compressed in format 2", "two levels v2": "two levels in format 2"}[v]
 
 
 def _ms(s: float) -> str:
