@@ -147,15 +147,19 @@ def test_the_retry_wait_is_capped():
     assert min(gaps[2:]) >= 1 << FIRST_LEVEL
 
 
-def test_ranks_with_different_clocks_plan_alike():
-    # Each rank's own times differ, sometimes a lot; the agreed maxima decide everywhere.
+@pytest.mark.parametrize("formats", [None, Formats(SLOW, 2.0)], ids=["format 1", "both"])
+def test_ranks_with_different_clocks_plan_alike(formats):
+    # Each rank's own times differ, sometimes a lot; the agreed maxima decide everywhere
+    # (with both formats, between them too).
     import random
 
     rng = random.Random(3)
-    clocks = [lambda v, k=k: {"raw": 1.0, "flat": 0.9}[v] * (1 + rng.random() * k)
-              for k in (0.0, 0.5, 2.0)]
-    r = Ranks(SLOW, clocks)
-    r.run(300)  # Ranks.call asserts identical plans, digests and fast decisions
+    base = {"raw": 1.0, "flat": 0.9, "flat v2": 0.92}
+    clocks = [lambda v, k=k: base[v] * (1 + rng.random() * k) for k in (0.0, 0.5, 2.0)]
+    r = Ranks(SLOW, clocks, formats=formats)
+    seq = r.run(300)  # Ranks.call asserts identical plans, digests and fast decisions
+    if formats is not None:
+        assert "C" in seq and "V" in seq, seq
 
 
 def test_a_first_run_is_not_measured():
