@@ -146,3 +146,31 @@ def test_a_first_kernel_leaves_torchs_thread_count_alone():
     )
     assert p.returncode == 0, p.stderr
     assert "THREADS 1 1" in p.stdout, p.stdout
+
+
+def test_the_layers_count_functions_read_and_set_what_numbas_public_ones_do():
+    # cpu_threads.counts(): the threading layer's own get/set of this thread's count, which
+    # ccoll's launches use instead of numba's checked public functions; the same count
+    # either way, per thread, in a fresh process (the pool started by counts()).
+    proc = _run("""
+        import threading
+        import numba
+        from ccoll.runtime import cpu_threads
+        get, put = cpu_threads.counts()
+        pool = cpu_threads.pool_size()
+        assert get() == numba.get_num_threads() == pool, (get(), pool)
+        for n in range(1, pool + 1):
+            put(n)
+            assert numba.get_num_threads() == n == get()
+            numba.set_num_threads(pool - n + 1)
+            assert get() == pool - n + 1
+        put(1)
+        seen = []
+        t = threading.Thread(target=lambda: seen.append((get(), numba.get_num_threads())))
+        t.start(); t.join()
+        assert seen == [(pool, pool)], seen  # another thread keeps its own count
+        assert get() == 1
+        print("ok")
+    """, NUMBA_NUM_THREADS="2")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"

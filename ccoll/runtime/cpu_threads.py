@@ -166,15 +166,14 @@ def parallel_launch() -> Iterator[None]:
     n = _count
     prev = 0
     if n is not None:
-        import numba
-
-        cur = numba.get_num_threads()
+        get, put = counts()
+        cur = get()
         # Every thread starts at the pool size; a lower count is the thread's own choice
         # (numba.set_num_threads: a caller's), which stays. A CPU lane's count is its
         # grid_limit, a cap of its own: the rank's share applies below it too.
         if (cur == _pool or current_lane() is not None) and n < cur:
             prev = cur
-            numba.set_num_threads(n)
+            put(n)
     try:
         if safe:
             yield
@@ -183,9 +182,37 @@ def parallel_launch() -> Iterator[None]:
                 yield
     finally:
         if prev:
-            import numba
+            counts()[1](prev)
 
-            numba.set_num_threads(prev)
+
+_counts: tuple[Any, Any] | None = None
+
+
+def counts() -> tuple[Any, Any]:
+    """``(get, put)`` of this thread's numba thread count, without the Python API's checks.
+
+    ``numba.get_num_threads()`` and ``set_num_threads()`` make sure the pool is up (a lock)
+    and check their argument on every call: 1-2.5 us each, and ccoll's launches make up to
+    four of them around each kernel (a few-element kernel then cost more in them than in
+    its work). Once :func:`prepare` has started the pool, the threading layer's own
+    functions that they call (``numba.np.ufunc.parallel._get_num_threads`` and
+    ``_set_num_threads``, 0.2-0.5 us) read and set the same thread-local count; where a
+    numba lacks them, the public functions. ccoll only passes counts in
+    ``1..pool_size()``.
+    """
+    global _counts
+    got = _counts
+    if got is None:
+        prepare()
+        import numba
+        from numba.np.ufunc import parallel
+
+        get = getattr(parallel, "_get_num_threads", None)
+        put = getattr(parallel, "_set_num_threads", None)
+        if not (callable(get) and callable(put)):
+            get, put = numba.get_num_threads, numba.set_num_threads
+        got = _counts = (get, put)
+    return got
 
 
 def pool_size() -> int:
