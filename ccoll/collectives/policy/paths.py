@@ -51,7 +51,8 @@ class Plan:
     format; ``predicted_raw``/``predicted``: the model's seconds for raw and for this path;
     ``ratio``: the ratio the model used; ``trial``: run to be measured; ``fast``: the
     next repeat of this signature may skip the agreement; ``format_reason``: why this
-    stream format (a compressed plan).
+    stream format (a compressed plan); ``key``: the candidate it is in the measured loop
+    (the path, with " v2" in format 2).
     """
 
     variant: str

@@ -9,7 +9,8 @@ compressed, the path (the flat ring, recursive halving, or two levels), the chun
 split of the bound between the phases, the stream format. Nothing else decides.
 
 **The decision.** The cost model (:mod:`ccoll.collectives.model`, docs/model.md) prices
-each candidate path of the call. Then one measured loop per signature (docs/model.md,
+each candidate path of the call, in each stream format it compares
+(:mod:`ccoll.collectives.policy.paths`). Then one measured loop per signature (docs/model.md,
 "Measured feedback"): a candidate's time, once measured, replaces its prediction; the
 candidate with the lowest estimate runs, a compressed one predicted (not measured) faster
 only by a margin (:data:`MARGIN`); an unmeasured candidate predicted within
