@@ -10,8 +10,6 @@ end size chunks, scan their counts and launch the kernels.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 from numba import njit
@@ -281,24 +279,40 @@ def _raw_value(Wb, code, l, is32):  # type: ignore[no-untyped-def]
 # ------------------------------------------------------------------ chunks and launches
 
 
-@contextmanager
-def _threads_for(n: int) -> Iterator[None]:
-    """Launch the numba kernels inside safely, on one thread when ``n`` elements are few."""
-    notice.watch()  # a compilation (numba cache miss) says so on stderr
-    with parallel_launch():
-        if n >= SERIAL_BELOW:
-            yield
-            return
-        get, put = counts()  # compiled: a tenth of numba's Python calls
-        prev = get()  # thread-local, so concurrent callers do not interfere
-        if prev == 1:  # already one (a one-thread lane): two calls saved
-            yield
-            return
-        put(1)
+class _threads_for:  # noqa: N801 - used as a function: ``with _threads_for(n):``
+    """Launch the numba kernels inside safely, on one thread when ``n`` elements are few.
+
+    A class, not a generator-based context manager (it runs around every kernel launch:
+    docs/performance.md, "What a kernel launch and a ring chunk cost").
+    """
+
+    __slots__ = ("n", "launch", "prev")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __enter__(self) -> None:
+        notice.watch()  # a compilation (numba cache miss) says so on stderr
+        launch = self.launch = parallel_launch()
+        launch.__enter__()
+        self.prev = 0
+        if self.n < SERIAL_BELOW:
+            try:
+                get, put = counts()  # thread-local, so concurrent callers do not interfere
+                prev = get()
+                if prev != 1:  # already one (a one-thread lane): two calls saved
+                    put(1)
+                    self.prev = prev
+            except BaseException:
+                launch.__exit__(None, None, None)
+                raise
+
+    def __exit__(self, *exc: object) -> None:
         try:
-            yield
+            if self.prev:
+                counts()[1](self.prev)
         finally:
-            put(prev)
+            self.launch.__exit__(*exc)
 
 
 def _small(eb: float, dtype: np.dtype) -> np.floating:
