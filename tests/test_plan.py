@@ -594,3 +594,11 @@ def test_where_compression_loses_only_one_format_is_tried():
     assert "C" not in seq or "V" not in seq, seq
     assert seq.count("V") + seq.count("C") <= 2 + 8, seq  # two runs, then 4, 8, ... apart
     assert sum(r.fast) > 150
+
+
+def test_the_agreement_carries_one_time_per_candidate():
+    # Planner.unsent() sends len(VARIANTS) times; the agreement vector has that many slots.
+    from ccoll.collectives import agreement
+
+    assert agreement._NTIMES == len(VARIANTS)
+    assert len(agreement.Call(collective="allreduce").times) == len(VARIANTS)

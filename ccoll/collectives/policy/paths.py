@@ -260,7 +260,10 @@ def _format_why(pick: Candidate, cands: list[Candidate], est: dict[str, float],
            f"{p.ratio:.3g}; format {other.plan.version} "
            f"{'measured ' if ok in measured else ''}{_ms(est[ok])} at ratio "
            f"{other.plan.ratio:.3g}")
-    if p.version == 2 and est[k] > est[ok] and not trial:
+    # The note follows what :func:`_paths` compared: measured times once both have one.
+    both = k in measured and ok in measured
+    t, t_other = (measured[k], measured[ok]) if both else (pick.seconds, other.seconds)
+    if p.version == 2 and t > t_other and not trial:
         why += f" (within {FEWER_BYTES:.0%}: fewer bytes)"
     return why
 
