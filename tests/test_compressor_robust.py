@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from kit import assert_clear_error
 
 import ccoll
-from ccoll.compressor import add, compress_abs, decompress, header
+from ccoll.compressor import add, add_data, compress_abs, decompress, header
+from ccoll.compressor.cpu.v2 import _stream_words
 from ccoll.errors import CCollError, FormatError
 
 HEADER = struct.Struct("<4sBBBBIIQddQQII")
@@ -160,6 +161,35 @@ def test_bytes_memoryview_and_unaligned_streams_decode():
     shifted = np.empty(buf.size + 1, np.uint8)[1:]
     shifted[:] = buf
     assert np.array_equal(decompress(shifted), ref, equal_nan=True)
+
+
+def _shifted(buf: np.ndarray, by: int) -> np.ndarray:
+    """A copy of ``buf`` whose data starts ``by`` bytes past a 4-byte boundary."""
+    out = np.empty(buf.size + 4, np.uint8)
+    start = (-out.ctypes.data) % 4 + by
+    out = out[start : start + buf.size]
+    out[:] = buf
+    assert out.ctypes.data % 4 == by
+    return out
+
+
+@pytest.mark.parametrize("by", [1, 2, 3])
+def test_unaligned_version2_streams_decode_and_add_as_aligned_ones(by):
+    # A word view of a stream's sections must start on a 4-byte boundary: a stream that
+    # does not is read through an aligned copy, whatever the check that finds it.
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal(3000) * 1e-2).astype(np.float32)
+    z = (rng.standard_normal(3000) * 1e-2).astype(np.float32)
+    a = compress_abs(x, 1e-4, version=2)
+    b = compress_abs(z, 1e-4, version=2)
+    sa, sb = _shifted(a, by), _shifted(b, by)
+    assert _stream_words(sa).ctypes.data % 4 == 0  # a copy
+    aligned = _shifted(a, 0)
+    assert np.shares_memory(_stream_words(aligned), aligned)  # a view
+    assert np.array_equal(decompress(sa), decompress(a))
+    assert np.array_equal(add(sa, sb), add(a, b))
+    assert np.array_equal(add_data(sa, z), add_data(a, z))
+    assert np.array_equal(add_data(sa, z), add(a, b))
 
 
 # ------------------------------------------------------------------------ crafted streams

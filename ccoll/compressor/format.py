@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -80,20 +79,20 @@ _T = TypeVar("_T")
 
 
 class _derived(Generic[_T]):
-    """``functools.cached_property`` without its lock.
+    """A header's derived number: every one of them computed at the first read of any.
 
-    The value is computed at the first read, then read from the instance's ``__dict__``
-    (this is a non-data descriptor) like a plain attribute. On Python 3.11
-    ``cached_property`` takes an ``RLock`` at every first read, which made a header's
-    offsets (a chain of seven of them) cost 7 us, more than parsing the header. Without
-    the lock, two threads that read a value first both compute it: the same value, from
-    the frozen fields, so either write is right.
+    ``StreamHeader._lay`` computes them all at once and writes them into the instance's
+    ``__dict__``, where later reads find them as plain attributes (this is a non-data
+    descriptor). One call of straight arithmetic: the offsets follow from one another
+    (``nbytes`` through eight of them), and one property computing the next took 3-4 us
+    per header, a few percent of a small ring step (docs/performance.md, "A small call's
+    fixed cost"). Two threads that read a header first both compute the same numbers
+    from its frozen fields, so either write is right.
     """
 
-    def __init__(self, fn: Callable[[Any], _T]) -> None:
-        self.fn = fn
-        self.name = fn.__name__
-        self.__doc__ = fn.__doc__
+    def __init__(self, doc: str) -> None:
+        self.name = ""
+        self.__doc__ = doc
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -101,17 +100,16 @@ class _derived(Generic[_T]):
     def __get__(self, obj: Any, owner: type | None = None) -> _T:
         if obj is None:
             return self  # type: ignore[return-value]
-        value = self.fn(obj)
-        obj.__dict__[self.name] = value
-        return value
+        obj._lay()
+        return obj.__dict__[self.name]  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StreamHeader:
     """Parsed header of a stream, with the offsets of its sections.
 
-    The derived numbers (element count, offsets) are computed once per header: the
-    validation and kernels of one call read them dozens of times.
+    The derived numbers (element count, offsets) are computed once per header, all at
+    once: the validation and kernels of one call read them dozens of times.
     """
 
     dtype: np.dtype
@@ -125,77 +123,71 @@ class StreamHeader:
     nmask: int = 0  # version 2: patched-planes blocks (words of the mask section)
     ntab: int = 0  # version 2: codes in the table
 
-    @_derived
-    def n(self) -> int:
-        """Element count."""
-        return math.prod(self.shape)
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float,
+                 nnz: int, payload_words: int, nterms: int = 1, version: int = VERSION,
+                 nmask: int = 0, ntab: int = 0) -> None:
+        # The fields at once: a frozen dataclass's own __init__ sets each through
+        # object.__setattr__, 2.3 us for the ten against 0.6 (every stream call makes one
+        # or two headers).
+        self.__dict__.update(dtype=dtype, shape=shape, eb=eb, bound=bound, nnz=nnz,
+                             payload_words=payload_words, nterms=nterms, version=version,
+                             nmask=nmask, ntab=ntab)
 
-    @_derived
-    def ndim(self) -> int:
-        """Number of dimensions."""
-        return len(self.shape)
+    n = _derived[int]("Element count.")
+    ndim = _derived[int]("Number of dimensions.")
+    nblocks = _derived[int]("Number of 32-element blocks.")
+    bitmap_words = _derived[int]("Length of the non-zero-block bitmap in words.")
+    bitmap_offset = _derived[int]("Byte offset of the bitmap.")
+    codes_offset = _derived[int](
+        "Byte offset of the section after the bitmap: v1's code bytes, v2's table.")
+    table_offset = _derived[int](
+        "Version 2: byte offset of the code table (``ntab`` u16, padded to 4 bytes).")
+    index_bits = _derived[int](
+        "Version 2: width ``ib`` of an index field, ``bitlen(ntab - 1)`` (0 if ntab <= 1).")
+    index_offset = _derived[int]("Version 2: byte offset of the index bit stream.")
+    index_words = _derived[int]("Version 2: length of the index section in words.")
+    mask_offset = _derived[int]("Version 2: byte offset of the mask words (``nmask`` of them).")
+    payload_offset = _derived[int]("Byte offset of the payload (a multiple of 4).")
+    nbytes = _derived[int]("Total length of the stream in bytes.")
 
-    @_derived
-    def nblocks(self) -> int:
-        """Number of 32-element blocks."""
-        return (self.n + BLOCK - 1) // BLOCK
-
-    @_derived
-    def bitmap_words(self) -> int:
-        """Length of the non-zero-block bitmap in words."""
-        return (self.nblocks + 31) // 32
-
-    @_derived
-    def bitmap_offset(self) -> int:
-        """Byte offset of the bitmap."""
-        return HEADER_NBYTES + 8 * self.ndim
-
-    @_derived
-    def codes_offset(self) -> int:
-        """Byte offset of the section after the bitmap: v1's code bytes, v2's table."""
-        return self.bitmap_offset + 4 * self.bitmap_words
-
-    @_derived
-    def table_offset(self) -> int:
-        """Version 2: byte offset of the code table (``ntab`` u16, padded to 4 bytes)."""
-        return self.codes_offset
-
-    @_derived
-    def index_bits(self) -> int:
-        """Version 2: width ``ib`` of an index field, ``bitlen(ntab - 1)`` (0 if ntab <= 1)."""
-        return bitlen(self.ntab - 1) if self.ntab > 1 else 0
-
-    @_derived
-    def index_offset(self) -> int:
-        """Version 2: byte offset of the index bit stream."""
-        return self.table_offset + 4 * ((self.ntab + 1) // 2)
-
-    @_derived
-    def index_words(self) -> int:
-        """Version 2: length of the index section in words."""
-        return (self.nnz * self.index_bits + 31) // 32
-
-    @_derived
-    def mask_offset(self) -> int:
-        """Version 2: byte offset of the mask words (``nmask`` of them)."""
-        return self.index_offset + 4 * self.index_words
-
-    @_derived
-    def payload_offset(self) -> int:
-        """Byte offset of the payload (a multiple of 4)."""
+    def _lay(self) -> None:
+        """Compute every derived number (docs/format.md, "Overview" and its version 2)."""
+        n = math.prod(self.shape)
+        ndim = len(self.shape)
+        nblocks = (n + BLOCK - 1) // BLOCK
+        bitmap_words = (nblocks + 31) // 32
+        bitmap_offset = HEADER_NBYTES + 8 * ndim
+        codes_offset = bitmap_offset + 4 * bitmap_words
+        ntab = self.ntab
+        index_bits = bitlen(ntab - 1) if ntab > 1 else 0
+        index_offset = codes_offset + 4 * ((ntab + 1) // 2)
+        index_words = (self.nnz * index_bits + 31) // 32
+        mask_offset = index_offset + 4 * index_words
         if self.version == VERSION2:
-            return self.mask_offset + 4 * self.nmask
-        return self.codes_offset + _roundup4(self.nnz)
-
-    @_derived
-    def nbytes(self) -> int:
-        """Total length of the stream in bytes."""
-        return self.payload_offset + 4 * self.payload_words
+            payload_offset = mask_offset + 4 * self.nmask
+        else:
+            payload_offset = codes_offset + _roundup4(self.nnz)
+        self.__dict__.update(
+            n=n, ndim=ndim, nblocks=nblocks, bitmap_words=bitmap_words,
+            bitmap_offset=bitmap_offset, codes_offset=codes_offset, table_offset=codes_offset,
+            index_bits=index_bits, index_offset=index_offset, index_words=index_words,
+            mask_offset=mask_offset, payload_offset=payload_offset,
+            nbytes=payload_offset + 4 * self.payload_words,
+        )
 
     def pack(self) -> np.ndarray:
         """Pack the 64-byte header and the shape into a uint8 array (nothing after them)."""
+        res = np.empty(HEADER_NBYTES + 8 * len(self.shape), np.uint8)
+        self.pack_into(res)
+        return res
+
+    def pack_into(self, res: np.ndarray) -> None:
+        """Write what :meth:`pack` returns into the first bytes of the uint8 array ``res``."""
         v2 = self.version == VERSION2
-        fixed = _FIXED.pack(
+        buf = memoryview(res)  # type: ignore[arg-type]  # numpy's stubs lack the buffer protocol
+        _FIXED.pack_into(
+            buf,
+            0,
             MAGIC,
             self.version,
             dtype_code(self.dtype),
@@ -211,8 +203,7 @@ class StreamHeader:
             self.nterms,
             self.ntab if v2 else 0,
         )
-        shape = struct.pack(f"<{self.ndim}Q", *self.shape)
-        return np.frombuffer(fixed + shape, dtype=np.uint8).copy()
+        struct.pack_into(f"<{self.ndim}Q", buf, HEADER_NBYTES, *self.shape)
 
 
 def _check_magic_and_version(buf: np.ndarray) -> None:

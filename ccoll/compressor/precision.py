@@ -37,6 +37,11 @@ __all__ = ["LOW_PRECISION", "DeviceNarrow", "Narrow", "device_low_precision", "l
 
 LOW_PRECISION = ("float16", "bfloat16")
 _TORCH_LOW = {"torch.float16": "float16", "torch.bfloat16": "bfloat16"}
+# The dtypes of most calls, told apart by identity: reading ``dtype.name`` costs 2-3 us,
+# and a small ring step asks it several times (docs/performance.md, "A small call's fixed
+# cost").
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
 
 
 # Significand bits (the leading one included), smallest normal exponent, largest finite value.
@@ -176,7 +181,7 @@ def _round_up(v: float) -> float:
 def low_precision(x: Any) -> str | None:
     """Return ``"float16"`` or ``"bfloat16"`` for such an array or tensor, else ``None``."""
     dt = getattr(x, "dtype", None)
-    if dt is None:
+    if dt is None or dt is _F32 or dt is _F64:  # numpy's own dtypes are singletons
         return None
     if is_torch(x):
         return _TORCH_LOW.get(str(dt))

@@ -519,8 +519,7 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
         if out.ctypes.data % 4:
             raise MismatchError("out for a stream must be 4-byte aligned")
         res = out[: hdr.nbytes]
-    head = hdr.pack()
-    res[: head.size] = head
+    hdr.pack_into(res)
     res[hdr.codes_offset + nnz : hdr.payload_offset] = 0
     if nch:
         res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)[:] = bitmap_t
@@ -613,8 +612,7 @@ def add_data(a: object, x: np.ndarray, eb: float | None = None) -> np.ndarray:
     hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=eb, bound=bound, nnz=nnz,
                            payload_words=pwords, nterms=nterms)
     res = np.empty(hdr.nbytes, np.uint8)
-    head = hdr.pack()
-    res[: head.size] = head
+    hdr.pack_into(res)
     res[hdr.codes_offset + nnz : hdr.payload_offset] = 0
     if nch:
         res[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)[:] = bitmap_t

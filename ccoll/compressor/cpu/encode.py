@@ -264,8 +264,7 @@ def compress_abs(x: np.ndarray, eb: float, version: int = fmt.VERSION) -> np.nda
         dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb, nnz=nnz, payload_words=pwords
     )
     out = np.empty(hdr.nbytes, np.uint8)
-    head = hdr.pack()
-    out[: head.size] = head
+    hdr.pack_into(out)
     out[hdr.codes_offset + nnz : hdr.payload_offset] = 0
     if nblocks:
         bitmap = out[hdr.bitmap_offset : hdr.codes_offset].view(np.uint32)

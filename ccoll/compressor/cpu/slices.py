@@ -72,8 +72,7 @@ def _build(hdr: fmt.StreamHeader, n: int, bits: np.ndarray, codes: np.ndarray,
     out_hdr = fmt.StreamHeader(dtype=hdr.dtype, shape=(n,), eb=hdr.eb, bound=hdr.bound,
                                nnz=nnz, payload_words=pwords, nterms=hdr.nterms)
     res = np.zeros(out_hdr.nbytes, np.uint8)
-    head = out_hdr.pack()
-    res[: head.size] = head
+    out_hdr.pack_into(res)
     packed = np.packbits(bits.astype(np.uint8), bitorder="little")
     res[out_hdr.bitmap_offset : out_hdr.bitmap_offset + packed.size] = packed
     res[out_hdr.codes_offset : out_hdr.codes_offset + nnz] = codes
