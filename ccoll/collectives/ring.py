@@ -318,10 +318,11 @@ class _Ring:
         """Send ``stream`` to the right; ``keep`` is the receive buffer it came in, if any.
 
         A received buffer is sent as it is (MPI wrote it, MPI can read it); a stream of
-        this rank goes the way ``place`` says.
+        this rank goes the way ``place`` says. ``nb``: the stream's length where the
+        caller has it (a received stream's from its check, else -1: read from its header).
         """
         if keep is None:
-            nb = stream_nbytes(stream)
+            nb = stream_nbytes(stream) if nb < 0 else nb
             buf, token = self.place.for_send(stream, nb)
         else:
             buf, token = stream[:nb], None
@@ -347,7 +348,8 @@ class _Ring:
     def on_final(self, c: int, stream: Any) -> None:
         """Chunk ``c`` of this rank's block is fully reduced."""
         self.final[c] = stream
-        self.ch.stats.bytes_coded += stream_nbytes(stream)
+        nb = stream_nbytes(stream)  # once: a header parse is a few us of a small call
+        self.ch.stats.bytes_coded += nb
         if not self.gather:
             return
         rec = self.rec
@@ -362,8 +364,8 @@ class _Ring:
                         {"block": self.r, "chunk": c}, lane="compress")
             return
         if self.steps:
-            self.send("ag send", 0, c, stream, None)
-        self._decode(-1, self.r, c, stream, stream_nbytes(stream), -1)
+            self.send("ag send", 0, c, stream, None, nb)
+        self._decode(-1, self.r, c, stream, nb, -1)
 
     def _decode(self, t: int, b: int, c: int, stream: Any, nb: int, buf: int) -> None:
         lo, hi = self.layout.chunks(b)[c]

@@ -251,19 +251,20 @@ def parse_header(
     if not isinstance(buf, np.ndarray) or buf.dtype != np.uint8 or buf.ndim != 1:
         raise FormatError("a ccoll stream is a 1-D uint8 array")
     total = buf.size if total_nbytes is None else int(total_nbytes)
-    prefix = header_prefix_nbytes(buf)
+    # One copy of the bytes a header can take, read at once; a stream that fails the first
+    # checks goes through header_prefix_nbytes, which names its first problem in the order
+    # docs/format.md checks them (magic, version, length, ndim). A ring call parses each
+    # of its streams' headers several times (docs/performance.md, "A small call's fixed
+    # cost").
+    raw = buf[: HEADER_NBYTES + 8 * MAX_NDIM].tobytes()
+    fields = _FIXED.unpack_from(raw, 0) if len(raw) >= HEADER_NBYTES else None
+    if fields is None or fields[0] != MAGIC or fields[1] not in VERSIONS or fields[3] > MAX_NDIM:
+        header_prefix_nbytes(buf)  # raises
+        raise FormatError("stream header is not readable")  # not reached: the line above raises
+    (magic, version, dcode, ndim, r0, block, r1, n, eb, bound, nnz, pwords, nterms, r2) = fields
+    prefix = HEADER_NBYTES + 8 * ndim
     if buf.size < prefix:
         raise FormatError(f"stream truncated inside its header ({buf.size} < {prefix} bytes)")
-    raw = buf[:prefix].tobytes()
-    (magic, version, dcode, ndim, r0, block, r1, n, eb, bound, nnz, pwords, nterms, r2) = (
-        _FIXED.unpack_from(raw, 0)
-    )
-    if magic != MAGIC:
-        raise FormatError(f"not a ccoll stream: magic is {magic!r}, expected {MAGIC!r}")
-    if version not in VERSIONS:
-        raise FormatError(
-            f"unsupported ccoll stream version {version} (this build reads versions 1 and 2)"
-        )
     v2 = version == VERSION2
     if dcode not in _DTYPES:
         raise FormatError(f"unknown dtype code {dcode} in stream header (1=float32, 2=float64)")
@@ -271,8 +272,8 @@ def parse_header(
         raise FormatError("reserved header fields are not zero")
     if block != BLOCK:
         raise FormatError(f"block size {block} in stream header, version {version} uses {BLOCK}")
-    shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)
-    if n >= MAX_N or any(d >= MAX_N for d in shape):
+    shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)  # a tuple of ints
+    if n >= MAX_N or (ndim and max(shape) >= MAX_N):
         raise FormatError(f"element count {n} in stream header is implausibly large")
     if math.prod(shape) != n:
         raise FormatError(f"stream header count {n} does not match its shape {shape}")
@@ -289,15 +290,15 @@ def parse_header(
         raise FormatError("stream header nterms is 0")
     hdr = StreamHeader(
         dtype=_DTYPES[dcode],
-        shape=tuple(int(d) for d in shape),
-        eb=float(eb),
-        bound=float(bound),
-        nnz=int(nnz),
-        payload_words=int(pwords),
-        nterms=int(nterms),
-        version=int(version),
-        nmask=int(r1) if v2 else 0,
-        ntab=int(r2) if v2 else 0,
+        shape=shape,
+        eb=eb,
+        bound=bound,
+        nnz=nnz,
+        payload_words=pwords,
+        nterms=nterms,
+        version=version,
+        nmask=r1 if v2 else 0,
+        ntab=r2 if v2 else 0,
     )
     if hdr.nnz > hdr.nblocks:
         raise FormatError(f"stream says {nnz} non-zero blocks but has only {hdr.nblocks} blocks")
