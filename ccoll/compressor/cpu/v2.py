@@ -350,6 +350,35 @@ def _presence(codes, present):  # type: ignore[no-untyped-def]
             present[code] = 1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _zero_ends(idx, pay, ib, chunk_k, chunk_nnz, chunk_o, chunk_bits):  # type: ignore[no-untyped-def]
+    """Zero the index and payload words that chunks' last, partial words are OR'd into.
+
+    Before the chunks are written in parallel; :func:`_merge_ends` ORs those partial words
+    in after them.
+    """
+    for c in range(chunk_k.size):
+        ie = (chunk_k[c] + chunk_nnz[c]) * ib
+        if ie & 31:
+            idx[ie >> 5] = 0
+        pe = chunk_o[c] + chunk_bits[c]
+        if pe & 31:
+            pay[pe >> 5] = 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _merge_ends(idx, pay, ib, chunk_k, chunk_nnz, chunk_o, chunk_bits, last_idx,
+                last_pay):  # type: ignore[no-untyped-def]
+    """OR each chunk's last, partial index and payload words in, after every chunk is written."""
+    for c in range(chunk_k.size):
+        ie = (chunk_k[c] + chunk_nnz[c]) * ib
+        if ie & 31:
+            idx[ie >> 5] |= last_idx[c]
+        pe = chunk_o[c] + chunk_bits[c]
+        if pe & 31:
+            pay[pe >> 5] |= last_pay[c]
+
+
 @njit(parallel=True, nogil=True, cache=True)
 def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap, idx, masks,
               pay, S, omasks, packed, chunk_nnz, chunk_nmask, chunk_bits):  # type: ignore[no-untyped-def]
@@ -358,20 +387,14 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
     A chunk the plan pass packed (``packed[c]``) is moved from its scratch region word-wise
     (:func:`_place_words`); the others are quantized again and packed here. The words
     that chunks' last, partial words are OR'd into are zeroed before the chunks run and
-    the OR is done after them, serially (what :func:`_zero_last` and :func:`_merge_last`
-    do for the add).
+    the OR is done after them, serially (:func:`_zero_ends`, :func:`_merge_ends`; the add's
+    :func:`_place_v2` does the same).
     """
     n = x.size
     nblocks = codes.size
     wide = x.itemsize == 8
     nch = chunk_k.size
-    for c in range(nch):
-        ie = (chunk_k[c] + chunk_nnz[c]) * ib
-        if ie & 31:
-            idx[ie >> 5] = 0
-        pe = chunk_o[c] + chunk_bits[c]
-        if pe & 31:
-            pay[pe >> 5] = 0
+    _zero_ends(idx, pay, ib, chunk_k, chunk_nnz, chunk_o, chunk_bits)
     last_idx = np.empty(nch, np.int64)
     last_pay = np.empty(nch, np.int64)
     for c in prange(nch):
@@ -446,13 +469,7 @@ def _write_v2(x, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap
             P[ppos] = pacc
         last_idx[c] = iacc if inb else 0
         last_pay[c] = _place_words(P, 0, pay, chunk_o[c], chunk_bits[c])
-    for c in range(nch):
-        ie = (chunk_k[c] + chunk_nnz[c]) * ib
-        if ie & 31:
-            idx[ie >> 5] |= last_idx[c]
-        pe = chunk_o[c] + chunk_bits[c]
-        if pe & 31:
-            pay[pe >> 5] |= last_pay[c]
+    _merge_ends(idx, pay, ib, chunk_k, chunk_nnz, chunk_o, chunk_bits, last_idx, last_pay)
 
 
 @njit(nogil=True, cache=True)
@@ -1140,13 +1157,7 @@ def _place_v2(ocodes, omasks, bitmap_t, S, reg, rank, ib, chunk_nnz, chunk_nmask
     nch = chunk_nnz.size
     for i in range(bitmap_t.size):
         bitmap[i] = bitmap_t[i]
-    for c in range(nch):
-        ie = (chunk_k[c] + chunk_nnz[c]) * ib
-        if ie & 31:
-            idx[ie >> 5] = 0
-        pe = chunk_o[c] + chunk_bits[c]
-        if pe & 31:
-            pay[pe >> 5] = 0
+    _zero_ends(idx, pay, ib, chunk_k, chunk_nnz, chunk_o, chunk_bits)
     last_idx = np.empty(nch, np.int64)
     last_pay = np.empty(nch, np.int64)
     for c in prange(nch):
@@ -1159,13 +1170,7 @@ def _place_v2(ocodes, omasks, bitmap_t, S, reg, rank, ib, chunk_nnz, chunk_nmask
             masks[r + i] = omasks[b0 + i]
         last_idx[c] = ia if inb else 0
         last_pay[c] = _place_words(S, reg[c], pay, chunk_o[c], chunk_bits[c])
-    for c in range(nch):
-        ie = (chunk_k[c] + chunk_nnz[c]) * ib
-        if ie & 31:
-            idx[ie >> 5] |= last_idx[c]
-        pe = chunk_o[c] + chunk_bits[c]
-        if pe & 31:
-            pay[pe >> 5] |= last_pay[c]
+    _merge_ends(idx, pay, ib, chunk_k, chunk_nnz, chunk_o, chunk_bits, last_idx, last_pay)
 
 
 def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float, nterms: int,
