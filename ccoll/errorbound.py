@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Union
 
 import numpy as np
 
@@ -89,9 +88,6 @@ class REL(ErrorBound):
         while eb > 0 and Fraction(eb) > exact:
             eb = math.nextafter(eb, 0.0)
         return eb
-
-
-BoundLike = Union[ErrorBound, float, str]
 
 
 def as_bound(eb: object) -> ErrorBound:

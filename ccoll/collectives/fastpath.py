@@ -270,11 +270,10 @@ class Memo:
 class Fast:
     """The fast path of one channel: its history and the predicted call's collective."""
 
-    __slots__ = ("ch", "planner", "history", "last_seconds", "last_sent", "memo")
+    __slots__ = ("ch", "planner", "history", "last_seconds", "memo")
 
     def __init__(self, ch: Channel, planner: Planner) -> None:
         self.memo: Memo | None = None  # the last repeated host allreduce's arguments
-        self.last_sent = 0
         self.ch = ch
         self.planner = planner
         self.history = History()
@@ -383,9 +382,8 @@ class Fast:
         if history.last is not m.key:
             history.note(m.key)
         self.last_seconds = seconds
-        self.last_sent = sent = m.sent
         stats = ch.stats
-        stats.bytes_sent += sent
+        stats.bytes_sent += m.sent
         stats.bytes_input += m.nbytes
         stats.calls += 1
         return y

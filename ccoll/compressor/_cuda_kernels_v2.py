@@ -93,7 +93,6 @@ R_TABLE = 7
 R_BEYOND = 8
 ZERO = -1  # stands for a zero block: code 0 is PP(0, 0), a valid code
 NCODES_SET = 4096  # codes are below 2^12: the presence set has 128 words
-MAXTAB = 1122  # valid codes
 
 _JIT = dict(cache=True)  # fastmath stays off on purpose
 

@@ -253,9 +253,6 @@ _DEFAULT_FRACTION = {"cpu": 1.0, "cuda": 0.5}
 _FLAT: Mapping[str, int] = dict.fromkeys(LANES, 0)
 _training = False
 
-ENV_SCHED = "CCOLL_SCHED"
-
-
 def default_scheduler(device: str = "cpu") -> Scheduler:
     """Return the process-wide scheduler for ``device``, created on first use.
 

@@ -438,16 +438,6 @@ class CCollHookState:
         )
         self.load_state_dict(state)
 
-    def avg_bound(self, x: np.ndarray) -> float:
-        """Absolute bound of the ranks' average: ``eb`` resolved on the global range of ``x``.
-
-        Collective over :attr:`comm` for ``REL`` (the global range of ``x``).
-        """
-        if isinstance(self.eb, ABS):
-            return self.eb.value
-        lo, hi = self.global_range(x)
-        return self.eb.resolve(lo, hi)
-
     def global_range(self, x: np.ndarray) -> tuple[float, float]:
         """Return the range of the finite values of ``x`` over every rank (collective)."""
         from mpi4py import MPI
