@@ -289,6 +289,27 @@ def test_add_into_out():
         add(a, b, out=np.empty(10000, np.float32))
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_both_formats_check_an_out_for_the_sum_alike(version):
+    rng = np.random.default_rng(4)
+    xa, xb = gradient(rng, 1000, np.float32), gradient(rng, 1000, np.float32)
+    a, b = compress_abs(xa, 1e-4, version=version), compress_abs(xb, 1e-4, version=version)
+    room = np.zeros(max_nbytes(1000, np.float32, version=version) + 4, np.uint8)
+    assert add(a, b, out=room[:-4]).tobytes() == add(a, b).tobytes()
+    hint = "max_nbytes" if version == 1 else r"max_nbytes\(\.\.\., version=2\)"
+    with pytest.raises(MismatchError, match=rf"out holds 10 bytes, .*{hint}"):
+        add(a, b, out=np.empty(10, np.uint8))
+    with pytest.raises(MismatchError, match="1-D uint8"):
+        add(a, b, out=np.empty(10000, np.float32))
+    ro = room[:-4].copy()
+    ro.flags.writeable = False
+    with pytest.raises(MismatchError, match="writable and contiguous"):
+        add(a, b, out=ro)
+    shift = (1 - room.ctypes.data) % 4 or 1  # a start that is not on a 4-byte boundary
+    with pytest.raises(MismatchError, match="4-byte aligned"):
+        add(a, b, out=room[shift:])
+
+
 def test_public_api_add():
     a = ccoll.compress(np.ones(5, np.float32), ccoll.ABS(0.25))
     assert np.array_equal(ccoll.decompress(ccoll.compressor.add(a, a)), np.full(5, 2.0))

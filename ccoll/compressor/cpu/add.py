@@ -34,6 +34,7 @@ from ccoll.compressor.cpu.blocks import (
     _readonly,
     _scan,
     _small,
+    _stream_out,
     _threads_for,
     _write_raw,
 )
@@ -504,21 +505,8 @@ def add(a: object, b: object, out: np.ndarray | None = None) -> np.ndarray:
     chunk_pos, pwords = _scan(chunk_words)
     hdr = fmt.StreamHeader(dtype=ha.dtype, shape=ha.shape, eb=ha.eb, bound=bound, nnz=nnz,
                            payload_words=pwords, nterms=nterms)
-    if out is None:
-        res = np.empty(hdr.nbytes, np.uint8)
-    else:
-        if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1):
-            raise MismatchError("out for a stream must be a 1-D uint8 numpy array")
-        if not (out.flags.writeable and out.flags.c_contiguous):
-            raise MismatchError("out for a stream must be writable and contiguous")
-        if out.size < hdr.nbytes:
-            raise MismatchError(
-                f"out holds {out.size} bytes, the sum needs {hdr.nbytes} "
-                "(size it with max_nbytes)"
-            )
-        if out.ctypes.data % 4:
-            raise MismatchError("out for a stream must be 4-byte aligned")
-        res = out[: hdr.nbytes]
+    res = (np.empty(hdr.nbytes, np.uint8) if out is None
+           else _stream_out(out, hdr.nbytes, "max_nbytes"))
     hdr.pack_into(res)
     res[hdr.codes_offset + nnz : hdr.payload_offset] = 0
     if nch:

@@ -27,6 +27,7 @@ from ccoll.compressor.cpu.intrinsics import (
     _q_int,
     _round_like,
 )
+from ccoll.errors import MismatchError
 from ccoll.runtime.cpu_threads import counts, parallel_launch
 
 BLOCK = fmt.BLOCK
@@ -353,6 +354,24 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
+
+
+def _stream_out(out: object, nbytes: int, sizing: str) -> np.ndarray:
+    """Check a caller's ``out`` for a stream of ``nbytes`` and return its first bytes.
+
+    ``sizing`` names the call that sizes such an ``out`` (the message's hint).
+    """
+    if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1):
+        raise MismatchError("out for a stream must be a 1-D uint8 numpy array")
+    if not (out.flags.writeable and out.flags.c_contiguous):
+        raise MismatchError("out for a stream must be writable and contiguous")
+    if out.size < nbytes:
+        raise MismatchError(
+            f"out holds {out.size} bytes, the sum needs {nbytes} (size it with {sizing})"
+        )
+    if out.ctypes.data % 4:
+        raise MismatchError("out for a stream must be 4-byte aligned")
+    return out[:nbytes]
 
 
 def _nchunks(nblocks: int) -> int:

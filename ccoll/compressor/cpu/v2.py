@@ -36,6 +36,7 @@ from ccoll.compressor.cpu.blocks import (
     _nchunks,
     _readonly,
     _small,
+    _stream_out,
     _threads_for,
 )
 from ccoll.compressor.cpu.intrinsics import (
@@ -96,7 +97,7 @@ from ccoll.compressor.cpu.v2blocks import (
     _sum_planes,
     _writer_at,
 )
-from ccoll.errors import FormatError, InputError, MismatchError
+from ccoll.errors import FormatError, InputError
 
 __all__ = ["compress_abs_v2", "add_v2", "add_data_v2", "validate_v2"]
 
@@ -493,26 +494,11 @@ def _layout_v2(present, chunk_nnz, chunk_nmask, chunk_bits, table, rank, chunk_k
     return ntab, nnz, nmask, nbits
 
 
-def _stream_out(out: np.ndarray, nbytes: int) -> np.ndarray:
-    """Check a caller's ``out`` for a stream of ``nbytes`` and return its first bytes."""
-    if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1):
-        raise MismatchError("out for a stream must be a 1-D uint8 numpy array")
-    if not (out.flags.writeable and out.flags.c_contiguous):
-        raise MismatchError("out for a stream must be writable and contiguous")
-    if out.size < nbytes:
-        raise MismatchError(
-            f"out holds {out.size} bytes, the sum needs {nbytes} "
-            "(size it with max_nbytes(..., version=2))"
-        )
-    if out.ctypes.data % 4:
-        raise MismatchError("out for a stream must be 4-byte aligned")
-    return out[:nbytes]
-
-
 def _new_stream(hdr: fmt.StreamHeader, table: np.ndarray, out: np.ndarray | None = None
                 ) -> np.ndarray:
     """Allocate (or check ``out``) and fill header, shape and table of a v2 stream."""
-    res = np.empty(hdr.nbytes, np.uint8) if out is None else _stream_out(out, hdr.nbytes)
+    res = (np.empty(hdr.nbytes, np.uint8) if out is None
+           else _stream_out(out, hdr.nbytes, "max_nbytes(..., version=2)"))
     hdr.pack_into(res)
     tab = res[hdr.table_offset : hdr.index_offset]
     tab[:] = 0
@@ -529,30 +515,11 @@ def _sections(res: np.ndarray, hdr: fmt.StreamHeader
     return bitmap, idx, masks, pay
 
 
-def _compressed_stream(hdr: fmt.StreamHeader, table: np.ndarray, nblocks: int, ib: int,
-                       out: np.ndarray | None = None
+def _compressed_stream(hdr: fmt.StreamHeader, table: np.ndarray, out: np.ndarray | None = None
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_new_stream` and :func:`_sections` for compression and sums, in one call.
-
-    Allocates the stream (or checks ``out``, as :func:`_new_stream`), writes header, shape
-    and table, and returns it with its bitmap, index, mask and payload sections as word
-    views. The offsets are computed here once, as the header lays them out
-    (docs/format.md, "Format version 2"): reading ten of the header's offsets took about
-    20 us of a 0.25 ms digits call before the header computed them at once.
-    """
-    o_bitmap = fmt.HEADER_NBYTES + 8 * len(hdr.shape)
-    o_table = o_bitmap + 4 * ((nblocks + 31) // 32)
-    o_index = o_table + 4 * ((hdr.ntab + 1) // 2)
-    o_mask = o_index + 4 * ((hdr.nnz * ib + 31) // 32)
-    o_pay = o_mask + 4 * hdr.nmask
-    nbytes = o_pay + 4 * hdr.payload_words
-    res = np.empty(nbytes, np.uint8) if out is None else _stream_out(out, nbytes)
-    hdr.pack_into(res)
-    tab = res[o_table:o_index]
-    tab[:] = 0
-    tab[: 2 * table.size] = table.astype("<u2").view(np.uint8)
-    return (res, res[o_bitmap:o_table].view(np.uint32), res[o_index:o_mask].view(np.uint32),
-            res[o_mask:o_pay].view(np.uint32), res[o_pay:nbytes].view(np.uint32))
+    """:func:`_new_stream` and :func:`_sections` in one call: the stream and its sections."""
+    res = _new_stream(hdr, table, out)
+    return (res, *_sections(res, hdr))
 
 
 def check_v2_size(n: int) -> None:
@@ -607,7 +574,7 @@ def compress_abs_v2(x: np.ndarray, eb: float) -> np.ndarray:
         hdr = fmt.StreamHeader(dtype=flat.dtype, shape=tuple(x.shape), eb=eb, bound=eb,
                                nnz=nnz, payload_words=(nbits + 31) // 32,
                                version=fmt.VERSION2, nmask=nmask, ntab=ntab)
-        res, bitmap, idx, masks, pay = _compressed_stream(hdr, table[:ntab], nblocks, ib)
+        res, bitmap, idx, masks, pay = _compressed_stream(hdr, table[:ntab])
         if nblocks:
             _write_v2(flat, bits_, step, codes, rank, ib, chunk_k, chunk_r, chunk_o, bitmap,
                       idx, masks, pay, S, omasks, packed, chunk_nnz, chunk_nmask, chunk_bits)
@@ -1194,7 +1161,7 @@ def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float
     hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=bound, nnz=nnz,
                            payload_words=(nbits + 31) // 32, nterms=nterms,
                            version=fmt.VERSION2, nmask=nmask, ntab=ntab)
-    res, bitmap, idx, masks, pay = _compressed_stream(hdr, table[:ntab], nblocks, ib, out)
+    res, bitmap, idx, masks, pay = _compressed_stream(hdr, table[:ntab], out)
     if nch:
         with _threads_for(n):
             _place_v2(ocodes, omasks, bitmap_t, S, reg, rank, ib, chunk_nnz, chunk_nmask,
