@@ -186,6 +186,12 @@ class Communicator:
         # Kept so that rank and size still answer after close() (the duplicate is freed).
         self._rank, self._size = comm.Get_rank(), comm.Get_size()
         deadline = Deadline(self.timeout, "creating a ccoll Communicator")
+        # The timeout is not agreed yet, and a blocking MPI call does not match its
+        # nonblocking form: until the agreement, every rank takes the nonblocking forms
+        # (an endless deadline waits in them as a finite one does, without end), so a
+        # rank whose timeout differs gets the agreement's MismatchError, not a hang.
+        if deadline.at is None:
+            deadline.at = math.inf
         sync = dup_comm(comm, deadline)
         try:
             agree(sync, call, deadline)

@@ -104,6 +104,32 @@ def test_calibration_setting_on_one_rank_fails_the_communicator_everywhere(
 
 
 @needs_two
+@pytest.mark.parametrize("how", ["argument", "CCOLL_TIMEOUT"])
+def test_a_timeout_without_end_on_one_rank_fails_the_communicator_everywhere(
+        comm, monkeypatch, how):
+    # The timeout decides blocking or nonblocking MPI calls, and is agreed with the other
+    # settings; before that agreement every rank must make the same kind of call (the
+    # communicator's duplicate, the agreement itself), or a rank without a timeout waits
+    # in MPI_Comm_dup for the others' MPI_Comm_idup forever.
+    last = comm.rank == comm.size - 1
+    if how == "CCOLL_TIMEOUT":
+        monkeypatch.setenv("CCOLL_TIMEOUT", "none" if last else "30")
+        kwargs = {}
+    else:
+        kwargs = {"timeout": float("inf") if last else 30}
+    with pytest.raises(MismatchError) as info:
+        ccoll.Communicator(comm, policy="raw", **kwargs)
+    same_error_everywhere(comm, info, MismatchError, "settings (")
+    assert f"timeout=None on rank {comm.size - 1}" in str(info.value), str(info.value)
+    monkeypatch.delenv("CCOLL_TIMEOUT", raising=False)
+    with ccoll.Communicator(comm, policy="raw", timeout=30) as c:
+        x = gradient_like(comm.rank, 1000, np.float32)
+        want = np.empty_like(x)
+        comm.Allreduce(x, want)
+        assert c.allreduce(x, eb=None).tobytes() == want.tobytes()
+
+
+@needs_two
 def test_settings_changed_on_one_rank_after_creation_change_nothing(comm, monkeypatch):
     # A Communicator keeps the settings it was made with: CCOLL_* variables set later on
     # one rank (the calibration's, the timeout, the ratio) change no call's plan, so every
