@@ -18,9 +18,15 @@ __all__ = ["ABS", "REL", "ErrorBound", "as_bound", "finite_range"]
 
 
 class ErrorBound:
-    """Base class of error bounds; ``value`` is a finite positive float."""
+    """Base class of error bounds; ``value`` is a finite positive float.
+
+    A bound is a value, like a number: it cannot change once made (``value`` cannot be
+    set; a call that should use another bound passes a new one). Collectives compare
+    bounds by kind and value, and a bound may be a dict key.
+    """
 
     __slots__ = ("value",)
+    value: float
     kind: str = ""
 
     def __init__(self, value: float) -> None:
@@ -35,7 +41,19 @@ class ErrorBound:
             raise ErrorBoundError(
                 f"{type(self).__name__} bound must be finite and > 0, got {value!r}"
             )
-        self.value = v
+        object.__setattr__(self, "value", v)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise ErrorBoundError(
+            f"{self!r} cannot change ({name} = {value!r}): pass a new bound, "
+            f"ccoll.{type(self).__name__}(...)"
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise ErrorBoundError(f"{self!r} cannot change (del {name})")
+
+    def __reduce__(self) -> tuple[type, tuple[float]]:
+        return type(self), (self.value,)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.value!r})"

@@ -34,6 +34,32 @@ def test_bound_spellings(eb, relative):
     assert h.eb == want
 
 
+@pytest.mark.parametrize("kind", [ccoll.ABS, ccoll.REL])
+def test_a_bound_is_a_value_that_cannot_change(kind):
+    # A bound set to -1 or 0 after it was checked once reached the ring's kernels
+    # (ErrorBoundError mid-collective, the Communicator unusable after) or compressed
+    # losslessly without a word: a bound cannot change once made.
+    import copy
+    import pickle
+
+    from ccoll.errors import ErrorBoundError
+
+    eb = kind(1e-3)
+    for bad in (-1.0, 0.0, 1e-2):
+        with pytest.raises(ErrorBoundError, match=rf"{kind.__name__}\(0.001\) cannot change"):
+            eb.value = bad
+    with pytest.raises(ErrorBoundError, match="cannot change"):
+        del eb.value
+    assert eb.value == 1e-3 and eb == kind(1e-3) and hash(eb) == hash(kind(1e-3))
+    for again in (copy.copy(eb), copy.deepcopy(eb), pickle.loads(pickle.dumps(eb))):
+        assert type(again) is kind and again.value == 1e-3
+    x = sample()
+    assert ccoll.compress(x, eb).tobytes() == ccoll.compress(x, kind(1e-3)).tobytes()
+    for bad in (-1.0, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ErrorBoundError):
+            kind(bad)
+
+
 def test_header_fields():
     x = sample((3, 4, 5), np.float64)
     buf = compress_abs(x, 1e-3)
