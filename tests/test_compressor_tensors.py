@@ -115,6 +115,20 @@ def test_requires_grad_is_read_detached():
     assert isinstance(y, torch.Tensor) and not y.requires_grad
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_an_out_that_requires_grad_is_refused_and_left_alone(dtype):
+    # A float32 out was written in place behind autograd's back, a bfloat16 one raised
+    # torch's own RuntimeError: both are refused as the collectives refuse them.
+    x = _data(torch.float32)
+    buf = ccoll.compress(x, ccoll.ABS(EB))
+    out = torch.zeros(x.shape, dtype=getattr(torch, dtype)).requires_grad_(True)
+    assert_clear_error(InputError, r"out is a torch tensor that requires grad: pass "
+                       r"out.detach\(\)", ccoll.decompress, buf, out=out)
+    assert not out.detach().any()
+    y = ccoll.decompress(buf, out=out.detach())
+    assert torch.equal(y, ccoll.decompress(buf, like=out.detach())) and y.any()
+
+
 def test_like_errors_name_the_fix():
     x = _data(torch.float32)
     buf = ccoll.compress(x, ccoll.ABS(EB))

@@ -419,6 +419,10 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
             raise InputError("decompress takes out= or like=, not both: out already says "
                              "where and in which dtype the result goes; drop like=")
         return _decompress_like(buf, like, stream)
+    if out is not None and _backend.is_torch(out) and out.requires_grad:
+        # As the collectives: writing it in place would go behind autograd's back.
+        raise InputError("out is a torch tensor that requires grad: pass out.detach() or "
+                         "out=None")
     if _backend.backend_of(buf) == "cuda":
         if out is not None and _backend.backend_of(out) != "cuda":
             raise MismatchError("out must live on the same device as the stream (CUDA)")
