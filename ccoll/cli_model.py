@@ -7,17 +7,34 @@ the options and writes the report. :mod:`ccoll.cli` registers it.
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import asdict, replace
 from typing import Any
 
 from ccoll.collectives.floor import break_even_bandwidth, break_even_size
 from ccoll.collectives.model import DEFAULTS, Params, predict
 from ccoll.collectives.ratios import DEFAULT_WIDTH
-from ccoll.errors import InputError
+from ccoll.errors import InputError, UnitError
 from ccoll.helpformat import DefaultsFormatter
 from ccoll.units import format_iec, format_time, parse_rate, parse_size, parse_time
 
 __all__ = ["add_parser", "add_tune_parser", "params_from_args", "run_model", "run_tune"]
+
+
+def _number(low: float, high: float = math.inf, *, above: bool = True) -> Any:
+    """Return an argparse type: a finite float above ``low`` (or at least it), at most ``high``."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise UnitError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or (v <= low if above else v < low) or v > high:
+            where = f"> {low:g}" if above else f">= {low:g}"
+            if high != math.inf:
+                where += f" and <= {high:g}"
+            raise UnitError(f"must be a finite number {where}, got {text!r}")
+        return v
+    return parse
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -45,17 +62,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     help="latency of one ring step, e.g. 5us (default 50us)")
     ap.add_argument("--size", type=parse_size, default=parse_size("64M"),
                     help="message size, e.g. 64M = 64 MiB (default)")
-    ap.add_argument("--ratio", type=float, default=16.0,
+    ap.add_argument("--ratio", type=_number(0.0), default=16.0,
                     help="compression ratio of one rank's data (default 16)")
-    ap.add_argument("--ratio-sum", type=float, default=None,
+    ap.add_argument("--ratio-sum", type=_number(0.0), default=None,
                     help="ratio of the reduced stream (default: estimated from --ratio)")
-    ap.add_argument("--width", type=float, default=DEFAULT_WIDTH,
+    ap.add_argument("--width", type=_number(0.0, 64.0, above=False), default=DEFAULT_WIDTH,
                     help=f"mean code width in bits of non-zero blocks (default {DEFAULT_WIDTH:g})")
     ap.add_argument("--chunks", type=int, default=None,
                     help="pipeline chunks per ring block (default: the best)")
     for name, what in (("compress", "compression"), ("add", "homomorphic add"),
                        ("decompress", "decompression"), ("reduce", "plain float sum")):
-        ap.add_argument(f"--{name}-gbps", type=float, default=None,
+        ap.add_argument(f"--{name}-gbps", type=_number(0.0), default=None,
                         help=f"{what} throughput in GB/s (1e9 bytes of float data per second)")
     ap.add_argument("--overhead", type=parse_time, default=None,
                     help="fixed cost of one compressed call (default 100us)")

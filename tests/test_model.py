@@ -211,6 +211,22 @@ def test_model_command_prints_times_and_break_even() -> None:
     json.dumps(doc)
 
 
+@pytest.mark.parametrize("option, value, why", [
+    ("--ratio", "nan", "finite number > 0"), ("--ratio", "inf", "finite number > 0"),
+    ("--ratio", "0", "finite number > 0"), ("--ratio-sum", "nan", "finite number > 0"),
+    ("--width", "nan", ">= 0 and <= 64"), ("--width", "65", ">= 0 and <= 64"),
+    ("--compress-gbps", "nan", "finite number > 0"), ("--add-gbps", "-1", "finite number > 0"),
+    ("--ratio", "x", "'x' is not a number"),
+])
+def test_model_command_refuses_numbers_it_cannot_model(capsys, option, value, why) -> None:
+    # NaN slipped past `ratio <= 0` and printed "nan s (speedup nanx)" with exit code 0.
+    with pytest.raises(SystemExit) as info:
+        _model_cmd("--defaults", option, value)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: " in err and why in err, err
+
+
 def test_model_command_fast_link_says_raw() -> None:
     doc, text, _ = _model_cmd("--ranks", "4", "--bandwidth", "400Gbit", "--latency", "5us")
     assert doc["choice"] == "raw"
