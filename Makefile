@@ -49,8 +49,10 @@ minilm: $(STAMP)
 test: $(STAMP)
 	$(MAKE) --no-print-directory test-unit test-cuda test-mpi
 
+# The unit tests run on both cores (pytest-xdist): many wait on subprocesses (MPI jobs, the
+# emulated cluster, local Slurm), each in folders and namespaces of its own.
 test-unit: $(STAMP)
-	$(VPY) -m pytest tests -m "not slow" --ignore=tests/mpi --ignore=tests/cuda --ignore=tests/ptx
+	$(VPY) -m pytest tests -m "not slow" --ignore=tests/mpi --ignore=tests/cuda --ignore=tests/ptx -n 2
 	$(VPY) -m pytest tests/ptx -m "not slow" -n 2  # PTX compiles of the CUDA kernels, one core each
 
 test-cuda: $(STAMP)
