@@ -13,6 +13,7 @@ is refused with a message that says what to write. docs/cli.md lists the accepte
 
 from __future__ import annotations
 
+import math
 import re
 from typing import NoReturn
 
@@ -84,8 +85,8 @@ def parse_size(text: str | int) -> int:
     else:
         scale = 1000 ** _POW[prefix[0].lower()]
     v = num * scale
-    if v < 0 or v != int(v):
-        _fail(f"size must be a whole number of bytes >= 0, got {text!r}")
+    if not math.isfinite(v) or v < 0 or v != int(v):
+        _fail(f"size must be a whole, finite number of bytes >= 0, got {text!r}")
     return int(v)
 
 

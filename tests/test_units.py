@@ -25,7 +25,8 @@ def test_parse_size(text: str, value: int) -> None:
 
 
 @pytest.mark.parametrize(("bad", "match"), [
-    ("fast", "size must look like"), ("-3", "whole number"), ("1.5", "whole number"),
+    ("fast", "size must look like"), ("-3", "whole, finite number"), ("1.5", "whole, finite"),
+    ("1e400", "whole, finite number"), ("1e300T", "whole, finite number"),
     ("64Mb", "in bytes, not bits"), ("64b", "in bytes, not bits"),
     ("64mB", "milli"), ("64MQ", "size must look like"), ("64 MiBs", "size must look like"),
 ])
