@@ -830,6 +830,12 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         raise InputError(f"--blocks must be >= 1, got {args.blocks}")
     if args.minbytes < 1 or args.maxbytes < args.minbytes or args.stepfactor < 1:
         raise InputError("need 1 <= -b <= -e and -f >= 1")
+    if args.maxbytes < 4:
+        raise InputError(f"-e {args.maxbytes} holds no float32 (4 bytes), the data's "
+                         "smallest element: pass -e 4 or more")
+    if args.stepfactor == 1 and args.minbytes != args.maxbytes:
+        raise InputError("-f 1 never grows the size from -b to -e: pass -f > 1 (2 is "
+                         "nccl-tests' and OSU's), or -b equal to -e for one size")
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data}: no such file")
     if (args.trace or args.trace_png) and algos == ["mpi"]:

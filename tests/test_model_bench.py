@@ -126,6 +126,18 @@ def test_blocks_must_be_positive() -> None:
         bench.run_bench(_bench_args("--blocks", "0"))
 
 
+@pytest.mark.parametrize(("argv", "match"), [
+    (("-b", "1", "-e", "3"), r"-e 3 holds no float32"),
+    (("-b", "4", "-e", "1K", "-f", "1"), r"-f 1 never grows the size"),
+])
+def test_sizes_that_would_time_nothing_or_one_size_are_refused(argv, match) -> None:
+    # Both ran and exited 0: -e below 4 bytes printed the header and no row; -f 1 timed
+    # only -b's size.
+    with pytest.raises(InputError, match=match):
+        bench.run_bench(_bench_args(*argv))
+    assert bench.sizes(4, 4, 1.0, 4) == [4]  # -b equal to -e: one size, any -f
+
+
 @pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
 @pytest.mark.parametrize(
     ("collective", "lo"),
