@@ -249,6 +249,13 @@ def test_bad_files(sample, tmp_path):
         compress_file(str(tmp_path), str(tmp_path / "c.h5"), "rel:1e-3")
     with pytest.raises(InputError, match="output folder"):
         compress_file(sample, str(tmp_path / "no" / "c.h5"), "rel:1e-3")
+    # Folders that a tidied path hides: these ran the whole job and then failed at the
+    # rename with a message naming the temporary file.
+    for bad, match in ((tmp_path / "no" / ".." / "c.h5", r"no/..' does not exist"),
+                       (f"{sample}/../c.h5", r"\.h5/..' does not exist"),
+                       (f"{tmp_path}/c.h5/", "ends in a folder separator")):
+        with pytest.raises(InputError, match=match):
+            compress_file(sample, str(bad), "rel:1e-3")
     with pytest.raises(InputError, match="not written by ccoll compress"):
         decompress_file(sample, str(tmp_path / "b.h5"))
     c = str(tmp_path / "c.h5")

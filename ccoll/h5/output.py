@@ -72,9 +72,15 @@ def check_input(path: str) -> None:
 
 def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> None:
     """Refuse an output that exists (unless ``force``), is an input, or has no folder."""
+    if not os.path.basename(path):
+        raise InputError(f"output {path!r} ends in a folder separator, expected a file name")
+    # The folder as the system will walk it when the file is renamed into place, not as
+    # abspath() tidies it: in 'nosuchdir/../out.h5' or 'file.h5/../out.h5' the '..' is
+    # reached only through a folder that must exist.
+    written = os.path.dirname(path) or os.curdir
+    if not os.path.isdir(written):
+        raise InputError(f"output folder {written!r} does not exist (or is not a folder)")
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InputError(f"output folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"output folder {folder!r} is not writable")
     if os.path.isdir(path):
