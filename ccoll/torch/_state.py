@@ -15,13 +15,25 @@ __all__ = [
     "bound_of",
     "check_settings",
     "check_version",
+    "count_of",
     "start_call",
 ]
 
 POLICIES = ("compress", "auto", "raw")
 
-# Version of the state dicts (CCollHookState, FSDPReduceScatter); bump on a change of keys.
+# Version of the state dicts (CCollHookState, FSDPReduceScatter); bump on a change of keys
+# that an older reader cannot load (the hook's "rank" and "ranks", added later, are read
+# where present and ignored by older readers: version 1 still).
 STATE_VERSION = 1
+
+
+def count_of(state: dict[str, Any], key: str) -> int:
+    """``state[key]`` as a count (a whole number >= 0), else :class:`ccoll.InputError`."""
+    v = state.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InputError(f"the state dict's {key} is {v!r}: expected a whole number >= 0, "
+                         "as state_dict() saves it")
+    return v
 
 
 def bound_of(state: dict[str, Any]) -> ErrorBound:

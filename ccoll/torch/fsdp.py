@@ -38,6 +38,7 @@ from ccoll.torch._state import (
     bound_of,
     check_settings,
     check_version,
+    count_of,
     start_call,
 )
 
@@ -201,7 +202,7 @@ class FSDPReduceScatter:
         check_settings({k: mine[k] for k in keys}, state, "FSDPReduceScatter")
         for k in ("compressed", "exact", "elements_compressed", "elements_exact",
                   "unknown_layout"):
-            setattr(self, k, int(state[k]))
+            setattr(self, k, count_of(state, k))
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any], *, comm: Any = None,

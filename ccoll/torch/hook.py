@@ -54,6 +54,7 @@ from ccoll.torch._state import (
     bound_of,
     check_settings,
     check_version,
+    count_of,
     start_call,
 )
 from ccoll.torch._stepgate import RAW, StepGate
@@ -343,6 +344,8 @@ class CCollHookState:
             "min_numel": self.min_numel,
             "policy": self.policy,
             "iter": self.iter,
+            "rank": self.comm.Get_rank(),
+            "ranks": self.comm.Get_size(),
             "residuals": residuals,
             "residual_shapes": layout,
             "compressed": self.compressed,
@@ -378,6 +381,20 @@ class CCollHookState:
             "min_numel": self.min_numel, "policy": self.policy,
         }
         check_settings(mine, state, "CCollHookState")
+        counters = {k: count_of(state, k) for k in ("iter", "compressed", "exact")}
+        busy = state.get("busy_s")
+        if isinstance(busy, bool) or not isinstance(busy, (int, float)) or not (
+                math.isfinite(busy) and busy >= 0):
+            raise InputError(f"the state dict's busy_s is {busy!r}: expected seconds >= 0")
+        # Residuals are this rank's share of the error not yet sent: another rank's, or
+        # those of another world size, would carry the wrong error into the next sums.
+        where = (self.comm.Get_rank(), self.comm.Get_size())
+        saved = (state.get("rank", where[0]), state.get("ranks", where[1]))
+        if saved != where and (state.get("residuals") or state.get("residuals_by_param")):
+            raise InputError(
+                f"the state dict holds the residuals of rank {saved[0]} of {saved[1]}, and "
+                f"this is rank {where[0]} of {where[1]}: load each rank's own state dict at "
+                "the world size it was saved at")
         pending: dict[Any, np.ndarray] = {}
         by_param = state.get("residuals_by_param")
         if model is not None and by_param is not None:
@@ -402,10 +419,10 @@ class CCollHookState:
                     lo = hi
         self.residuals = {}
         self._pending = pending
-        self.iter = int(state["iter"])
-        self.compressed = int(state["compressed"])
-        self.exact = int(state["exact"])
-        self.busy_s = float(state["busy_s"])
+        self.iter = counters["iter"]
+        self.compressed = counters["compressed"]
+        self.exact = counters["exact"]
+        self.busy_s = float(busy)
 
     @classmethod
     def from_state_dict(

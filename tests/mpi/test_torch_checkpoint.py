@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -169,3 +170,37 @@ def test_pickle_and_settings(comm, made) -> None:
     made.append(other)
     assert other.iter == state.iter and other.error_feedback
     assert_clear_error(InputError, "torch.nn.Module", state.state_dict, "not a model")
+
+
+def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> None:
+    # Residuals are one rank's error not yet sent: another rank's (swapped files) or
+    # those of another world size loaded without a word; counters that no state_dict()
+    # writes (iter -5, 2.7, "x", None) loaded, were truncated or raised torch's errors.
+    torch.manual_seed(0)
+    net = Net()
+    ddp = DDP(net)
+    state = ef_state(made, eb=ccoll.ABS(1e-3), start_iter=0)
+    ddp.register_comm_hook(state, ct.comm_hook)
+    train(ddp, torch.optim.SGD(net.parameters(), lr=0.1), range(2))
+    sd = state.state_dict(ddp)
+    assert (sd["rank"], sd["ranks"]) == (comm.rank, comm.size) and sd["residuals"]
+    for key, value in (("rank", comm.rank + 1), ("ranks", comm.size + 1)):
+        assert_clear_error(InputError, rf"residuals of rank .* this is rank {comm.rank} of "
+                           rf"{comm.size}: load each rank's own", state.load_state_dict,
+                           {**sd, key: value}, ddp)
+    # Without residuals (no error feedback) the counters and settings move anywhere.
+    plain = {**sd, "rank": comm.rank + 1, "ranks": comm.size + 1, "residuals": {},
+             "residual_shapes": {}}
+    del plain["residuals_by_param"]
+    state.load_state_dict(plain)
+    assert state.iter == sd["iter"]
+    for key in ("iter", "compressed", "exact"):
+        for bad in (-5, 2.7, "x", None, True):
+            assert_clear_error(InputError, rf"state dict's {key} is {re.escape(repr(bad))}: "
+                               "expected a whole number >= 0", state.load_state_dict,
+                               {**sd, key: bad}, ddp)
+    for bad in (-1.0, float("nan"), "x"):
+        assert_clear_error(InputError, "busy_s", state.load_state_dict, {**sd, "busy_s": bad})
+    older = {k: v for k, v in sd.items() if k not in ("rank", "ranks")}  # saved before them
+    state.load_state_dict(older, ddp)
+    assert state.iter == sd["iter"]
