@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import time
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -211,11 +212,14 @@ def run_tune(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     from mpi4py import MPI
 
     from ccoll.collectives.communicator import Communicator
+    from ccoll.collectives.policy.cache import cache_file
     from ccoll.settings import configure, current
 
     before = current().calibration
     if before == "off":
         raise InputError("CCOLL_CALIBRATION=off: ccoll tune would write nothing; unset it")
+    path = cache_file(current().cache_dir)
+    started = time.time()
     configure(calibration="refresh")
     try:
         with Communicator(MPI.COMM_WORLD, policy="auto") as cc:
@@ -227,10 +231,21 @@ def run_tune(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     if MPI.COMM_WORLD.Get_rank() != 0:
         args.silent = True  # neither the text nor --json's document: rank 0 prints them
         return doc, "", 0
+    # Rank 0 writes the cache, and a folder it cannot write costs the library only a probe
+    # per run (cache.py), so whether this run wrote it is read from the file itself.
+    if doc["ranks"] == 1:
+        outcome = "one rank has no link to measure: the cache was left as it was"
+    elif path.is_file() and path.stat().st_mtime >= started - 2.0:
+        outcome = f"written to the calibration cache ({path})"
+    else:
+        raise InputError(f"ccoll tune measured this launch but could not write the "
+                         f"calibration cache {str(path)!r}: set CCOLL_CACHE_DIR to a "
+                         "writable folder")
+    doc["cache_file"] = str(path) if doc["ranks"] > 1 else None
     p = cal.params
     text = "\n".join([
         f"# {doc['ranks']} rank(s); link: {cal.link}, compressor: {cal.compressor}; "
-        f"{cal.seconds:.2f} s; written to the calibration cache",
+        f"{cal.seconds:.2f} s; {outcome}",
         f"link latency per ring step  {format_time(p.alpha)}",
         f"link bandwidth              {p.beta * 8 / 1e9:.3g} Gbit/s "
         f"(MPI_Allreduce reaches {p.raw_efficiency:.0%} of it)",

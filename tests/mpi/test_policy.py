@@ -110,6 +110,9 @@ def test_tune_reports_once_and_writes_the_cache(comm, shared_cache, capsys):
         if comm.size > 1:
             assert (doc["link"], doc["compressor"]) == ("probe", "measured")
             assert 0 < doc["params"]["raw_efficiency"] <= 16
+            assert doc["cache_file"] == os.path.join(shared_cache, "links.json")
+        else:  # nothing to measure, nothing written: the report says so
+            assert doc["cache_file"] is None and os.listdir(shared_cache) == []
     else:
         assert out == ""
     if comm.size > 1:
@@ -117,6 +120,28 @@ def test_tune_reports_once_and_writes_the_cache(comm, shared_cache, capsys):
             assert (cc.calibration.link, cc.calibration.compressor) == ("cache", "cache")
             if comm.rank == 0:
                 assert cc.calibration.params.beta == doc["params"]["beta"]
+
+
+def test_tune_says_when_it_could_not_write_the_cache(comm, shared_cache, capsys, monkeypatch):
+    # A CCOLL_CACHE_DIR that is a file: the library goes on without a cache (a probe per
+    # run), but `ccoll tune` said "written to the calibration cache" with exit code 0.
+    from ccoll import cli
+
+    blocked = os.path.join(shared_cache, "a-file")
+    if comm.rank == 0:
+        open(blocked, "w").close()
+    comm.Barrier()
+    monkeypatch.setenv("CCOLL_CACHE_DIR", blocked)
+    code = cli.main(["tune"])
+    captured = capsys.readouterr()
+    if comm.rank == 0 and comm.size > 1:
+        assert code == cli.EXIT_USAGE, captured
+        assert "could not write the calibration cache" in captured.err
+        assert "written to" not in captured.out
+    else:
+        assert code == 0
+        if comm.rank == 0:
+            assert "one rank has no link to measure" in captured.out
 
 
 def test_calibration_off_neither_reads_nor_writes(comm, shared_cache, monkeypatch):

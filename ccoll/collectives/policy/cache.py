@@ -31,6 +31,7 @@ from ccoll.collectives.policy.probes import LinkCalibration, allgather, bcast
 __all__ = [
     "CACHE_MAX_AGE_S",
     "cache_dir",
+    "cache_file",
     "link_key",
     "read_entry",
     "write_link",
@@ -54,13 +55,14 @@ def cache_dir(folder: str | None = None) -> Path:
     return Path(base) / "ccoll"
 
 
-def _cache_file(folder: str | None) -> Path:
+def cache_file(folder: str | None) -> Path:
+    """Return the calibration cache's file in :func:`cache_dir`."""
     return cache_dir(folder) / "links.json"
 
 
 def _read_cache(folder: str | None = None) -> dict[str, Any]:
     try:
-        with open(_cache_file(folder)) as f:
+        with open(cache_file(folder)) as f:
             doc = json.load(f)
         return doc if isinstance(doc, dict) else {}
     except (OSError, ValueError):
@@ -69,7 +71,7 @@ def _read_cache(folder: str | None = None) -> dict[str, Any]:
 
 def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
     """Atomically add one entry (rank 0 only); keeps the 64 newest entries."""
-    path = _cache_file(folder)
+    path = cache_file(folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         doc = _read_cache(folder)
