@@ -217,6 +217,11 @@ class CCollHookState:
             error_feedback = False
         start = _checked_int(call, "start_iter", start_iter, 0)
         min_n = _checked_int(call, "min_numel", min_numel, 0)
+        if process_group is not None and not (
+                dist.is_available() and isinstance(process_group, dist.ProcessGroup)):
+            call.problem(InputError, "process_group must be a torch.distributed process "
+                         f"group or None, got {type(process_group).__name__}")
+            process_group = None
         self.eb = bound
         self.error_feedback = bool(error_feedback)
         self.start_iter = start

@@ -567,3 +567,26 @@ def test_step_check_ranks_that_disagree_on_the_process_group(comm, state_factory
         return
     with pytest.raises(Exception, match="disagree on the process group"):
         ddp(rank_input(torch.float32)).square().mean().backward()
+
+
+def test_process_group_is_checked_when_the_state_is_made(comm, state_factory) -> None:
+    # A process_group that is none was taken, and the first raw step raised torch's own
+    # ValueError in backward(); it is an argument error on every rank at construction.
+    from ccoll.errors import InputError
+    from ccoll.torch.hook import _raw_group
+
+    with pytest.raises(InputError) as info:
+        ct.CCollHookState(process_group="not a group", policy="auto")
+    msg = str(info.value)
+    assert "process_group must be a torch.distributed process group or None, got str" in msg
+    assert len(set(comm.allgather(msg))) == 1
+    group = torch.distributed.new_group(list(range(comm.size)))
+    state = state_factory(process_group=group, start_iter=0, min_numel=0, policy="auto")
+    assert _raw_group(state) is group
+    ddp = DDP(Net())
+    ddp.register_comm_hook(state, ct.comm_hook)
+    for step in range(3):
+        ddp.zero_grad()
+        ddp(rank_input(torch.float32, step)).square().mean().backward()
+        grads = np.concatenate([p.grad.numpy().ravel() for p in ddp.parameters()])
+        assert_same_on_every_rank(comm, grads)
