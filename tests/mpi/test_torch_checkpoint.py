@@ -145,13 +145,19 @@ def test_state_dict_resumes_exactly_in_process(comm, made) -> None:
     assert state.residuals_reset == 0
 
 
-def test_pickle_and_settings(comm, made) -> None:
+def trained_two_steps(made: list) -> tuple[torch.nn.Module, ct.CCollHookState]:  # type: ignore[type-arg]
+    """A DDP model trained two steps through a hook with error feedback, and its state."""
     torch.manual_seed(0)
     net = Net()
     ddp = DDP(net)
     state = ef_state(made, eb=ccoll.ABS(1e-3), start_iter=0)
     ddp.register_comm_hook(state, ct.comm_hook)
     train(ddp, torch.optim.SGD(net.parameters(), lr=0.1), range(2))
+    return ddp, state
+
+
+def test_pickle_and_settings(comm, made) -> None:
+    ddp, state = trained_two_steps(made)
     back = pickle.loads(pickle.dumps(state))  # collective: a new communicator
     made.append(back)
     assert MPI.Comm.Compare(back.comm, MPI.COMM_WORLD) == MPI.CONGRUENT
@@ -176,12 +182,7 @@ def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> 
     # Residuals are one rank's error not yet sent: another rank's (swapped files) or
     # those of another world size loaded without a word; counters that no state_dict()
     # writes (iter -5, 2.7, "x", None) loaded, were truncated or raised torch's errors.
-    torch.manual_seed(0)
-    net = Net()
-    ddp = DDP(net)
-    state = ef_state(made, eb=ccoll.ABS(1e-3), start_iter=0)
-    ddp.register_comm_hook(state, ct.comm_hook)
-    train(ddp, torch.optim.SGD(net.parameters(), lr=0.1), range(2))
+    ddp, state = trained_two_steps(made)
     sd = state.state_dict(ddp)
     assert (sd["rank"], sd["ranks"]) == (comm.rank, comm.size) and sd["residuals"]
     for key, value in (("rank", comm.rank + 1), ("ranks", comm.size + 1)):
