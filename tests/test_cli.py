@@ -295,6 +295,27 @@ def test_inspect_verifies_by_default_and_names_the_damaged_dataset(capsys, damag
     assert verified.pop("/step_0000/fc.bias") is False and all(verified.values())
 
 
+@pytest.mark.parametrize(("name", "value", "why"), [
+    ("ccoll_crc32", "x", "ccoll_crc32='x' is not a whole number"),
+    ("ccoll_shape", "hello", "ccoll_shape='hello' is not a list of whole numbers"),
+    ("ccoll_dtype", "hello", "ccoll_dtype='hello' is not a dtype"),
+    ("ccoll_eb_abs", "hello", "ccoll_eb_abs='hello' is not a number"),
+])
+def test_inspect_lists_an_attribute_of_the_wrong_type_as_damage(capsys, sample, tmp_path,
+                                                                 name, value, why):
+    # A string where a number belongs raised ValueError from int() through the CLI: a
+    # traceback, and the rest of the file never listed.
+    c = str(tmp_path / "c.h5")
+    assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    with h5py.File(c, "r+") as f:
+        f["/step_0000/fc.bias"].attrs[name] = value
+    code, out, err = run(capsys, "inspect", c)
+    assert code == cli.EXIT_FAILURE and f"/step_0000/fc.bias: attribute {why}" in out, (out, err)
+    assert "Traceback" not in err and "/step_0000/fc.weight" in out
+    code, out, err = run(capsys, "inspect", c, "--no-verify")  # listing alone
+    assert "Traceback" not in err and "/step_0000/fc.weight" in out
+
+
 def test_inspect_no_verify_only_lists_and_says_so(capsys, damaged):
     code, out, err = run(capsys, "inspect", damaged, "--no-verify")
     assert code == cli.EXIT_OK and err == ""

@@ -328,6 +328,9 @@ DAMAGE = {
     ),
     "format version not a number": (_set_attr(A.FORMAT_VERSION, "two"), "is not a number"),
     "lossless attribute": (_set_attr(A.LOSSLESS, "lz4"), "lz4"),
+    # Attributes of the wrong type raised ValueError from int() through the CLI (a traceback).
+    "CRC not a number": (_set_attr(A.CRC32, "x"), "ccoll_crc32='x' is not a whole number"),
+    "shape not numbers": (_set_attr(A.SHAPE, "hello"), "is not a list of whole numbers"),
 }
 
 

@@ -47,6 +47,29 @@ def _attr_str(ds: h5py.Dataset, name: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _whole(value: Any, name: str) -> int:
+    """Return an integer attribute's value, else raise :class:`FormatError` naming it."""
+    try:
+        v = np.asarray(value)
+        if v.shape != () or v.dtype.kind not in "iu":
+            raise TypeError
+        return int(v)
+    except (TypeError, ValueError):
+        raise FormatError(f"attribute {name}={value!r} is not a whole number") from None
+
+
+def attr_shape(ds: h5py.Dataset) -> tuple[int, ...]:
+    """Return the ``ccoll_shape`` attribute as a tuple (``(-1,)`` if missing), else raise."""
+    raw = ds.attrs.get(A.SHAPE, [-1])
+    try:
+        v = np.asarray(raw)
+        if v.size and v.dtype.kind not in "iu":
+            raise TypeError
+        return tuple(int(d) for d in v.reshape(-1))
+    except (TypeError, ValueError):
+        raise FormatError(f"attribute {A.SHAPE}={raw!r} is not a list of whole numbers") from None
+
+
 def _read_stream(
     ds: h5py.Dataset,
 ) -> tuple[np.ndarray, np.dtype, tuple[int, ...], np.dtype, int]:
@@ -74,7 +97,7 @@ def _read_stream(
         raise FormatError(f"attribute {A.DTYPE}={ds.attrs[A.DTYPE]!r} is not a dtype") from None
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
         raise FormatError(f"attribute {A.DTYPE}={dtype} is not float16, float32 or float64")
-    shape = tuple(int(d) for d in np.asarray(ds.attrs.get(A.SHAPE, [-1])).reshape(-1))
+    shape = attr_shape(ds)
     if any(d < 0 for d in shape):
         raise FormatError(f"attribute {A.SHAPE} is missing or negative: {shape}")
     lossless = _attr_str(ds, A.LOSSLESS)
@@ -86,7 +109,7 @@ def _read_stream(
     except OSError as exc:  # HDF5 could not read the bytes (damaged chunk, filter failure)
         raise FormatError(f"HDF5 cannot read the stored bytes: {exc}") from None
     crc = ds.attrs.get(A.CRC32)
-    if crc is not None and zlib.crc32(stored.tobytes()) != int(crc):
+    if crc is not None and zlib.crc32(stored.tobytes()) != _whole(crc, A.CRC32):
         raise FormatError("stored bytes fail their CRC-32 check (the dataset was altered)")
     stream_dtype = np.dtype(np.float32) if dtype.itemsize == 2 else dtype.newbyteorder("=")
     if lossless == "zstd":

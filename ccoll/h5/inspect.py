@@ -18,7 +18,7 @@ import numpy as np
 
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
-from ccoll.h5.decompress import is_kept, verify_dataset
+from ccoll.h5.decompress import attr_shape, is_kept, verify_dataset
 from ccoll.h5.output import check_input
 from ccoll.h5.tree import walk
 
@@ -55,15 +55,26 @@ def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
                 raise InputError(
                     f"cannot verify {ds.name}: {exc}; pass --no-verify to list without checking"
                 ) from None
-        shape = [int(d) for d in np.asarray(ds.attrs.get(A.SHAPE, [])).reshape(-1)]
-        dtype = np.dtype(_s(ds.attrs.get(A.DTYPE, "uint8")))
+        try:
+            shape = list(attr_shape(ds)) if A.SHAPE in ds.attrs else []
+        except FormatError as exc:  # listed as damaged, with the rest of the file
+            shape, damage = [], damage or str(exc)
+        try:
+            dtype = np.dtype(_s(ds.attrs.get(A.DTYPE, "uint8")))
+        except TypeError:
+            dtype = np.dtype(np.uint8)
+            damage = damage or f"attribute {A.DTYPE}={ds.attrs[A.DTYPE]!r} is not a dtype"
         lossless = _s(ds.attrs.get(A.LOSSLESS, "none"))
         version: int | None = _int_or_none(ds.attrs.get(A.FORMAT_VERSION))
         codec = "ccoll" if version == 1 else f"ccoll v{'?' if version is None else version}"
         if lossless != "none":
             codec += f"+{lossless}"
         bound = _s(ds.attrs.get(A.BOUND, "?"))
-        eb_abs: float | None = float(ds.attrs.get(A.EB_ABS, math.nan))
+        try:
+            eb_abs: float | None = float(ds.attrs.get(A.EB_ABS, math.nan))
+        except (TypeError, ValueError):
+            eb_abs = math.nan
+            damage = damage or f"attribute {A.EB_ABS}={ds.attrs[A.EB_ABS]!r} is not a number"
     else:
         shape = list(ds.shape) if ds.shape is not None else []
         dtype = ds.dtype
