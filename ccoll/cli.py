@@ -502,6 +502,9 @@ def _report_eval(doc: dict[str, Any], summary: bool) -> str:
             f"{len(doc['skipped'])} dataset/bound pair(s) skipped "
             "(constant data: the bound resolves to 0)"
         )
+    if doc.get("streams"):
+        out.append(f"{len(doc['streams'])} ccoll stream(s) not evaluated: this file was "
+                   "written by ccoll compress; decompress it to evaluate them")
     if doc.get("plot"):
         out.append(f"plot: {doc['plot']}")
     return "\n".join(out)

@@ -205,6 +205,28 @@ def test_eval_skips_constant_data(sample):
     assert [r["path"] for r in rep["runs"]] == ["/step_0000/fc.weight"]
 
 
+def test_eval_counts_the_streams_of_a_file_ccoll_compress_wrote(sample, tmp_path):
+    # Its streams are uint8 datasets: eval measured only the datasets kept as they were
+    # and said nothing of the rest (or "no floating-point dataset" where all were streams).
+    c = str(tmp_path / "c.h5")
+    compress_file(sample, c, "rel:1e-3")
+    with h5py.File(c, "r") as f:
+        streams = []
+        f.visititems(lambda n, o: streams.append("/" + n) if "ccoll_format_version" in o.attrs
+                     else None)
+    assert streams
+    rep = evaluate_file(c, [REL(1e-3)], [], repeat=1)  # the datasets kept as they were
+    assert sorted(rep["streams"]) == sorted(streams)
+    assert not set(r["path"] for r in rep["runs"]) & set(streams)
+    only = str(tmp_path / "only.h5")  # streams and nothing else
+    with h5py.File(only, "w") as f:
+        f["g"] = np.random.default_rng(0).standard_normal(10_000).astype(np.float32)
+    compress_file(only, str(tmp_path / "only_c.h5"), "rel:1e-3")
+    with pytest.raises(InputError, match=r"1 ccoll stream\(s\) are not float data; "
+                       "decompress it first"):
+        evaluate_file(str(tmp_path / "only_c.h5"), [REL(1e-3)], [], repeat=1)
+
+
 def test_eval_handles_every_float_kind(sample):
     rep = evaluate_file(sample, [ABS(1e-2)], ["sz3", "zfp"], exclude=["*/empty"], repeat=1)
     ok = [r for r in rep["runs"] if r["codec"] == "ccoll"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from ccoll.errorbound import ErrorBound, as_bound, finite_range
 from ccoll.errors import ErrorBoundError, InputError
+from ccoll.h5 import attrs as A
 from ccoll.h5.compress import bound_label, check_format_version
 from ccoll.h5.output import check_input, check_stop
 from ccoll.h5.peers import PEER_NAMES, Codec, ccoll_codec, load
@@ -166,7 +167,9 @@ def evaluate_file(
 
     Returns a JSON-ready report: ``runs`` (one per dataset, bound and codec), ``totals``
     (one per bound and codec), ``missing`` (peers not installed), ``skipped`` (datasets
-    whose bound resolves to 0, i.e. constant data, which every codec stores exactly).
+    whose bound resolves to 0, i.e. constant data, which every codec stores exactly) and
+    ``streams`` (ccoll streams of a file ``ccoll compress`` wrote: not float data, not
+    evaluated).
     """
     if not bounds:
         raise ErrorBoundError("--eb needs at least one bound")
@@ -186,9 +189,16 @@ def evaluate_file(
     runs: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
     with h5py.File(path, "r") as f:
+        # A file ccoll compress wrote: its streams are uint8 datasets, which no codec here
+        # reads; the datasets it kept as they were are evaluated, and the streams counted.
+        streams: list[str] = []
+        f.visititems(lambda name, obj: streams.append("/" + name) if isinstance(
+            obj, h5py.Dataset) and A.FORMAT_VERSION in obj.attrs else None)
         paths = select(float_datasets(f), include, exclude)
         if not paths:
-            raise InputError(f"no floating-point dataset to evaluate in {path!r}")
+            hint = (f": its {len(streams)} ccoll stream(s) are not float data; decompress "
+                    "it first (ccoll decompress)" if streams else "")
+            raise InputError(f"no floating-point dataset to evaluate in {path!r}{hint}")
         dtypes = {
             np.dtype(np.float32) if f[p].dtype.itemsize == 2 else f[p].dtype.newbyteorder("=")
             for p in paths
@@ -237,6 +247,7 @@ def evaluate_file(
         "runs": runs,
         "totals": totals,
         "skipped": skipped,
+        "streams": streams,
     }
 
 
