@@ -150,6 +150,13 @@ class CCollCodec(Codec):
             if self.dtype is not None and arr.dtype != np.dtype(self.dtype):
                 raise ValueError(f"ccoll codec: configured for {self.dtype}, got {arr.dtype} data")
             return arr
+        if arr.dtype.itemsize != 1 and arr.dtype.kind not in "SV":
+            # Typed data of another kind (float16, int32, ...): reading its bytes as floats
+            # would code other numbers without an error.
+            raise ValueError(
+                f"ccoll codec: got {arr.dtype} data; ccoll codes float32 and float64: "
+                "convert it first (for example x.astype(numpy.float32))"
+            )
         if self.dtype is None:
             raise ValueError(
                 f"ccoll codec: got a buffer of {arr.dtype}, expected float32 or float64 data; "

@@ -144,7 +144,12 @@ def test_bad_arguments(kw, exc, match):
 @pytest.mark.parametrize(
     "data, dtype, match",
     [
-        (np.arange(10, dtype=np.int32), None, "expected float32 or float64"),
+        (np.arange(10, dtype=np.int32), None, "got int32 data; ccoll codes float32"),
+        # Typed data of another kind is refused even with a dtype: its bytes read as floats
+        # coded other numbers without an error (float16 [0, 1, 2, 3] came back as 8e-3,
+        # 32.06, ...).
+        (np.arange(8, dtype=np.float16), "float32", "got float16 data; ccoll codes"),
+        (np.arange(4, dtype=np.int32), "float32", "convert it first"),
         (b"\x00" * 16, None, "set dtype"),
         (b"\x00" * 10, "float64", "whole number"),
         (np.ones(4, np.float64), "float32", "configured for float32"),
