@@ -119,8 +119,6 @@ def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     """Body of ``ccoll model``: returns ``(document, text, exit code)`` for the CLI to print."""
     if args.ranks < 1:
         raise InputError(f"--ranks must be >= 1, got {args.ranks}")
-    if args.ratio <= 0 or (args.ratio_sum is not None and args.ratio_sum <= 0):
-        raise InputError("--ratio and --ratio-sum must be > 0")
     if args.chunks is not None and args.chunks < 1:
         raise InputError(f"--chunks must be >= 1, got {args.chunks}")
     cached = None if args.defaults else _cached_params(args.cached)

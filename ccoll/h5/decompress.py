@@ -47,25 +47,11 @@ def _attr_str(ds: h5py.Dataset, name: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def _whole(value: Any, name: str) -> int:
-    """Return an integer attribute's value, else raise :class:`FormatError` naming it."""
-    try:
-        v = np.asarray(value)
-        if v.shape != () or v.dtype.kind not in "iu":
-            raise TypeError
-        return int(v)
-    except (TypeError, ValueError):
-        raise FormatError(f"attribute {name}={value!r} is not a whole number") from None
-
-
 def attr_shape(ds: h5py.Dataset) -> tuple[int, ...]:
     """Return the ``ccoll_shape`` attribute as a tuple (``(-1,)`` if missing), else raise."""
     raw = ds.attrs.get(A.SHAPE, [-1])
     try:
-        v = np.asarray(raw)
-        if v.size and v.dtype.kind not in "iu":
-            raise TypeError
-        return tuple(int(d) for d in v.reshape(-1))
+        return tuple(int(d) for d in np.asarray(raw).reshape(-1))
     except (TypeError, ValueError):
         raise FormatError(f"attribute {A.SHAPE}={raw!r} is not a list of whole numbers") from None
 
@@ -109,8 +95,13 @@ def _read_stream(
     except OSError as exc:  # HDF5 could not read the bytes (damaged chunk, filter failure)
         raise FormatError(f"HDF5 cannot read the stored bytes: {exc}") from None
     crc = ds.attrs.get(A.CRC32)
-    if crc is not None and zlib.crc32(stored.tobytes()) != _whole(crc, A.CRC32):
-        raise FormatError("stored bytes fail their CRC-32 check (the dataset was altered)")
+    if crc is not None:
+        try:  # as the format version's attribute above
+            want = int(crc)
+        except (TypeError, ValueError):
+            raise FormatError(f"attribute {A.CRC32}={crc!r} is not a whole number") from None
+        if zlib.crc32(stored.tobytes()) != want:
+            raise FormatError("stored bytes fail their CRC-32 check (the dataset was altered)")
     stream_dtype = np.dtype(np.float32) if dtype.itemsize == 2 else dtype.newbyteorder("=")
     if lossless == "zstd":
         # What the stream can be: no longer than the worst case of its shape, and no longer

@@ -191,9 +191,7 @@ def evaluate_file(
     with h5py.File(path, "r") as f:
         # A file ccoll compress wrote: its streams are uint8 datasets, which no codec here
         # reads; the datasets it kept as they were are evaluated, and the streams counted.
-        streams: list[str] = []
-        f.visititems(lambda name, obj: streams.append("/" + name) if isinstance(
-            obj, h5py.Dataset) and A.FORMAT_VERSION in obj.attrs else None)
+        streams = float_datasets(f, lambda ds: A.FORMAT_VERSION in ds.attrs)
         paths = select(float_datasets(f), include, exclude)
         if not paths:
             hint = (f": its {len(streams)} ccoll stream(s) are not float data; decompress "
