@@ -36,7 +36,13 @@ class ErrorBound:
             raise ErrorBoundError(
                 f"{type(self).__name__} bound must be a real number, got {type(value).__name__}"
             )
-        v = float(value)
+        try:
+            v = float(value)
+        except OverflowError:  # an int beyond float64's range
+            raise ErrorBoundError(
+                f"{type(self).__name__} bound must be finite and > 0, got an integer of "
+                f"{len(str(abs(int(value))))} digits, beyond float64's range"
+            ) from None
         if not math.isfinite(v) or v <= 0.0:
             raise ErrorBoundError(
                 f"{type(self).__name__} bound must be finite and > 0, got {value!r}"
@@ -129,7 +135,7 @@ def as_bound(eb: object) -> ErrorBound:
             return ABS(v)
         raise ErrorBoundError(f"bound kind must be 'rel' or 'abs', got {kind!r}")
     if isinstance(eb, (int, float, np.integer, np.floating)) and not isinstance(eb, bool):
-        return ABS(float(eb))
+        return ABS(eb)
     raise ErrorBoundError(f"expected ccoll.ABS, ccoll.REL, a float or 'rel:…'/'abs:…', got {eb!r}")
 
 

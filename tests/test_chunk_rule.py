@@ -93,6 +93,9 @@ def test_communicator_default_is_chosen_per_call_and_an_int_is_checked() -> None
         assert cc.chunk_elems is None and "chunk_elems=None" in repr(cc)
     with ccoll.Communicator(MPI.COMM_WORLD, chunk_elems=4096) as cc:
         assert cc.chunk_elems == 4096
-    for bad in (0, -3, 2.5, True, "1M"):
-        with pytest.raises(InputError, match="chunk_elems must be a positive integer or None"):
+    for bad in (0, -3, 2.5, True, "1M", 2**53 + 1, 10**400):
+        with pytest.raises(InputError, match="chunk_elems must be a positive integer up to"):
             ccoll.Communicator(MPI.COMM_WORLD, chunk_elems=bad)  # type: ignore[arg-type]
+    # A timeout beyond float64's range waits forever, as math.inf (it raised OverflowError).
+    with ccoll.Communicator(MPI.COMM_WORLD, timeout=10**400) as cc:
+        assert cc.timeout is None

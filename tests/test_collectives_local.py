@@ -173,6 +173,16 @@ def test_layout_builds_its_lists_once():
     assert lay.chunk_elems == 1000 and lay.max_chunks == 21
 
 
+@pytest.mark.parametrize("chunk", [250, 251, 2**31, 2**53])
+def test_a_chunk_larger_than_a_block_is_the_block(chunk):
+    # Buffers are sized from the layout's chunk: chunk_elems=2**31 mapped 17 GB per rank
+    # for a 1000-element call, 2**32 failed in mmap.
+    lay = Layout(1000, 4, chunk)
+    assert lay.chunk_elems == 250
+    assert [lay.chunks(b) for b in range(4)] == [(b,) for b in lay.blocks]
+    assert Layout(0, 3, chunk).chunk_elems == 1 and Layout(0, 3, chunk).max_chunks == 0
+
+
 @pytest.mark.parametrize("n, size", [(1 << 40, 4), (10**12 + 7, 3), (1 << 20, 1)])
 def test_chunk_indices_stay_valid_mpi_tags(n, size):
     # The chunk index is the ring's MPI tag; MPI guarantees tags up to 32767 only.

@@ -40,6 +40,19 @@ __all__ = ["Communicator", "DEFAULT_EB", "dup_comm"]
 DEFAULT_EB: ErrorBound = REL(1e-3)
 
 
+# The largest chunk_elems taken: the agreement carries it as a float64, exact to 2**53 (a
+# chunk larger than a call's ring block is cut to the block; ccoll.collectives.layout).
+_MAX_CHUNK = 1 << 53
+
+
+def _real(v: Any) -> float:
+    """``float(v)``, and ``inf`` for an int beyond float64's range (which would raise)."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
 class Communicator:
     """ccoll's collectives on (private duplicates of) an mpi4py communicator.
 
@@ -122,24 +135,24 @@ class Communicator:
         call.schedule = check_option(call, "schedule", schedule, SCHEDULES)
         if chunk_elems is not None and (
             isinstance(chunk_elems, bool) or not isinstance(chunk_elems, (int, np.integer))
-            or chunk_elems < 1
+            or not 1 <= chunk_elems <= _MAX_CHUNK
         ):
-            call.problem(InputError, f"chunk_elems must be a positive integer or None (chosen "
-                         f"per call), got {chunk_elems!r}")
+            call.problem(InputError, f"chunk_elems must be a positive integer up to 2**53 or "
+                         f"None (chosen per call), got {chunk_elems!r}")
             chunk_elems = None
         if timeout is None:
             timeout = settings.timeout
         elif not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                  and not math.isnan(timeout) and timeout > 0):
+                  and not math.isnan(_real(timeout)) and timeout > 0):
             call.problem(InputError, f"timeout must be None (the CCOLL_TIMEOUT setting), "
                          f"seconds > 0 or math.inf (wait forever), got {timeout!r}")
             timeout = None
-        if timeout is not None and math.isinf(timeout):
+        if timeout is not None and math.isinf(_real(timeout)):
             timeout = None  # wait forever: MPI's blocking calls
         call.chunk = 0 if chunk_elems is None else int(chunk_elems)
         if split is not None and (
             isinstance(split, bool) or not isinstance(split, (int, float, np.integer, np.floating))
-            or not 0 <= float(split) < 1
+            or not 0 <= _real(split) < 1
         ):
             call.problem(InputError, f"split must be None (chosen by the model) or a number "
                          f"from 0 (no split) up to but not including 1, got {split!r}")

@@ -41,7 +41,8 @@ class Layout:
     """Blocks of a flattened array of ``n`` elements over ``size`` ranks, cut into chunks.
 
     ``chunk_elems`` is raised where needed so that no block has more than
-    :data:`MAX_CHUNKS` chunks (the chunk index is the ring's MPI tag).
+    :data:`MAX_CHUNKS` chunks (the chunk index is the ring's MPI tag), and cut to the
+    largest block where it is larger (the same chunks; buffers sized from it stay small).
     """
 
     n: int
@@ -54,7 +55,9 @@ class Layout:
         if self.size < 1:
             raise ValueError(f"size must be >= 1, got {self.size}")
         largest = -(-self.n // self.size)
-        if -(-largest // self.chunk_elems) > MAX_CHUNKS:
+        if self.chunk_elems > largest:  # no chunk outgrows its block (nor its buffers)
+            object.__setattr__(self, "chunk_elems", max(1, largest))
+        elif -(-largest // self.chunk_elems) > MAX_CHUNKS:
             object.__setattr__(self, "chunk_elems", -(-largest // MAX_CHUNKS))
 
     @cached_property
