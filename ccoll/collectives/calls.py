@@ -91,7 +91,10 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
         ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None)
     pol = route.policy if policy is None else (
         POLICIES.get(policy) if isinstance(policy, str) else None)
-    r = ready(collective, x, eb, op, out, alg, pol, root, route.ch.size)
+    try:
+        r = ready(collective, x, eb, op, out, alg, pol, root, route.ch.size)
+    except Exception:  # noqa: BLE001 - the full way checks the call and tells every rank
+        r = None
     if st is not None:
         got = _fast(cc, route, st, collective, r, op, alg, pol)
         if got is not None:

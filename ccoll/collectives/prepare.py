@@ -149,96 +149,102 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
     g = cc.grouping
     call = Call(collective, chunk=cc.chunk_elems or 0, split=-1.0 if cc.split is None
                 else cc.split, nodes=g.nodes, rpn=g.ranks_per_node)
-    shown = call.shown
-    shown["split"] = "chosen by the model" if cc.split is None else cc.split
-    is_root = root is not None and ch.comm.Get_rank() == root
-    # bcast(None) on a non-root rank: shape and dtype come from the root after the
-    # agreement (which still checks the ranks that passed an array).
-    wild = x is None and collective == "bcast" and not is_root and valid_root(root, n_ranks)
-    if wild:
-        call.wild = True
-        inp = Input(np.empty(0, np.float32), None, None, False, "None")
-        shown["dtype"] = shown["element count"] = shown["shape"] = "None (the root's)"
-    else:
-        inp = as_array(call, x, collective)
-    arr, dev = inp.arr, inp.dev
-    shape, dtype = shape_of(inp)
-    size = arr.size if dev is None else math.prod(shape)
-    call.place = PLACES["host" if dev is None else "device"]
-    shown["data location"] = "host" if dev is None else "device"
-    if not wild:
-        call.count = size
-        call.dtype = DTYPES.get(inp.dtype_name, 0) if dtype.isnative else 0
-        shown["dtype"] = inp.dtype_name
-        shown["element count"] = size
-        if call.dtype == 0 and not call.problems:
-            from ccoll.collectives.inputs import dtype_message
-
-            call.problem(DTypeError, dtype_message(inp.dtype_name, dtype, dev is not None))
-        if collective in ("allgather", "bcast"):
-            call.shape = shape_code(shape)
-            shown["shape"] = shape
-    bound = resolve_bound(call, eb)
-    if op is not None:
-        call.op = OPS.get(op, 0) if isinstance(op, str) else 0
-        shown["op"] = op
-        if call.op == 0:
-            call.problem(InputError, f"op {op!r} is not supported: pass op='sum' or 'avg'")
-    else:
-        call.op = OPS["sum"]
-    if algorithm is None:
-        algorithm = cc.algorithm
-        call.algorithm = ALGORITHMS[algorithm]
-    else:
-        call.algorithm = check_option(call, "algorithm", algorithm, ALGORITHMS)
-    if policy is None:
-        policy = cc.policy
-        call.policy = POLICIES[policy]
-    else:
-        call.policy = check_option(call, "policy", policy, POLICIES)
-    shown["algorithm"] = algorithm
-    shown["policy"] = policy
-    if root is not None:
-        if not valid_root(root, n_ranks):
-            call.problem(
-                InputError,
-                f"root {root!r} is not a rank of a communicator of size {n_ranks}: pass "
-                f"an int from 0 to {n_ranks - 1}, the same on every rank",
-            )
-            call.root = -1
+    try:
+        shown = call.shown
+        shown["split"] = "chosen by the model" if cc.split is None else cc.split
+        is_root = root is not None and ch.comm.Get_rank() == root
+        # bcast(None) on a non-root rank: shape and dtype come from the root after the
+        # agreement (which still checks the ranks that passed an array).
+        wild = x is None and collective == "bcast" and not is_root and valid_root(root, n_ranks)
+        if wild:
+            call.wild = True
+            inp = Input(np.empty(0, np.float32), None, None, False, "None")
+            shown["dtype"] = shown["element count"] = shown["shape"] = "None (the root's)"
         else:
-            call.root = int(root)
-        shown["root"] = root
-    out_arr = None
-    if out is not None:
-        out_arr = check_out(call, out, shape, dtype, arr if dev is None else dev, inp)
-    avg = op == "avg"
-    # A REL bound's range pass is the compressed plan's alone where nothing else needs it
-    # (float16/bfloat16 find the range whatever the plan).
-    ranged = isinstance(bound, REL) and dev is None and inp.narrow is None
-    facts = _facts(call, collective, inp, dtype, policy or "", algorithm or "",
-                   bound is None, False, avg, dev is not None, n_ranks, ranged)
-    key = call_key(call)
-    planner = route.planner
-    st = planner.state(key, facts)
-    # The state this call's plan depends on, and the history the fast way reads: ranks whose
-    # states differ (they cannot, but for a bug) fail here, before any data moves.
-    pred = route.fast.history.predicted
-    call.plan = _mix(planner.digest(st), *(pred if pred is not None else ()))
-    ok = not call.problems and not wild and policy in POLICIES and algorithm in ALGORITHMS
-    may_compress = ok and bound is not None and not planner.raw_whatever(facts)
-    # float16/bfloat16 with a bound: the range decides whether the dtype can hold the bound
-    # (_narrow_bound), whatever the plan, so that no plan decides whether a call is refused.
-    narrow = inp.narrow is not None and bound is not None and ok
-    if (isinstance(bound, REL) and may_compress or narrow) and (root is None or is_root):
-        call.lo, call.hi = value_range(arr, dev)
-    if may_compress and planner.needs_ratio(st, facts) and (root is None or is_root):
-        assert bound is not None
-        call.ratio, call.width, f2 = _sample(cc, arr, bound, call, facts, inp.dtype_name)
-        call.gain2, call.speed2 = f2.gain, f2.speed
-    call.times = planner.unsent(st)
-    # Such a call never repeats without the agreement (fastpath): it would skip that check.
-    call.repeatable = repeatable and dev is None and not narrow
+            inp = as_array(call, x, collective)
+        arr, dev = inp.arr, inp.dev
+        shape, dtype = shape_of(inp)
+        size = arr.size if dev is None else math.prod(shape)
+        call.place = PLACES["host" if dev is None else "device"]
+        shown["data location"] = "host" if dev is None else "device"
+        if not wild:
+            call.count = size
+            call.dtype = DTYPES.get(inp.dtype_name, 0) if dtype.isnative else 0
+            shown["dtype"] = inp.dtype_name
+            shown["element count"] = size
+            if call.dtype == 0 and not call.problems:
+                from ccoll.collectives.inputs import dtype_message
+
+                call.problem(DTypeError, dtype_message(inp.dtype_name, dtype, dev is not None))
+            if collective in ("allgather", "bcast"):
+                call.shape = shape_code(shape)
+                shown["shape"] = shape
+        bound = resolve_bound(call, eb)
+        if op is not None:
+            call.op = OPS.get(op, 0) if isinstance(op, str) else 0
+            shown["op"] = op
+            if call.op == 0:
+                call.problem(InputError, f"op {op!r} is not supported: pass op='sum' or 'avg'")
+        else:
+            call.op = OPS["sum"]
+        if algorithm is None:
+            algorithm = cc.algorithm
+            call.algorithm = ALGORITHMS[algorithm]
+        else:
+            call.algorithm = check_option(call, "algorithm", algorithm, ALGORITHMS)
+        if policy is None:
+            policy = cc.policy
+            call.policy = POLICIES[policy]
+        else:
+            call.policy = check_option(call, "policy", policy, POLICIES)
+        shown["algorithm"] = algorithm
+        shown["policy"] = policy
+        if root is not None or collective == "bcast":  # bcast(root=None) too: a bad root
+            if not valid_root(root, n_ranks):
+                call.problem(
+                    InputError,
+                    f"root {root!r} is not a rank of a communicator of size {n_ranks}: pass "
+                    f"an int from 0 to {n_ranks - 1}, the same on every rank",
+                )
+                call.root = -1
+            else:
+                call.root = int(root)
+            shown["root"] = root
+        out_arr = None
+        if out is not None:
+            out_arr = check_out(call, out, shape, dtype, arr if dev is None else dev, inp)
+        avg = op == "avg"
+        # A REL bound's range pass is the compressed plan's alone where nothing else needs it
+        # (float16/bfloat16 find the range whatever the plan).
+        ranged = isinstance(bound, REL) and dev is None and inp.narrow is None
+        facts = _facts(call, collective, inp, dtype, policy or "", algorithm or "",
+                       bound is None, False, avg, dev is not None, n_ranks, ranged)
+        key = call_key(call)
+        planner = route.planner
+        st = planner.state(key, facts)
+        # The state this call's plan depends on, and the history the fast way reads: ranks whose
+        # states differ (they cannot, but for a bug) fail here, before any data moves.
+        pred = route.fast.history.predicted
+        call.plan = _mix(planner.digest(st), *(pred if pred is not None else ()))
+        ok = not call.problems and not wild and policy in POLICIES and algorithm in ALGORITHMS
+        may_compress = ok and bound is not None and not planner.raw_whatever(facts)
+        # float16/bfloat16 with a bound: the range decides whether the dtype can hold the bound
+        # (_narrow_bound), whatever the plan, so that no plan decides whether a call is refused.
+        narrow = inp.narrow is not None and bound is not None and ok
+        if (isinstance(bound, REL) and may_compress or narrow) and (root is None or is_root):
+            call.lo, call.hi = value_range(arr, dev)
+        if may_compress and planner.needs_ratio(st, facts) and (root is None or is_root):
+            assert bound is not None
+            call.ratio, call.width, f2 = _sample(cc, arr, bound, call, facts, inp.dtype_name)
+            call.gain2, call.speed2 = f2.gain, f2.speed
+        call.times = planner.unsent(st)
+        # Such a call never repeats without the agreement (fastpath): it would skip that check.
+        call.repeatable = repeatable and dev is None and not narrow
+    except Exception as exc:  # noqa: BLE001 - a check that failed on this rank alone:
+        # told to every rank by the agreement, which then raises on every rank (before any
+        # of the names above is read) rather than leaving the others in a call this rank
+        # never makes.
+        call.problem(InputError, f"checking the arguments raised {type(exc).__name__}: {exc}")
     # One rank has no peer to wait for: MPI's blocking calls, which return at once.
     deadline = Deadline(ch.timeout if ch.size > 1 else None, WHAT[collective])
     if rec is not None:

@@ -300,6 +300,9 @@ def test_different_collectives_detected(comm):
         ("op", {"op": "max"}, InputError, "op 'max' is not supported"),
         ("dtype", {"x": np.arange(10, dtype=np.int32)}, DTypeError, "dtype int32"),
         ("bound", {"eb": -1.0}, ErrorBoundError, "must be finite and > 0"),
+        # float() of it raised OverflowError on this rank alone, before the agreement: the
+        # other ranks' call then met this rank's next one.
+        ("huge bound", {"eb": 10**400}, ErrorBoundError, "beyond float64's range"),
         ("out", {"out": np.empty(3, np.float32)}, InputError, "out has shape"),
         ("algorithm", {"algorithm": "tree"}, InputError, "algorithm 'tree'"),
     ],
@@ -313,10 +316,18 @@ def test_invalid_argument_on_one_rank_fails_everywhere(comm, what, kwargs, exc, 
     same_error_everywhere(comm, info, exc, match)
 
 
-def test_bcast_bad_root(comm):
+@pytest.mark.parametrize("where", ["every rank", "the root"])
+@pytest.mark.parametrize("bad", ["size", None, 1.0])
+def test_bcast_bad_root(comm, bad, where):
+    root = comm.size if bad == "size" else bad
+    if where == "the root" and comm.rank != 0:
+        root = 0
     with pytest.raises(InputError) as info:
-        ccoll.bcast(np.zeros(3, np.float32), root=comm.size, comm=comm)
+        ccoll.bcast(np.zeros(3, np.float32), root=root, comm=comm)
     same_error_everywhere(comm, info, InputError, "root")
+    # Refused before any data moved: the next call works on every rank.
+    y = ccoll.bcast(np.full(3, comm.rank, np.float32), root=0, comm=comm)
+    assert np.array_equal(y, np.zeros(3, np.float32))
 
 
 @pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")

@@ -387,3 +387,38 @@ def test_inf_and_overflow_in_sums_give_nan_and_inf_without_warnings(comm, opts, 
     rest = np.r_[0:3, 6:4000]
     assert np.all(np.isfinite(y[rest]))
     assert_same_on_every_rank(comm, y)
+
+
+# -- a check that fails on one rank alone ------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["range", "fast way"])
+def test_a_check_that_raises_on_one_rank_is_told_to_every_rank(comm, monkeypatch, where):
+    # Any exception of the checks before the agreement (here injected on the last rank:
+    # the REL bound's range pass, or the fast way's look at the arguments) used to leave
+    # that rank alone with it while the others went on into the agreement: their call then
+    # met that rank's next one (wrong sums, then a hang). The agreement now carries it.
+    from ccoll.collectives import calls, prepare
+
+    x = gradient_like(comm.rank, 50_000, np.float32, seed=41)
+    with ccoll.Communicator(comm, timeout=30) as cc:
+        for _ in range(3):  # a repeat: the fast way looks at it first
+            cc.allreduce(x, eb=None)
+
+        def boom(*args, **kwargs):
+            raise ZeroDivisionError("injected")
+
+        if comm.rank == comm.size - 1:
+            monkeypatch.setattr(prepare, "value_range", boom)
+            if where == "fast way":
+                monkeypatch.setattr(calls, "ready", boom)
+        with pytest.raises(InputError) as info:
+            cc.allreduce(x, eb=ccoll.REL(1e-3), policy="compress")
+        same_error_everywhere(comm, info, InputError, "raised ZeroDivisionError: injected")
+        assert f"rank {comm.size - 1}:" in str(info.value)
+        monkeypatch.undo()
+        # Nothing was left in flight: the same call now runs, within its bound, everywhere.
+        y = cc.allreduce(x, eb=ccoll.REL(1e-3), policy="compress")
+        ref, eb = exact_sum(comm, x), global_eb(comm, x, ccoll.REL(1e-3))
+        assert_within(y, ref, **allowance(eb, y, SIZE, "sum"))
+        assert_same_on_every_rank(comm, y)
