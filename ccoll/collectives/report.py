@@ -43,7 +43,8 @@ class CallReport:
     - ``predicted_raw_s``, ``predicted_compressed_s``, ``ratio``: the cost model's
       predicted seconds and the estimated compression ratio, where ``policy="auto"``
       consulted the model for this call (else ``None``);
-    - ``eb_abs``: the absolute bound the result is within (``None``: exact, or a raw call);
+    - ``eb_abs``: the absolute bound the result is within (``None``: a raw call, whose
+      result is MPI's; docs/error-bound.md, "A bound with a raw plan");
     - ``dtype``, ``count``: the caller's dtype name and element count; ``bytes_input`` the
       input's bytes on this rank (for float16/bfloat16: its float32 copy, what moves, raw
       or compressed: twice the data's own bytes on a raw call, whose ``str()`` says "moved
@@ -121,7 +122,7 @@ class CallReport:
                 why += f", ratio {self.ratio:.3g}"
         if self.hierarchical:
             why += f"; hierarchical: {self.nodes} nodes x {self.ranks_per_node} ranks"
-        bound = "exact" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
+        bound = "MPI's result" if self.eb_abs is None else f"eb {self.eb_abs:.3g}"
         moved = " (moved as float32)" if self.dtype in ("float16", "bfloat16") else ""
         return (f"{self.collective} {self.dtype}[{self.count}] {self.mode} ({why}); {bound}; "
                 f"sent {self.bytes_sent} B of {self.bytes_input} B input{moved} in "

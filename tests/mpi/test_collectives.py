@@ -316,6 +316,32 @@ def test_invalid_argument_on_one_rank_fails_everywhere(comm, what, kwargs, exc, 
     same_error_everywhere(comm, info, exc, match)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_raw_plan_holds_a_bound_that_covers_the_sums_roundings(comm, dtype):
+    # docs/error-bound.md, "A bound with a raw plan": MPI's N - 1 roundings stay within eb
+    # wherever eb >= (N - 1) N M u; a call too small to gain is sent raw by "auto".
+    from collkit import allowance
+
+    n = comm.size
+    x = np.random.default_rng(comm.rank + 17).standard_normal(4099).astype(dtype)
+    m = comm.allreduce(float(np.abs(x).max()), op=MPI.MAX)
+    u = 2.0**-24 if dtype == np.float32 else 2.0**-53
+    eb = max((n - 1) * n * m * u, 1e-300)
+    ref = exact_sum(comm, x)
+    with ccoll.Communicator(comm) as cc:
+        y = cc.allreduce(x, eb=ccoll.ABS(eb))
+        rep = cc.last_call
+        assert n == 1 or not rep.compressed, str(rep)  # the raw plan is the one checked
+        assert_within(y, ref, **allowance(eb, y, n, "sum"))
+        assert_same_on_every_rank(comm, y)
+        if dtype == np.float32:
+            # Below that, "compress" holds a bound under float32's spacing (float64 sums;
+            # float64's own raw lanes round as MPI does: "Lanes with a raw input").
+            y = cc.allreduce(x, eb=ccoll.ABS(1e-7), policy="compress")
+            assert_within(y, ref, **allowance(1e-7, y, n, "sum"))
+            assert_same_on_every_rank(comm, y)
+
+
 @pytest.mark.parametrize("where", ["every rank", "the root"])
 @pytest.mark.parametrize("bad", ["size", None, 1.0])
 def test_bcast_bad_root(comm, bad, where):
