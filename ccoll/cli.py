@@ -480,6 +480,10 @@ def _eval_cells(r: dict[str, Any]) -> list[str]:
     ]
 
 
+_SKIP_WHY = {"constant data": "constant data: the bound resolves to 0",
+             "no elements": "no elements: nothing to code"}
+
+
 def _report_eval(doc: dict[str, Any], summary: bool) -> str:
     right = [False, False, True, True, True, True, True, True]
     out = []
@@ -498,9 +502,10 @@ def _report_eval(doc: dict[str, Any], summary: bool) -> str:
     for name, why in doc["missing"].items():
         out.append(f"{name}: missing ({why})")
     if doc["skipped"]:
+        whys = sorted({s["why"] for s in doc["skipped"]})
         out.append(
-            f"{len(doc['skipped'])} dataset/bound pair(s) skipped "
-            "(constant data: the bound resolves to 0)"
+            f"{len(doc['skipped'])} dataset/bound pair(s) skipped ("
+            + "; ".join(_SKIP_WHY.get(w, w) for w in whys) + ")"
         )
     if doc.get("streams"):
         out.append(f"{len(doc['streams'])} ccoll stream(s) not evaluated: this file was "

@@ -167,7 +167,8 @@ def evaluate_file(
 
     Returns a JSON-ready report: ``runs`` (one per dataset, bound and codec), ``totals``
     (one per bound and codec), ``missing`` (peers not installed), ``skipped`` (datasets
-    whose bound resolves to 0, i.e. constant data, which every codec stores exactly) and
+    whose bound resolves to 0, i.e. constant data, which every codec stores exactly, and
+    datasets without elements) and
     ``streams`` (ccoll streams of a file ``ccoll compress`` wrote: not float data, not
     evaluated).
     """
@@ -209,6 +210,11 @@ def evaluate_file(
                 x = x.astype(
                     np.float32 if x.dtype.itemsize == 2 else x.dtype.newbyteorder("="), copy=False
                 )
+                if x.size == 0:  # nothing to code (and zfpy dies on an empty array)
+                    skipped.extend({"path": p, "bound": bound_label(b), "why": "no elements"}
+                                   for b in bounds)
+                    pb.update(len(bounds))
+                    continue
                 rng = finite_range(x)
                 for b in bounds:
                     eb = b.resolve(*rng)
