@@ -42,7 +42,8 @@ exit status:
        --on-error skip the other datasets are written and the damaged ones listed;
        inspect lists every damaged one), an HDF5 or disk error
   2    usage error or unusable input: bad option or bound, missing input, input not
-       HDF5, output exists (without --force), a pattern that matches no dataset
+       HDF5, output exists (without --force) or is not a regular file, a pattern
+       that matches no dataset
   130  interrupted (Ctrl-C; 143 for SIGTERM); no partial output file is left
   141  stdout was closed by its reader (`ccoll ... | head -1`), as for a tool
        stopped by SIGPIPE; nothing is printed about it

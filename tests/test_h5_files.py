@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from fractions import Fraction
 
 import h5py
@@ -276,6 +277,17 @@ def test_existing_output_needs_force(sample, tmp_path):
     compress_file(sample, str(c), "rel:1e-3", force=True)
     assert h5py.is_hdf5(str(c))
     assert oct(c.stat().st_mode & 0o777) != oct(0o600)  # not the temporary file's mode
+    # A pipe (or a device: as root, --force replaced /dev/null by the file) is not a file
+    # to replace: refused before any work, left as it was.
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for force in (False, True):
+        with pytest.raises(InputError, match="not a regular file"):
+            compress_file(sample, str(fifo), "rel:1e-3", force=force)
+        with pytest.raises(InputError, match="not a regular file"):
+            decompress_file(str(c), str(fifo), force=force)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert leftovers(tmp_path, ["c.h5", "pipe"]) == []
 
 
 def test_reserved_attribute_prefix_is_refused(tmp_path):

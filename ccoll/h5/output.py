@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 
@@ -71,7 +72,8 @@ def check_input(path: str) -> None:
 
 
 def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> None:
-    """Refuse an output that exists (unless ``force``), is an input, or has no folder."""
+    """Refuse an output that exists (unless ``force``), is an input, is not a regular file,
+    or has no folder."""
     if not os.path.basename(path):
         raise InputError(f"output {path!r} ends in a folder separator, expected a file name")
     # The folder as the system will walk it when the file is renamed into place, not as
@@ -86,6 +88,10 @@ def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> Non
     if os.path.isdir(path):
         raise InputError(f"output {path!r} is a folder, expected a file name")
     if os.path.exists(path):
+        if not stat.S_ISREG(os.stat(path).st_mode):  # --force would rename a file over it
+            raise InputError(f"output {path!r} exists and is not a regular file (a device, "
+                             "pipe or socket); ccoll writes a new file and renames it into "
+                             "place: choose a file name")
         for src in inputs:
             if os.path.exists(src) and os.path.samefile(src, path):
                 raise InputError(f"output {path!r} is the input file; choose another name")
