@@ -917,7 +917,7 @@ def _check_outputs(comm: Any, outputs: Sequence[tuple[str, str]], *, force: bool
     from mpi4py import MPI
 
     from ccoll.errors import InputError
-    from ccoll.h5.output import check_output
+    from ccoll.h5.output import check_image_name, check_output
 
     verdict = np.zeros(2, np.int64)  # kind (0 fine, 1 exists, 2 other), message bytes
     msg = b""
@@ -931,6 +931,8 @@ def _check_outputs(comm: Any, outputs: Sequence[tuple[str, str]], *, force: bool
                 seen[key] = opt
                 try:
                     check_output(path, force=force, inputs=(data,))
+                    if opt in ("--plot", "--trace-png"):
+                        check_image_name(path)
                 except (FileExistsError, InputError) as exc:
                     raise type(exc)(f"{opt}: {exc}") from None
         except FileExistsError as exc:

@@ -563,13 +563,14 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         return doc, _report_inspect(doc), EXIT_FAILURE if doc["damaged"] else EXIT_OK
     if args.command == "eval":
         from ccoll.h5.evaluate import evaluate_file, parse_bounds, parse_peers, parse_versions
-        from ccoll.h5.output import check_output, write_atomically
+        from ccoll.h5.output import check_image_name, check_output, write_atomically
 
         bounds = parse_bounds(args.eb)
         versions = parse_versions(args.format_version)
         peers = [] if args.vs.strip().lower() == "none" else parse_peers(args.vs)
         if args.plot:
             check_output(args.plot, force=args.force, inputs=(args.input,))
+            check_image_name(args.plot)
         doc = evaluate_file(
             args.input,
             bounds,

@@ -6,6 +6,7 @@ import json
 import os
 
 import h5py
+import numpy as np
 import pytest
 from h5kit import DIGITS, flip_byte, make_sample, replace_stored
 
@@ -151,6 +152,11 @@ def test_human_output(capsys, sample, tmp_path):
             ["eval", "{sample}", "--eb", "rel:1e-3", "--plot", "{tmp}/t.txt"],
             "--force",
         ),
+        (  # ran the whole evaluation, then lost it to matplotlib's ValueError
+            "plot kind",
+            ["eval", "{sample}", "--eb", "rel:1e-3", "--plot", "{tmp}/rd.xyz"],
+            "matplotlib cannot write .xyz files",
+        ),
     ],
 )
 @pytest.mark.parametrize("as_json", [False, True])
@@ -168,6 +174,24 @@ def test_bad_input_exits_2_with_a_clear_message(
     else:
         assert out == ""
     assert sorted(os.listdir(tmp_path)) == ["t.txt"] and (tmp_path / "t.txt").read_text() == "text"
+
+
+@pytest.mark.parametrize("command", ["compress", "inspect", "eval"])
+def test_a_damaged_hdf5_object_exits_1_with_one_line(capsys, tmp_path, command):
+    # h5py's KeyError for an object it cannot open printed a traceback before the error.
+    bad = str(tmp_path / "bad.h5")
+    with h5py.File(bad, "w") as f:
+        f["x"] = np.arange(1000, dtype=np.float32)
+        addr = h5py.h5o.get_info(f["x"].id).addr
+    with open(bad, "r+b") as fh:
+        fh.seek(addr)
+        fh.write(bytes(16))  # the dataset's object header
+    argv = {"compress": [bad, str(tmp_path / "o.h5"), "--eb", "rel:1e-3"],
+            "inspect": [bad], "eval": [bad, "--eb", "rel:1e-3", "--vs", "none"]}[command]
+    code, out, err = run(capsys, command, *argv)
+    assert code == cli.EXIT_FAILURE and "Traceback" not in err, err
+    assert err.count("\n") == 1 and "cannot open '/x'" in err and "damaged" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["bad.h5"]
 
 
 @pytest.mark.parametrize("on_error", ["stop", "skip"])

@@ -20,6 +20,7 @@ from ccoll.errors import InputError
 __all__ = [
     "check_input",
     "check_output",
+    "check_image_name",
     "atomic_output",
     "write_atomically",
     "request_stop",
@@ -69,6 +70,22 @@ def check_input(path: str) -> None:
         raise InputError(f"cannot read input {path!r}: {exc}") from None
     if not ok:
         raise InputError(f"input {path!r} is not an HDF5 file (no HDF5 signature found)")
+
+
+def check_image_name(path: str) -> None:
+    """Refuse an image file name whose extension matplotlib cannot write (before any work).
+
+    No extension is PNG (:func:`write_atomically`'s ``default_suffix`` for images).
+    """
+    ext = os.path.splitext(path)[1].lstrip(".").lower()
+    if not ext:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if ext not in kinds:
+        raise InputError(f"image {path!r}: matplotlib cannot write .{ext} files; use one of "
+                         + ", ".join("." + k for k in sorted(kinds)))
 
 
 def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import h5py
 
-from ccoll.errors import InputError
+from ccoll.errors import FormatError, InputError
 
 __all__ = [
     "Entry",
@@ -57,7 +57,11 @@ def walk(f: h5py.File) -> Iterator[Entry]:
             if isinstance(link, h5py.ExternalLink):
                 yield Entry(path, "extlink", parent, name, link)
                 continue
-            obj = group[name]
+            try:
+                obj = group[name]
+            except (KeyError, OSError, RuntimeError, ValueError) as exc:  # h5py: KeyError
+                why = exc.args[0] if exc.args else type(exc).__name__
+                raise FormatError(f"cannot open {path!r}: {why} (a damaged HDF5 file?)") from None
             if isinstance(obj, h5py.Group):
                 yield Entry(path, "group", parent, name)
                 yield from rec(obj)
