@@ -675,7 +675,9 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         code = _exit_code(exc)
         msg = str(exc) or type(exc).__name__
-        if code == EXIT_FAILURE and not _expected(exc):
+        if _from_hdf5(exc):  # h5py's KeyError/RuntimeError of a damaged file: no traceback
+            msg = f"HDF5 error (a damaged file?): {exc.args[0] if exc.args else msg}"
+        elif code == EXIT_FAILURE and not _expected(exc):
             traceback.print_exc(file=sys.stderr)
         print(f"ccoll {args.command}: error: {msg}", file=sys.stderr)
         doc = {"error": msg, "error_type": type(exc).__name__}
@@ -713,6 +715,12 @@ def _main(argv: Sequence[str] | None) -> int:
         _print_json({"command": args.command, **doc, "exit_code": code})
         sys.stdout.flush()
     return code
+
+
+def _from_hdf5(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside h5py (reading a file HDF5 could not read)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and "h5py" in frames[-1].filename.replace("\\", "/").split("/")
 
 
 def _expected(exc: BaseException) -> bool:

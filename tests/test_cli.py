@@ -194,6 +194,24 @@ def test_a_damaged_hdf5_object_exits_1_with_one_line(capsys, tmp_path, command):
     assert sorted(os.listdir(tmp_path)) == ["bad.h5"]
 
 
+def test_any_error_raised_inside_h5py_exits_1_with_one_line(capsys, sample, tmp_path,
+                                                            monkeypatch):
+    # A flipped byte of a real file made h5py raise RuntimeError while compress copied the
+    # attributes ('Error iterating over attributes (incorrect metadata checksum ...)'):
+    # whatever h5py raises, and wherever, is the file's damage, not a ccoll bug.
+    from ccoll.h5 import attrs
+
+    def broken(src, dst):
+        h5py.h5o.open(src.id, b"no such object")  # h5py's own KeyError, from its Cython
+
+    monkeypatch.setattr(attrs, "copy_attrs", broken)
+    code, out, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")
+    assert code == cli.EXIT_FAILURE and "Traceback" not in err, err
+    assert err.startswith("ccoll compress: error: HDF5 error (a damaged file?): ") and \
+        err.count("\n") == 1, err
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("on_error", ["stop", "skip"])
 def test_damaged_stream_exits_1(capsys, sample, tmp_path, on_error):
     c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
