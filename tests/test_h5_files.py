@@ -343,6 +343,9 @@ DAMAGE = {
     # Attributes of the wrong type raised ValueError from int() through the CLI (a traceback).
     "CRC not a number": (_set_attr(A.CRC32, "x"), "ccoll_crc32='x' is not a whole number"),
     "shape not numbers": (_set_attr(A.SHAPE, "hello"), "is not a list of whole numbers"),
+    # More dimensions than HDF5 holds: h5py's ValueError when the output was created.
+    "shape of 34 dimensions": (_set_attr(A.SHAPE, np.ones(34, np.int64)),
+                               "has 34 dimensions; an HDF5 dataset has at most 32"),
 }
 
 

@@ -51,9 +51,17 @@ def attr_shape(ds: h5py.Dataset) -> tuple[int, ...]:
     """Return the ``ccoll_shape`` attribute as a tuple (``(-1,)`` if missing), else raise."""
     raw = ds.attrs.get(A.SHAPE, [-1])
     try:
-        return tuple(int(d) for d in np.asarray(raw).reshape(-1))
+        shape = tuple(int(d) for d in np.asarray(raw).reshape(-1))
     except (TypeError, ValueError):
         raise FormatError(f"attribute {A.SHAPE}={raw!r} is not a list of whole numbers") from None
+    if len(shape) > _MAX_RANK:
+        raise FormatError(f"attribute {A.SHAPE} has {len(shape)} dimensions; an HDF5 dataset "
+                          f"has at most {_MAX_RANK}")
+    return shape
+
+
+# Dimensions of an HDF5 dataspace at most (H5S_MAX_RANK): a shape with more cannot be written.
+_MAX_RANK = 32
 
 
 def _read_stream(
