@@ -161,6 +161,24 @@ def test_bytes_memoryview_and_unaligned_streams_decode():
     shifted = np.empty(buf.size + 1, np.uint8)[1:]
     shifted[:] = buf
     assert np.array_equal(decompress(shifted), ref, equal_nan=True)
+    # A strided uint8 view of the stream's bytes (ValueError from numpy's word view).
+    strided = np.repeat(buf, 2)[::2]
+    assert not strided.flags.c_contiguous
+    assert np.array_equal(decompress(strided), ref, equal_nan=True)
+    assert header(strided) == header(buf)
+    assert np.array_equal(ccoll.decompress(strided), ref, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_array_subclasses_compress_as_their_data():
+    # np.matrix reached the kernels as itself: a numba TypingError.
+    x = np.random.default_rng(3).standard_normal(100).astype(np.float32)
+    want = ccoll.compress(x.reshape(10, 10), ccoll.ABS(1e-3))
+    got = ccoll.compress(np.matrix(x.reshape(10, 10)), ccoll.ABS(1e-3))
+    assert np.array_equal(got, want)
+    masked = np.ma.masked_array(x, mask=x > 0)  # the mask is not data: every value goes
+    assert np.array_equal(ccoll.compress(masked, ccoll.ABS(1e-3)),
+                          ccoll.compress(x, ccoll.ABS(1e-3)))
 
 
 def _shifted(buf: np.ndarray, by: int) -> np.ndarray:
@@ -230,6 +248,21 @@ def _sections(buf):
 ])
 def test_bad_header_fields(fields, match):
     assert_clear_error(FormatError, match, decompress, _edit(STREAMS["f32"], **fields))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("dims, match", [
+    # n = 0, each dimension below the limit, their product beyond numpy's: ValueError
+    ((0, 2**40, 2**40), "shape .* is implausibly large"),
+    ((0, 2**31, 2**31), "shape .* is implausibly large"),
+    ((0, 2**62), "shape .* is implausibly large"),  # named the element count (0)
+])
+def test_an_empty_shape_whose_dimensions_overflow_is_refused(version, dims, match):
+    base = ccoll.compress(np.zeros((0, 3), np.float32), ccoll.ABS(1.0), version=version).tobytes()
+    raw = (base[:6] + bytes([len(dims)]) + base[7:64]
+           + b"".join(int(d).to_bytes(8, "little") for d in dims) + base[80:])
+    assert_clear_error(FormatError, match, decompress, np.frombuffer(raw, np.uint8))
+    assert_clear_error(FormatError, match, header, np.frombuffer(raw, np.uint8))
 
 
 def test_bitmap_popcount_must_match_nnz():

@@ -72,7 +72,7 @@ def _host_array(x: Any) -> np.ndarray:
         if str(x.dtype) not in _TORCH_FLOATS:
             raise _dtype_error(x.dtype)
         x = x.detach().resolve_neg().resolve_conj().numpy()
-    elif not isinstance(x, np.ndarray):
+    elif type(x) is not np.ndarray:  # np.matrix, masked arrays, ...: their plain data
         try:
             x = np.asarray(x)
         except Exception as exc:  # noqa: BLE001 - reported with what was expected

@@ -273,8 +273,12 @@ def parse_header(
     if block != BLOCK:
         raise FormatError(f"block size {block} in stream header, version {version} uses {BLOCK}")
     shape = struct.unpack_from(f"<{ndim}Q", raw, HEADER_NBYTES)  # a tuple of ints
-    if n >= MAX_N or (ndim and max(shape) >= MAX_N):
+    if n >= MAX_N:
         raise FormatError(f"element count {n} in stream header is implausibly large")
+    # Every dimension, and the product of the non-zero ones: numpy refuses to make an
+    # array whose dimensions multiply beyond its address space, even with a zero among them.
+    if ndim and math.prod(d for d in shape if d) >= MAX_N:
+        raise FormatError(f"stream header shape {shape} is implausibly large")
     if math.prod(shape) != n:
         raise FormatError(f"stream header count {n} does not match its shape {shape}")
     if v2 and n >= MAX_N_V2:

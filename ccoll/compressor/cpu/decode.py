@@ -84,6 +84,8 @@ def as_stream(buf: object) -> np.ndarray:
     if isinstance(buf, np.ndarray):
         if buf.dtype != np.uint8:
             raise FormatError(f"a ccoll stream is a uint8 array, got dtype {buf.dtype}")
+        if not buf.flags.c_contiguous:  # a strided view: its bytes in order, once
+            buf = np.ascontiguousarray(buf)
         return buf.reshape(-1)
     if isinstance(buf, (bytes, bytearray, memoryview)):
         mv = memoryview(buf)
