@@ -28,6 +28,7 @@ import numpy as np
 from ccoll.compressor import compress, decompress
 from ccoll.compressor.format import VERSIONS
 from ccoll.errorbound import as_bound
+from ccoll.errors import InputError
 
 
 def _zfpy_version_unreadable() -> bool:
@@ -100,7 +101,7 @@ class CCollCodec(Codec):
 
     def __init__(self, eb: str = "rel:1e-3", dtype: str | None = None, version: int = 1) -> None:
         if not isinstance(eb, str):
-            raise ValueError(
+            raise InputError(
                 f"ccoll codec: eb must be a string like 'rel:1e-3' or 'abs:1e-5' (JSON config), "
                 f"got {eb!r}"
             )
@@ -108,14 +109,17 @@ class CCollCodec(Codec):
         self.eb = f"{bound.kind}:{bound.value!r}"
         self._bound = bound
         if dtype is not None:
-            dt = np.dtype(dtype)
+            try:
+                dt = np.dtype(dtype)
+            except TypeError:
+                raise InputError(f"ccoll codec: dtype {dtype!r} is not a dtype") from None
             if dt not in _FLOATS:
-                raise ValueError(f"ccoll codec: dtype must be float32 or float64, got {dt}")
+                raise InputError(f"ccoll codec: dtype must be float32 or float64, got {dt}")
             self.dtype: str | None = dt.name
         else:
             self.dtype = None
         if isinstance(version, bool) or version not in VERSIONS:
-            raise ValueError(
+            raise InputError(
                 f"ccoll codec: version must be one of {', '.join(map(str, VERSIONS))}, "
                 f"got {version!r}"
             )
@@ -143,27 +147,27 @@ class CCollCodec(Codec):
     def _array(self, buf: Any) -> np.ndarray:
         if isinstance(buf, np.ndarray) and buf.dtype in _FLOATS and buf.flags.c_contiguous:
             if self.dtype is not None and buf.dtype != np.dtype(self.dtype):
-                raise ValueError(f"ccoll codec: configured for {self.dtype}, got {buf.dtype} data")
+                raise InputError(f"ccoll codec: configured for {self.dtype}, got {buf.dtype} data")
             return buf
         arr = ensure_contiguous_ndarray(buf)  # flat, in memory order
         if arr.dtype in _FLOATS:
             if self.dtype is not None and arr.dtype != np.dtype(self.dtype):
-                raise ValueError(f"ccoll codec: configured for {self.dtype}, got {arr.dtype} data")
+                raise InputError(f"ccoll codec: configured for {self.dtype}, got {arr.dtype} data")
             return arr
         if arr.dtype.itemsize != 1 and arr.dtype.kind not in "SV":
             # Typed data of another kind (float16, int32, ...): reading its bytes as floats
             # would code other numbers without an error.
-            raise ValueError(
+            raise InputError(
                 f"ccoll codec: got {arr.dtype} data; ccoll codes float32 and float64: "
                 "convert it first (for example x.astype(numpy.float32))"
             )
         if self.dtype is None:
-            raise ValueError(
+            raise InputError(
                 f"ccoll codec: got a buffer of {arr.dtype}, expected float32 or float64 data; "
                 "set dtype='float32' or 'float64' to encode raw bytes"
             )
         if arr.nbytes % np.dtype(self.dtype).itemsize:
-            raise ValueError(
+            raise InputError(
                 f"ccoll codec: a buffer of {arr.nbytes} bytes is not a whole number of {self.dtype}"
             )
         return arr.view(np.uint8).view(self.dtype)

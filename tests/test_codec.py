@@ -15,7 +15,7 @@ CCollCodec = codec_mod.CCollCodec
 common = importlib.import_module("numcodecs.tests.common")
 registry = importlib.import_module("numcodecs.registry")
 
-from ccoll.errors import ErrorBoundError, FormatError  # noqa: E402
+from ccoll.errors import CCollError, ErrorBoundError, FormatError, InputError  # noqa: E402
 
 RNG = np.random.default_rng(3)
 ARRAYS = {
@@ -134,11 +134,14 @@ def test_registered_through_the_entry_point():
         (dict(eb="rel:1e-3", dtype="int32"), ValueError, "float32 or float64"),
         (dict(eb="rel:1e-3", version=3), ValueError, "version must be one of 1, 2, got 3"),
         (dict(eb="rel:1e-3", version=True), ValueError, "version must be one of"),
+        (dict(eb="rel:1e-3", dtype="nonsense"), ValueError, "is not a dtype"),  # TypeError
     ],
 )
 def test_bad_arguments(kw, exc, match):
-    with pytest.raises(exc, match=match):
+    # ccoll's own errors, which are ValueErrors as numcodecs' codecs raise.
+    with pytest.raises(exc, match=match) as info:
         CCollCodec(**kw)
+    assert isinstance(info.value, CCollError), type(info.value)
 
 
 @pytest.mark.parametrize(
@@ -157,7 +160,7 @@ def test_bad_arguments(kw, exc, match):
     ],
 )
 def test_bad_encode_input(data, dtype, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(InputError, match=match):  # a ValueError, as numcodecs' codecs raise
         CCollCodec("rel:1e-3", dtype=dtype).encode(data)
 
 
