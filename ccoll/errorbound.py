@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import SupportsFloat
 
 import numpy as np
 
@@ -29,7 +30,7 @@ class ErrorBound:
     value: float
     kind: str = ""
 
-    def __init__(self, value: float) -> None:
+    def __init__(self, value: SupportsFloat) -> None:
         if isinstance(value, (bool, np.bool_)) or not isinstance(
             value, (int, float, np.integer, np.floating)
         ):

@@ -208,7 +208,7 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
                 )
                 call.root = -1
             else:
-                call.root = int(root)
+                call.root = int(root)  # type: ignore[arg-type]  # valid_root: an int
             shown["root"] = root
         out_arr = None
         if out is not None:
@@ -262,6 +262,8 @@ def prepare(cc: Any, route: Route, collective: str, x: Any, eb: Any, *, op: str 
         raise
     if rec is not None:
         rec.span("agree", t_agree, rec.clock())
+    # The agreement raises wherever a check failed: here the checks ran to their end.
+    assert algorithm is not None and policy is not None
     eb_result = None
     if bound is not None:
         try:  # from agreed numbers only: every rank refuses, before any data moves

@@ -89,8 +89,10 @@ def check_image_name(path: str) -> None:
 
 
 def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> None:
-    """Refuse an output that exists (unless ``force``), is an input, is not a regular file,
-    or has no folder."""
+    """Refuse an output that exists (unless ``force``), is an input, or has no folder.
+
+    An existing output that is not a regular file is refused even with ``force``.
+    """
     if not os.path.basename(path):
         raise InputError(f"output {path!r} ends in a folder separator, expected a file name")
     # The folder as the system will walk it when the file is renamed into place, not as
