@@ -123,6 +123,10 @@ def agreed_communicator(base: Any, call: Any, policy: str, timeout: Any,
             and math.isfinite(seconds) and seconds > 0):
         seconds = None  # forever (math.inf), or a bad value the Communicator refuses
     deadline = Deadline(seconds, f"creating a ccoll.torch.{what}")
+    # Not agreed yet: the nonblocking forms on every rank until the agreements (a blocking
+    # MPI_Comm_dup does not match MPI_Comm_idup), as ccoll.Communicator does.
+    if deadline.at is None:
+        deadline.at = math.inf
     comm = dup_comm(base, deadline)
     try:
         agree(comm, call, deadline)

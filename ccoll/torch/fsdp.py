@@ -21,6 +21,7 @@ replicas first. docs/training.md ("FSDP2", "HSDP") has the error bound and how i
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
@@ -130,7 +131,12 @@ class FSDPReduceScatter:
         self.exempt = pats
         self.timeout = timeout
         call.min_numel = self.min_numel
-        call.shown.update({"min_numel": self.min_numel})
+        # Which parameters go exact decides which collective each column takes: agreed (its
+        # digest in the creation call's settings field), or ranks whose exempt columns have
+        # the same sizes would add one rank's a.bias to another's b.bias without an error.
+        call.settings = int.from_bytes(
+            hashlib.blake2b(repr(pats).encode(), digest_size=8).digest(), "little") >> 12
+        call.shown.update({"min_numel": self.min_numel, "settings": f"exempt={pats!r}"})
         self.comm, self.communicator = agreed_communicator(base, call, policy, timeout,
                                                            "FSDPReduceScatter")
         self._free = [False]  # set by close(): the one place that frees (collectively)

@@ -408,6 +408,13 @@ class CCollHookState:
             if missing:
                 raise InputError(f"the state dict has residuals of parameters {missing[:5]} "
                                  "that model does not have: pass the model it was saved with")
+            wrong = sorted(n for n, r in by_param.items() if _host(r).size != named[n].numel())
+            if wrong:  # a model of other shapes: its residuals would be dropped unseen
+                n = wrong[0]
+                raise InputError(
+                    f"the state dict's residual of parameter {n!r} has {_host(by_param[n]).size} "
+                    f"elements and that model's {n!r} has {named[n].numel()} "
+                    f"({len(wrong)} such parameter(s)): pass the model it was saved with")
             for name, r in by_param.items():
                 pending[id(named[name])] = _host(r).reshape(-1)
         else:
@@ -769,6 +776,12 @@ def comm_hook(
     if not isinstance(state, CCollHookState):
         raise InputError(f"state must be a ccoll.torch.CCollHookState, got {type(state).__name__}")
     tensor = bucket.buffer()
+    if tensor.layout != torch.strided:  # nn.Embedding(sparse=True) and the like
+        raise InputError(
+            f"gradient bucket {bucket.index()} is a {tensor.layout} tensor; ccoll averages "
+            "dense gradients: make the layer dense (for example nn.Embedding(..., "
+            "sparse=False)) or train this model without the ccoll hook"
+        )
     if tensor.dtype not in _SUPPORTED:
         raise InputError(
             f"gradient bucket {bucket.index()} has dtype {tensor.dtype}; expected float32, "
@@ -995,7 +1008,7 @@ def _agreed_raw_group(state: CCollHookState) -> Any:
 
     assert state._gate_comm is not None
     group = _raw_group(state)
-    mine = 1 if group is not None else 0
+    mine = 0 if group is None else _group_identity(group)
     both = np.array([mine, -mine], dtype=np.int64)
     deadline = Deadline(state.communicator.timeout, "the step check's process-group check")
     wait_all([state._gate_comm.Iallreduce(MPI.IN_PLACE, both, op=MPI.MIN)], deadline,
@@ -1004,8 +1017,26 @@ def _agreed_raw_group(state: CCollHookState) -> Any:
         raise MismatchError(
             "ranks disagree on the process group of the step check's exact steps: some have "
             "one (process_group=, or torch's default group over MPI.COMM_WORLD's ranks), "
-            "others none; pass the same process_group to CCollHookState on every rank")
+            "others none or another group (torch's collectives on two groups never meet, "
+            "even of the same ranks); pass the same process_group to CCollHookState on "
+            "every rank")
     return group
+
+
+def _group_identity(group: Any) -> int:
+    """Return a positive 52-bit digest of a process group's name and ranks.
+
+    torch names groups in the order they are made, the same on every rank.
+    """
+    import hashlib
+
+    try:
+        ranks = list(dist.get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001 - a group torch cannot describe: its name alone
+        ranks = []
+    text = repr((str(getattr(group, "group_name", "")), ranks))
+    return 1 + (int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(),
+                               "little") >> 12)
 
 
 def _agree_max_mpi(state: CCollHookState, seconds: float) -> float:

@@ -205,3 +205,10 @@ def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> 
     older = {k: v for k, v in sd.items() if k not in ("rank", "ranks")}  # saved before them
     state.load_state_dict(older, ddp)
     assert state.iter == sd["iter"]
+    # Residuals by name whose sizes are not the model's (same names, other shapes): they
+    # were dropped at the next step without a word.
+    name = next(iter(sd["residuals_by_param"]))
+    shorter = {**sd, "residuals_by_param": {**sd["residuals_by_param"],
+                                            name: sd["residuals_by_param"][name][:-1]}}
+    assert_clear_error(InputError, rf"residual of parameter '{re.escape(name)}' has .* "
+                       "pass the model it was saved with", state.load_state_dict, shorter, ddp)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import re
 import sys
 from fractions import Fraction
 
@@ -299,6 +300,12 @@ def test_bad_calls_raise_clear_errors(comm, made) -> None:
     # settings that differ between ranks: an error on every rank, no hang
     mine = ccoll.ABS(1e-3 if comm.rank == 0 else 2e-3)
     assert_clear_error(MismatchError, "error-bound value", ct.FSDPReduceScatter, mine)
+    if comm.size > 1:
+        # Patterns that pick parameters of the same sizes: the columns met in the other
+        # collective and one rank's a.bias was added to another's b.bias, without an error.
+        pats = ("a.bias",) if comm.rank == 0 else ("b.bias",)
+        assert_clear_error(MismatchError, re.escape("exempt=('a.bias',) on rank 0"),
+                           ct.FSDPReduceScatter, ccoll.ABS(1e-3), exempt=pats)
 
 
 def test_state_dict_and_pickle(comm, made) -> None:

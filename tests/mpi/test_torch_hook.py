@@ -569,6 +569,53 @@ def test_step_check_ranks_that_disagree_on_the_process_group(comm, state_factory
         ddp(rank_input(torch.float32)).square().mean().backward()
 
 
+def test_step_check_ranks_with_different_groups_of_the_same_ranks(comm, state_factory) -> None:
+    # The last rank's own group of every rank, the others torch's default group: the same
+    # ranks, but gloo collectives on two groups never meet (the first backward() hung).
+    group = torch.distributed.new_group(list(range(comm.size)))  # collective: every rank
+    state = state_factory(start_iter=0, min_numel=0, policy="auto",
+                          process_group=group if comm.rank == comm.size - 1 else None)
+    ddp = DDP(Net())
+    ddp.register_comm_hook(state, ct.comm_hook)
+    if comm.size == 1:  # one rank agrees with itself
+        ddp(rank_input(torch.float32)).square().mean().backward()
+        return
+    with pytest.raises(Exception, match="others none or another group"):
+        ddp(rank_input(torch.float32)).square().mean().backward()
+
+
+def test_a_timeout_without_end_on_one_rank_fails_the_state_everywhere(comm) -> None:
+    # The hook's duplicate was made with MPI's blocking form on that rank and the
+    # nonblocking one on the others: both waited for ever, before any agreement.
+    import math
+
+    from ccoll.errors import MismatchError
+
+    if comm.size == 1:
+        ct.CCollHookState(timeout=math.inf).close()
+        return
+    with pytest.raises(MismatchError) as info:
+        ct.CCollHookState(timeout=math.inf if comm.rank == comm.size - 1 else 30.0)
+    assert "timeout" in str(info.value)
+    assert len(set(comm.allgather(str(info.value)))) == 1
+
+
+def test_sparse_gradients_are_refused_on_every_rank(comm, state_factory) -> None:
+    # nn.EmbeddingBag(sparse=True): numpy's TypeError from the engine thread, wrapped by
+    # torch's callback error; now the hook's InputError, naming the fix.
+    from ccoll.errors import InputError
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(50, 8, mode="sum", sparse=True),
+                                torch.nn.Linear(8, 4))
+    ddp = DDP(model)
+    ddp.register_comm_hook(state_factory(min_numel=0), ct.comm_hook)
+    x = torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(comm.rank))
+    with pytest.raises(InputError, match="sparse_coo tensor; ccoll averages dense") as info:
+        ddp(x).square().mean().backward()
+    assert len(set(comm.allgather(str(info.value)))) == 1
+
+
 def test_process_group_is_checked_when_the_state_is_made(comm, state_factory) -> None:
     # A process_group that is none was taken, and the first raw step raised torch's own
     # ValueError in backward(); it is an argument error on every rank at construction.
