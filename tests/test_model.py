@@ -282,6 +282,27 @@ def test_model_command_cached_starts_from_the_cache(monkeypatch) -> None:
 
 
 
+def test_damaged_cache_entries_are_skipped(tmp_path) -> None:
+    # An entry that is not an object raised AttributeError in every policy="auto"
+    # Communicator and in `ccoll model`; a beta of -5 or a string alpha raised the model's
+    # ValueError with a traceback. Such entries count as none; a good older one is used.
+    import time
+
+    from ccoll.collectives.policy.cache import _read_cache, newest_cached_params
+
+    now = time.time()
+    good = {"alpha": 3e-6, "beta": 2e9, "reduce": 5e9, "raw_efficiency": 1.0, "time": now - 60}
+    doc = {"a": "hello", "b": [1, 2], "c": {**good, "beta": -5.0, "time": now},
+           "d": {**good, "alpha": "x", "time": now}, "e": {**good, "time": "soon"},
+           "f": {**good, "compressor": "fast", "time": now}, "g": good}
+    (tmp_path / "links.json").write_text(json.dumps(doc))
+    assert set(_read_cache(str(tmp_path))) == {"c", "d", "e", "f", "g"}
+    p = newest_cached_params(str(tmp_path))
+    assert p is not None and p.beta == 2e9 and p.alpha == 3e-6
+    (tmp_path / "links.json").write_text(json.dumps({"a": "hello", "c": doc["c"]}))
+    assert newest_cached_params(str(tmp_path)) is None
+
+
 # -- recursive halving and doubling (model.predict_halving, docs/model.md) ------------------
 
 

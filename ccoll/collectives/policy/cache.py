@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import socket
 import tempfile
@@ -64,9 +65,10 @@ def _read_cache(folder: str | None = None) -> dict[str, Any]:
     try:
         with open(cache_file(folder)) as f:
             doc = json.load(f)
-        return doc if isinstance(doc, dict) else {}
     except (OSError, ValueError):
         return {}
+    # Entries are objects; anything else in the file (edited, or another tool's) is not one.
+    return {k: v for k, v in doc.items() if isinstance(v, dict)} if isinstance(doc, dict) else {}
 
 
 def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
@@ -89,17 +91,29 @@ def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
 
 def newest_cached_params(folder: str | None = None) -> Params | None:
     """Model parameters from the newest cache entry (``ccoll model`` starts from them)."""
-    doc = _read_cache(folder)
-    if not doc:
-        return None
-    e = max(doc.values(), key=lambda v: v.get("time", 0.0))
-    kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency") if k in e}
-    comp = e.get("compressor") or {}
-    kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress", "chunk_overhead")
-               if k in comp})
-    if float(comp.get("call_overhead", 0.0)) > 0:
-        kw["overhead"] = float(comp["call_overhead"])
-    return replace(model.DEFAULTS, **kw)
+    def when(e: dict[str, Any]) -> float:
+        try:
+            return float(e.get("time", 0.0))
+        except (TypeError, ValueError):
+            return -math.inf
+
+    # The newest entry whose numbers make valid parameters (a damaged one is skipped, as
+    # read_entry skips it: the model's own checks name what is wrong with it).
+    for e in sorted(_read_cache(folder).values(), key=when, reverse=True):
+        try:
+            kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency")
+                  if k in e}
+            comp = e.get("compressor") or {}
+            if not isinstance(comp, dict):
+                continue
+            kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress",
+                                                   "chunk_overhead") if k in comp})
+            if float(comp.get("call_overhead", 0.0)) > 0:
+                kw["overhead"] = float(comp["call_overhead"])
+            return replace(model.DEFAULTS, **kw)
+        except (TypeError, ValueError):
+            continue
+    return None
 
 
 def _netns_id() -> str:
@@ -158,11 +172,13 @@ def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | 
         except (KeyError, TypeError, ValueError):
             vec[:] = 0.0  # a damaged entry: probe again
     bcast(ch, vec, 0, "calibration cache")
-    if vec[0] != 1.0 or not np.all(np.isfinite(vec)) or np.any(vec[1:3] <= 0):
+    # Every link constant > 0 (a hand-edited beta of 0 or -5 made the model's checks
+    # raise inside the Communicator), every rate > 0 and the overheads >= 0.
+    if vec[0] != 1.0 or not np.all(np.isfinite(vec)) or np.any(vec[1:1 + k] <= 0):
         return None
     out = {f: float(v) for f, v in zip(_LINK_FIELDS, vec[1:1 + k], strict=True)}
     rates = [2 + k + _COMP_FIELDS.index(f) for f in _COMP_RATES]
-    if vec[1 + k] == 1.0 and np.all(vec[rates] > 0):
+    if vec[1 + k] == 1.0 and np.all(vec[rates] > 0) and np.all(vec[2 + k:] >= 0):
         out.update({f: float(v) for f, v in zip(_COMP_FIELDS, vec[2 + k:], strict=True)})
     return out
 
