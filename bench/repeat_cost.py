@@ -11,9 +11,11 @@ and at several ranks for the cost of the check that the ranks agree:
     mpiexec -n 2 python -m mpi4py bench/repeat_cost.py --sizes 4,8K,64K,1M
 
 For before/after figures, run it twice in one session with ``PYTHONPATH`` pointing at each
-checkout. ``--timeout default,inf`` times Communicators of each timeout side by side, in
-the same rounds (a finite timeout waits with nonblocking MPI calls, ``inf`` with
-blocking ones; docs/collectives.md, "Faults").
+checkout. ``--out new,same`` times ccoll's call into a new array (its default) and into the
+output buffer mpi4py's call writes (``out=y``) side by side. ``--timeout default,inf``
+times Communicators of each timeout side by side, in the same rounds (a finite timeout
+waits with nonblocking MPI calls, ``inf`` with blocking ones; docs/collectives.md,
+"Faults"). x and y are page-aligned, as OSU's benchmarks allocate them.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ def parse_size(text: str) -> int:
     return int(float(t[:-1] if mult > 1 else t) * mult)
 
 
+def _page_aligned(n: int) -> np.ndarray:
+    """A new float32 array of ``n`` elements whose data starts on a 4 KiB boundary."""
+    raw = np.empty(n * 4 + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096
+    return raw[start:start + n * 4].view(np.float32)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4", help="message sizes in bytes (K, M), comma-separated")
@@ -44,7 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", default="default",
                     help="Communicator timeouts to time, comma-separated: default "
                     "(CCOLL_TIMEOUT or 600 s), seconds, or inf (blocking MPI waits)")
+    ap.add_argument("--out", default="new",
+                    help="where ccoll's result goes, comma-separated: new (a new array, "
+                    "ccoll.allreduce(x)'s default) and/or same (out=y, the buffer mpi4py's "
+                    "call writes); each is a variant of its own")
     args = ap.parse_args(argv)
+    outs = [o.strip() for o in args.out.split(",")]
+    if not outs or any(o not in ("new", "same") for o in outs):
+        ap.error(f"--out takes new and/or same, got {args.out!r}")
 
     from mpi4py import MPI
 
@@ -70,21 +86,29 @@ def main(argv: list[str] | None = None) -> int:
         print("|" + "---:|" * (cols.count("|") - 1))
     for text in args.sizes.split(","):
         nbytes = parse_size(text)
-        x = np.random.default_rng(rank).standard_normal(max(1, nbytes // 4)).astype(np.float32)
-        y = np.empty_like(x)
+        # Page-aligned buffers, as OSU's benchmarks allocate them: where x and y lie
+        # relative to each other changes the cost of copying one into the other by up to
+        # 20x on some cores (docs/dev/repeated-calls.md, "Where the buffers lie").
+        x = _page_aligned(max(1, nbytes // 4))
+        x[:] = np.random.default_rng(rank).standard_normal(x.size)
+        y = _page_aligned(x.size)
         for eb in bounds:
             def mpi(x: np.ndarray = x, y: np.ndarray = y) -> None:
                 comm.Allreduce(x, y)
 
             timeouts = [t.strip() for t in args.timeout.split(",")]
             variants: dict[str, Any] = {"mpi4py": mpi}
+            names = []
             for t in timeouts:
                 cc = ccoll.Communicator(comm, timeout=None if t == "default" else float(t))
+                for o in outs:
+                    def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x,
+                             out: np.ndarray | None = y if o == "same" else None) -> None:
+                        cc.allreduce(x, eb, out=out)
 
-                def call(cc: Any = cc, eb: Any = eb, x: np.ndarray = x) -> None:
-                    cc.allreduce(x, eb)
-
-                variants[t] = call
+                    name = t if o == "new" else f"{t}, out=y"
+                    variants[name] = call
+                    names.append(name)
             times: dict[str, list[float]] = {k: [] for k in variants}
             for f in variants.values():  # warm-up: first calls, plans, kernels
                 for _ in range(50):
@@ -99,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     times[name].append(comm.allreduce(t, op=MPI.MAX))
             med = {k: statistics.median(v) * 1e6 for k, v in times.items()}
             if rank == 0:
-                for t in timeouts:
+                for t in names:
                     print(f"| {nbytes} | {eb or 'none'} | {t} | {med['mpi4py']:.2f} "
                           f"| {med[t]:.2f} | {med[t] - med['mpi4py']:.2f} | "
                           f"{med['mpi4py'] / med[t]:.2f}x |", flush=True)
