@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
+MAX_ITERS = 1_000_000  # timed (or warm-up) calls per size and algorithm, at most
 _DEFAULT_DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
 _BUSBW = {
     "allreduce": lambda n: 2 * (n - 1) / n,
@@ -74,19 +75,42 @@ class Row:
 
 
 def load_gradients(path: str | os.PathLike[str], rank: int) -> np.ndarray:
-    """Every float32 tensor of step ``rank mod steps`` of an HDF5 dump, concatenated."""
+    """Every tensor of step ``rank mod steps`` of an HDF5 dump as float32, concatenated.
+
+    Raises :class:`~ccoll.errors.InputError` (``FileNotFoundError`` for a missing file)
+    where there is nothing to time: a file that is not HDF5, no step groups, a step
+    without datasets or without values (zero-element datasets only), a dataset that does
+    not hold real numbers (strings, compound or complex values).
+    """
     import h5py
 
+    from ccoll.errors import InputError
+    from ccoll.h5.output import check_input
+
+    check_input(os.fspath(path))
     with h5py.File(path, "r") as f:
         steps = sorted(k for k in f if isinstance(f[k], h5py.Group))
         if not steps:
-            raise ValueError(f"{path}: no step groups (expected step_0000, ...)")
-        g = f[steps[rank % len(steps)]]
+            raise InputError(f"{path}: no step groups (expected step_0000, ...)")
+        step = steps[rank % len(steps)]
+        g = f[step]
         names = sorted(k for k in g if isinstance(g[k], h5py.Dataset))
-        parts = [np.asarray(g[k][()], dtype=np.float32).ravel() for k in names]
-    if not parts:
-        raise ValueError(f"{path}: step {steps[rank % len(steps)]} has no datasets")
-    return np.concatenate(parts)
+        if not names:
+            raise InputError(f"{path}: step {step} holds no datasets")
+        parts = []
+        for k in names:
+            ds = g[k]
+            if ds.dtype.kind not in "fiu":
+                raise InputError(f"{path}: {step}/{k} holds {ds.dtype} values, not real "
+                                 "numbers (expected float or integer datasets)")
+            if ds.shape is None:  # an HDF5 null dataspace: no values
+                continue
+            parts.append(np.asarray(ds[()], dtype=np.float32).ravel())
+    x = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    if x.size == 0:
+        raise InputError(f"{path}: step {step} holds no values (only zero-element "
+                         "datasets): nothing to time")
+    return x
 
 
 SAMPLE_BLOCK = 32  # values per sampled piece: the compressor's block (docs/format.md)
@@ -264,6 +288,7 @@ def bench(
     schedule: str = "auto",
     format_version: int | None = None,
     blocks: int = 3,
+    base: np.ndarray | None = None,
 ) -> tuple[list[Row], dict[str, Any]]:
     """Run the sweep (collective over ``comm``); return rows (rank 0's are complete) and meta.
 
@@ -277,7 +302,8 @@ def bench(
     ``format_version`` their stream format (``None``: chosen per call; the meta's
     ``format_version``). A ccoll row's ``formats`` says which formats its compressed timed
     calls sent; its extra ``format_reason`` why the last one did. ``blocks``: runs each
-    row's timed calls are cut into (:func:`call_order`).
+    row's timed calls are cut into (:func:`call_order`). ``base``: this rank's data, as
+    :func:`load_gradients` reads it from ``data`` (read here when not given).
 
     With ``trace``, rank 0's meta holds ``"trace"``: the trace-event document
     (:func:`ccoll.collectives.trace.chrome`) of one extra call per size and ccoll algorithm.
@@ -293,7 +319,8 @@ def bench(
     comm = comm.Dup()
     n, r = comm.Get_size(), comm.Get_rank()
     bound = as_bound(eb)
-    base = load_gradients(data, r)
+    if base is None:
+        base = load_gradients(data, r)
     ccs: dict[str, Any] = {}
     rpns: list[int | None] = (
         [ranks_per_node] if ranks_per_node is None or isinstance(ranks_per_node, int)
@@ -334,7 +361,7 @@ def bench(
         for rpn in rpns:
             g = groupings[rpn]
             log(f"# nodes: {g.nodes} x {g.ranks_per_node or 'unequal'} ranks "
-                f"({g.source}); allreduce "
+                f"({g.source}); {collective} "
                 f"{'in two levels' if hier_of_rpn[rpn] is not None else 'flat'}")
     # The model's calibration runs on a channel of its own (it keeps its own counters).
     # The model's constants: a policy="auto" Communicator's calibration (the cache, else a
@@ -390,8 +417,9 @@ def bench(
             errs: dict[str, float | None] = {}
             if check:
                 ref = _reference(collective, comm, x)
+                exact = np.isfinite(ref)  # a NaN or Inf of the data has no error to measure
                 for a in algos:
-                    e = float(np.max(np.abs(outs[a].astype(np.float64).reshape(ref.shape) - ref)))
+                    e = _max_error(outs[a].reshape(ref.shape)[exact], ref[exact])
                     e = _allreduce_float(comm, e, MPI.MAX)
                     errs[a] = e / eb_abs if eb_abs > 0 else (0.0 if e == 0 else math.inf)
             if trace:
@@ -536,6 +564,19 @@ def _predict(cc: Any, collective: str, x: np.ndarray, eb_share: float,
     return pred, floors
 
 
+def _max_error(got: np.ndarray, exact: np.ndarray) -> float:
+    """Largest ``|got - exact|`` (inf where ``got`` is NaN); 0 where no element is held.
+
+    A reduce_scatter of fewer elements than ranks leaves some ranks none.
+    """
+    if exact.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(got.astype(np.float64) - exact)
+    e = float(np.max(d))
+    return math.inf if math.isnan(e) else e
+
+
 def _allreduce_float(comm: Any, v: float, op: Any) -> float:
     """``op`` of one float over the ranks (buffer-based: no pickled mpi4py collective)."""
     mine = np.array([float(v)])
@@ -574,6 +615,9 @@ micro-benchmarks and nccl-tests do. Run it under MPI, on all ranks of MPI_COMM_W
 
   mpiexec -n 2 python -m mpi4py -m ccoll.cli bench allreduce -b 4 -e 64M -f 2
 
+Every rank must be given the same options: they are compared before anything is
+timed, and a difference stops every rank (exit status 2).
+
 For each size, the algorithms of --algorithms run side by side in one job, taking
 turns in runs (--blocks runs per algorithm, each run one untimed call then its share
 of the timed calls, so that every timed call follows a call of its own algorithm):
@@ -600,7 +644,9 @@ Rank 0 prints one row per size and algorithm:
   ratio        bytes a raw ring would send / bytes the algorithm sent (ccoll rows; a
                two-level row counts its exact intra-node bytes too)
   err/eb       largest |result - exact float64 result| over the resolved bound, every
-               element of the last timed call: at most 1 for ccoll (--no-check: -)
+               element of the last timed call whose exact result is finite (a NaN or
+               Inf of the data has no error to measure): at most 1 for ccoll; inf where
+               a result is NaN or Inf but the exact one is finite (--no-check: -)
   speedup      avg(us) of mpi / avg(us) of this row
   x(med)       med(us) of mpi / med(us) of this row (one slow call moves the mean, not it)
   comp         share of the timed calls that compressed (ccoll rows): 1.00 all, 0.00 none
@@ -622,6 +668,8 @@ the step takes whole 32-value blocks (the compressor's block) spread evenly over
 whole step, the same places on every rank, so that a small size holds the step's mix of
 tensors and not only its first one; a larger size repeats the step. The bound (--eb)
 resolves over the data of each size on all ranks: a REL bound follows its value range.
+Every dataset of the step must hold real numbers (float or integer; read as float32),
+and the step at least one value; other files are refused before the sweep (exit 2).
 
 --trace FILE adds, after each size's timed calls (so the timed numbers never include
 it), one traced call of every ccoll algorithm, and writes their timelines as
@@ -757,8 +805,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"),
                    help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0,
-                   help="multiply the size by this between steps (default 2)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (default 20)")
+                   help="multiply the size by this between steps: a finite number >= 1 "
+                   "(default 2)")
+    p.add_argument("-n", "--iters", type=int, default=20,
+                   help=f"timed iterations, at most {MAX_ITERS} as every iteration count "
+                   "(default 20)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="warm-up iterations (default 5)")
     p.add_argument("--iters-large", type=int, default=5,
                    help="timed iterations above --large (default 5)")
@@ -772,7 +823,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--eb", default="rel:1e-3",
                    help="error bound, rel:V or abs:V (default rel:1e-3)")
     p.add_argument("--algorithms", default=",".join(ALGORITHMS),
-                   help=f"comma-separated subset of {','.join(ALGORITHMS)} (default all)")
+                   help=f"comma-separated subset of {','.join(ALGORITHMS)}, each named at "
+                   "most once (default all)")
     p.add_argument("--ranks-per-node", default="shm", metavar="LIST",
                    help="node grouping of ccoll's Communicators: 'shm' (MPI's shared-memory "
                    "domains, i.e. the real hosts) or R (consecutive blocks of R ranks; 1: "
@@ -816,18 +868,32 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     from ccoll.errorbound import as_bound
     from ccoll.errors import InputError
 
+    comm = MPI.COMM_WORLD
+    # First of all, and before any other collective: every rank must sweep the same sizes,
+    # counts and algorithms, or one rank waits in a call that the others never make.
+    _agree_options(comm, args)
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     bad = [a for a in algos if a not in ALGORITHMS]
     if bad or not algos:
         raise InputError(f"--algorithms: unknown {bad}; expected a subset of {ALGORITHMS}")
+    dup = list(dict.fromkeys(a for a in algos if algos.count(a) > 1))
+    if dup:
+        raise InputError(f"--algorithms: {', '.join(dup)} given more than once; name each "
+                         "algorithm once")
     if args.collective == "allgather":
         algos = [a for a in algos if a != "dar"]  # nothing is summed: one compressed algorithm
     if "mpi" in algos:
         algos = ["mpi"] + [a for a in algos if a != "mpi"]
     if args.iters < 1 or args.iters_large < 1 or args.warmup < 0 or args.warmup_large < 0:
         raise InputError("iteration counts must be >= 1 (warm-up >= 0)")
+    for opt, v in (("-n", args.iters), ("--iters-large", args.iters_large),
+                   ("-w", args.warmup), ("--warmup-large", args.warmup_large)):
+        if v > MAX_ITERS:  # its call list and times would not fit in memory (MemoryError)
+            raise InputError(f"{opt} {v}: at most {MAX_ITERS} calls per size")
     if args.blocks < 1:
         raise InputError(f"--blocks must be >= 1, got {args.blocks}")
+    if not math.isfinite(args.stepfactor):
+        raise InputError(f"-f must be a finite number >= 1, got {args.stepfactor}")
     if args.minbytes < 1 or args.maxbytes < args.minbytes or args.stepfactor < 1:
         raise InputError("need 1 <= -b <= -e and -f >= 1")
     if args.maxbytes < 4:
@@ -843,12 +909,19 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
                          "--algorithms (homomorphic, dar or auto)")
     as_bound(args.eb)
     rpns = parse_ranks_per_node(args.ranks_per_node)
-    comm = MPI.COMM_WORLD
     rank0 = comm.Get_rank() == 0
     outputs = [(opt, path) for opt, path in (
         ("--trace", args.trace), ("--trace-png", args.trace_png), ("--csv", args.csv),
         ("--json", args.json_out), ("--plot", args.plot)) if path]
     _check_outputs(comm, outputs, force=args.force, data=args.data)
+    # Each rank reads its own step: a step that cannot be timed stops every rank.
+    base = None
+    why = None
+    try:
+        base = load_gradients(args.data, comm.Get_rank())
+    except InputError as exc:
+        why = f"--data {exc}"
+    _raise_on_any_rank(comm, why)
     live = rank0 and not args.quiet
     size_list = sizes(args.minbytes, args.maxbytes, args.stepfactor, 4)
     if live:
@@ -869,7 +942,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         trace=bool(args.trace or args.trace_png), ranks_per_node=rpns,
         schedule=args.schedule,
         format_version=None if args.format_version == "auto" else int(args.format_version),
-        blocks=args.blocks,
+        blocks=args.blocks, base=base,
     )
     timeline = meta.pop("trace", None)
     meta["speed_index"] = index
@@ -897,13 +970,87 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         if args.csv:
             write_atomically(args.csv, text(to_csv(rows)))
         if args.json_out:
-            write_atomically(args.json_out, text(json.dumps(doc, indent=1, default=str)))
+            write_atomically(args.json_out, text(json.dumps(_json_safe(doc), indent=1,
+                                                            default=str, allow_nan=False)))
         if args.plot:
             write_atomically(args.plot, lambda name: plot(rows, meta, name),
                              default_suffix=".png")
     # Rows were printed as they came; the CLI prints nothing more (other ranks: nothing).
     args.quiet = True
     return doc, "", 0
+
+
+def _json_safe(v: Any) -> Any:
+    """JSON has no NaN or Infinity: a non-finite number becomes null (docs/cli.md)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_json_safe(x) for x in v]
+    return v
+
+
+# Option names of the parsed arguments whose flag is not ``--`` + the name.
+_FLAGS = {"collective": "the collective", "minbytes": "-b/--minbytes",
+          "maxbytes": "-e/--maxbytes", "stepfactor": "-f/--stepfactor", "iters": "-n/--iters",
+          "warmup": "-w/--warmup", "json_out": "--json", "quiet": "-q/--quiet",
+          "no_check": "--no-check", "no_model": "--no-model"}
+
+
+def _agree_options(comm: Any, args: argparse.Namespace) -> None:
+    """Refuse options that differ between ranks, on every rank, before any timing.
+
+    Rank 0 broadcasts its parsed options (buffer-based); every rank compares them with its
+    own. If any rank differs, every rank raises the same :class:`InputError`, naming the
+    first differing option and its values on rank 0 and on the lowest rank that differs.
+    """
+    from mpi4py import MPI
+
+    mine = {k: repr(v) for k, v in sorted(vars(args).items())
+            if v is None or isinstance(v, (str, int, float, bool, list, tuple))}
+    text = json.dumps(mine, sort_keys=True).encode()
+    length = np.array([len(text)], np.int64)
+    comm.Bcast([length, MPI.INT64_T], root=0)
+    buf = (np.frombuffer(text, np.uint8).copy() if comm.Get_rank() == 0
+           else np.empty(int(length[0]), np.uint8))
+    comm.Bcast([buf, MPI.UINT8_T], root=0)
+    theirs = json.loads(buf.tobytes().decode())
+    diff = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+    why = None
+    if diff:
+        k = diff[0]
+        more = f" (and {len(diff) - 1} more option(s))" if len(diff) > 1 else ""
+        why = (f"options differ between ranks: {_FLAGS.get(k, '--' + k.replace('_', '-'))} "
+               f"is {theirs.get(k, 'not set')} on rank 0 but {mine.get(k, 'not set')} on "
+               f"rank {comm.Get_rank()}{more}; give every rank the same options")
+    _raise_on_any_rank(comm, why)
+
+
+def _raise_on_any_rank(comm: Any, why: str | None) -> None:
+    """Raise :class:`InputError` on every rank if any rank has a ``why`` (collective).
+
+    The message is the lowest such rank's, broadcast (buffer-based), so every rank stops
+    with the same error and none waits in a collective the others left.
+    """
+    from mpi4py import MPI
+
+    from ccoll.errors import InputError
+
+    n, r = comm.Get_size(), comm.Get_rank()
+    who = np.array([r if why is not None else n], np.int64)
+    low = np.empty_like(who)
+    comm.Allreduce(who, low, op=MPI.MIN)
+    root = int(low[0])
+    if root == n:
+        return
+    msg = (why or "").encode() if r == root else b""
+    length = np.array([len(msg)], np.int64)
+    comm.Bcast([length, MPI.INT64_T], root=root)
+    buf = np.frombuffer(msg, np.uint8).copy() if r == root else np.empty(int(length[0]),
+                                                                          np.uint8)
+    comm.Bcast([buf, MPI.UINT8_T], root=root)
+    raise InputError(buf.tobytes().decode())
 
 
 def _check_outputs(comm: Any, outputs: Sequence[tuple[str, str]], *, force: bool,

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -182,7 +184,7 @@ def test_small_sweep_under_mpi(tmp_path: Path, collective: str, lo: str) -> None
     meta = doc["meta"]
     assert (meta["nodes"], meta["ranks_per_node"], meta["grouping"], meta["hierarchical"]) == (
         1, 2, "shared memory", False)
-    assert "# nodes: 1 x 2 ranks (shared memory); allreduce flat" in p.stdout
+    assert f"# nodes: 1 x 2 ranks (shared memory); {collective} flat" in p.stdout
     # What auto's plans rest on, per signature: calls, agreed times, the current plan.
     plans = doc["meta"]["auto_plans"]
     assert isinstance(plans, dict) and plans
@@ -381,3 +383,91 @@ def test_two_outputs_on_one_file_are_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="--csv and --json name the same file"):
         bench.run_bench(_bench_args("--csv", out, "--json", out))
     assert os.listdir(tmp_path) == []
+
+
+def test_an_algorithm_named_twice_is_refused() -> None:
+    # It ran each row twice (comp 2.00: the two rows shared one Communicator's counters).
+    with pytest.raises(InputError, match="--algorithms: homomorphic given more than once"):
+        bench.run_bench(_bench_args("--algorithms", "mpi,homomorphic,homomorphic"))
+
+
+@pytest.mark.parametrize("f", ["nan", "inf"])
+def test_a_non_finite_step_factor_is_refused(f: str) -> None:
+    # -f nan passed `< 1` and timed one size where -e asked for more.
+    with pytest.raises(InputError, match=f"-f must be a finite number >= 1, got {f}"):
+        bench.run_bench(_bench_args("-f", f, "-e", "64K"))
+
+
+def _h5(path: Path, steps: dict[str, dict[str, np.ndarray]]) -> str:
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for step, datasets in steps.items():
+            g = f.create_group(step)
+            for name, data in datasets.items():
+                g.create_dataset(name, data=data)
+    return str(path)
+
+
+@pytest.mark.parametrize(("steps", "match"), [
+    ({}, "no step groups"),
+    ({"step_0000": {}}, "step step_0000 holds no datasets"),
+    ({"step_0000": {"a": np.zeros(0, np.float32)}}, "step step_0000 holds no values"),
+    ({"step_0000": {"a": np.array([b"abc"])}}, "step_0000/a holds \\|S3 values, not real"),
+    ({"step_0000": {"a": np.zeros(3, [("x", "<f4"), ("y", "<i4")])}}, "not real numbers"),
+    ({"step_0000": {"a": np.ones(3, np.complex64)}}, "holds complex64 values"),
+])
+def test_data_that_cannot_be_timed_is_refused(tmp_path: Path, steps, match: str) -> None:
+    # Before: tracebacks (no steps, strings, compound), or zeros timed (np.resize of an
+    # empty step), or the imaginary parts dropped with a warning.
+    path = _h5(tmp_path / "d.h5", steps)
+    with pytest.raises(InputError, match=f"^--data {path}: .*{match}"):
+        bench.run_bench(_bench_args("--data", path))
+
+
+def test_data_that_is_not_hdf5_exits_2(tmp_path: Path, capsys) -> None:
+    from ccoll import cli
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not HDF5\n")
+    code = cli.main(["bench", "allreduce", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0",
+                     "--algorithms", "mpi", "--no-model", "--data", str(notes)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_USAGE, err
+    assert err.strip().splitlines() == [
+        f"ccoll bench: error: --data input {str(notes)!r} is not an HDF5 file (no HDF5 "
+        "signature found)"]
+
+
+def test_non_finite_data_is_checked_where_the_sum_is_finite(tmp_path: Path) -> None:
+    # A NaN and an Inf in the data: err/eb was nan (with RuntimeWarnings), and the JSON
+    # held a bare NaN, which is not JSON.
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    x[5], x[7] = np.nan, np.inf
+    path = _h5(tmp_path / "d.h5", {"step_0000": {"a": x}})
+    out = tmp_path / "b.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        doc, _, _ = bench.run_bench(_bench_args("--data", path, "--json", str(out), "-q",
+                                                "-b", "16K", "-e", "16K"))
+    assert doc["rows"][0]["err_over_eb"] == 0.0
+
+    def no_constants(name: str) -> None:
+        raise AssertionError(f"{name} in the JSON")
+
+    json.loads(out.read_text(), parse_constant=no_constants)
+
+
+def test_max_error_of_no_elements_and_of_nan() -> None:
+    empty = np.zeros(0)
+    assert bench._max_error(empty.astype(np.float32), empty) == 0.0
+    assert bench._max_error(np.array([np.nan, 1], np.float32), np.ones(2)) == math.inf
+    assert bench._json_safe({"a": [math.nan, 1.5, math.inf], "b": None}) == {
+        "a": [None, 1.5, None], "b": None}
+
+
+@pytest.mark.parametrize("option", ["-n", "--iters-large", "-w", "--warmup-large"])
+def test_iteration_counts_too_large_to_hold_are_refused(option: str) -> None:
+    # -n 1000000000000 died of MemoryError (or was killed) on every rank.
+    with pytest.raises(InputError, match=f"^{option} 1000000000000: at most 1000000 calls"):
+        bench.run_bench(_bench_args(option, "1000000000000"))
