@@ -14,7 +14,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ccoll.helpformat import DefaultsFormatter
 from ccoll.units import format_bytes
@@ -68,6 +68,42 @@ class _Formatter(DefaultsFormatter):
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser; a usage error keeps its message on the ``SystemExit`` it raises.
+
+    So that ``_main`` can print the JSON document of a usage error under ``--json``
+    (argparse's usage message still goes to stderr). Subcommands get this class too.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        try:
+            super().error(message)
+        except SystemExit as exc:
+            exc.ccoll_usage_error = message  # type: ignore[attr-defined]
+            raise
+
+
+def _json_requested(parser: argparse.ArgumentParser, argv: Sequence[str]) -> str | None:
+    """Return the command of ``argv`` if it asks for a JSON document on stdout (``--json``).
+
+    Read from the raw words, as parsing failed: the first word that is not an option is the
+    command; ``--json`` (or an abbreviation argparse takes for it) must follow it, before a
+    ``--``. ``ccoll bench --json FILE`` writes a file, not stdout: ``None`` for it.
+    """
+    cmd = next((t for t in argv if not t.startswith("-")), None)
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub = subs[0].choices.get(cmd) if subs and cmd is not None else None
+    if sub is None:
+        return None
+    flag = next((a for a in sub._actions if "--json" in a.option_strings), None)
+    if flag is None or flag.nargs != 0:
+        return None
+    rest = list(argv)[list(argv).index(cmd) + 1:]  # type: ignore[arg-type]
+    if "--" in rest:
+        rest = rest[:rest.index("--")]
+    return cmd if any(len(t) >= 3 and "--json".startswith(t) for t in rest) else None
+
+
 def _common(p: argparse.ArgumentParser, *, json_flag: bool = True) -> None:
     if json_flag:
         p.add_argument(
@@ -103,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of the ``ccoll`` command (subcommands and their options)."""
     from ccoll._version import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ccoll",
         description="Compress HDF5 gradient dumps with ccoll's error-bounded compressor, "
         "restore them, inspect them, and compare ccoll with SZ3 and ZFP.",
@@ -658,7 +694,16 @@ def _stdout_closed() -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 on a usage error, 0 for --help
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser.parse_args(words)  # exits 2 on a usage error, 0 for --help
+    except SystemExit as exc:
+        usage = getattr(exc, "ccoll_usage_error", None)
+        command = _json_requested(parser, words) if usage is not None else None
+        if command is not None:  # --json: a failed run still prints its document
+            _print_json({"command": command, "error": usage, "error_type": "UsageError",
+                         "exit_code": EXIT_USAGE})
+        raise
     as_json = getattr(args, "json", False)
     old = _install_stop_handlers()
     try:

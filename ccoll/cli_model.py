@@ -79,7 +79,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     help="fixed cost of one compressed call (default 100us)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--cached", action="store_true",
-                     help="require the cached calibration (exit 1 without one)")
+                     help="require the cached calibration (exit 2, unusable input, without one)")
     src.add_argument("--defaults", action="store_true",
                      help="start from the model's defaults, not the cached calibration")
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")

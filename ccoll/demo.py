@@ -357,23 +357,24 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate", default="1gbit",
                     help="link rate of the emulated cluster (default: 1gbit)")
     ap.add_argument("--timeout", type=int, default=900,
-                    help="stop the ranks after this many seconds (default: 900)")
+                    help="stop the ranks after this many seconds, >= 1 (default: 900)")
     ap.add_argument("--data", type=Path, default=None,
                     help="HDF5 gradient dump (default: datasets/minilm.h5, or $CCOLL_DEMO_DATA)")
-    ap.add_argument("--rel", type=float, default=1e-3, help="REL error bound (default: 0.001)")
+    ap.add_argument("--rel", type=float, default=1e-3,
+                    help="REL error bound, finite and > 0 (default: 0.001)")
     ap.add_argument("--algorithm", choices=("homomorphic", "dar"), default="homomorphic",
                     help="ccoll's ring algorithm when it compresses (default: homomorphic)")
     ap.add_argument("--policy", choices=("auto", "compress", "raw"), default="auto",
                     help="ccoll's policy: auto = compress where the cost model predicts a "
                     "gain, compress = always (default: auto)")
     ap.add_argument("--repeat", type=int, default=5,
-                    help="timed runs per tensor, the best kept (default: 5)")
+                    help="timed runs per tensor, the best kept; >= 1 (default: 5)")
     ap.add_argument("--max-tensors", type=int, default=None,
                     help="only the first N tensors of the dump (default: all)")
     ap.add_argument("--bucket-mib", type=float, default=16,
                     help="size of the bucket row: the tensors of the rank's step, then those "
-                    "of the dump's next steps until the bucket holds this many MiB "
-                    "(default: 16)")
+                    "of the dump's next steps until the bucket holds this many MiB; "
+                    "finite and >= 0 (default: 16)")
     ap.add_argument("--rank", action="store_true",
                     help="run as one of the ranks (set by the launcher; implied when an MPI "
                     "launcher started this process)")
@@ -398,14 +399,54 @@ def _rank_args(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def check_options(args: argparse.Namespace) -> str | None:
+    """Return what is wrong with the options (``None``: nothing), before anything starts.
+
+    The launcher and every rank check the same options, so a bad one stops the demo with
+    one usage error (exit 2) instead of a traceback on every rank, or a rank command that
+    ``timeout`` or MPI refuses.
+    """
+    import math
+
+    from ccoll.errorbound import REL
+    from ccoll.errors import CCollError
+    from ccoll.h5.output import check_input
+    from ccoll.units import parse_rate
+
+    for opt, v, low in (("--ranks", args.ranks, 1), ("--timeout", args.timeout, 1),
+                        ("--repeat", args.repeat, 1), ("--max-tensors", args.max_tensors, 1)):
+        if v is not None and v < low:
+            return f"{opt} must be >= {low}, got {v}"
+    if not math.isfinite(args.bucket_mib) or args.bucket_mib < 0:
+        return f"--bucket-mib must be a finite number >= 0, got {args.bucket_mib}"
+    try:
+        REL(args.rel)
+    except CCollError as exc:
+        return f"--rel: {exc}"
+    try:
+        parse_rate(args.rate, what="rate")  # refuses rates <= 0 too
+    except CCollError as exc:
+        return f"--rate: {exc}"
+    data = args.data or default_dataset()
+    try:
+        check_input(str(data))
+    except (OSError, CCollError) as exc:
+        return f"--data: {exc}" + (
+            "; the demo needs datasets/minilm.h5 of the source tree (or set CCOLL_DEMO_DATA)"
+            if args.data is None else "")
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Launch the demo, or run as one of its ranks under an MPI launcher."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    why = check_options(args)
+    if why is not None:
+        ap.error(why)  # exit 2, as argparse's own usage errors
     if args.rank or any(k in os.environ for k in _RANK_ENV):
         return run_ranks(args)
-    if args.ranks < 1:
-        raise SystemExit(f"ccoll.demo: --ranks must be at least 1, got {args.ranks}")
     return launch(args, _rank_args(argv))
 
 

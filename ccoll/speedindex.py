@@ -9,6 +9,10 @@ CPU as llvm names it (``znver3`` has no AVX-512, ``znver4`` has)::
 
     python -m ccoll.speedindex            # prints one line
     python -m ccoll.speedindex --json     # the same as JSON
+    python -m ccoll.speedindex --data F   # on another dump (the line names it)
+
+A ``--data`` file that is missing, not HDF5 or without float32 values is an error (one
+line, exit status 2).
 
 ``pysz`` is a benchmark extra (``pip install pysz``); without it the throughput is
 ``None`` and the line says so.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -30,9 +35,17 @@ DEFAULT_DATA = str(Path(__file__).resolve().parent.parent / "datasets" / "minilm
 
 
 def load_dump(path: str) -> np.ndarray:
-    """Return every float32 dataset of an HDF5 gradient dump, in name order, concatenated."""
+    """Return every float32 dataset of an HDF5 gradient dump, in name order, concatenated.
+
+    Raises ``FileNotFoundError`` for a missing file and :class:`~ccoll.errors.InputError`
+    for one that is not HDF5 or holds no float32 value.
+    """
     import h5py
 
+    from ccoll.errors import InputError
+    from ccoll.h5.output import check_input
+
+    check_input(path)
     parts: list[np.ndarray] = []
 
     def take(_name: str, obj: Any) -> None:
@@ -42,8 +55,11 @@ def load_dump(path: str) -> np.ndarray:
     with h5py.File(path, "r") as f:
         f.visititems(take)
     if not parts:
-        raise ValueError(f"{path}: no float32 datasets")
-    return np.concatenate(parts)
+        raise InputError(f"{path}: no float32 datasets")
+    x = np.concatenate(parts)
+    if x.size == 0:
+        raise InputError(f"{path}: no float32 values (only zero-element datasets)")
+    return x
 
 
 def cpu_name() -> str:
@@ -105,8 +121,10 @@ def describe(index: dict[str, Any]) -> str:
     gbps = index.get("sz3_compress_gbps")
     speed = (f"SZ3 compress {gbps * 1e3:.0f} MB/s" if gbps is not None
              else f"SZ3 compress not measured ({index.get('why', '')})")
-    return (f"speed index: {speed} (one thread, MiniLM dump, REL {index['rel']:g}), "
-            f"cpu {index['cpu']}")
+    data = index.get("data", DEFAULT_DATA)
+    same = Path(data).resolve() == Path(DEFAULT_DATA).resolve()
+    return (f"speed index: {speed} (one thread, {'MiniLM dump' if same else data}, "
+            f"REL {index['rel']:g}), cpu {index['cpu']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +134,15 @@ def main(argv: list[str] | None = None) -> int:
                     "the bundled datasets/minilm.h5)")
     ap.add_argument("--json", action="store_true", help="print the index as JSON")
     args = ap.parse_args(argv)
-    index = speed_index(args.data)
+    from ccoll.errors import InputError
+
+    try:
+        if not Path(args.data).is_file():  # the library says "not measured"; asked: an error
+            raise InputError(f"--data {args.data}: no such file")
+        index = speed_index(args.data)
+    except (InputError, FileNotFoundError) as exc:
+        print(f"{ap.prog}: error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(index) if args.json else describe(index))
     return 0
 

@@ -349,7 +349,8 @@ def run_on_cluster(args: argparse.Namespace) -> int:
                 # OFI's tcp provider fails with "Bad file descriptor" on links younger than ~1 s.
                 time.sleep(args.settle)
                 line = mpmd_command(cluster, args.command, args.mpiexec, args.python,
-                                    threads=args.threads, pin=args.pin, omp_threads=args.omp_threads)
+                                    threads=args.threads, pin=args.pin,
+                                    omp_threads=args.omp_threads)
                 if args.verbose:
                     print("+ " + " ".join(line), file=sys.stderr, flush=True)
                 proc = subprocess.Popen(line, start_new_session=True)
@@ -392,13 +393,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="link rate per direction per node, e.g. 1gbit, 10Gbit, 1.25GB/s "
                    "(default 1gbit)")
     p.add_argument("--burst", type=int, default=None,
-                   help="tbf burst in bytes (default 1 ms of traffic, at least 100 KB)")
+                   help="tbf burst in bytes, at least --mtu (default 1 ms of traffic, at "
+                   "least 100 KB)")
     p.add_argument("--queue-latency", type=float, default=50.0,
-                   help="tbf latency (max queueing) in ms (default 50)")
-    p.add_argument("--mtu", type=int, default=1500, help="link MTU (default 1500)")
+                   help="tbf latency (max queueing) in ms, > 0 (default 50)")
+    p.add_argument("--mtu", type=int, default=1500, help="link MTU, 68..65535 (default 1500)")
     p.add_argument("--settle", type=float, default=2.0,
-                   help="seconds to wait after creating links before MPI starts (default 2)")
-    p.add_argument("--timeout", type=float, default=None, help="stop the command after this many s (default: no limit)")
+                   help="seconds to wait after creating links before MPI starts, >= 0 "
+                   "(default 2)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop the command after this many s, > 0 (default: no limit)")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads per rank (CCOLL_THREADS, OMP_NUM_THREADS); default: "
                    "ccoll's own (the machine's cores divided among the ranks; with --pin each "
@@ -408,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bind each rank to its share of the cores (taskset), like a node")
     p.add_argument("--keep", action="store_true", help="leave the namespaces in place (debugging)")
     p.add_argument("--mpiexec", default=None, help="mpiexec to use (default .venv/bin/mpiexec)")
-    p.add_argument("--python", default=sys.executable, help="python for `ccoll ...` commands (default: the one running this script)")
+    p.add_argument("--python", default=sys.executable,
+                   help="python for `ccoll ...` commands (default: the one running this script)")
     p.add_argument("--cleanup-stale", action="store_true",
                    help="remove namespaces of dead earlier runs, then exit if no command")
     p.add_argument("-v", "--verbose", action="store_true", help="print every ip/tc command")
@@ -416,11 +421,48 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace) -> str | None:
+    """What is wrong with the parsed options (``None``: nothing); only reads ``args``.
+
+    Run before anything else, above all before any namespace is made: a value that
+    ``ip``/``tc`` would refuse halfway through, or one that would be read as "not given"
+    (``--ranks 0`` ran 2 ranks), stops the launcher with exit 2 instead.
+    """
+    import math
+
+    if args.ranks is not None and (args.nodes is not None or args.ranks_per_node != 1):
+        return ("--ranks N is N nodes of one rank: give either --ranks, or --nodes with "
+                "--ranks-per-node")
+    for opt, v in (("--ranks", args.ranks), ("--nodes", args.nodes),
+                   ("--ranks-per-node", args.ranks_per_node)):
+        if v is not None and not 1 <= v <= 64:
+            return f"{opt} must be 1..64, got {v}"
+    if not (math.isfinite(args.rate) and args.rate > 0):
+        return f"--rate must be a finite rate above 0, got {args.rate:g} bit/s"
+    if not 68 <= args.mtu <= 65535:
+        return f"--mtu must be 68..65535 (IPv4's least MTU to a veth's most), got {args.mtu}"
+    if args.burst is not None and args.burst < args.mtu:
+        return (f"--burst must be at least the MTU ({args.mtu} bytes): a packet larger than "
+                f"the bucket never passes, got {args.burst}")
+    for opt, x, zero_ok in (("--queue-latency", args.queue_latency, False),
+                            ("--settle", args.settle, True),
+                            ("--timeout", args.timeout, False)):
+        if x is not None and not (math.isfinite(x) and (x >= 0 if zero_ok else x > 0)):
+            return f"{opt} must be a finite number {'>=' if zero_ok else '>'} 0, got {x:g}"
+    if args.threads is not None and args.threads < 1:
+        return f"--threads must be >= 1, got {args.threads}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     args = build_parser().parse_args(argv)
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    why = check_args(args)
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("emulated_cluster.py needs root (network namespaces and tc)", file=sys.stderr)
         return 2
@@ -435,16 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         print("no command given (put it after --)", file=sys.stderr)
         return 2
-    if args.ranks is not None and (args.nodes is not None or args.ranks_per_node != 1):
-        print("--ranks N is N nodes of one rank: give either --ranks, or --nodes with "
-              "--ranks-per-node", file=sys.stderr)
-        return 2
-    args.nodes = args.nodes if args.nodes is not None else (args.ranks or 2)
-    for opt, v in (("--ranks" if args.ranks is not None else "--nodes", args.nodes),
-                   ("--ranks-per-node", args.ranks_per_node)):
-        if not 1 <= v <= 64:
-            print(f"{opt} must be 1..64, got {v}", file=sys.stderr)
-            return 2
+    if args.nodes is None:  # --ranks N: N nodes of one rank (checked above); default 2
+        args.nodes = args.ranks if args.ranks is not None else 2
     args.ranks = args.nodes * args.ranks_per_node
     args.mpiexec = args.mpiexec or _default_mpiexec()
     args.omp_threads = None

@@ -464,3 +464,45 @@ def test_closed_stdout_exits_141_quietly(capsys, monkeypatch, argv):
     code = cli.main(argv)
     err = capsys.readouterr().err
     assert code == cli.EXIT_BROKEN_PIPE == 141 and err == ""
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["model", "--json", "--bandwidth", "10G"], "argument --bandwidth: bandwidth '10G' has no"),
+    (["model", "--js", "--ratio", "0"], "argument --ratio: must be a finite number > 0"),
+    (["compress", "a.h5", "--json"], "the following arguments are required: OUT.h5, --eb"),
+    (["inspect", "a.h5", "--json", "--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_usage_errors_under_json_still_print_one_document(capsys, argv, match):
+    # docs/cli.md: "With --json, a failed run still prints one JSON document"; a usage
+    # error printed argparse's message only.
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == cli.EXIT_USAGE
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["command"] == argv[0] and doc["exit_code"] == cli.EXIT_USAGE
+    assert doc["error_type"] == "UsageError" and doc["error"].startswith(match), doc
+    assert "usage:" in err and match in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["model", "--bandwidth", "10G"],  # no --json
+    ["bench", "allreduce", "--json", "b.json", "-e", "64Q"],  # bench's --json is a file
+    ["model", "--", "--json"],
+])
+def test_usage_errors_without_json_print_nothing_on_stdout(capsys, argv):
+    with pytest.raises(SystemExit):
+        cli.main(argv)
+    assert capsys.readouterr().out == ""
+
+
+def test_model_cached_without_a_cache_exits_2_as_its_help_says(capsys, tmp_path, monkeypatch):
+    # The help said "exit 1 without one"; a missing cache is unusable input: 2.
+    with pytest.raises(SystemExit):
+        cli.main(["model", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--cached require the cached calibration (exit 2, unusable input, without one)" \
+        in help_text
+    monkeypatch.setenv("CCOLL_CACHE_DIR", str(tmp_path / "empty"))
+    code, _, err = run(capsys, "model", "--cached")
+    assert code == cli.EXIT_USAGE and "no calibration in the cache yet" in err

@@ -101,3 +101,30 @@ def test_emulated_run_names_its_link() -> None:
     before = "\n".join(_check_table(out))
     assert "network: emulated, 1 Gbit/s" in before
     assert "shared memory" not in out
+
+
+@pytest.mark.parametrize(("option", "why"), [
+    (["--timeout", "-1"], "--timeout must be >= 1, got -1"),  # was passed to `timeout`
+    (["--rel", "0"], "--rel: REL bound must be finite and > 0"),  # a traceback per rank
+    (["--repeat", "0"], "--repeat must be >= 1, got 0"),  # AttributeError
+    (["--data", "/nonexistent/d.h5"], "--data: input file '/nonexistent/d.h5' does not exist"),
+    (["--ranks", "0"], "--ranks must be >= 1, got 0"),  # exit 1
+    (["--bucket-mib", "-1"], "--bucket-mib must be a finite number >= 0, got -1.0"),  # ran
+    (["--max-tensors", "0"], "--max-tensors must be >= 1, got 0"),
+    (["--rate", "0gbit"], "--rate: rate must be > 0"),
+])
+def test_bad_options_are_usage_errors_before_anything_starts(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        option: list[str], why: str) -> None:
+    def started(*_a: object) -> int:
+        raise AssertionError("the demo started with a bad option")
+
+    monkeypatch.setattr(demo, "launch", started)
+    monkeypatch.setattr(demo, "run_ranks", started)
+    for rank in ([], ["--rank"]):  # the launcher and each rank
+        with pytest.raises(SystemExit) as e:
+            demo.main(["--network", "shm", *rank, *option])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.splitlines()[-1].startswith(f"python -m ccoll.demo: error: {why}"), err
+        assert "Traceback" not in err

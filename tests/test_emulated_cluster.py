@@ -340,3 +340,39 @@ def test_two_nodes_of_two_ranks(tmp_path: Path) -> None:
         assert 100_000 < r["inter"] < min(4 << 20, node_sent // 2), r
     tag = p.stderr.split("emulated cluster ", 1)[1].split(":", 1)[0]
     assert _ns_with(tag) == [], "namespaces left behind"
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["--ranks", "0"], "--ranks must be 1..64, got 0"),  # was read as "not given": 2 ranks
+    (["--ranks", "-1"], "--ranks must be 1..64, got -1"),
+    (["--ranks", "65"], "--ranks must be 1..64, got 65"),
+    (["--settle", "-1"], "--settle must be a finite number >= 0, got -1"),
+    (["--settle", "nan"], "--settle must be a finite number >= 0, got nan"),
+    (["--timeout", "0"], "--timeout must be a finite number > 0, got 0"),
+    (["--timeout", "inf"], "--timeout must be a finite number > 0, got inf"),
+    (["--queue-latency", "0"], "--queue-latency must be a finite number > 0, got 0"),
+    (["--mtu", "0"], "--mtu must be 68..65535"),
+    (["--mtu", "70000"], "--mtu must be 68..65535"),
+    (["--burst", "0"], "--burst must be at least the MTU (1500 bytes)"),
+    (["--burst", "1000"], "--burst must be at least the MTU (1500 bytes)"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+])
+def test_bad_values_are_refused_before_any_namespace(argv: list[str], match: str,
+                                                     capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # check_args reads the options only; main refuses before its root check, and the
+    # cluster and the command are stubbed out, so nothing here can touch the network.
+    args = ec.build_parser().parse_args([*argv, "--", "true"])
+    assert match in (ec.check_args(args) or "")
+    monkeypatch.setattr(ec.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(ec, "run_on_cluster", lambda args: pytest.fail("must not run"))
+    monkeypatch.setattr(ec.Cluster, "create", lambda self: pytest.fail("must not create"))
+    assert ec.main([*argv, "--", "true"]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_good_values_pass_the_check() -> None:
+    for argv in ([], ["--ranks", "4", "--settle", "0", "--timeout", "30", "--mtu", "9000",
+                      "--burst", "9000", "--threads", "1"],
+                 ["--nodes", "2", "--ranks-per-node", "2"]):
+        assert ec.check_args(ec.build_parser().parse_args([*argv, "--", "true"])) is None

@@ -40,3 +40,26 @@ def test_on_rank0_measures_on_rank_0_only(tmp_path):
 
     got = speedindex.speed_index_on_rank0(MPI.COMM_SELF, str(tmp_path / "missing.h5"))
     assert got is not None and got["sz3_compress_gbps"] is None
+
+
+def test_main_refuses_data_it_cannot_measure(tmp_path, capsys):
+    # A missing file printed "not measured" with exit 0; a non-HDF5 file and a dump of
+    # zero-element datasets gave tracebacks.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not HDF5\n")
+    empty = tmp_path / "empty.h5"
+    with h5py.File(empty, "w") as f:
+        f["step_0000/a"] = np.zeros(0, np.float32)
+    for path, why in ((tmp_path / "missing.h5", "no such file"),
+                      (notes, "is not an HDF5 file"), (empty, "no float32 values")):
+        assert speedindex.main(["--data", str(path)]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1 and why in err, err
+
+
+def test_describe_names_the_data_measured():
+    # Any file was called "MiniLM dump".
+    index = {"cpu": "x", "rel": 1e-3, "sz3_compress_gbps": 0.2}
+    assert "MiniLM dump" in speedindex.describe({**index, "data": speedindex.DEFAULT_DATA})
+    line = speedindex.describe({**index, "data": "/d/other.h5"})
+    assert "/d/other.h5" in line and "MiniLM" not in line
