@@ -865,6 +865,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     """Body of ``ccoll bench``: returns ``(document, text, exit code)``; rank 0 reports."""
     from mpi4py import MPI
 
+    from ccoll.cli import json_ready
     from ccoll.errorbound import as_bound
     from ccoll.errors import InputError
 
@@ -970,7 +971,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
         if args.csv:
             write_atomically(args.csv, text(to_csv(rows)))
         if args.json_out:
-            write_atomically(args.json_out, text(json.dumps(_json_safe(doc), indent=1,
+            write_atomically(args.json_out, text(json.dumps(json_ready(doc), indent=1,
                                                             default=str, allow_nan=False)))
         if args.plot:
             write_atomically(args.plot, lambda name: plot(rows, meta, name),
@@ -978,17 +979,6 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     # Rows were printed as they came; the CLI prints nothing more (other ranks: nothing).
     args.quiet = True
     return doc, "", 0
-
-
-def _json_safe(v: Any) -> Any:
-    """JSON has no NaN or Infinity: a non-finite number becomes null (docs/cli.md)."""
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    return v
 
 
 # Option names of the parsed arguments whose flag is not ``--`` + the name.

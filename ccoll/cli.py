@@ -340,19 +340,22 @@ examples:
 # output
 
 
-def _clean(v: Any) -> Any:
-    """JSON has no inf/nan: non-finite floats become null (docs/cli.md says where)."""
+def json_ready(v: Any) -> Any:
+    """``v`` with non-finite floats as null: JSON has no inf/nan (docs/cli.md says where).
+
+    Every JSON document of the command goes through it (``ccoll bench --json``'s file too).
+    """
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, dict):
-        return {k: _clean(x) for k, x in v.items()}
+        return {k: json_ready(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
+        return [json_ready(x) for x in v]
     return v
 
 
 def _print_json(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(_clean(doc), indent=2) + "\n")
+    sys.stdout.write(json.dumps(json_ready(doc), indent=2) + "\n")
 
 
 def _num(v: float | None, fmt: str) -> str:
