@@ -116,6 +116,14 @@ def load_gradients(path: str | os.PathLike[str], rank: int) -> np.ndarray:
 SAMPLE_BLOCK = 32  # values per sampled piece: the compressor's block (docs/format.md)
 
 
+def page_aligned(n: int, dtype: Any) -> np.ndarray:
+    """Return a new 1-D array of ``n`` ``dtype`` elements whose data starts on a 4 KiB page."""
+    dt = np.dtype(dtype)
+    raw = np.empty(n * dt.itemsize + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096
+    return raw[start:start + n * dt.itemsize].view(dt)
+
+
 def data_for_size(base: np.ndarray, count: int) -> np.ndarray:
     """Return the ``count`` values that ``bench`` times at one size, taken from ``base``.
 
@@ -210,13 +218,16 @@ def _runners(collective: str, comm: Any, ccs: dict[str, Any], x: np.ndarray, eb:
     An allreduce's rows all write one output array: where a buffer lies changes MPI's own
     call on it by up to 2x (seen: 256 KiB on shared memory, 2 ranks, whichever row had the
     array allocated second; docs/dev/repeated-calls.md), so the rows differ only in the call.
+    It and ``x`` start on a page, as OSU's benchmarks allocate theirs: numpy put an output
+    made right after ``x`` 16 bytes (mod 4 KiB) after it, where every copy between them
+    runs 10x slower ("Where the buffers lie").
     """
     from mpi4py import MPI
 
     n, r = comm.Get_size(), comm.Get_rank()
     counts = [len(b) for b in np.array_split(np.empty(x.size, np.int8), n)]
     out: dict[str, Callable[[], np.ndarray]] = {}
-    shared = np.empty_like(x)  # every allreduce row's output
+    shared = page_aligned(x.size, x.dtype)  # every allreduce row's output
     for a in algos:
         if a == "mpi":
             if collective == "allreduce":
@@ -372,7 +383,8 @@ def bench(
     try:
         for size in size_list:
             count = size // 4
-            x = data_for_size(base, count)
+            x = page_aligned(count, np.float32)
+            x[:] = data_for_size(base, count)
             lo, hi = finite_range(x)
             glo = _allreduce_float(comm, lo, MPI.MIN)
             ghi = _allreduce_float(comm, hi, MPI.MAX)

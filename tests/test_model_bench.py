@@ -473,3 +473,13 @@ def test_iteration_counts_too_large_to_hold_are_refused(option: str) -> None:
     # -n 1000000000000 died of MemoryError (or was killed) on every rank.
     with pytest.raises(InputError, match=f"^{option} 1000000000000: at most 1000000 calls"):
         bench.run_bench(_bench_args(option, "1000000000000"))
+
+
+@pytest.mark.parametrize("n, dtype", [(1, np.float32), (16_384, np.float32), (5, np.float64)])
+def test_bench_buffers_start_on_a_page(n: int, dtype: type) -> None:
+    # numpy put the output made right after x 16 bytes (mod 4 KiB) after it, where MPI's
+    # own allreduce of 64 KiB ran 1.9x slower (docs/dev/repeated-calls.md).
+    a, b = bench.page_aligned(n, dtype), bench.page_aligned(n, dtype)
+    assert a.shape == (n,) and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    assert a.ctypes.data % 4096 == 0 and b.ctypes.data % 4096 == 0
+    assert not np.shares_memory(a, b)
