@@ -42,6 +42,7 @@ from ccoll.collectives.prepare import WHAT, Prepared, Route, prepare
 from ccoll.collectives.report import LOGGER, CallReport
 from ccoll.collectives.ring import reduce_scatter_streams, ring_allreduce, ring_ops
 from ccoll.collectives.waiting import Deadline
+from ccoll.errors import CollectiveError
 
 __all__ = ["Route", "Prepared", "run_call", "report"]
 
@@ -52,62 +53,74 @@ def run_call(cc: Any, route: Route, collective: str, x: Any, eb: Any, op: str | 
              out: Any, algorithm: str | None, policy: str | None,
              root: int | None) -> Any:
     """Run one call: the fast way if its signature's plan allows, else the full way."""
-    fast = route.fast
-    m = fast.memo
-    # The arguments of the last repeat, the very objects (a bound: one of the same kind and
-    # value, as a loop that writes REL(1e-3) in its call makes a new one each time), while
-    # its plan stands: the same key as ready()'s (fastpath.Memo). Every test is an
-    # identity or a number's.
-    if (m is not None and (eb is m.eb if m.eb_value is None else
-                           type(eb) is m.eb_type and eb.value == m.eb_value)
-            and out is m.out and op is m.op
-            and collective is m.collective and algorithm is m.algorithm
-            and policy is m.policy and type(x) is np.ndarray and x.dtype is m.dtype
-            and x.size == m.size and fast.history.predicted is m.key
-            and m.state.cached is m.plan and not m.state.awaiting
-            and fast.planner.epoch == m.epoch
-            and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
-                                 and x.strides == m.strides and out.strides == m.out_strides
-                                 and out.dtype is m.dtype and out.flags.writeable))):
-        ch = route.ch
-        ch.check_usable()
-        try:
-            y = fast.rerun(m, x)
-        except BaseException as exc:
-            ch.fail(f"ccoll.allreduce raised {type(exc).__name__} in a repeated call")
-            raise
-        if y is not None:
-            route.last = ("allreduce", m.plan, m.policy_code, m.algorithm_code, m.dtype,
-                          m.size, None, m.nbytes, True, m.sent, fast.last_seconds, 0)
-            if LOGGER.isEnabledFor(logging.INFO):
-                LOGGER.info("%s", report(cc, route))
-            return y
-        # A rank deviated: every rank takes the full way (these arguments are ready()'s).
-        p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
-                    policy=policy, root=root, repeatable=True)
-        return guard(cc, route, p, _RUNS[collective], root)
-    st = fast.due()
-    alg = route.algorithm if algorithm is None else (
-        ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None)
-    pol = route.policy if policy is None else (
-        POLICIES.get(policy) if isinstance(policy, str) else None)
+    if route.busy:  # another thread is inside this channel's call: MPI calls it erroneous
+        raise CollectiveError(
+            f"ccoll.{collective} was called while another thread is in a blocking call of "
+            "this Communicator: like MPI's collectives on one communicator, its blocking "
+            "calls must come from one thread at a time (other threads: iallreduce, whose "
+            "requests run in order on ccoll's thread, or a Communicator of their own). The "
+            "other thread's call goes on; a peer whose calls did not overlap may now wait "
+            "for this one until the timeout")
+    route.busy = True
     try:
-        r = ready(collective, x, eb, op, out, alg, pol, root, route.ch.size)
-    except Exception:  # noqa: BLE001 - the full way checks the call and tells every rank
-        r = None
-    if st is not None:
-        got = _fast(cc, route, st, collective, r, op, alg, pol)
-        if got is not None:
-            if (collective == "allreduce" and (out is None or type(out) is np.ndarray)
-                    and type(x) is np.ndarray and r is not None and r.narrow is None
-                    and alg is not None and pol is not None and skips_agreement(st)):
-                fast.memo = Memo(st, fast.planner.epoch, x, eb, op, algorithm, policy,
-                                 collective, pol, alg, route.ch.size, out)
-            return got
-    # The full way (also after a repeat that some rank did not make: every rank is here).
-    p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
-                policy=policy, root=root, repeatable=r is not None)
-    return guard(cc, route, p, _RUNS[collective], root)
+        fast = route.fast
+        m = fast.memo
+        # The arguments of the last repeat, the very objects (a bound: one of the same kind and
+        # value, as a loop that writes REL(1e-3) in its call makes a new one each time), while
+        # its plan stands: the same key as ready()'s (fastpath.Memo). Every test is an
+        # identity or a number's.
+        if (m is not None and (eb is m.eb if m.eb_value is None else
+                               type(eb) is m.eb_type and eb.value == m.eb_value)
+                and out is m.out and op is m.op
+                and collective is m.collective and algorithm is m.algorithm
+                and policy is m.policy and type(x) is np.ndarray and x.dtype is m.dtype
+                and x.size == m.size and fast.history.predicted is m.key
+                and m.state.cached is m.plan and not m.state.awaiting
+                and fast.planner.epoch == m.epoch
+                and (out is None or (x is m.x and x.shape == m.shape and out.shape == m.shape
+                                     and x.strides == m.strides and out.strides == m.out_strides
+                                     and out.dtype is m.dtype and out.flags.writeable))):
+            ch = route.ch
+            ch.check_usable()
+            try:
+                y = fast.rerun(m, x)
+            except BaseException as exc:
+                ch.fail(f"ccoll.allreduce raised {type(exc).__name__} in a repeated call")
+                raise
+            if y is not None:
+                route.last = ("allreduce", m.plan, m.policy_code, m.algorithm_code, m.dtype,
+                              m.size, None, m.nbytes, True, m.sent, fast.last_seconds, 0)
+                if LOGGER.isEnabledFor(logging.INFO):
+                    LOGGER.info("%s", report(cc, route))
+                return y
+            # A rank deviated: every rank takes the full way (these arguments are ready()'s).
+            p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
+                        policy=policy, root=root, repeatable=True)
+            return guard(cc, route, p, _RUNS[collective], root)
+        st = fast.due()
+        alg = route.algorithm if algorithm is None else (
+            ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None)
+        pol = route.policy if policy is None else (
+            POLICIES.get(policy) if isinstance(policy, str) else None)
+        try:
+            r = ready(collective, x, eb, op, out, alg, pol, root, route.ch.size)
+        except Exception:  # noqa: BLE001 - the full way checks the call and tells every rank
+            r = None
+        if st is not None:
+            got = _fast(cc, route, st, collective, r, op, alg, pol)
+            if got is not None:
+                if (collective == "allreduce" and (out is None or type(out) is np.ndarray)
+                        and type(x) is np.ndarray and r is not None and r.narrow is None
+                        and alg is not None and pol is not None and skips_agreement(st)):
+                    fast.memo = Memo(st, fast.planner.epoch, x, eb, op, algorithm, policy,
+                                     collective, pol, alg, route.ch.size, out)
+                return got
+        # The full way (also after a repeat that some rank did not make: every rank is here).
+        p = prepare(cc, route, collective, x, eb, op=op, out=out, algorithm=algorithm,
+                    policy=policy, root=root, repeatable=r is not None)
+        return guard(cc, route, p, _RUNS[collective], root)
+    finally:
+        route.busy = False
 
 
 def _fast(cc: Any, route: Route, st: State, collective: str, r: Ready | None,

@@ -81,7 +81,7 @@ _SAMPLE_BUDGET = 0.01  # share of the predicted raw time that ratio sampling may
 class Route:
     """One channel of a Communicator and what its calls keep: plans, history, report."""
 
-    __slots__ = ("ch", "planner", "fast", "two", "last", "algorithm", "policy")
+    __slots__ = ("ch", "planner", "fast", "two", "last", "algorithm", "policy", "busy")
 
     def __init__(self, ch: Channel, planner: Planner, two: TwoLevel | None,
                  algorithm: str, policy: str) -> None:
@@ -92,6 +92,7 @@ class Route:
         self.last: tuple[Any, ...] | None = None  # the last call's report fields
         self.algorithm = ALGORITHMS[algorithm]
         self.policy = POLICIES[policy]
+        self.busy = False  # a blocking call is running on this route (calls.run_call)
 
 
 @dataclass(slots=True)

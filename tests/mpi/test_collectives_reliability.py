@@ -422,3 +422,48 @@ def test_a_check_that_raises_on_one_rank_is_told_to_every_rank(comm, monkeypatch
         ref, eb = exact_sum(comm, x), global_eb(comm, x, ccoll.REL(1e-3))
         assert_within(y, ref, **allowance(eb, y, SIZE, "sum"))
         assert_same_on_every_rank(comm, y)
+
+
+def test_a_blocking_call_while_another_thread_is_in_one_is_refused(comm):
+    # Two threads in blocking calls of one Communicator at once (erroneous in MPI) froze
+    # until the timeout, raised a bare AssertionError from the ring or a misleading
+    # MismatchError, or failed on one rank only. The second call is now refused at once,
+    # before it takes part in anything; here the first call is held inside by a thread.
+    import threading
+
+    from ccoll.collectives import calls
+
+    x = gradient_like(comm.rank, 5_000, np.float32, seed=43)
+    with ccoll.Communicator(comm, timeout=30) as cc:
+        inside, leave = threading.Event(), threading.Event()
+        real = calls.prepare
+        errors: list[BaseException] = []
+
+        def held(*args, **kwargs):  # the first thread waits inside its call
+            inside.set()
+            leave.wait(30)
+            return real(*args, **kwargs)
+
+        def first():
+            try:
+                cc.allreduce(x, eb=ccoll.ABS(1e-3), policy="compress")
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                errors.append(exc)
+
+        calls.prepare = held
+        try:
+            t = threading.Thread(target=first)
+            t.start()
+            assert inside.wait(30)
+            with pytest.raises(CollectiveError, match="another thread is in a blocking call"):
+                cc.allreduce(x, eb=None)
+        finally:
+            calls.prepare = real
+            leave.set()
+            t.join(60)
+        assert not errors, errors
+        # The first call ran to its end on every rank, and the Communicator goes on.
+        y = cc.allreduce(x, eb=ccoll.ABS(1e-3), policy="compress")
+        ref = exact_sum(comm, x)
+        assert_within(y, ref, **allowance(ccoll.ABS(1e-3).value, y, SIZE, "sum"))
+        assert_same_on_every_rank(comm, y)
