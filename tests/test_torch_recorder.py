@@ -60,6 +60,10 @@ def test_layout_and_values(tmp_path, wrapped: bool) -> None:
                   "h5py_version", "description", "run", "steps_recorded"):
             assert k in f.attrs, k
         assert f.attrs["model"] == "Net" and f.attrs["seed"] == 7 and f.attrs["steps_recorded"] == 3
+        # No ccoll_ name: those are the compressed format's (ccoll_version marked the
+        # recorded file as one ccoll compress wrote, and compress refused it).
+        assert "recorder_ccoll_version" in f.attrs
+        assert not [k for k in f.attrs if k.startswith("ccoll_")]
         for step in (0, 2, 4):
             g = f[f"step_{step:04d}"]
             assert g.attrs["step"] == step and g.attrs["batch_size"] == 8
@@ -113,3 +117,18 @@ def test_record_after_close_and_twice(tmp_path) -> None:
     rec.close()
     with pytest.raises(ValueError, match="is closed"):
         rec.record(net, 1)
+
+
+def test_a_recorded_file_compresses_and_restores(tmp_path) -> None:
+    from ccoll.h5.compress import compress_file
+    from ccoll.h5.decompress import decompress_file
+
+    path, c, back = tmp_path / "g.h5", str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    with GradientRecorder(path, every=1, model="Net", seed=1) as rec:
+        seen = train(rec, Net(), 2)
+    compress_file(str(path), c, "abs:1e-4")
+    decompress_file(c, back)
+    with h5py.File(back, "r") as f:
+        for step in (0, 1):
+            for name, ds in f[f"step_{step:04d}"].items():
+                assert np.max(np.abs(ds[()].astype(np.float64) - seen[step][name])) <= 1e-4

@@ -34,10 +34,13 @@ _VERSIONED = ("torch", "numpy", "h5py", "ccoll", "sentence-transformers", "trans
 def _versions() -> dict[str, str]:
     out = {"python_version": platform.python_version(), "hdf5_version": h5py.version.hdf5_version}
     for dist in _VERSIONED:
+        # Not "ccoll_version": the ccoll_ names of a file are the compressed format's, and
+        # that root attribute says "written by ccoll compress" (a recorded file was refused).
+        key = "recorder_ccoll_version" if dist == "ccoll" else f"{dist}_version"
         try:
-            out[f"{dist}_version"] = importlib.metadata.version(dist)
+            out[key] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
-            out[f"{dist}_version"] = "not installed"
+            out[key] = "not installed"
     return out
 
 
