@@ -164,8 +164,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = build_parser()
     args = ap.parse_args(argv)
     batch, lr = DEFAULTS[args.model]
-    args.batch = args.batch or batch
-    args.lr = args.lr or lr
+    # None is "not given"; 0 is a value (a learning rate of 0 is a control run).
+    args.batch = batch if args.batch is None else args.batch
+    args.lr = lr if args.lr is None else args.lr
+    if args.batch < 1:
+        ap.error(f"--batch must be >= 1, got {args.batch}")
+    if not (math.isfinite(args.lr) and args.lr >= 0):
+        ap.error(f"--lr must be a finite number >= 0, got {args.lr}")
+    for opt, v, low in (("--seed", args.seed, 0), ("--min-numel", args.min_numel, 0),
+                        ("--record-every", args.record_every, 1)):
+        if v < low:
+            ap.error(f"{opt} must be >= {low}, got {v}")
+    from ccoll.errorbound import as_bound
+    from ccoll.errors import CCollError
+
+    try:  # a bound ccoll cannot read ran PowerSGD under ccoll's name, then crashed at the end
+        as_bound(args.eb)
+    except CCollError as exc:
+        ap.error(f"--eb: {exc}")
     if args.target_accuracy is None:
         args.target_accuracy = TARGETS[args.model]
     if args.steps < 1:

@@ -1,0 +1,44 @@
+"""examples/train_ddp.py's options: a bad value is a usage error before any training."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _module():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("train_ddp_args", REPO / "examples" /
+                                                  "train_ddp.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("argv, match", [
+    # An unreadable bound trained PowerSGD under ccoll's name, then crashed at the end.
+    (["--eb", "bogus"], "--eb: bound string must look like"),
+    (["--eb", "abs:0"], "--eb: ABS bound must be finite and > 0"),
+    (["--batch", "0"], "--batch must be >= 1"),  # taken as "not given" before
+    (["--lr", "nan"], "--lr must be a finite number >= 0"),
+    (["--min-numel", "-5"], "--min-numel must be >= 0"),
+    (["--record-every", "0"], "--record-every must be >= 1"),
+    (["--seed", "-1"], "--seed must be >= 0"),
+])
+def test_bad_options_are_usage_errors(capsys, argv, match) -> None:
+    with pytest.raises(SystemExit) as info:
+        _module().parse_args(["--model", "cnn", "--method", "ccoll", *argv])
+    assert info.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def test_a_learning_rate_of_zero_is_kept() -> None:
+    # `args.lr or default` replaced it by the default: a control run trained anyway.
+    args = _module().parse_args(["--model", "cnn", "--lr", "0"])
+    assert args.lr == 0.0 and args.batch == 64
