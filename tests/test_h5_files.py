@@ -297,6 +297,23 @@ def test_reserved_attribute_prefix_is_refused(tmp_path):
         f["x"].attrs["ccoll_dtype"] = "mine"
     with pytest.raises(InputError, match="reserves"):
         compress_file(src, str(tmp_path / "c.h5"), "rel:1e-3")
+    # A root's (dropped by decompress) and a dataset's that is not compressed (a uint8
+    # dataset with ccoll_format_version was copied, then failed its own decompress).
+    for where in ("root", "uint8"):
+        with h5py.File(src, "w") as f:
+            f["x"] = np.ones(10, np.float32)
+            f["g"] = np.arange(4, dtype=np.uint8)
+            (f if where == "root" else f["g"]).attrs["ccoll_format_version"] = 1
+        with pytest.raises(InputError, match="root has attribute|'/g' has attribute"):
+            compress_file(src, str(tmp_path / "c.h5"), "rel:1e-3")
+        assert sorted(os.listdir(tmp_path)) == ["s.h5"]
+    with h5py.File(src, "w") as f:  # a group's come back as they were
+        f.create_group("grp").attrs["ccoll_note"] = "mine"
+        f["grp/x"] = np.ones(100, np.float32)
+    compress_file(src, str(tmp_path / "c.h5"), "rel:1e-3")
+    decompress_file(str(tmp_path / "c.h5"), str(tmp_path / "b.h5"))
+    with h5py.File(str(tmp_path / "b.h5"), "r") as f:
+        assert f["grp"].attrs["ccoll_note"] == "mine"
 
 
 # --- damaged files --------------------------------------------------------------------------

@@ -138,6 +138,7 @@ def compress_file(
                 + (" after --include/--exclude" if (include or exclude) else "")
             )
         entries = list(walk(fin))
+        _check_reserved(fin, entries)
         with (
             atomic_output(dst) as tmp,
             h5py.File(tmp, "w", track_order=tracks_order(fin["/"])) as fout,
@@ -188,6 +189,26 @@ def compress_file(
         },
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _check_reserved(fin: h5py.File, entries: list[Any]) -> None:
+    """Refuse ``ccoll_`` attributes where decompress would drop or misread them.
+
+    The root's are dropped by decompress (they mark a compressed file), a dataset's make
+    it read as one of ccoll's streams; a group's come back as they were.
+    """
+    clash = [k for k in fin.attrs if k.startswith(A.PREFIX)]
+    where = "the file's root"
+    if not clash:
+        for e in entries:
+            if e.kind == "dataset":
+                clash = [k for k in fin[e.path].attrs if k.startswith(A.PREFIX)]
+                if clash:
+                    where = f"dataset {e.path!r}"
+                    break
+    if clash:
+        raise InputError(f"{where} has attribute(s) {clash} whose prefix {A.PREFIX!r} ccoll "
+                         "reserves; rename them before compressing")
 
 
 def _compress_dataset(
