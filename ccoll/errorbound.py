@@ -130,11 +130,13 @@ def as_bound(eb: object) -> ErrorBound:
         except ValueError:
             raise ErrorBoundError(f"bound value {num!r} in {eb!r} is not a number") from None
         k = kind.strip().lower()
-        if k == "rel":
-            return REL(v)
-        if k == "abs":
-            return ABS(v)
-        raise ErrorBoundError(f"bound kind must be 'rel' or 'abs', got {kind!r}")
+        if k not in ("rel", "abs"):
+            raise ErrorBoundError(f"bound kind must be 'rel' or 'abs', got {kind!r}")
+        mantissa = num.strip().lower().partition("e")[0]
+        if v == 0.0 and any(c in "123456789" for c in mantissa):  # 'abs:1e-400' reads as 0
+            raise ErrorBoundError(f"bound value {num.strip()!r} in {eb!r} is below the "
+                                  "smallest float64 and reads as 0; it must be > 0")
+        return REL(v) if k == "rel" else ABS(v)
     if isinstance(eb, (int, float, np.integer, np.floating)) and not isinstance(eb, bool):
         return ABS(eb)
     raise ErrorBoundError(f"expected ccoll.ABS, ccoll.REL, a float or 'rel:…'/'abs:…', got {eb!r}")

@@ -34,6 +34,20 @@ def test_bound_spellings(eb, relative):
     assert h.eb == want
 
 
+@pytest.mark.parametrize("eb, match", [
+    # float() of them raised OverflowError, or read as 0 and the message said "got 0.0"
+    (10**400, "an integer of 401 digits, beyond float64's range"),
+    ("abs:1e-400", r"'1e-400' in 'abs:1e-400' is below the smallest float64"),
+    ("rel:2.5E-999", r"'2.5E-999' in 'rel:2.5E-999' is below the smallest float64"),
+    ("abs:0e5", r"got 0.0"),  # a zero written with an exponent is a zero
+])
+def test_bounds_beyond_float64_name_what_was_passed(eb, match):
+    from ccoll.errorbound import as_bound
+    from ccoll.errors import ErrorBoundError
+
+    assert_clear_error(ErrorBoundError, match, as_bound, eb)
+
+
 @pytest.mark.parametrize("kind", [ccoll.ABS, ccoll.REL])
 def test_a_bound_is_a_value_that_cannot_change(kind):
     # A bound set to -1 or 0 after it was checked once reached the ring's kernels

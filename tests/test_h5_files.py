@@ -233,7 +233,7 @@ def test_bad_selection_or_option_is_an_input_error(sample, tmp_path, kw, match):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("eb", ["rel:0", "1e-3", "abs:nan", "rel:-1", "xyz:1"])
+@pytest.mark.parametrize("eb", ["rel:0", "1e-3", "abs:nan", "rel:-1", "xyz:1", "abs:1e-400"])
 def test_bad_bound(sample, tmp_path, eb):
     with pytest.raises(ErrorBoundError):
         compress_file(sample, str(tmp_path / "c.h5"), eb)
