@@ -877,7 +877,6 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     """Body of ``ccoll bench``: returns ``(document, text, exit code)``; rank 0 reports."""
     from mpi4py import MPI
 
-    from ccoll.cli import json_ready
     from ccoll.errorbound import as_bound
     from ccoll.errors import InputError
 
@@ -961,7 +960,7 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     meta["speed_index"] = index
     doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
     if rank0:
-        from ccoll.h5.output import write_atomically
+        from ccoll.h5.output import json_ready, write_atomically
 
         def text(content: str) -> Callable[[str], None]:
             def write(name: str) -> None:

@@ -340,21 +340,10 @@ examples:
 # output
 
 
-def json_ready(v: Any) -> Any:
-    """``v`` with non-finite floats as null: JSON has no inf/nan (docs/cli.md says where).
-
-    Every JSON document of the command goes through it (``ccoll bench --json``'s file too).
-    """
-    if isinstance(v, float):
-        return v if math.isfinite(v) else None
-    if isinstance(v, dict):
-        return {k: json_ready(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [json_ready(x) for x in v]
-    return v
-
 
 def _print_json(doc: dict[str, Any]) -> None:
+    from ccoll.h5.output import json_ready
+
     sys.stdout.write(json.dumps(json_ready(doc), indent=2) + "\n")
 
 

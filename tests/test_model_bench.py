@@ -462,7 +462,7 @@ def test_max_error_of_no_elements_and_of_nan() -> None:
     empty = np.zeros(0)
     assert bench._max_error(empty.astype(np.float32), empty) == 0.0
     assert bench._max_error(np.array([np.nan, 1], np.float32), np.ones(2)) == math.inf
-    from ccoll.cli import json_ready
+    from ccoll.h5.output import json_ready
 
     assert json_ready({"a": [math.nan, 1.5, math.inf], "b": None}) == {
         "a": [None, 1.5, None], "b": None}

@@ -8,10 +8,12 @@ SIGTERM never leaves a half-written file under the requested name.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import h5py
 
@@ -21,6 +23,7 @@ __all__ = [
     "check_input",
     "check_output",
     "check_image_name",
+    "json_ready",
     "atomic_output",
     "write_atomically",
     "request_stop",
@@ -70,6 +73,21 @@ def check_input(path: str) -> None:
         raise InputError(f"cannot read input {path!r}: {exc}") from None
     if not ok:
         raise InputError(f"input {path!r} is not an HDF5 file (no HDF5 signature found)")
+
+
+def json_ready(v: Any) -> Any:
+    """Return ``v`` with non-finite floats as null: JSON has no inf/nan (docs/cli.md says where).
+
+    Every JSON document of the ``ccoll`` command goes through it (``ccoll bench --json``'s
+    file too).
+    """
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: json_ready(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_ready(x) for x in v]
+    return v
 
 
 def check_image_name(path: str) -> None:
