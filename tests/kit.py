@@ -277,3 +277,19 @@ def first_plan(count: int, itemsize: int, ranks: int, p: Any, ratio: float,
               ranks)
     st = planner.state(("first",), f)
     return planner.plan(st, f, ratio=ratio, width=width)
+
+
+def load_example(name: str) -> Any:
+    """Import ``examples/<name>.py`` as a module (its folder on ``sys.path``, as when run)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "examples"
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    spec = importlib.util.spec_from_file_location(f"example_{name}", folder / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from kit import load_example
 
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def _module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_ddp_args", REPO / "examples" /
-                                                  "train_ddp.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("train_ddp")
 
 
 @pytest.mark.parametrize("argv, match", [

@@ -11,10 +11,8 @@ Run: mpiexec -n 2 python -m mpi4py -m pytest tests/mpi/test_train_methods.py
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
+from kit import load_example  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,13 +34,7 @@ pytestmark = [
 
 
 def _example() -> Any:
-    sys.path.insert(0, str(REPO / "examples"))
-    spec = importlib.util.spec_from_file_location("train_ddp_methods", REPO / "examples" /
-                                                  "train_ddp.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("train_ddp")
 
 
 @pytest.fixture(scope="module")
