@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="global batch (all ranks together); default: 64 for cnn, 32 for minilm")
     ap.add_argument("--lr", type=float, default=None,
                     help="learning rate; default: 1e-3 for cnn, 2e-5 for minilm")
-    ap.add_argument("--eval-every", type=int, default=50, help="steps between evaluations")
+    ap.add_argument("--eval-every", type=int, default=50,
+                    help="steps between evaluations (0: none, no accuracy)")
     ap.add_argument("--target-accuracy", type=float, default=None,
                     help="accuracy whose first evaluation at or above it gives the time and "
                     "steps to accuracy; fix it before the runs; default: 0.95 for cnn, "
@@ -172,7 +173,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not (math.isfinite(args.lr) and args.lr >= 0):
         ap.error(f"--lr must be a finite number >= 0, got {args.lr}")
     for opt, v, low in (("--seed", args.seed, 0), ("--min-numel", args.min_numel, 0),
-                        ("--record-every", args.record_every, 1)):
+                        ("--record-every", args.record_every, 1),
+                        ("--eval-every", args.eval_every, 0)):
         if v < low:
             ap.error(f"{opt} must be >= {low}, got {v}")
     from ccoll.errorbound import as_bound
@@ -197,6 +199,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad or not names:
             ap.error(f"--methods: unknown {', '.join(bad) or 'empty list'}; "
                      f"choose from {', '.join(METHODS)}")
+        # Two methods of one run name write one log and one plot line: the second ran
+        # for nothing ("ccoll,ccoll", or "ccoll,ccoll:rel:1e-3" with --eb rel:1e-3).
+        seen: dict[str, str] = {}
+        for m in names:
+            name = run_name(args, m, 0)
+            if name in seen:
+                ap.error(f"--methods: {seen[name]!r} and {m!r} are the same run "
+                         "(one log, one plot line); give each method once")
+            seen[name] = m
         args.method_list = names
     else:
         m = "ccoll-ef" if args.method == "ccoll" and args.error_feedback else args.method
@@ -205,6 +216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.trace_steps = {int(v) for v in args.trace.split(",")} if args.trace else set()
     except ValueError:
         ap.error(f"--trace: steps are comma-separated integers, got {args.trace!r}")
+    outside = sorted(s for s in args.trace_steps if not 0 <= s < args.steps)
+    if outside:  # no step of the run would be traced, and nothing would say so
+        ap.error(f"--trace: step {outside[0]} is not a step of this run (0 to "
+                 f"{args.steps - 1}, --steps {args.steps})")
     if args.interleave and args.record is not None:
         ap.error("--record records one method's gradients: it does not go with --interleave")
     return args
