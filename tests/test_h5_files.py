@@ -177,6 +177,49 @@ def test_float16_stays_within_the_full_bound_after_rounding(tmp_path):
         assert_within(y, x, exact_eb(eb, x))
 
 
+def test_hard_links_stay_one_object_and_a_group_inside_itself_is_walked_once(tmp_path):
+    # A dataset under two names came back as two independent copies (twice the bytes), and
+    # a group that holds a hard link to itself recursed until Python's limit, reported as
+    # "a damaged HDF5 file". Both are valid HDF5 (h5repack keeps them).
+    x = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
+    with h5py.File(src, "w") as f:
+        g = f.create_group("a")
+        g["x"] = x
+        g["self"] = g  # the group inside itself
+        f["b"] = g["x"]  # the same dataset under a second name
+        f["y"] = np.arange(5, dtype=np.int16)
+        g["y_too"] = f["y"]  # a dataset copied unchanged, twice named
+    rep = compress_file(src, c, "rel:1e-3")
+    assert [r["path"] for r in rep["datasets"]] == ["/a/x"]  # compressed once
+    decompress_file(c, b)
+    for fn in (c, b):
+        with h5py.File(fn) as f:
+            assert f["b"].id == f["a/x"].id and f["a/self"].id == f["a"].id, fn
+            assert f["a/y_too"].id == f["y"].id, fn
+            assert sorted(f) == ["a", "b", "y"] and sorted(f["a"]) == ["self", "x", "y_too"]
+    with h5py.File(b) as f:
+        assert f["a/x"].dtype == np.float32
+        assert_within(f["b"][()], x, rel_bound(1e-3, x))
+        assert f["a/y_too"][()].tolist() == [0, 1, 2, 3, 4]
+
+
+def test_a_second_name_of_a_damaged_dataset_is_left_out_with_it(tmp_path):
+    x = np.linspace(-1, 1, 500, dtype=np.float32)
+    src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
+    with h5py.File(src, "w") as f:
+        f["x"] = x
+        f["z"] = x + 1
+        f["w"] = f["x"]
+    compress_file(src, c, "rel:1e-3")
+    with h5py.File(c, "r+") as f:  # in place: the object keeps both names
+        f["x"][40] ^= 0xFF
+    rep = decompress_file(c, b, on_error="skip")
+    assert sorted(r["path"] for r in rep["failed"]) == ["/w", "/x"]
+    with h5py.File(b) as f:
+        assert sorted(f) == ["z"]
+
+
 def test_minilm_round_trip_every_value_within_bound(tmp_path):
     c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
     rep = compress_file(MINILM, c, "rel:1e-3", include=["/step_0000/*"])

@@ -155,6 +155,8 @@ def compress_file(
                         fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
                     elif e.kind == "extlink":
                         fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
+                    elif e.kind == "hardlink":  # the object was written at its first name
+                        fout[e.parent][e.name] = fout[e.link]
                     elif e.kind == "dataset" and e.path in chosen:
                         pb.set_postfix_str(e.path[-40:], refresh=False)
                         records.append(

@@ -270,6 +270,12 @@ def decompress_file(
                         fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
                     elif e.kind == "extlink":
                         fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
+                    elif e.kind == "hardlink":  # the object was written at its first name
+                        if e.link in fout:
+                            fout[e.parent][e.name] = fout[e.link]
+                        else:  # its first name was damaged and left out (on_error="skip")
+                            failed.append({"path": e.path,
+                                           "error": f"a second name of {e.link!r}, left out"})
                     elif e.kind == "dataset" and is_ccoll_dataset(fin[e.path]):
                         ds = fin[e.path]
                         try:

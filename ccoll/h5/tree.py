@@ -34,17 +34,31 @@ FLOAT_ITEMSIZES = (2, 4, 8)
 
 @dataclass(frozen=True)
 class Entry:
-    """One member of a group: a group, a dataset, a named datatype, or a soft/external link."""
+    """One member of a group: a group, a dataset, a named datatype, or a link.
+
+    Links are soft, external, or a second name of an object already walked
+    (``"hardlink"``).
+    """
 
     path: str
-    kind: str  # "group" | "dataset" | "datatype" | "softlink" | "extlink"
+    kind: str  # "group" | "dataset" | "datatype" | "softlink" | "extlink" | "hardlink"
     parent: str
     name: str
-    link: Any = None  # the h5py link object for "softlink" and "extlink"
+    # The h5py link object for "softlink" and "extlink"; for "hardlink" the path under
+    # which the walk first met the object.
+    link: Any = None
 
 
 def walk(f: h5py.File) -> Iterator[Entry]:
-    """Every member of the file, parents before children, in h5py's (name) order."""
+    """Every member of the file, parents before children, in h5py's (name) order.
+
+    An object that HDF5 hard links put under several names (a dataset in two groups, a
+    group that contains itself) is walked once, at the first name met; every later name
+    is a ``"hardlink"`` entry to that path, as ``h5repack`` keeps them. Without that a
+    dataset came back as two independent copies and a group inside itself recursed until
+    Python's limit.
+    """
+    first: dict[Any, str] = {f.id: "/"}  # object -> the path it was first walked at
 
     def rec(group: h5py.Group) -> Iterator[Entry]:
         for name in group:
@@ -62,6 +76,11 @@ def walk(f: h5py.File) -> Iterator[Entry]:
             except (KeyError, OSError, RuntimeError, ValueError) as exc:  # h5py: KeyError
                 why = exc.args[0] if exc.args else type(exc).__name__
                 raise FormatError(f"cannot open {path!r}: {why} (a damaged HDF5 file?)") from None
+            seen = first.get(obj.id)
+            if seen is not None:
+                yield Entry(path, "hardlink", parent, name, seen)
+                continue
+            first[obj.id] = path
             if isinstance(obj, h5py.Group):
                 yield Entry(path, "group", parent, name)
                 yield from rec(obj)
