@@ -204,6 +204,35 @@ def test_hard_links_stay_one_object_and_a_group_inside_itself_is_walked_once(tmp
         assert f["a/y_too"][()].tolist() == [0, 1, 2, 3, 4]
 
 
+def test_groups_nested_deeper_than_the_python_stack_round_trip(tmp_path):
+    # The walk recursed once per level: 1,200 nested groups failed at Python's limit of
+    # 1,000 frames ("a damaged HDF5 file?"). The limit is lowered here to keep the file small.
+    src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
+    x = np.linspace(0, 1, 300, dtype=np.float32)
+    with h5py.File(src, "w") as f:
+        f.create_dataset("/".join(["g"] * 120) + "/x", data=x)
+    import sys
+
+    flat = str(tmp_path / "flat.h5")
+    with h5py.File(flat, "w") as f:
+        f["x"] = x
+    compress_file(flat, c, "rel:1e-3")  # kernels and imports loaded on the full stack
+    decompress_file(c, b)
+    os.remove(c), os.remove(b)
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + 80)  # fewer frames than the file's 120 levels
+    try:
+        compress_file(src, c, "rel:1e-3")
+        decompress_file(c, b)
+    finally:
+        sys.setrecursionlimit(limit)
+    with h5py.File(b) as f:
+        assert_within(f["/".join(["g"] * 120) + "/x"][()], x, rel_bound(1e-3, x))
+
+
 def test_a_second_name_of_a_damaged_dataset_is_left_out_with_it(tmp_path):
     x = np.linspace(-1, 1, 500, dtype=np.float32)
     src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
@@ -331,6 +360,16 @@ def test_existing_output_needs_force(sample, tmp_path):
             decompress_file(str(c), str(fifo), force=force)
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert leftovers(tmp_path, ["c.h5", "pipe"]) == []
+    # A link to a missing file exists as well: replaced without --force before.
+    link = tmp_path / "dangling.h5"
+    link.symlink_to(tmp_path / "nowhere" / "t.h5")
+    with pytest.raises(FileExistsError, match="a link to a missing file.*--force"):
+        compress_file(sample, str(link), "rel:1e-3")
+    with pytest.raises(FileExistsError, match="a link to a missing file"):
+        decompress_file(str(c), str(link))
+    assert link.is_symlink()
+    decompress_file(str(c), str(link), force=True)
+    assert not link.is_symlink() and h5py.is_hdf5(str(link))
 
 
 def test_reserved_attribute_prefix_is_refused(tmp_path):

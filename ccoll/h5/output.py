@@ -124,6 +124,10 @@ def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> Non
         raise InputError(f"output folder {folder!r} is not writable")
     if os.path.isdir(path):
         raise InputError(f"output {path!r} is a folder, expected a file name")
+    if os.path.islink(path) and not os.path.exists(path) and not force:
+        # A link to nothing exists too: the rename into place would replace it.
+        raise FileExistsError(f"output {path!r} exists (a link to a missing file); pass "
+                              "--force to replace the link")
     if os.path.exists(path):
         if not stat.S_ISREG(os.stat(path).st_mode):  # --force would rename a file over it
             raise InputError(f"output {path!r} exists and is not a regular file (a device, "

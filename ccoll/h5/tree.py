@@ -59,37 +59,39 @@ def walk(f: h5py.File) -> Iterator[Entry]:
     Python's limit.
     """
     first: dict[Any, str] = {f.id: "/"}  # object -> the path it was first walked at
-
-    def rec(group: h5py.Group) -> Iterator[Entry]:
-        for name in group:
-            link = group.get(name, getlink=True)
-            parent = group.name
-            path = (parent.rstrip("/") + "/" + name) if parent != "/" else "/" + name
-            if isinstance(link, h5py.SoftLink):
-                yield Entry(path, "softlink", parent, name, link)
-                continue
-            if isinstance(link, h5py.ExternalLink):
-                yield Entry(path, "extlink", parent, name, link)
-                continue
-            try:
-                obj = group[name]
-            except (KeyError, OSError, RuntimeError, ValueError) as exc:  # h5py: KeyError
-                why = exc.args[0] if exc.args else type(exc).__name__
-                raise FormatError(f"cannot open {path!r}: {why} (a damaged HDF5 file?)") from None
-            seen = first.get(obj.id)
-            if seen is not None:
-                yield Entry(path, "hardlink", parent, name, seen)
-                continue
-            first[obj.id] = path
-            if isinstance(obj, h5py.Group):
-                yield Entry(path, "group", parent, name)
-                yield from rec(obj)
-            elif isinstance(obj, h5py.Dataset):
-                yield Entry(path, "dataset", parent, name)
-            else:
-                yield Entry(path, "datatype", parent, name)
-
-    yield from rec(f)
+    # Depth first without recursion: a file may nest groups deeper than Python's stack.
+    stack: list[tuple[h5py.Group, str, Iterator[str]]] = [(f, "/", iter(f))]
+    while stack:
+        group, parent, names = stack[-1]
+        name = next(names, None)
+        if name is None:
+            stack.pop()
+            continue
+        link = group.get(name, getlink=True)
+        path = (parent + "/" + name) if parent != "/" else "/" + name
+        if isinstance(link, h5py.SoftLink):
+            yield Entry(path, "softlink", parent, name, link)
+            continue
+        if isinstance(link, h5py.ExternalLink):
+            yield Entry(path, "extlink", parent, name, link)
+            continue
+        try:
+            obj = group[name]
+        except (KeyError, OSError, RuntimeError, ValueError) as exc:  # h5py: KeyError
+            why = exc.args[0] if exc.args else type(exc).__name__
+            raise FormatError(f"cannot open {path!r}: {why} (a damaged HDF5 file?)") from None
+        seen = first.get(obj.id)
+        if seen is not None:
+            yield Entry(path, "hardlink", parent, name, seen)
+            continue
+        first[obj.id] = path
+        if isinstance(obj, h5py.Group):
+            yield Entry(path, "group", parent, name)
+            stack.append((obj, path, iter(obj)))
+        elif isinstance(obj, h5py.Dataset):
+            yield Entry(path, "dataset", parent, name)
+        else:
+            yield Entry(path, "datatype", parent, name)
 
 
 def is_float_dataset(ds: h5py.Dataset) -> bool:
