@@ -233,6 +233,46 @@ def test_groups_nested_deeper_than_the_python_stack_round_trip(tmp_path):
         assert_within(f["/".join(["g"] * 120) + "/x"][()], x, rel_bound(1e-3, x))
 
 
+def test_user_block_virtual_datasets_maximum_shape_and_fill_value_come_back(tmp_path):
+    # All four were lost without a word: the user block's bytes, a float virtual dataset
+    # (kept "as it is" though it holds no values, counted as 80 kB against 0 stored), and a
+    # compressed dataset's unlimited dimension and fill value (no longer appendable, NaN -> 0).
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(2000).astype(np.float32)
+    src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
+    with h5py.File(src, "w", userblock_size=512) as f:
+        f["src"] = x
+        lay = h5py.VirtualLayout(shape=(2000,), dtype="f4")
+        lay[:] = h5py.VirtualSource(".", "src", shape=(2000,))
+        f.create_virtual_dataset("vds", lay, fillvalue=-9)
+        f.create_dataset("log", data=x[::-1], maxshape=(None,), chunks=(100,), fillvalue=np.nan)
+        f.create_dataset("grid", data=np.ones((30, 40)), maxshape=(60, None), fillvalue=-1.5)
+    with open(src, "r+b") as fh:
+        fh.write(b"#!my-tool header\n")
+    rep = compress_file(src, c, "abs:1e-3")
+    assert sorted(r["path"] for r in rep["datasets"]) == ["/grid", "/log", "/src"]
+    assert rep["copied_unchanged"] == 1  # the virtual dataset, as a map
+    decompress_file(c, b)
+    for fn in (c, b):
+        with open(fn, "rb") as fh:
+            assert fh.read(17) == b"#!my-tool header\n", fn
+    with h5py.File(b) as f:
+        assert f.userblock_size == 512 and f["vds"].is_virtual
+        assert_within(f["vds"][()], x, Fraction(1, 1000))
+        log, grid = f["log"], f["grid"]
+        assert log.maxshape == (None,) and np.isnan(log.fillvalue)
+        assert grid.maxshape == (60, None) and grid.fillvalue == -1.5
+        assert_within(log[()], x[::-1], Fraction(1, 1000))
+        assert_within(grid[()], np.ones((30, 40)), Fraction(1, 1000))
+    with h5py.File(b, "r+") as f:  # appendable as the original was
+        f["log"].resize((2100,))
+        assert np.isnan(f["log"][2050])
+    with h5py.File(c, "r+") as f:
+        f["grid"].attrs[A.MAXSHAPE] = np.array([20, -1], np.int64)  # below the shape
+    with pytest.raises(FormatError, match="ccoll_maxshape=.20, -1. does not fit the shape"):
+        decompress_file(c, b, force=True)
+
+
 def test_a_second_name_of_a_damaged_dataset_is_left_out_with_it(tmp_path):
     x = np.linspace(-1, 1, 500, dtype=np.float32)
     src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))

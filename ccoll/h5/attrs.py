@@ -23,6 +23,8 @@ __all__ = [
     "CRC32",
     "STORED",
     "STORED_RAW",
+    "MAXSHAPE",
+    "FILL",
     "LOSSLESS_CHOICES",
     "copy_attrs",
 ]
@@ -36,6 +38,10 @@ BOUND = "ccoll_bound"  # dataset: the bound as requested ("rel:1e-3", "abs:1e-05
 EB_ABS = "ccoll_eb_abs"  # dataset: the absolute bound it resolved to for this dataset
 LOSSLESS = "ccoll_lossless"  # dataset: "none" or "zstd" (stream wrapped in a zstd frame)
 CRC32 = "ccoll_crc32"  # dataset: CRC-32 of the stored bytes, to catch damage on decode
+# dataset, only where the original had them: its maximum shape (-1 for an unlimited
+# dimension) where that was not its shape, and its fill value (in its own dtype) where not 0
+MAXSHAPE = "ccoll_maxshape"
+FILL = "ccoll_fillvalue"
 # dataset kept as it was (its own dtype, shape, chunks and filters; exact), because its stream
 # would not have been smaller; such a dataset has no other ccoll_* attribute
 STORED = "ccoll_stored"

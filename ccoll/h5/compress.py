@@ -29,7 +29,7 @@ from ccoll.errorbound import ErrorBound, as_bound, finite_range
 from ccoll.errors import InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
-from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
+from ccoll.h5.output import check_input, check_output, check_stop, h5_output
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
@@ -139,10 +139,7 @@ def compress_file(
             )
         entries = list(walk(fin))
         _check_reserved(fin, entries)
-        with (
-            atomic_output(dst) as tmp,
-            h5py.File(tmp, "w", track_order=tracks_order(fin["/"])) as fout,
-        ):
+        with h5_output(dst, fin) as fout:
             A.copy_attrs(fin, fout)
             fout.attrs[A.ROOT_VERSION] = ccoll.__version__
             with bar(len(chosen), enabled=progress, desc="compress") as pb:
@@ -258,6 +255,14 @@ def _compress_dataset(
     out.attrs[A.EB_ABS] = np.float64(eb_abs)
     out.attrs[A.LOSSLESS] = lossless
     out.attrs[A.CRC32] = np.int64(zlib.crc32(stored.tobytes()))
+    # What a restored dataset needs to stay appendable and read its unwritten parts as
+    # before (the stream's own dataset has neither).
+    if ds.maxshape is not None and ds.maxshape != ds.shape:
+        out.attrs[A.MAXSHAPE] = np.asarray([-1 if m is None else m for m in ds.maxshape],
+                                           dtype=np.int64)
+    fill = np.asarray(ds.fillvalue, dtype=ds.dtype)
+    if fill.tobytes() != bytes(fill.nbytes):
+        out.attrs.create(A.FILL, fill, dtype=ds.dtype)
     return {
         **record,
         "stored_as": "stream",

@@ -24,7 +24,7 @@ from ccoll.compressor.format import VERSIONS, StreamHeader, max_nbytes, parse_he
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
-from ccoll.h5.output import atomic_output, check_input, check_output, check_stop
+from ccoll.h5.output import check_input, check_output, check_stop, h5_output
 from ccoll.h5.progress import bar
 from ccoll.h5.tree import tracks_order, walk
 
@@ -58,6 +58,33 @@ def attr_shape(ds: h5py.Dataset) -> tuple[int, ...]:
         raise FormatError(f"attribute {A.SHAPE} has {len(shape)} dimensions; an HDF5 dataset "
                           f"has at most {_MAX_RANK}")
     return shape
+
+
+def restored_layout(ds: h5py.Dataset, shape: tuple[int, ...]) -> dict[str, Any]:
+    """``create_dataset`` arguments for the original's maximum shape and fill value.
+
+    From the ``ccoll_maxshape`` and ``ccoll_fillvalue`` attributes, where present; raises
+    :class:`FormatError` for values no dataset of ``shape`` can have.
+    """
+    kw: dict[str, Any] = {}
+    raw = ds.attrs.get(A.MAXSHAPE)
+    if raw is not None:
+        try:
+            dims = [int(d) for d in np.asarray(raw).reshape(-1)]
+        except (TypeError, ValueError):
+            raise FormatError(f"attribute {A.MAXSHAPE}={raw!r} is not a list of whole "
+                              "numbers") from None
+        if len(dims) != len(shape) or any(
+                d != -1 and d < s for d, s in zip(dims, shape, strict=True)):
+            raise FormatError(f"attribute {A.MAXSHAPE}={dims} does not fit the shape "
+                              f"{list(shape)} (one entry per dimension, -1 or at least it)")
+        kw["maxshape"] = tuple(None if d == -1 else d for d in dims)
+    if A.FILL in ds.attrs:
+        fill = np.asarray(ds.attrs[A.FILL]).reshape(-1)
+        if fill.size != 1 or fill.dtype.kind != "f":
+            raise FormatError(f"attribute {A.FILL}={ds.attrs[A.FILL]!r} is not one float")
+        kw["fillvalue"] = fill[0]
+    return kw
 
 
 # Dimensions of an HDF5 dataspace at most (H5S_MAX_RANK): a shape with more cannot be written.
@@ -255,10 +282,7 @@ def decompress_file(
             zstdframe.require()
         entries = list(walk(fin))
         targets = [e for e in entries if e.kind == "dataset" and is_ccoll_dataset(fin[e.path])]
-        with (
-            atomic_output(dst) as tmp,
-            h5py.File(tmp, "w", track_order=tracks_order(fin["/"])) as fout,
-        ):
+        with h5_output(dst, fin) as fout:
             A.copy_attrs(fin, fout, skip_prefix=A.PREFIX)
             with bar(len(targets), enabled=progress, desc="decompress") as pb:
                 for e in entries:
@@ -280,6 +304,7 @@ def decompress_file(
                         ds = fin[e.path]
                         try:
                             y = None if is_kept(ds) else restore_dataset(ds)
+                            layout = {} if y is None else restored_layout(ds, y.shape)
                         except FormatError as exc:
                             if on_error == "stop":
                                 raise FormatError(f"dataset {e.path!r} is damaged: {exc}") from exc
@@ -289,7 +314,7 @@ def decompress_file(
                                 kept.append(_copy_kept(fin, ds, fout[e.parent], e.name))
                             else:
                                 out = fout[e.parent].create_dataset(
-                                    e.name, data=y, track_order=tracks_order(ds)
+                                    e.name, data=y, track_order=tracks_order(ds), **layout
                                 )
                                 A.copy_attrs(ds, out, skip_prefix=A.PREFIX)
                                 restored.append(

@@ -173,6 +173,28 @@ def atomic_output(path: str) -> Iterator[str]:
         raise
 
 
+@contextlib.contextmanager
+def h5_output(path: str, like: h5py.File) -> Iterator[h5py.File]:
+    """Yield a new HDF5 file that appears as ``path`` once complete (:func:`atomic_output`).
+
+    It tracks creation order where ``like`` does and gets ``like``'s user block (the bytes
+    before the HDF5 data that other tools keep there, a shell header for instance), which
+    ``h5py`` does not copy with the objects.
+    """
+    from ccoll.h5.tree import tracks_order
+
+    size = like.userblock_size
+    with atomic_output(path) as tmp:
+        with h5py.File(tmp, "w", track_order=tracks_order(like["/"]),
+                       userblock_size=size) as out:
+            yield out
+        if size:
+            with open(like.filename, "rb") as src:
+                block = src.read(size)
+            with open(tmp, "r+b") as dst:
+                dst.write(block)
+
+
 def write_atomically(path: str, write: Callable[[str], None], *, default_suffix: str = "") -> None:
     """Have ``write(name)`` write a file that appears as ``path`` only once it is complete.
 

@@ -95,9 +95,14 @@ def walk(f: h5py.File) -> Iterator[Entry]:
 
 
 def is_float_dataset(ds: h5py.Dataset) -> bool:
-    """Tell whether ``ds`` is a float16/32/64 dataset with a shape (not an HDF5 null dataspace)."""
+    """Tell whether ``ds`` is a float dataset ccoll can compress.
+
+    That is float16/32/64 with a shape (not an HDF5 null dataspace), holding its own values:
+    a virtual dataset maps other datasets' values and is copied as such a map.
+    """
     dt = ds.dtype
-    return dt.kind == "f" and dt.itemsize in FLOAT_ITEMSIZES and ds.shape is not None
+    return (dt.kind == "f" and dt.itemsize in FLOAT_ITEMSIZES and ds.shape is not None
+            and not ds.is_virtual)
 
 
 def float_datasets(
