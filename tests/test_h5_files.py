@@ -273,6 +273,51 @@ def test_user_block_virtual_datasets_maximum_shape_and_fill_value_come_back(tmp_
         decompress_file(c, b, force=True)
 
 
+def test_references_and_dimension_scales_point_at_the_same_objects_after_both_steps(tmp_path):
+    # References were copied as addresses of the input file (pointing nowhere, or at
+    # whatever lay there), a dataset of references came back all NULL, and dimension scales
+    # came back detached ("Unspecified error in H5DSiterate_scales").
+    rng = np.random.default_rng(1)
+    t = rng.standard_normal((50, 30)).astype(np.float32)
+    src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))
+    with h5py.File(src, "w") as f:
+        f["g/temp"] = t
+        f["x"] = np.arange(50, dtype=np.float64)  # a float scale: compressed itself
+        f["label"] = np.arange(30, dtype=np.int32)
+        f["x"].make_scale("x")
+        f["label"].make_scale("label")
+        f["g/temp"].dims[0].attach_scale(f["x"])
+        f["g/temp"].dims[1].attach_scale(f["label"])
+        f.attrs["main"] = f["g/temp"].ref
+        f["g"].attrs["refs"] = np.array([f["label"].ref, f["g"].ref], dtype=h5py.ref_dtype)
+        f["g/temp"].attrs["mask"] = f["label"].ref
+        r = f.create_dataset("refs", shape=(3,), dtype=h5py.ref_dtype)
+        r[0], r[1] = f["g/temp"].ref, f["label"].ref  # r[2] stays NULL
+        reg = f.create_dataset("regions", shape=(1,), dtype=h5py.regionref_dtype)
+        reg[0] = f["label"].regionref[5:9]
+        pair = np.dtype([("obj", h5py.ref_dtype), ("n", np.int32)])
+        f.attrs.create("pair", np.array((f["x"].ref, 7), dtype=pair), dtype=pair)
+    compress_file(src, c, "rel:1e-3")
+    decompress_file(c, b)
+    for fn in (c, b):
+        with h5py.File(fn) as f:
+            assert f[f.attrs["main"]].name == "/g/temp", fn
+            assert [f[r].name for r in f["g"].attrs["refs"]] == ["/label", "/g"], fn
+            assert f[f["g/temp"].attrs["mask"]].name == "/label", fn
+            refs = f["refs"][()]
+            assert [f[r].name for r in refs[:2]] == ["/g/temp", "/label"] and not refs[2], fn
+            region = f["regions"][0]
+            assert f[region].name == "/label", fn
+            assert f["label"][region].tolist() == [5, 6, 7, 8], fn
+            pair = f.attrs["pair"]
+            assert f[pair["obj"]].name == "/x" and pair["n"] == 7, fn
+    with h5py.File(b) as f:
+        temp = f["g/temp"]
+        assert temp.dims[0][0].name == "/x" and temp.dims[1][0].name == "/label"
+        assert f["x"].is_scale and h5py.h5ds.is_attached(temp.id, f["x"].id, 0)
+        assert_within(temp[()], t, rel_bound(1e-3, t))
+
+
 def test_a_second_name_of_a_damaged_dataset_is_left_out_with_it(tmp_path):
     x = np.linspace(-1, 1, 500, dtype=np.float32)
     src, c, b = (str(tmp_path / n) for n in ("h.h5", "c.h5", "b.h5"))

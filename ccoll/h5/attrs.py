@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import h5py
+import numpy as np
+
 __all__ = [
     "PREFIX",
     "ROOT_VERSION",
@@ -61,4 +64,14 @@ def copy_attrs(src: Any, dst: Any, *, skip_prefix: str | None = None) -> None:
         if skip_prefix is not None and name.startswith(skip_prefix):
             continue
         aid = src.attrs.get_id(name)
+        tid = aid.get_type()
+        if (isinstance(tid, h5py.h5t.TypeStringID) and not tid.is_variable_str()
+                and aid.shape is not None):
+            # A fixed-length string through numpy comes back null-padded whatever its
+            # padding was: a dimension scale's null-terminated CLASS attribute then no
+            # longer marks a scale. Its own HDF5 type keeps the padding and character set.
+            data = np.empty(aid.shape, dtype=aid.dtype)
+            aid.read(data)
+            h5py.h5a.create(dst.id, name.encode("utf-8"), tid, aid.get_space()).write(data)
+            continue
         dst.attrs.create(name, src.attrs[name], dtype=aid.dtype)

@@ -31,6 +31,7 @@ from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
 from ccoll.h5.output import check_input, check_output, check_stop, h5_output
 from ccoll.h5.progress import bar
+from ccoll.h5.refs import carry_references
 from ccoll.h5.tree import float_datasets, select, tracks_order, walk
 
 __all__ = ["compress_file", "compress_array", "bound_label", "check_format_version"]
@@ -166,6 +167,7 @@ def compress_file(
                     else:
                         fin.copy(fin[e.path], fout[e.parent], name=e.name)
                         copied += 1
+            carry_references(fin, fout, entries)
     orig = sum(r["original_bytes"] for r in records)
     stored = sum(r["stored_bytes"] for r in records)
     kept = sum(r["stored_as"] == "raw" for r in records)

@@ -26,6 +26,7 @@ from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
 from ccoll.h5.output import check_input, check_output, check_stop, h5_output
 from ccoll.h5.progress import bar
+from ccoll.h5.refs import carry_references
 from ccoll.h5.tree import tracks_order, walk
 
 __all__ = [
@@ -330,6 +331,7 @@ def decompress_file(
                     else:
                         fin.copy(fin[e.path], fout[e.parent], name=e.name)
                         copied += 1
+            carry_references(fin, fout, entries, skip_prefix=A.PREFIX)
     return {
         "command": "decompress",
         "input": src,
