@@ -7,6 +7,7 @@ Argument parsing, output formatting and exit codes live here; the work is in
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -712,7 +713,10 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         code = _exit_code(exc)
         msg = str(exc) or type(exc).__name__
-        if _from_hdf5(exc):  # h5py's KeyError/RuntimeError of a damaged file: no traceback
+        if _no_space(exc):  # HDF5 says "28", or blames the file it could not finish
+            msg = (f"no space left on the device of the output ({os.strerror(errno.ENOSPC)}); "
+                   "no output was written")
+        elif _from_hdf5(exc):  # h5py's KeyError/RuntimeError of a damaged file: no traceback
             msg = f"HDF5 error (a damaged file?): {exc.args[0] if exc.args else msg}"
         elif code == EXIT_FAILURE and not _expected(exc):
             traceback.print_exc(file=sys.stderr)
@@ -758,6 +762,22 @@ def _from_hdf5(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside h5py (reading a file HDF5 could not read)."""
     frames = traceback.extract_tb(exc.__traceback__)
     return bool(frames) and "h5py" in frames[-1].filename.replace("\\", "/").split("/")
+
+
+def _no_space(exc: BaseException) -> bool:
+    """Whether ``exc``, or an exception it arose from, is a full device or quota."""
+    full = (errno.ENOSPC, errno.EDQUOT)
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if (isinstance(e, OSError) and e.errno in full) or (e.args and e.args[0] in full
+                                                             and type(e.args[0]) is int):
+            return True
+        if "No space left on device" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _expected(exc: BaseException) -> bool:

@@ -212,6 +212,28 @@ def test_any_error_raised_inside_h5py_exits_1_with_one_line(capsys, sample, tmp_
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("raised", [
+    OSError(28, "No space left on device"),  # Python's own writes
+    RuntimeError(28),  # h5py's error of a full device: the errno alone
+    KeyError("Unable to synchronously close file (file write failed: ..., error message = "
+             "'No space left on device', ...)"),
+])
+def test_a_full_output_device_is_named_not_a_damaged_input(capsys, sample, tmp_path,
+                                                           monkeypatch, raised):
+    # A full disk printed "HDF5 error (a damaged file?): 28": it blamed the input.
+    from ccoll.h5 import compress
+
+    def full(*args, **kw):
+        raise raised
+
+    monkeypatch.setattr(compress, "_compress_dataset", full)
+    code, out, err = run(capsys, "compress", sample, str(tmp_path / "o.h5"), "--eb", "rel:1e-3")
+    assert code == cli.EXIT_FAILURE and "Traceback" not in err, err
+    assert err == ("ccoll compress: error: no space left on the device of the output (No "
+                   "space left on device); no output was written\n"), err
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize("on_error", ["stop", "skip"])
 def test_damaged_stream_exits_1(capsys, sample, tmp_path, on_error):
     c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
