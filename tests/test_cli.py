@@ -212,6 +212,38 @@ def test_any_error_raised_inside_h5py_exits_1_with_one_line(capsys, sample, tmp_
     assert os.listdir(tmp_path) == []
 
 
+# Written by h5py with hdf5plugin 7.1.0's Blosc filter (id 32001), which this venv lacks:
+#   f["plain"] = np.linspace(-1, 1, 64, dtype=np.float32)
+#   f.create_dataset("blosc", data=np.linspace(0, 2, 64, dtype=np.float32), chunks=(64,),
+#                    **hdf5plugin.Blosc())
+BLOSC_H5 = os.path.join(os.path.dirname(__file__), "fixtures", "h5", "blosc_filter.h5")
+
+
+@pytest.mark.parametrize("command", ["compress", "eval"])
+def test_a_dataset_behind_a_missing_filter_plugin_is_named_with_the_filter(
+        capsys, tmp_path, command):
+    # It read "HDF5 error (a damaged file?): Can't synchronously read data (can't open
+    # directory (/usr/local/lib/plugin)...)": neither the dataset nor the filter.
+    import importlib.util
+
+    argv = {"compress": [BLOSC_H5, str(tmp_path / "o.h5"), "--eb", "rel:1e-3"],
+            "eval": [BLOSC_H5, "--eb", "rel:1e-3", "--vs", "none"]}[command]
+    code, out, err = run(capsys, command, *argv)
+    if importlib.util.find_spec("hdf5plugin") is not None:  # its filters are registered
+        assert code == 0, err
+        return
+    assert code == cli.EXIT_USAGE and "Traceback" not in err, err
+    assert ("dataset '/blosc' was written through HDF5 filter(s) this HDF5 does not have: "
+            "blosc (id 32001)") in err and "--exclude" in err, err
+    assert os.listdir(tmp_path) == []
+    if command == "compress":  # without it the file compresses
+        o = str(tmp_path / "o.h5")
+        assert cli.main(["compress", BLOSC_H5, o, "--eb", "rel:1e-3", "--exclude", "/blosc",
+                         "-q"]) == 0
+        with h5py.File(o) as f:
+            assert f["plain"].dtype == np.uint8 and f["blosc"].dtype == np.float32
+
+
 @pytest.mark.parametrize("raised", [
     OSError(28, "No space left on device"),  # Python's own writes
     RuntimeError(28),  # h5py's error of a full device: the errno alone

@@ -32,7 +32,7 @@ from ccoll.h5 import zstdframe
 from ccoll.h5.output import check_input, check_output, check_stop, h5_output
 from ccoll.h5.progress import bar
 from ccoll.h5.refs import carry_references
-from ccoll.h5.tree import float_datasets, select, tracks_order, walk
+from ccoll.h5.tree import float_datasets, read_values, select, tracks_order, walk
 
 __all__ = ["compress_file", "compress_array", "bound_label", "check_format_version"]
 
@@ -222,7 +222,7 @@ def _compress_dataset(
             f"dataset {ds.name!r} has attribute(s) {clash} whose prefix {A.PREFIX!r} ccoll "
             "reserves; rename them before compressing"
         )
-    x = np.asarray(ds[()])
+    x = read_values(ds)
     stream, eb_abs = compress_array(x, bound, version)
     stored = zstdframe.wrap(stream) if lossless == "zstd" else stream
     orig = int(x.nbytes)

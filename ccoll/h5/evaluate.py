@@ -25,7 +25,7 @@ from ccoll.h5.compress import bound_label, check_format_version
 from ccoll.h5.output import check_input, check_stop
 from ccoll.h5.peers import PEER_NAMES, Codec, ccoll_codec, load
 from ccoll.h5.progress import bar
-from ccoll.h5.tree import float_datasets, select
+from ccoll.h5.tree import float_datasets, read_values, select
 
 __all__ = ["parse_bounds", "parse_peers", "parse_versions", "evaluate_file", "evaluate_array"]
 
@@ -206,7 +206,7 @@ def evaluate_file(
         with bar(len(paths) * len(bounds), enabled=progress, desc="eval") as pb:
             for p in paths:
                 check_stop()
-                x = np.asarray(f[p][()], order="C")
+                x = np.ascontiguousarray(read_values(f[p]))
                 x = x.astype(
                     np.float32 if x.dtype.itemsize == 2 else x.dtype.newbyteorder("="), copy=False
                 )

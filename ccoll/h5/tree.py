@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import h5py
+import numpy as np
 
 from ccoll.errors import FormatError, InputError
 
@@ -103,6 +104,45 @@ def is_float_dataset(ds: h5py.Dataset) -> bool:
     dt = ds.dtype
     return (dt.kind == "f" and dt.itemsize in FLOAT_ITEMSIZES and ds.shape is not None
             and not ds.is_virtual)
+
+
+def read_values(ds: h5py.Dataset) -> np.ndarray:
+    """All of ``ds``'s values; an :class:`InputError` naming the filter HDF5 lacks to read them.
+
+    A dataset written through a filter plugin (Blosc, LZ4, Zstd, ...) that this HDF5 does
+    not have reads as "can't open directory (/usr/local/lib/plugin)". Where the
+    ``hdf5plugin`` package is installed, importing it registers its filters, and the read is
+    tried once more.
+    """
+    try:
+        return np.asarray(ds[()])
+    except OSError as exc:
+        missing = _missing_filters(ds)
+        if not missing:
+            raise
+        why = exc.args[0] if exc.args else type(exc).__name__
+    try:
+        import hdf5plugin  # noqa: F401  (registers its filters with HDF5)
+    except ImportError:
+        pass
+    else:
+        if not _missing_filters(ds):
+            return np.asarray(ds[()])
+    raise InputError(
+        f"dataset {ds.name!r} was written through HDF5 filter(s) this HDF5 does not have: "
+        f"{', '.join(missing)} ({why}); install them (pip install hdf5plugin has the common "
+        "ones, or set HDF5_PLUGIN_PATH) or leave the dataset out with --exclude"
+    )
+
+
+def _missing_filters(ds: h5py.Dataset) -> list[str]:
+    dcpl = ds.id.get_create_plist()
+    out = []
+    for i in range(dcpl.get_nfilters()):
+        fid, _, _, name = dcpl.get_filter(i)
+        if not h5py.h5z.filter_avail(fid):
+            out.append(f"{name.decode(errors='replace') or 'unnamed'} (id {fid})")
+    return out
 
 
 def float_datasets(
