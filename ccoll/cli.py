@@ -714,8 +714,9 @@ def _main(argv: Sequence[str] | None) -> int:
         code = _exit_code(exc)
         msg = str(exc) or type(exc).__name__
         if _no_space(exc):  # HDF5 says "28", or blames the file it could not finish
-            msg = (f"no space left on the device of the output ({os.strerror(errno.ENOSPC)}); "
-                   "no output was written")
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else None
+            msg = (f"no space left on the device of the output "
+                   f"({why or os.strerror(errno.ENOSPC)}); no output was written")
         elif _from_hdf5(exc):  # h5py's KeyError/RuntimeError of a damaged file: no traceback
             msg = f"HDF5 error (a damaged file?): {exc.args[0] if exc.args else msg}"
         elif code == EXIT_FAILURE and not _expected(exc):

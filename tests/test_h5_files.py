@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from fractions import Fraction
@@ -455,6 +456,37 @@ def test_existing_output_needs_force(sample, tmp_path):
     assert link.is_symlink()
     decompress_file(str(c), str(link), force=True)
     assert not link.is_symlink() and h5py.is_hdf5(str(link))
+
+
+@pytest.mark.parametrize("step", ["compress", "decompress"])
+def test_an_output_device_without_room_stops_before_hdf5_writes_into_it(
+        sample, tmp_path, monkeypatch, step):
+    # HDF5 crashed (bus error, segmentation fault) in h5py's close of the files after a
+    # write into a full device had failed: each write now first checks for room.
+    import shutil
+
+    from ccoll.h5 import output
+
+    c, b = str(tmp_path / "c.h5"), str(tmp_path / "b.h5")
+    if step == "decompress":
+        compress_file(sample, c, "rel:1e-3")
+    real = shutil.disk_usage
+    free = {"left": 300 << 10}  # below the margin kept for the metadata
+
+    def usage(path):
+        u = real(path)
+        return type(u)(u.total, u.total - free["left"], free["left"])
+
+    monkeypatch.setattr(output.shutil, "disk_usage", usage)
+    with pytest.raises(OSError, match="No space left on device: .* bytes free in") as info:
+        compress_file(sample, c, "rel:1e-3") if step == "compress" else decompress_file(c, b)
+    assert info.value.errno == errno.ENOSPC
+    assert leftovers(tmp_path, [] if step == "compress" else ["c.h5"]) == []
+    free["left"] = 1 << 40
+    if step == "compress":
+        compress_file(sample, c, "rel:1e-3")
+    else:
+        decompress_file(c, b)
 
 
 def test_reserved_attribute_prefix_is_refused(tmp_path):

@@ -29,7 +29,14 @@ from ccoll.errorbound import ErrorBound, as_bound, finite_range
 from ccoll.errors import InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
-from ccoll.h5.output import check_input, check_output, check_stop, h5_output
+from ccoll.h5.output import (
+    check_input,
+    check_output,
+    check_stop,
+    copy_bytes,
+    ensure_room,
+    h5_output,
+)
 from ccoll.h5.progress import bar
 from ccoll.h5.refs import carry_references
 from ccoll.h5.tree import float_datasets, read_values, select, tracks_order, walk
@@ -165,7 +172,9 @@ def compress_file(
                         )
                         pb.update(1)
                     else:
-                        fin.copy(fin[e.path], fout[e.parent], name=e.name)
+                        obj = fin[e.path]
+                        ensure_room(fout, copy_bytes(obj))
+                        fin.copy(obj, fout[e.parent], name=e.name)
                         copied += 1
             carry_references(fin, fout, entries)
     orig = sum(r["original_bytes"] for r in records)
@@ -237,6 +246,7 @@ def _compress_dataset(
     # it through an HDF5 compression filter (or never wrote it).
     as_is = min(orig, int(ds.id.get_storage_size()))
     if not always_stream and stored.size >= as_is:
+        ensure_room(parent.file, copy_bytes(ds))
         ds.file.copy(ds, parent, name=name)  # dtype, shape, chunks, filters and attributes
         out = parent[name]
         out.attrs[A.STORED] = A.STORED_RAW
@@ -248,6 +258,7 @@ def _compress_dataset(
             "ratio": orig / kept if kept else math.nan,
             "eb_abs": 0.0,
         }
+    ensure_room(parent.file, stored.size)
     out = parent.create_dataset(name, data=stored, track_order=tracks_order(ds))
     A.copy_attrs(ds, out)
     out.attrs[A.FORMAT_VERSION] = np.int64(version)

@@ -24,7 +24,14 @@ from ccoll.compressor.format import VERSIONS, StreamHeader, max_nbytes, parse_he
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
 from ccoll.h5 import zstdframe
-from ccoll.h5.output import check_input, check_output, check_stop, h5_output
+from ccoll.h5.output import (
+    check_input,
+    check_output,
+    check_stop,
+    copy_bytes,
+    ensure_room,
+    h5_output,
+)
 from ccoll.h5.progress import bar
 from ccoll.h5.refs import carry_references
 from ccoll.h5.tree import tracks_order, walk
@@ -314,6 +321,7 @@ def decompress_file(
                             if y is None:  # kept as it was by ccoll compress
                                 kept.append(_copy_kept(fin, ds, fout[e.parent], e.name))
                             else:
+                                ensure_room(fout, y.nbytes)
                                 out = fout[e.parent].create_dataset(
                                     e.name, data=y, track_order=tracks_order(ds), **layout
                                 )
@@ -329,7 +337,9 @@ def decompress_file(
                                 )
                         pb.update(1)
                     else:
-                        fin.copy(fin[e.path], fout[e.parent], name=e.name)
+                        obj = fin[e.path]
+                        ensure_room(fout, copy_bytes(obj))
+                        fin.copy(obj, fout[e.parent], name=e.name)
                         copied += 1
             carry_references(fin, fout, entries, skip_prefix=A.PREFIX)
     return {
@@ -353,6 +363,7 @@ def decompress_file(
 
 def _copy_kept(fin: h5py.File, ds: h5py.Dataset, parent: h5py.Group, name: str) -> dict[str, Any]:
     """Copy a dataset kept as it was (chunks, filters and all), less its ccoll_* marker."""
+    ensure_room(parent.file, copy_bytes(ds))
     fin.copy(ds, parent, name=name)
     out = parent[name]
     for k in [k for k in out.attrs if k.startswith(A.PREFIX)]:

@@ -8,8 +8,10 @@ SIGTERM never leaves a half-written file under the requested name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -193,6 +195,31 @@ def h5_output(path: str, like: h5py.File) -> Iterator[h5py.File]:
                 block = src.read(size)
             with open(tmp, "r+b") as dst:
                 dst.write(block)
+
+
+# Free bytes kept beyond what a dataset about to be written takes: the metadata HDF5 writes
+# when it closes the file (about 1/64 of the file is allowed for it, on top of this).
+ROOM_MARGIN = 512 << 10
+
+
+def ensure_room(out: h5py.File, nbytes: int) -> None:
+    """Raise ``OSError(ENOSPC)`` unless ``out``'s device has room for ``nbytes`` more.
+
+    HDF5 crashes (a bus error or a segmentation fault, in ``h5py``'s close of the files)
+    after a write into a full device has failed; checking before each write ends the run
+    with its clean error instead (the output is never renamed into place).
+    """
+    folder = os.path.dirname(os.path.abspath(out.filename))
+    free = shutil.disk_usage(folder).free
+    need = int(nbytes) + ROOM_MARGIN + out.id.get_filesize() // 64
+    if free < need:
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {free} bytes free in "
+                      f"{folder!r}, {need} needed for the next dataset and the file's metadata")
+
+
+def copy_bytes(obj: Any) -> int:
+    """Bytes an object copy of ``obj`` writes, about: a dataset's stored bytes, else none."""
+    return int(obj.id.get_storage_size()) if isinstance(obj, h5py.Dataset) else 0
 
 
 def write_atomically(path: str, write: Callable[[str], None], *, default_suffix: str = "") -> None:
