@@ -187,7 +187,6 @@ class CCollHookState:
         "_gate_t0",
         "_gate_done",
         "_gate_open",
-        "_gate_work",
         "_gate_group",
         "_gate_agreed",
         "_gate_device",
@@ -279,7 +278,6 @@ class CCollHookState:
         self._gate_t0 = 0.0  # when the current gated step's first bucket was queued
         self._gate_done: float | None = None  # when its last bucket was averaged
         self._gate_open = False  # a gated step was started and not yet measured
-        self._gate_work: Any = None  # the process group's reduction of a step time in flight
         self._gate_group: Any = None  # the group of raw steps (None: ccoll's MPI path)
         self._gate_agreed = False  # whether the ranks agreed on _gate_group (first step)
         self._gate_device: Any = None  # where the group reduces a step time
@@ -876,26 +874,20 @@ def _gate_step(state: CCollHookState) -> None:
 
     Runs on the training thread at the step's first bucket; every rank runs the same gated
     steps, so every rank makes the same reductions and feeds the gate the same maximum over
-    ranks. With a process group, the previous step's time went into an ``all_reduce``
-    when that step's last bucket was averaged, and the step's last Future completed after
-    it (:func:`_step_done`); its result is read here. Without
-    one, the time goes into a one-float ``MPI_Iallreduce`` on a communicator of the hook's
-    own here, polled with sleeps. Either way the gate learns a step's time one step later.
+    ranks: the previous step's time goes into a one-float ``MPI_Iallreduce`` on a
+    communicator of the hook's own, polled with sleeps, so the gate learns a step's time one
+    step later. Not on the DDP process group: a reduction queued there when a step's last
+    bucket was averaged (on ccoll's engine thread, or the group's) met DDP's own
+    collective of unused parameters (``find_unused_parameters=True``), queued by the
+    training thread at the same time, in either order; ranks that queued them in different
+    orders aborted in gloo ("Received data size doesn't match") or hung.
     """
     assert state.gate is not None
     prev = None
     if state._gate_open:
         done = state._gate_done
         prev = 0.0 if done is None else done - state._gate_t0
-    agreed = None
-    if state._gate_group is not None:
-        if state._gate_work is not None:
-            work, buf = state._gate_work
-            state._gate_work = None
-            work.wait()
-            agreed = float(buf[0])
-    elif prev is not None:
-        agreed = _agree_max_mpi(state, prev)
+    agreed = None if prev is None else _agree_max_mpi(state, prev)
     state._gate_t0 = time.perf_counter()
     state._gate_done = None
     state._gate_open = True
@@ -960,24 +952,6 @@ def _divert_settled(state: CCollHookState) -> dict[int, tuple[int, Any]]:
                 count, dtype, state.eb, consume=True)):
             out[index] = (count, dtype)
     return out
-
-
-def _share_step_time(state: CCollHookState) -> None:
-    """Start the process group's reduction (maximum) of the step that just ended.
-
-    Called when the step's last bucket is averaged, before the hook's Future completes, so
-    DDP's next collectives are queued after it on every rank (the group matches its calls
-    by their order). It runs on the thread that completed the bucket (ccoll's engine, or
-    the group's own for a raw step); queuing on the group from there does not block, and
-    the hook's Future waits for the reduction through a callback, not a blocking wait.
-    """
-    group = state._gate_group
-    if group is None or state._gate_done is None:
-        return
-    buf = torch.tensor([state._gate_done - state._gate_t0], dtype=torch.float64,
-                       device=state._gate_device)
-    work = dist.all_reduce(buf, op=dist.ReduceOp.MAX, group=group, async_op=True)
-    state._gate_work = (work, buf)
 
 
 def _agree_raw_path(state: CCollHookState) -> None:
@@ -1054,46 +1028,13 @@ def _agree_max_mpi(state: CCollHookState, seconds: float) -> float:
 
 def _step_done(state: CCollHookState, out: torch.futures.Future[torch.Tensor],
                tensor: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
-    """Return the last bucket's Future: its average, once the step's time is shared too.
+    """Return the last bucket's Future, noting the step's end when its average is done."""
+    def finish(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+        value = f.wait()  # raises the bucket's error, if any
+        state._gate_done = time.perf_counter()
+        return value
 
-    When the bucket is averaged the step's end is noted and, with a process group, the
-    step's time goes into the group's ``all_reduce`` (:func:`_share_step_time`); the Future
-    DDP waits on completes when that reduction has, so none is left in flight when the
-    training loop ends and the group is destroyed (one float among ranks that end the step
-    together: one small message's latency per step).
-    """
-    res: torch.futures.Future[torch.Tensor] = torch.futures.Future(
-        devices=[tensor.device] if tensor.is_cuda else None)
-
-    def settle(work_fut: Any, value: torch.Tensor) -> None:
-        try:
-            work_fut.wait()
-        except Exception as exc:  # noqa: BLE001 - handed to DDP through the Future
-            res.set_exception(_any(exc))
-            return
-        res.set_result(value)
-
-    def finish(f: torch.futures.Future[torch.Tensor]) -> None:
-        try:
-            value = f.wait()  # raises the bucket's error, if any
-            state._gate_done = time.perf_counter()
-            _share_step_time(state)
-            pending = state._gate_work
-        except Exception as exc:  # noqa: BLE001 - handed to DDP through the Future
-            res.set_exception(_any(exc))
-            return
-        if pending is None:
-            res.set_result(value)
-        else:
-            pending[0].get_future().add_done_callback(lambda w: settle(w, value))
-
-    out.add_done_callback(finish)
-    # Chained, as in _queue, so that a failure is a real error of the returned Future.
-    return res.then(_value)
-
-
-def _any(exc: BaseException) -> Any:
-    return exc  # torch's stub types set_exception's argument as the Future's value type
+    return out.then(finish)
 
 
 def _value(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
