@@ -401,3 +401,38 @@ def assert_three_timed_out(proc, where):
         if "CollectiveError after" in line:
             assert where in line and "timeout of 2.0 s" in line, line
             assert float(line.split("after ")[1].split(" s")[0]) >= 1.9, line
+
+
+def test_calls_after_mpi_finalize_raise_instead_of_ending_the_process(tmp_path):
+    # MPICH ended the process ("Attempting to use an MPI routine ... after finalizing",
+    # exit status 1) at a ccoll call after the user's MPI.Finalize(): the calls of a
+    # Communicator, the module's collectives, a new Communicator, a first iallreduce and
+    # even the local last_call().
+    proc = run_job(tmp_path, """
+        c = ccoll.Communicator(comm)
+        y = c.allreduce(x[:1000], eb=ccoll.REL(1e-3))
+        ccoll.allreduce(x[:1000], eb=None)
+        me = comm.rank  # comm.rank is an MPI call too
+        MPI.Finalize()
+        for name, call in [
+            ("blocking", lambda: c.allreduce(x[:1000], eb=ccoll.REL(1e-3))),
+            ("exact", lambda: c.allreduce(x[:1000], eb=None)),
+            ("first iallreduce", lambda: c.iallreduce(x[:1000]).wait()),
+            ("module", lambda: ccoll.allreduce(x[:1000])),
+            ("new", lambda: ccoll.Communicator(comm)),
+        ]:
+            try:
+                call()
+                print(f"rank {me} {name}: no error", flush=True)
+            except CollectiveError as exc:
+                assert "MPI is already finalized" in str(exc), exc
+                print(f"rank {me} {name}: CollectiveError", flush=True)
+        rep = ccoll.last_call()
+        print(f"rank {me} last_call: {rep.compressed}", flush=True)
+        c.close()
+        print(f"rank {me} done", flush=True)
+    """)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ("blocking", "exact", "first iallreduce", "module", "new"):
+        assert proc.stdout.count(f"{name}: CollectiveError") == 4, proc.stdout
+    assert proc.stdout.count("last_call: False") == 4 and proc.stdout.count("done") == 4

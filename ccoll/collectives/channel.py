@@ -46,6 +46,7 @@ from ccoll.collectives.worker import Worker
 from ccoll.errors import CollectiveError
 from ccoll.gpu_sched.scheduler import Scheduler, configured_on, default_scheduler
 from ccoll.runtime import progress
+from ccoll.runtime.mpilife import FINALIZED, finalized_error
 
 __all__ = ["Channel", "Stats", "IDLE_CALLS", "LEAKED"]
 
@@ -140,7 +141,9 @@ class Channel:
         if calls >= self._trim_at:
             self._trim_at = calls + _TRIM_EVERY
             self.trim()
-        if self._closing or self._released[0]:
+        if self._closing or self._released[0] or FINALIZED[0]:
+            if FINALIZED[0]:
+                raise finalized_error("a collective of this ccoll Communicator")
             raise CollectiveError("this ccoll Communicator has been closed (freed)")
         if self.failed is not None:
             raise CollectiveError(

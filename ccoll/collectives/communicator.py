@@ -32,6 +32,7 @@ from ccoll.collectives.report import LOGGER, CallReport, configure_logging
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.errorbound import REL, ErrorBound
 from ccoll.errors import CollectiveError, DTypeError, ErrorBoundError, InputError, MismatchError
+from ccoll.runtime.mpilife import check_alive, watch
 from ccoll.settings import Settings
 from ccoll.settings import parse as parse_settings
 
@@ -126,6 +127,8 @@ class Communicator:
             comm = MPI.COMM_WORLD
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise InputError(f"comm must be an mpi4py intracommunicator, got {comm!r}")
+        check_alive("ccoll.Communicator(...)")
+        watch()
         settings, problems = parse_settings()
         call = Call("Communicator")
         for problem in problems:
@@ -451,7 +454,15 @@ class Communicator:
             if self._async is None:
                 if self._sync.ch.closed:  # no new duplicate for a closed Communicator
                     raise CollectiveError("this ccoll Communicator has been closed (freed)")
-                dup = dup_comm(self._comm, Deadline(self.timeout, "ccoll.iallreduce"))
+                check_alive("ccoll.iallreduce")
+                try:
+                    dup = dup_comm(self._comm, Deadline(self.timeout, "ccoll.iallreduce"))
+                except MPI.Exception as exc:  # the user's communicator, freed since
+                    why = exc.Get_error_string().split(", error stack")[0].strip()
+                    raise CollectiveError(
+                        f"ccoll.iallreduce duplicates the Communicator's MPI communicator at "
+                        f"its first call, and MPI refused: {why} (was it "
+                        "freed before this Communicator was closed?)") from None
                 ch = Channel(dup, "async", self.timeout, lanes=self.settings.sched)
                 self._channels.append(ch)
                 self._async = Route(ch, self._planner(None), None, self.algorithm, self.policy)

@@ -13,6 +13,7 @@ from typing import Any
 from mpi4py import MPI
 
 from ccoll.errors import InputError
+from ccoll.runtime.mpilife import check_alive
 
 __all__ = ["default_communicator", "existing_default"]
 
@@ -62,6 +63,7 @@ def default_communicator(comm: Any) -> Any:
         return comm
     world = comm is None
     comm = _mpi_comm(comm)
+    check_alive("a ccoll collective")
     with _keyval_lock:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_on_comm_free)
@@ -93,7 +95,10 @@ def existing_default(comm: Any) -> Any:
     """
     if _is_communicator(comm):
         return comm
+    if comm is None and _world is not None:
+        return _world  # without an MPI call: a report stays readable after MPI_Finalize
     comm = _mpi_comm(comm)
+    check_alive("looking up a communicator's default ccoll Communicator")
     with _keyval_lock:
         if _keyval is None:
             return None
