@@ -10,6 +10,8 @@ have the version of its plan.
 
 from __future__ import annotations
 
+import math
+import sys
 from typing import Any
 
 from ccoll.collectives.codec import api
@@ -27,7 +29,12 @@ def sum_bound(eb: float, n_ranks: int, avg: bool) -> float:
     ``N`` times finer than asked (docs/error-bound.md, "avg"). The float64 product may lie
     an ulp above ``N * eb``; :func:`rank_bound`'s margin absorbs it.
     """
-    return eb * n_ranks if avg else eb
+    if not avg:
+        return eb
+    # Beyond float64's range N * eb is no bound at all: the largest float64 is a tighter
+    # one, so the average stays within eb (an infinite bound would fail in the ring, on
+    # the ranks that own a block).
+    return min(eb * n_ranks, sys.float_info.max)
 
 
 def rank_bound(eb: float, n_ranks: int) -> float:
@@ -35,10 +42,17 @@ def rank_bound(eb: float, n_ranks: int) -> float:
 
     ``eb / N * (1 - (N + 8) * 2**-22)``: the margin absorbs the float64 roundings of the
     decoder and of raw-block sums (docs/error-bound.md, "Collectives", gives the argument).
+    Among float64's subnormals the margin's product rounds back to ``eb / N``, which itself
+    may have rounded up, so that ``N`` such bounds, added exactly there, exceeded ``eb``
+    and the ring's check of a received stream's bound failed on some ranks: the result is
+    stepped down until ``N`` times it is at most ``eb``.
     """
     if eb == 0.0:
         return 0.0
-    return eb / n_ranks * (1.0 - (n_ranks + 8) * 2.0**-22)
+    share = eb / n_ranks * (1.0 - (n_ranks + 8) * 2.0**-22)
+    while share > 0.0 and share * n_ranks > eb:
+        share = math.nextafter(share, 0.0)
+    return share
 
 
 class HomomorphicOps:

@@ -12,7 +12,7 @@ import gc
 
 import numpy as np
 import pytest
-from collkit import allowance, exact_sum, global_eb, gradient_like
+from collkit import allowance, allreduce_reference, exact_sum, global_eb, gradient_like
 from kit import assert_same_on_every_rank, assert_within
 from mpi4py import MPI
 
@@ -467,3 +467,60 @@ def test_a_blocking_call_while_another_thread_is_in_one_is_refused(comm):
         ref = exact_sum(comm, x)
         assert_within(y, ref, **allowance(ccoll.ABS(1e-3).value, y, SIZE, "sum"))
         assert_same_on_every_rank(comm, y)
+
+
+# -- bounds at the ends of float64's range ------------------------------------------------
+
+
+@pytest.mark.parametrize("opts", [
+    {}, {"split": 0.0}, {"schedule": "halving"}, {"format_version": 2},
+], ids=["auto-split", "ring", "halving", "format2"])
+@pytest.mark.parametrize("eb", [2.6e-322, 1e-320, 5e-324, 3e-310], ids=repr)
+def test_a_subnormal_bound_is_met_on_every_rank(comm, opts, eb):
+    # A bound among float64's subnormals: each rank's share eb/N rounded up there (the
+    # margin's product rounds back), N shares exceeded eb, and the ring's check of a
+    # received stream's bound raised FormatError on one rank while another hung.
+    rng = np.random.default_rng(comm.Get_rank())
+    x = rng.integers(-40, 40, 1000) * 5e-324  # subnormal data, on eb's scale
+    # Ordinary values beside it (raw lanes: their float64 sums may round, by 2^-53 of a
+    # partial sum, docs/error-bound.md "Lanes with a raw input"; these sum exactly).
+    x[::7] = rng.integers(-1000, 1000, x[::7].size) * 2.0**-10
+    bound = ccoll.ABS(eb)
+    with ccoll.Communicator(comm, policy="compress", timeout=60, **opts) as c:
+        for op in ("sum", "avg"):
+            y = c.allreduce(x, bound, op=op)
+            assert_within(y, allreduce_reference(comm, x, op),
+                          **allowance(global_eb(comm, x, bound), y, SIZE, op))
+            assert_same_on_every_rank(comm, y)
+            part = c.reduce_scatter(x, bound, op=op)
+            lo, hi = _my_block(comm, x.size)
+            assert_within(part, allreduce_reference(comm, x, op)[lo:hi],
+                          **allowance(global_eb(comm, x, bound), part, SIZE, op))
+
+
+@pytest.mark.parametrize("n", [1, 1000])
+@pytest.mark.parametrize("eb", [1e308, float(np.finfo(np.float64).max)], ids=["1e308", "max"])
+def test_an_average_whose_sum_bound_overflows_is_met_everywhere(comm, n, eb):
+    # op="avg" runs the ring with the sum's bound N * eb: beyond float64's range that was
+    # inf, refused inside the ring ("absolute bound must be finite ..., got inf") on the
+    # ranks that own a block, while the others waited for the timeout; the Communicator
+    # was then unusable.
+    x = np.linspace(-1e300, 1e300, n) * (comm.Get_rank() + 1)
+    with ccoll.Communicator(comm, policy="compress", timeout=60) as c:
+        for _ in range(2):  # usable again after the first
+            y = c.allreduce(x, ccoll.ABS(eb), op="avg")
+            assert np.all(np.isfinite(y))
+            assert_within(y, allreduce_reference(comm, x, "avg"),
+                          **allowance(global_eb(comm, x, ccoll.ABS(eb)), y, SIZE, "avg"))
+            assert_same_on_every_rank(comm, y)
+            part = c.reduce_scatter(x, ccoll.ABS(eb), op="avg")
+            lo, hi = _my_block(comm, n)
+            assert_within(part, allreduce_reference(comm, x, "avg")[lo:hi],
+                          **allowance(global_eb(comm, x, ccoll.ABS(eb)), part, SIZE, "avg"))
+
+
+def _my_block(comm, n):
+    """This rank's block of ``reduce_scatter`` over ``n`` elements (lo, hi)."""
+    counts = [len(b) for b in np.array_split(np.empty(n), comm.Get_size())]
+    lo = sum(counts[:comm.Get_rank()])
+    return lo, lo + counts[comm.Get_rank()]
