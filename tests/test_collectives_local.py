@@ -53,6 +53,42 @@ def test_rank_bound_leaves_the_documented_margin(n_ranks):
     assert dar_bound(eb, n_ranks) * (2 * n_ranks - 1) == pytest.approx(eb)
 
 
+@pytest.mark.parametrize("n_ranks", [2, 3, 4, 5, 7, 64, 1000])
+@pytest.mark.parametrize("units", [1, 2, 52, 53, 101, 2**20 + 7, 2**40 + 3, 2**52 - 1])
+def test_n_rank_shares_of_a_subnormal_bound_stay_within_it(n_ranks, units):
+    # Among subnormals eb/N rounded up and the margin's product rounded back to it: N shares,
+    # which add exactly there, exceeded eb, and the ring's check of a received stream's
+    # bound failed on some ranks (eb = 53 units, N = 3: 3 * 18 > 53).
+    eb = units * 5e-324  # an exact multiple of the smallest subnormal
+    r = rank_bound(eb, n_ranks)
+    assert 0 <= r and n_ranks * Fraction(r) <= Fraction(eb)
+    # and no more than one subnormal below the documented share (the grid is not coarser)
+    low = Fraction(eb) / n_ranks * (1 - Fraction(n_ranks + 9, 2**22)) - Fraction(5e-324)
+    assert Fraction(r) >= low
+
+
+def test_an_average_s_sum_bound_stays_finite():
+    from ccoll.collectives.homomorphic import sum_bound
+
+    big = float(np.finfo(np.float64).max)
+    assert sum_bound(1e308, 3, True) == big and sum_bound(big, 2, True) == big
+    assert sum_bound(1e308, 3, False) == 1e308 and sum_bound(1e-3, 4, True) == 4e-3
+
+
+def test_a_communicator_is_neither_pickled_nor_copied():
+    import copy
+    import pickle
+
+    import ccoll
+    from ccoll.errors import InputError
+
+    with ccoll.Communicator() as c:
+        for make in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(InputError, match="cannot be pickled or copied"):
+                make(c)
+        assert c.allreduce(np.ones(3, np.float32), None).tolist() == [1.0, 1.0, 1.0]
+
+
 def test_shape_codes_differ_and_fit_float64():
     shapes = [(), (0,), (1,), (4, 5), (5, 4), (20,), (2, 10), (1, 20), (20, 1)]
     codes = [shape_code(s) for s in shapes]

@@ -339,6 +339,19 @@ class Communicator:
     def _closed(self) -> bool:
         return self._sync.ch.closed
 
+    def __reduce__(self) -> Any:
+        # mpi4py refused with "cannot serialize 'mpi4py.MPI.Intracomm'", and copy.copy
+        # made a second object over the same channels (closing either closed both).
+        raise InputError("a ccoll.Communicator cannot be pickled or copied: it holds MPI "
+                         "communicators and threads of this process; make a new one "
+                         "(collectively, on every rank) where another is needed")
+
+    def __copy__(self) -> Any:
+        return self.__reduce__()
+
+    def __deepcopy__(self, memo: Any) -> Any:
+        return self.__reduce__()
+
     def close(self) -> None:
         """Free the private communicators, stop the compute threads, drop the buffers.
 
