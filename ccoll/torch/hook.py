@@ -189,7 +189,6 @@ class CCollHookState:
         "_gate_open",
         "_gate_group",
         "_gate_agreed",
-        "_gate_device",
         "_shapes",
         "_divert",
         "__weakref__",
@@ -280,7 +279,6 @@ class CCollHookState:
         self._gate_open = False  # a gated step was started and not yet measured
         self._gate_group: Any = None  # the group of raw steps (None: ccoll's MPI path)
         self._gate_agreed = False  # whether the ranks agreed on _gate_group (first step)
-        self._gate_device: Any = None  # where the group reduces a step time
         # {bucket index: (elements, dtype ccoll reduces it in)} of the buckets seen, and of
         # those an "auto" step sends through the process group (see _divert_settled).
         self._shapes: dict[int, tuple[int, Any]] = {}
@@ -960,13 +958,8 @@ def _agree_raw_path(state: CCollHookState) -> None:
     The process group's allreduce where every rank has one, else ccoll's MPI path; the
     steps before ``start_iter`` and the step check's raw steps take it.
     """
-    state._gate_group = group = _agreed_raw_group(state)
+    state._gate_group = _agreed_raw_group(state)
     state._gate_agreed = True
-    if group is not None:
-        # Chosen on the training thread: _share_step_time runs on others, whose current
-        # CUDA device is not necessarily this rank's.
-        state._gate_device = torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(group) == "nccl" else torch.device("cpu")
 
 
 def _agreed_raw_group(state: CCollHookState) -> Any:
