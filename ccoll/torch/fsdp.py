@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ccoll.errorbound import ABS, REL, ErrorBound
-from ccoll.errors import InputError
+from ccoll.errors import InputError, MismatchError
 from ccoll.torch._state import (
     STATE_VERSION,
     agreed_communicator,
@@ -286,11 +286,24 @@ class FSDPReduceScatter:
                                "the ranks of the mesh's shard dimension, in the same order")
                 layout = [(names.get(id(fp.sharded_param), "?"), fp) for fp in pg.fsdp_params]
                 views.append((module, _ModuleView(self, pg, layout)))
-        bad = np.array([1 if problem else 0], dtype=np.int32)
-        self.comm.Allreduce(MPI.IN_PLACE, bad, op=MPI.MAX)
-        if bad[0]:
+        # Which columns of each module's rows are exact, on every rank alike: the same
+        # patterns can pick parameters at other places where ranks name them otherwise,
+        # and a column exact on one rank and compressed on another adds one rank's
+        # parameter to another's (21-29 times the bound, without an error).
+        cols = repr([view.exact_columns() for _, view in views]).encode()
+        mine = int.from_bytes(hashlib.sha256(cols).digest()[:7], "little")
+        check = np.array([1 if problem else 0, mine, -mine], dtype=np.int64)
+        self.comm.Allreduce(MPI.IN_PLACE, check[:1], op=MPI.MAX)
+        self.comm.Allreduce(MPI.IN_PLACE, check[1:], op=MPI.MIN)
+        if check[0]:
             raise InputError(problem or "another rank could not attach the FSDP reduce-scatter "
                              "(see its error)")
+        if check[1] != -check[2]:
+            raise MismatchError(
+                "ranks disagree on which parameters of their FSDP modules are exempt or small "
+                "(exact): the same exempt patterns pick parameters at other places where the "
+                "ranks' models name or order their parameters differently; build the same "
+                "model, with the same names, on every rank")
         for module, view in views:
             module.set_custom_reduce_scatter(view)
         return len(views)
@@ -438,7 +451,7 @@ class _ModuleView:
         self.parent = parent
         self.param_group = param_group
         self.layout = layout
-        self._plans: dict[int, _Plan] = {}
+        self._plans: dict[tuple[int, tuple[bool, ...]], _Plan] = {}
 
     def allocate(
         self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device
@@ -456,10 +469,22 @@ class _ModuleView:
         return self.parent._reduce(output_tensor, input_tensor, group, op, async_op, self)
 
     def plan(self, chunk: int) -> _Plan:
-        got = self._plans.get(chunk)
+        # Keyed by which parameters require a gradient too: a row of the same width with
+        # other parameters frozen (staged fine-tuning) went through the old plan, and an
+        # exempt parameter was compressed.
+        key = (chunk, tuple(fp.sharded_param.requires_grad for _, fp in self.layout))
+        got = self._plans.get(key)
         if got is None:
-            got = self._plans[chunk] = self._make_plan(chunk)
+            got = self._plans[key] = self._make_plan(chunk)
         return got
+
+    def exact_columns(self) -> list[tuple[int, bool]]:
+        """Each parameter's shard width and whether it is reduced exactly (exempt, small)."""
+        parent = self.parent
+        return [(int(fp.padded_sharded_param_size.numel()),
+                 int(fp.sharded_param.numel()) < parent.min_numel
+                 or any(fnmatch.fnmatchcase(name, p) for p in parent.exempt))
+                for name, fp in self.layout]
 
     def _make_plan(self, chunk: int) -> _Plan:
         parent = self.parent

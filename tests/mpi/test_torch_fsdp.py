@@ -328,3 +328,55 @@ def test_state_dict_and_pickle(comm, made) -> None:
     made.append(wrong)
     assert_clear_error(InputError, "eb_value", wrong.load_state_dict, sd)
     assert_clear_error(InputError, "version", wrong.load_state_dict, {"version": 99})
+
+
+class _Twins(torch.nn.Module):
+    """Two layers of the same shapes, named by the caller (``first``, ``second``)."""
+
+    def __init__(self, first: str = "a", second: str = "b") -> None:
+        super().__init__()
+        self.add_module(first, torch.nn.Linear(64, 100))
+        self.add_module(second, torch.nn.Linear(64, 100))
+        self.names = (first, second)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = (getattr(self, n) for n in self.names)
+        return (a(x) + b(x)).square().mean()
+
+
+def test_an_exempt_layer_stays_exact_when_other_layers_are_frozen_later(comm, made) -> None:
+    # The plan of a row was cached by its width only: with `a` frozen at first and `b`
+    # later (staged fine-tuning, same shapes), the row of exempt `b` went through the
+    # plan made for `a` and was compressed.
+    torch.manual_seed(0)
+    m = _Twins()
+    fully_shard(m)
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-2), policy="compress", exempt=("b.*",), min_numel=0)
+    made.append(rs)
+    rs.attach(m)
+    calls = spy(rs)
+    g = torch.Generator().manual_seed(100 * comm.rank)
+    for frozen in (m.b, m.a):  # b frozen first (a compressed), then a (b exact)
+        for p in m.parameters():
+            p.requires_grad_(True)
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        m.zero_grad()
+        m(torch.randn(8, 64, generator=g)).backward()
+    first, last = calls[0][2], calls[-1][2]
+    assert not first.exact_only  # the whole row compressed
+    assert last.exact_only, "the exempt layer's row was compressed"
+    assert (rs.compressed, rs.exact) == (1, 1)
+
+
+def test_ranks_whose_patterns_pick_other_columns_fail_attach_everywhere(comm, made) -> None:
+    # The same patterns on models whose same-shaped layers are named in another order:
+    # each rank exempted other columns, and ccoll added one rank's parameter to another's
+    # (21-29 times the bound), without an error on any rank.
+    torch.manual_seed(0)
+    m = _Twins(*(("a", "z") if comm.rank == 0 else ("z", "a")))
+    fully_shard(m)
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-3), policy="compress", exempt=("a.*",), min_numel=0)
+    made.append(rs)
+    assert_clear_error(MismatchError, "ranks disagree on which parameters of their FSDP "
+                       "modules are exempt or small", rs.attach, m)
