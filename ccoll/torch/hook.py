@@ -177,6 +177,7 @@ class CCollHookState:
         "_free",
         "_bucket_params",
         "_pending",
+        "_ckpt_buckets",
         "_seen",
         "_ef_input",
         "residuals_reset",
@@ -251,6 +252,9 @@ class CCollHookState:
         # residuals of a loaded checkpoint waiting for their bucket (see load_state_dict).
         self._bucket_params: dict[int, tuple[Any, ...]] = {}
         self._pending: dict[Any, np.ndarray] = {}
+        # Buckets a checkpoint loaded without the model held residuals of: one whose pieces
+        # find no place is counted in residuals_reset even where none of them fits.
+        self._ckpt_buckets: set[int] = set()
         self._seen: set[int] = set()  # buckets queued in the current iteration
         # Error feedback's x + r, one array per bucket, kept from step to step (the engine
         # thread's only): a new 60 MB array a step cost page faults, not just the sum.
@@ -397,6 +401,7 @@ class CCollHookState:
                 f"this is rank {where[0]} of {where[1]}: load each rank's own state dict at "
                 "the world size it was saved at")
         pending: dict[Any, np.ndarray] = {}
+        ckpt_buckets: set[int] = set()
         by_param = state.get("residuals_by_param")
         if model is not None and by_param is not None:
             named = dict(_named_params(model))
@@ -418,15 +423,16 @@ class CCollHookState:
             for i, r in state["residuals"].items():
                 flat = _host(r).reshape(-1)
                 layout = [tuple(sh) for sh in shapes.get(i, ())]
-                if len(set(layout)) != len(layout):  # pieces of equal shape: ambiguous
-                    continue
+                ckpt_buckets.add(int(i))
                 lo = 0
                 for sh in layout:
                     hi = lo + math.prod(sh)
-                    pending[(int(i), sh)] = flat[lo:hi]
+                    if layout.count(sh) == 1:  # pieces of equal shape are ambiguous: dropped
+                        pending[(int(i), sh)] = flat[lo:hi]
                     lo = hi
         self.residuals = {}
         self._pending = pending
+        self._ckpt_buckets = ckpt_buckets
         self.iter = counters["iter"]
         self.compressed = counters["compressed"]
         self.exact = counters["exact"]
@@ -602,7 +608,9 @@ def _adopt_pending(state: CCollHookState, index: int, params: tuple[Any, ...]) -
         for lo, hi, piece in found:
             r[lo:hi] = piece
         state.residuals[index] = r
-    if reset and found:
+    had = index in state._ckpt_buckets  # the checkpoint held a residual for this bucket
+    state._ckpt_buckets.discard(index)
+    if reset and (found or had):
         state.residuals_reset += 1
 
 

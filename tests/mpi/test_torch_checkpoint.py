@@ -212,3 +212,41 @@ def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> 
                                             name: sd["residuals_by_param"][name][:-1]}}
     assert_clear_error(InputError, rf"residual of parameter '{re.escape(name)}' has .* "
                        "pass the model it was saved with", state.load_state_dict, shorter, ddp)
+
+
+class _SameShapes(torch.nn.Module):
+    """One DDP bucket whose first and last layers have parameters of the same shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(64, 100)
+        self.b = torch.nn.Linear(100, 64)
+        self.c = torch.nn.Linear(64, 100)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+def test_a_bucket_with_repeated_shapes_keeps_its_distinct_pieces_and_counts_the_rest(
+        comm, made) -> None:
+    # Loaded without the model, a bucket with two parameters of one shape dropped every
+    # piece, the distinct ones too, and residuals_reset stayed 0 (documented: the pieces
+    # that cannot be told apart restart from zero, and the bucket is counted).
+    def fresh() -> tuple[DDP, ct.CCollHookState]:
+        torch.manual_seed(0)
+        ddp = DDP(_SameShapes())
+        state = ef_state(made, eb=ccoll.ABS(1e-3))
+        ddp.register_comm_hook(state, ct.comm_hook)
+        return ddp, state
+
+    ddp, state = fresh()
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), range(3))
+    saved = state.state_dict()  # without the model: pieces by shape
+    shapes = [tuple(s) for s in saved["residual_shapes"][0]]
+    assert len(saved["residual_shapes"]) == 1 and len(set(shapes)) < len(shapes)
+    ddp, state = fresh()
+    state.load_state_dict(saved)
+    unique = {(0, sh) for sh in shapes if shapes.count(sh) == 1}
+    assert unique and set(state._pending) == unique  # waiting for their parameters
+    train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.0), range(3, 4))
+    assert not state._pending and state.residuals_reset == 1
