@@ -46,12 +46,46 @@ def bound_of(state: dict[str, Any]) -> ErrorBound:
     raise InputError(f"checkpoint state has error-bound kind {kind!r}; expected 'abs' or 'rel'")
 
 
+# The keys each state dict has (state_dict() writes them; "kind" since 2026-12-06, checked
+# where present), and those whose values are dicts.
+KEYS = {
+    "CCollHookState": ("eb_kind", "eb_value", "error_feedback", "start_iter", "min_numel",
+                       "policy", "iter", "residuals", "compressed", "exact", "busy_s"),
+    "FSDPReduceScatter": ("eb_kind", "eb_value", "policy", "min_numel", "exempt",
+                          "compressed", "exact", "elements_compressed", "elements_exact",
+                          "unknown_layout"),
+}
+_DICTS = ("residuals", "residual_shapes", "residuals_by_param")
+
+
 def check_version(state: Any, what: str) -> None:
-    """Raise :class:`ccoll.InputError` unless ``state`` is a state dict of this version."""
+    """Raise :class:`ccoll.InputError` unless ``state`` is a ``what`` state dict of this version.
+
+    Also checks its kind (where saved), that it has every key ``what.state_dict()`` writes
+    and that the residuals' containers are dicts, so that a wrong or truncated dict is told
+    apart from a setting that differs (a KeyError or AttributeError from deep inside before).
+    """
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         got = state.get("version") if isinstance(state, dict) else type(state).__name__
         raise InputError(f"not a {what} state dict of version {STATE_VERSION} (got {got!r}): "
                          f"pass what {what}.state_dict() returned")
+    kind = state.get("kind", what)
+    if kind != what:
+        raise InputError(f"this is a {kind} state dict, not a {what} one: pass what "
+                         f"{what}.state_dict() returned")
+    missing = [k for k in KEYS[what] if k not in state]
+    if missing:
+        raise InputError(f"the state dict lacks {', '.join(missing)}: not a {what} state "
+                         f"dict, or a truncated one; pass what {what}.state_dict() returned")
+    bad = [k for k in _DICTS if k in state and not isinstance(state[k], dict)]
+    if bad:
+        raise InputError(f"the state dict's {bad[0]} is a {type(state[bad[0]]).__name__}, not "
+                         f"the dict {what}.state_dict() writes")
+    if what == "FSDPReduceScatter" and not (
+            isinstance(state["exempt"], (list, tuple))
+            and all(isinstance(p, str) for p in state["exempt"])):
+        raise InputError(f"the state dict's exempt is {state['exempt']!r}: expected a list of "
+                         "name patterns (strings)")
 
 
 def check_settings(mine: dict[str, Any], state: dict[str, Any], what: str) -> None:

@@ -184,6 +184,7 @@ class FSDPReduceScatter:
         """
         return {
             "version": STATE_VERSION,
+            "kind": "FSDPReduceScatter",
             "eb_kind": self.eb.kind,
             "eb_value": float(self.eb.value),
             "policy": self.policy,

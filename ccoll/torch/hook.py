@@ -342,6 +342,7 @@ class CCollHookState:
         }
         out: dict[str, Any] = {
             "version": STATE_VERSION,
+            "kind": "CCollHookState",
             "eb_kind": self.eb.kind,
             "eb_value": float(self.eb.value),
             "error_feedback": self.error_feedback,
@@ -421,8 +422,13 @@ class CCollHookState:
         else:
             shapes = state.get("residual_shapes", {})
             for i, r in state["residuals"].items():
-                flat = _host(r).reshape(-1)
-                layout = [tuple(sh) for sh in shapes.get(i, ())]
+                try:
+                    flat = _host(r).reshape(-1)
+                    layout = [tuple(int(d) for d in sh) for sh in shapes.get(i, ())]
+                except (TypeError, ValueError):
+                    raise InputError(f"the state dict's residual of bucket {i!r} or its "
+                                     "shapes are not what state_dict() writes (an array and "
+                                     "lists of dimensions)") from None
                 ckpt_buckets.add(int(i))
                 lo = 0
                 for sh in layout:

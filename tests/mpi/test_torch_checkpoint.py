@@ -202,7 +202,24 @@ def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> 
                                {**sd, key: bad}, ddp)
     for bad in (-1.0, float("nan"), "x"):
         assert_clear_error(InputError, "busy_s", state.load_state_dict, {**sd, "busy_s": bad})
-    older = {k: v for k, v in sd.items() if k not in ("rank", "ranks")}  # saved before them
+    # A dict of the other kind, a truncated one, or containers of another type: a KeyError,
+    # AttributeError or TypeError from deep inside before.
+    fsdp_like = {k: sd[k] for k in ("version", "eb_kind", "eb_value", "policy", "min_numel")}
+    for bad, match in (
+        ({**sd, "kind": "FSDPReduceScatter"}, "a FSDPReduceScatter state dict, not a "
+         "CCollHookState one"),
+        ({k: v for k, v in sd.items() if k != "policy"}, "lacks policy"),
+        ({**fsdp_like, "exempt": [], "compressed": 0}, "lacks error_feedback, start_iter"),
+        ({**sd, "residuals": 5}, "residuals is a int, not the dict"),
+        ({**sd, "residual_shapes": 7}, "residual_shapes is a int, not the dict"),
+        ({**sd, "residual_shapes": {i: [5] for i in sd["residuals"]}},
+         r"not what state_dict\(\) writes"),
+    ):
+        assert_clear_error(InputError, match, state.load_state_dict, bad)
+        assert_clear_error(InputError, match, ct.CCollHookState.from_state_dict, bad)
+    assert_clear_error(InputError, "a CCollHookState state dict, not a FSDPReduceScatter",
+                       ct.FSDPReduceScatter.from_state_dict, sd)
+    older = {k: v for k, v in sd.items() if k not in ("rank", "ranks", "kind")}  # before them
     state.load_state_dict(older, ddp)
     assert state.iter == sd["iter"]
     # Residuals by name whose sizes are not the model's (same names, other shapes): they
