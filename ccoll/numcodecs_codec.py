@@ -181,4 +181,14 @@ class CCollCodec(Codec):
         stream = ensure_ndarray(buf)
         stream = ensure_contiguous_ndarray(stream).view(np.uint8).reshape(-1)
         dec = decompress(stream)
+        if out is not None:
+            # numcodecs copies into out through a view of its bytes: a buffer of another
+            # size gave numpy's reshape error, one of the same bytes and another dtype was
+            # filled with the values' bit patterns (float32 read as float64).
+            o = ensure_ndarray(out)
+            if o.nbytes != dec.nbytes or (o.dtype.kind == "f" and o.dtype != dec.dtype):
+                raise InputError(
+                    f"out holds {o.nbytes} bytes of {o.dtype}; the stream decodes to "
+                    f"{dec.size} {dec.dtype} values ({dec.nbytes} bytes): pass a buffer of "
+                    f"that size (a {dec.dtype} array, or raw bytes)")
         return ndarray_copy(dec, out)

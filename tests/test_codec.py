@@ -81,8 +81,16 @@ def test_decode_into_out():
     out = np.empty_like(x)
     assert CCollCodec("abs:1e-6").decode(enc, out=out) is out
     assert_within(out, x, 1e-6, strict=True)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError, match="out holds 80 bytes of float64; the stream decodes"):
         CCollCodec("abs:1e-6").decode(enc, out=np.empty(10))
+    # The same bytes in another float dtype were filled with the values' bit patterns.
+    f4 = ARRAYS["f4 2-d C"]
+    enc4 = CCollCodec("abs:1e-6").encode(f4)
+    with pytest.raises(InputError, match="of float64; the stream decodes to"):
+        CCollCodec("abs:1e-6").decode(enc4, out=np.empty(f4.size // 2, np.float64))
+    raw = bytearray(f4.nbytes)  # raw bytes of the right size stay a valid out
+    CCollCodec("abs:1e-6").decode(enc4, out=raw)
+    assert_within(np.frombuffer(raw, np.float32).reshape(f4.shape), f4, 1e-6)
 
 
 @pytest.mark.parametrize(
