@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ccoll.errorbound import ABS, REL, ErrorBound
-from ccoll.errors import InputError, MismatchError
+from ccoll.errors import CollectiveError, InputError, MismatchError
 from ccoll.torch._state import (
     STATE_VERSION,
     agreed_communicator,
@@ -267,9 +267,13 @@ class FSDPReduceScatter:
         from mpi4py import MPI
         from torch.distributed.fsdp import FSDPModule
 
-        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
         views: list[tuple[Any, _ModuleView]] = []
         problem = ""
+        if not isinstance(model, torch.nn.Module):  # told to every rank below
+            problem = (f"attach takes the model (a torch.nn.Module with FSDP modules), got "
+                       f"{type(model).__name__}")
+            model = torch.nn.Module()
+        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
         for module in model.modules():
             if not isinstance(module, FSDPModule):
                 continue
@@ -327,6 +331,9 @@ class FSDPReduceScatter:
         async_op: bool,
         view: _ModuleView | None,
     ) -> Any:
+        if self._free[0] or not self._finalizer.alive:  # its communicators are freed
+            raise CollectiveError("this FSDPReduceScatter has been closed: make a new one "
+                                  "(and attach it) to reduce again")
         n = self.comm.Get_size()
         if inp.dtype not in _SUPPORTED or out.dtype != inp.dtype:
             raise InputError(f"FSDP handed a {inp.dtype} reduce-scatter input and a {out.dtype} "
@@ -374,9 +381,10 @@ class FSDPReduceScatter:
         """
         if op in (dist.ReduceOp.AVG, dist.ReduceOp.SUM):
             return op == dist.ReduceOp.AVG, _bound_factor(group, dtype, device, view)
-        raise InputError(f"FSDP asked for reduce op {op}; ccoll's FSDP reduce-scatter does SUM "
-                         "and AVG (leave set_gradient_divide_factor unset, or set it to the "
-                         "number of ranks)")
+        name = getattr(op, "name", None) or type(op).__name__  # a premul-sum op has no name
+        raise InputError(f"FSDP asked for reduce op {name}; ccoll's FSDP reduce-scatter does "
+                         "SUM and AVG (a custom gradient divide factor makes FSDP ask for a "
+                         "pre-multiplied sum: leave set_gradient_divide_factor unset)")
 
     def _plan(self, chunk: int, view: _ModuleView | None) -> _Plan:
         if chunk * self.comm.Get_size() < self.min_numel:

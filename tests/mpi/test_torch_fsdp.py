@@ -297,6 +297,8 @@ def test_bad_calls_raise_clear_errors(comm, made) -> None:
     assert_clear_error(InputError, "times as many", rs, torch.zeros(7), inp,
                        dist.group.WORLD, dist.ReduceOp.AVG)
     assert_clear_error(InputError, "exempt", ct.FSDPReduceScatter, exempt=[1, 2])
+    assert_clear_error(InputError, re.escape("attach takes the model (a torch.nn.Module "
+                       "with FSDP modules), got str"), rs.attach, "x")  # AttributeError before
     # settings that differ between ranks: an error on every rank, no hang
     mine = ccoll.ABS(1e-3 if comm.rank == 0 else 2e-3)
     assert_clear_error(MismatchError, "error-bound value", ct.FSDPReduceScatter, mine)
@@ -306,6 +308,15 @@ def test_bad_calls_raise_clear_errors(comm, made) -> None:
         pats = ("a.bias",) if comm.rank == 0 else ("b.bias",)
         assert_clear_error(MismatchError, re.escape("exempt=('a.bias',) on rank 0"),
                            ct.FSDPReduceScatter, ccoll.ABS(1e-3), exempt=pats)
+
+
+def test_a_closed_reduce_scatter_says_so(comm, made) -> None:
+    # backward() after close() raised mpi4py's "Invalid communicator".
+    rs = ct.FSDPReduceScatter(ccoll.ABS(1e-3), min_numel=0)
+    rs.close()
+    inp, out = torch.zeros(comm.size * 8), torch.zeros(8)
+    assert_clear_error(ccoll.CollectiveError, "has been closed", rs, out, inp,
+                       dist.group.WORLD, dist.ReduceOp.AVG)
 
 
 def test_state_dict_and_pickle(comm, made) -> None:
