@@ -211,8 +211,14 @@ def _stream_from_handle(h: int) -> Any:
 
 def _resolve_stream(stream: Any, src: _Dev) -> Any:
     """Pick the numba stream to enqueue on: the caller's, else the producer's current one."""
-    if _SIM:
-        return cuda.default_stream() if stream is None else stream
+    if _SIM:  # one simulated stream: a raw handle or a torch/CuPy stream stands for it
+        if stream is None or isinstance(stream, int) or hasattr(stream, "cuda_stream") or (
+                hasattr(stream, "ptr") and not hasattr(stream, "handle")):
+            return cuda.default_stream()
+        if hasattr(stream, "synchronize"):  # numba's (simulated) stream
+            return stream
+        raise InputError(f"stream must be a numba, CuPy or PyTorch stream or an int handle, "
+                         f"got {type(stream).__name__}")
     if stream is None:
         if src.kind == "torch":
             import torch

@@ -224,6 +224,20 @@ def test_decompress_into_out_and_on_a_stream():
     assert_clear_error(MismatchError, "elements", _cuda.decompress, g, out=bad)
 
 
+def test_a_raw_stream_handle_is_taken_and_a_bad_stream_refused():
+    # docs/cuda.md: a numba, CuPy or PyTorch stream or a raw handle. In the simulator a
+    # handle raised AttributeError ('int' object has no attribute 'synchronize').
+    from ccoll.errors import InputError
+
+    x = gradient_like(70, np.float32, seed=11)
+    want = host(_cuda.compress_abs(to_dev(x), 1e-3)).tobytes()
+    for handle in (0, 12345):
+        assert host(_cuda.compress_abs(to_dev(x), 1e-3, stream=handle)).tobytes() == want
+    assert host(ccoll.compress(to_dev(x), ccoll.ABS(1e-3), stream=0)).tobytes() == want
+    assert_clear_error(InputError, "stream must be a numba, CuPy or PyTorch stream",
+                       _cuda.compress_abs, to_dev(x), 1e-3, stream="default")
+
+
 def test_add_into_out_returns_the_used_prefix():
     x = gradient_like(100, np.float64, seed=10)
     g = _cuda.compress_abs(to_dev(x), 1e-3)
