@@ -640,13 +640,46 @@ def _exit_code(exc: BaseException) -> int:
     return EXIT_FAILURE
 
 
-def _install_stop_handlers() -> dict[int, Any]:
-    """SIGINT and SIGTERM record the signal and raise KeyboardInterrupt (ccoll.h5.output)."""
+def _launched_ranks() -> int:
+    """How many ranks the launcher started (mpiexec/srun's PMI, Open MPI, PMIx); 1 if none."""
+    for name in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        v = os.environ.get(name, "")
+        if v.isdigit():
+            return int(v)
+    return 1
+
+
+def _end_the_job(code: Any) -> None:
+    """End every rank of a launched job whose arguments this rank refused.
+
+    The ranks whose arguments were fine wait in the command's first collective for this
+    one, for ever (its MPI never started, so the launcher does not end them either).
+    """
+    if _launched_ranks() < 2:
+        return
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(code if isinstance(code, int) else EXIT_USAGE)
+    except Exception:  # noqa: BLE001 - no MPI to abort with: exit as argparse would
+        pass
+
+
+def _install_stop_handlers(keep_sigterm: bool = False) -> dict[int, Any]:
+    """SIGINT and SIGTERM record the signal and raise KeyboardInterrupt (ccoll.h5.output).
+
+    ``keep_sigterm``: leave SIGTERM's default (end the process) as it is. A rank of a
+    launched job can wait inside a blocking MPI call, where Python runs no handler: a
+    handler that only records the signal left ``timeout`` and the launcher unable to end
+    it.
+    """
     from ccoll.h5.output import clear_stop, request_stop
 
     clear_stop()
     old: dict[int, Any] = {}
-    for sig in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+    for sig in (signal.SIGINT, None if keep_sigterm else getattr(signal, "SIGTERM", None)):
         if sig is None:
             continue
         try:
@@ -698,9 +731,11 @@ def _main(argv: Sequence[str] | None) -> int:
         if command is not None:  # --json: a failed run still prints its document
             _print_json({"command": command, "error": usage, "error_type": "UsageError",
                          "exit_code": EXIT_USAGE})
+        if exc.code not in (0, None):
+            _end_the_job(exc.code)
         raise
     as_json = getattr(args, "json", False)
-    old = _install_stop_handlers()
+    old = _install_stop_handlers(keep_sigterm=_launched_ranks() > 1)
     try:
         doc, text, code = _run(args)
     except KeyboardInterrupt:

@@ -378,6 +378,20 @@ def test_every_rank_stops_on_an_existing_output(tmp_path: Path) -> None:
     assert png.read_bytes() == b"keep me" and "algorithm" not in p.stdout
 
 
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_a_usage_error_on_one_rank_ends_the_job(tmp_path: Path) -> None:
+    # The rank whose options argparse refused exited 2 before MPI started; the other waited
+    # in the options' agreement for ever, and ignored timeout's SIGTERM (its handler only
+    # recorded the signal, which Python runs no handler for inside a blocking MPI call).
+    run = [sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench", "allreduce", "-b", "4",
+           "-e", "4", "-w", "0", "--algorithms", "mpi", "-n"]
+    cmd = [str(MPIEXEC), "-n", "1", *run, "2", ":", "-n", "1", *run, "abc"]
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "argument -n/--iters: invalid int value: 'abc'" in p.stderr
+
+
 def test_two_outputs_on_one_file_are_refused(tmp_path: Path) -> None:
     out = str(tmp_path / "b.out")
     with pytest.raises(InputError, match="--csv and --json name the same file"):
