@@ -105,6 +105,19 @@ def _positive(name: str, raw: str, parse_fn: Any = float) -> float:
     return v
 
 
+# The most GB/s a rate setting takes: 1e9 GB/s is far above any device, and the model's
+# bytes per second (x 1e9) of a rate near float64's largest overflowed to inf, a traceback
+# of the Communicator's construction on every rank.
+_MAX_GBPS = 1e9
+
+
+def _gbps(name: str, raw: str) -> float:
+    v = _positive(name, raw)
+    if v > _MAX_GBPS:
+        raise ValueError(f"{name}={raw!r} must be at most {_MAX_GBPS:g} GB/s")
+    return v
+
+
 def _time(raw: str) -> float:
     from ccoll.units import parse_time
 
@@ -193,11 +206,11 @@ TABLE: tuple[tuple[str, str, str, str, Any], ...] = (
     ("bandwidth", "CCOLL_BANDWIDTH", "probed", "link bandwidth per direction (e.g. 10Gbit)",
      lambda n, r: _positive(n, r, _rate)),
     ("compress_gbps", "CCOLL_COMPRESS_GBPS", "measured", "compressor rate, GB/s of input",
-     _positive),
-    ("add_gbps", "CCOLL_ADD_GBPS", "measured", "homomorphic add rate, GB/s", _positive),
+     _gbps),
+    ("add_gbps", "CCOLL_ADD_GBPS", "measured", "homomorphic add rate, GB/s", _gbps),
     ("decompress_gbps", "CCOLL_DECOMPRESS_GBPS", "measured", "decompressor rate, GB/s",
-     _positive),
-    ("reduce_gbps", "CCOLL_REDUCE_GBPS", "measured", "plain float sum rate, GB/s", _positive),
+     _gbps),
+    ("reduce_gbps", "CCOLL_REDUCE_GBPS", "measured", "plain float sum rate, GB/s", _gbps),
     ("overhead", "CCOLL_OVERHEAD", "measured", "fixed cost of one compressed call (e.g. "
      "150us)", lambda n, r: _positive(n, r, _time)),
     ("ratio", "CCOLL_RATIO", "sampled per call signature", "compression ratio the model "
@@ -208,7 +221,8 @@ TABLE: tuple[tuple[str, str, str, str, Any], ...] = (
      "waits for requests at exit", lambda n, r: _positive(n, r, _time)),
     ("timeout", "CCOLL_TIMEOUT", "600s", "default Communicator(timeout=): seconds a "
      "collective may wait without progress (nothing from its peers) before it raises "
-     "CollectiveError on every rank that waits; none: wait forever, as MPI",
+     "CollectiveError on every rank that waits; none (or off, never, inf, 0): wait "
+     "forever, as MPI",
      _seconds_or_none),
 )
 
@@ -227,7 +241,7 @@ def parse(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]
     problems: list[str] = []
     for name, var, _, _, fn in TABLE:
         raw = env.get(var)
-        if raw is None:
+        if raw is None or not raw.strip():  # empty (VAR= in a job script): not set, for all
             continue
         try:
             kw[name] = fn(var, raw)
@@ -274,6 +288,8 @@ def _value(name: str, v: Any) -> Any:
             return None  # wait forever, as CCOLL_TIMEOUT=inf and Communicator(timeout=inf)
         if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 and v > 0):
+            if name.endswith("_gbps") and v > _MAX_GBPS:
+                raise InputError(f"configure({name}={v!r}): at most {_MAX_GBPS:g} GB/s")
             return float(v)
     raise InputError(f"configure({name}={v!r}): expected "
                      + ("True or False" if name in _BOOLS

@@ -50,6 +50,10 @@ def test_numbers_and_switches_as_values():
     ({"sched": 1}, "True or False"),
     ({"ratio": True}, "ratio=True"),
     ({"log": "loud"}, "not a log level"),
+    # Beyond 1e9 GB/s the model's bytes per second overflowed to inf: a traceback when the
+    # Communicator was made, on every rank.
+    ({"compress_gbps": 1e300}, "at most 1e\\+09 GB/s"),
+    ({"add_gbps": "1e308"}, "CCOLL_ADD_GBPS='1e308' must be at most 1e\\+09 GB/s"),
 ])
 def test_a_bad_value_is_refused_at_once_and_changes_nothing(kw, match):
     before = configure()
@@ -70,3 +74,21 @@ def test_a_timeout_of_forever_is_a_setting_not_a_removal(forever):
     assert configure(timeout=forever).timeout is None
     assert parse({"CCOLL_TIMEOUT": "none"})[0].timeout is None
     assert configure(timeout=None).timeout == parse({})[0].timeout  # removed: the default
+
+
+def test_an_empty_variable_is_unset_for_every_setting():
+    # VAR= in a job script: unset for some settings, an error stopping the Communicator for
+    # others (CCOLL_BANDWIDTH=, CCOLL_RATIO=, ...).
+    from ccoll.settings import TABLE
+
+    env = {var: "" for _, var, _, _, _ in TABLE}
+    got, problems = parse(env)
+    assert problems == [] and got == parse({})[0]
+    env = {var: "  " for _, var, _, _, _ in TABLE}
+    assert parse(env) == (got, [])
+
+
+def test_a_huge_rate_from_the_environment_is_a_problem_not_a_crash():
+    got, problems = parse({"CCOLL_COMPRESS_GBPS": "1e308", "CCOLL_DECOMPRESS_GBPS": "40"})
+    assert problems == ["CCOLL_COMPRESS_GBPS='1e308' must be at most 1e+09 GB/s"]
+    assert got.compress_gbps is None and got.decompress_gbps == 40.0
