@@ -119,7 +119,13 @@ SAMPLE_BLOCK = 32  # values per sampled piece: the compressor's block (docs/form
 def page_aligned(n: int, dtype: Any) -> np.ndarray:
     """Return a new 1-D array of ``n`` ``dtype`` elements whose data starts on a 4 KiB page."""
     dt = np.dtype(dtype)
-    raw = np.empty(n * dt.itemsize + 4096, np.uint8)
+    try:
+        raw = np.empty(n * dt.itemsize + 4096, np.uint8)
+    except MemoryError:  # numpy's _ArrayMemoryError and its traceback before
+        from ccoll.errors import InputError
+
+        raise InputError(f"cannot allocate {n * dt.itemsize} bytes for a buffer of this rank "
+                         "(a size beyond the memory: lower -e)") from None
     start = -raw.ctypes.data % 4096
     return raw[start:start + n * dt.itemsize].view(dt)
 

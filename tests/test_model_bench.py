@@ -497,3 +497,11 @@ def test_bench_buffers_start_on_a_page(n: int, dtype: type) -> None:
     assert a.shape == (n,) and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
     assert a.ctypes.data % 4096 == 0 and b.ctypes.data % 4096 == 0
     assert not np.shares_memory(a, b)
+
+
+def test_a_buffer_beyond_memory_is_an_input_error() -> None:
+    # -b 1T -e 1T ended in numpy's _ArrayMemoryError traceback.
+    from ccoll.bench import page_aligned
+
+    with pytest.raises(InputError, match="cannot allocate 4503599627370496 bytes .* lower -e"):
+        page_aligned(2**50, np.float32)
