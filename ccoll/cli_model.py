@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from dataclasses import asdict, replace
 from typing import Any
@@ -105,11 +106,17 @@ def params_from_args(args: argparse.Namespace, base: Params = DEFAULTS) -> Param
 
 
 def _cached_params(required: bool) -> Params | None:
-    from ccoll.collectives.policy.cache import newest_cached_params
+    from ccoll.collectives.policy.cache import cache_file, newest_cached_params
     from ccoll.settings import current
 
-    cached = newest_cached_params(current().cache_dir)
+    folder = current().cache_dir
+    cached = newest_cached_params(folder)
     if cached is None and required:
+        path = cache_file(folder)
+        if os.path.lexists(path):  # there, but no entry in it can be used
+            raise InputError(f"the calibration cache {str(path)!r} holds no entry ccoll can "
+                             "use (not JSON, or values edited out of range): run `mpiexec "
+                             "-n N ccoll tune` to measure again and rewrite it")
         raise InputError("no calibration in the cache yet: run `mpiexec -n N ccoll tune` (or "
                          "ccoll bench) where you want to model")
     return cached

@@ -560,3 +560,14 @@ def test_model_cached_without_a_cache_exits_2_as_its_help_says(capsys, tmp_path,
     monkeypatch.setenv("CCOLL_CACHE_DIR", str(tmp_path / "empty"))
     code, _, err = run(capsys, "model", "--cached")
     assert code == cli.EXIT_USAGE and "no calibration in the cache yet" in err
+
+
+@pytest.mark.parametrize("content", ["garbage", "[1, 2]", '{"k": {"alpha": "x"}}'])
+def test_model_cached_with_an_unusable_cache_says_so(capsys, tmp_path, monkeypatch, content):
+    # A cache file that is there but holds no usable entry read "no calibration in the
+    # cache yet", as if there were none.
+    (tmp_path / "links.json").write_text(content)
+    monkeypatch.setenv("CCOLL_CACHE_DIR", str(tmp_path))
+    code, _, err = run(capsys, "model", "--cached")
+    assert code == cli.EXIT_USAGE and "holds no entry ccoll can use" in err, err
+    assert str(tmp_path / "links.json") in err
