@@ -622,13 +622,14 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
 
 
 def _exit_code(exc: BaseException) -> int:
-    from ccoll.errors import ErrorBoundError, InputError
+    from ccoll.errors import ErrorBoundError, InputError, MismatchError
 
     if isinstance(
         exc,
         (
             InputError,
             ErrorBoundError,
+            MismatchError,  # ranks given other settings or arguments: as other options
             FileNotFoundError,
             FileExistsError,
             IsADirectoryError,

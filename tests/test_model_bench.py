@@ -392,6 +392,18 @@ def test_a_usage_error_on_one_rank_ends_the_job(tmp_path: Path) -> None:
     assert "argument -n/--iters: invalid int value: 'abc'" in p.stderr
 
 
+@pytest.mark.skipif(not MPIEXEC.exists(), reason=f"{MPIEXEC} missing (run `make venv`)")
+def test_settings_that_differ_between_ranks_exit_2_as_options_do(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "mpi4py", "-m", "ccoll.cli", "bench", "allreduce", "-b", "4",
+           "-e", "1K", "-n", "2", "-w", "1", "--algorithms", "mpi,auto", "--no-model"]
+    cmd = [str(MPIEXEC), "-n", "1", "env", "CCOLL_RATIO=3", *run, ":",
+           "-n", "1", "env", "CCOLL_RATIO=4", *run]
+    env = {**os.environ, "CCOLL_CACHE_DIR": str(tmp_path / "cache")}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "ratio=3 on rank 0" in p.stderr and "ratio=4 on rank 1" in p.stderr
+
+
 def test_two_outputs_on_one_file_are_refused(tmp_path: Path) -> None:
     out = str(tmp_path / "b.out")
     with pytest.raises(InputError, match="--csv and --json name the same file"):
