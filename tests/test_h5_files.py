@@ -489,6 +489,12 @@ def test_an_output_device_without_room_stops_before_hdf5_writes_into_it(
         decompress_file(c, b)
 
 
+def test_an_output_folder_nothing_can_be_written_in_is_refused_before_any_work(sample):
+    # As root os.access says yes to /proc: the whole run was done, then refused at the end.
+    with pytest.raises(InputError, match="output folder '/proc' is not writable"):
+        compress_file(sample, "/proc/ccoll-test.h5", "rel:1e-3")
+
+
 def test_reserved_attribute_prefix_is_refused(tmp_path):
     src = str(tmp_path / "s.h5")
     with h5py.File(src, "w") as f:

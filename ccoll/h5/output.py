@@ -124,6 +124,13 @@ def check_output(path: str, *, force: bool, inputs: tuple[str, ...] = ()) -> Non
     folder = os.path.dirname(os.path.abspath(path))
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"output folder {folder!r} is not writable")
+    try:  # as root os.access says yes to /proc and read-only mounts: try a file there
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".ccoll-", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"output folder {folder!r} is not writable: "
+                         f"{exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
     if os.path.isdir(path):
         raise InputError(f"output {path!r} is a folder, expected a file name")
     if os.path.islink(path) and not os.path.exists(path) and not force:
