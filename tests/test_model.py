@@ -9,6 +9,7 @@ import math
 import sys
 import types
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -263,6 +264,7 @@ def test_model_command_cached_starts_from_the_cache(monkeypatch) -> None:
     cached = replace(model.DEFAULTS, alpha=7e-6, beta=3e9)
     fake = types.ModuleType("ccoll.collectives.policy.cache")
     fake.newest_cached_params = lambda folder=None: cached  # type: ignore[attr-defined]
+    fake.cache_file = lambda folder=None: Path("/nonexistent/links.json")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "ccoll.collectives.policy.cache", fake)
     doc, text, _ = _model_cmd("--cached", "--latency", "9us")
     assert doc["params"]["beta"] == 3e9 and doc["params"]["alpha"] == pytest.approx(9e-6)
