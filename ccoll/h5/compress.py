@@ -34,6 +34,7 @@ from ccoll.h5.output import (
     check_output,
     check_stop,
     copy_bytes,
+    copy_member,
     ensure_room,
     h5_output,
 )
@@ -153,16 +154,7 @@ def compress_file(
             with bar(len(chosen), enabled=progress, desc="compress") as pb:
                 for e in entries:
                     check_stop()
-                    if e.kind == "group":
-                        g = fin[e.path]
-                        A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))
-                    elif e.kind == "softlink":
-                        fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
-                    elif e.kind == "extlink":
-                        fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
-                    elif e.kind == "hardlink":  # the object was written at its first name
-                        fout[e.parent][e.name] = fout[e.link]
-                    elif e.kind == "dataset" and e.path in chosen:
+                    if e.kind == "dataset" and e.path in chosen:
                         pb.set_postfix_str(e.path[-40:], refresh=False)
                         records.append(
                             _compress_dataset(
@@ -171,10 +163,7 @@ def compress_file(
                             )
                         )
                         pb.update(1)
-                    else:
-                        obj = fin[e.path]
-                        ensure_room(fout, copy_bytes(obj))
-                        fin.copy(obj, fout[e.parent], name=e.name)
+                    elif copy_member(fin, fout, e) == "copied":
                         copied += 1
             carry_references(fin, fout, entries)
     orig = sum(r["original_bytes"] for r in records)

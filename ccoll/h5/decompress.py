@@ -29,6 +29,7 @@ from ccoll.h5.output import (
     check_output,
     check_stop,
     copy_bytes,
+    copy_member,
     ensure_room,
     h5_output,
 )
@@ -295,20 +296,7 @@ def decompress_file(
             with bar(len(targets), enabled=progress, desc="decompress") as pb:
                 for e in entries:
                     check_stop()
-                    if e.kind == "group":
-                        g = fin[e.path]
-                        A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))
-                    elif e.kind == "softlink":
-                        fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
-                    elif e.kind == "extlink":
-                        fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
-                    elif e.kind == "hardlink":  # the object was written at its first name
-                        if e.link in fout:
-                            fout[e.parent][e.name] = fout[e.link]
-                        else:  # its first name was damaged and left out (on_error="skip")
-                            failed.append({"path": e.path,
-                                           "error": f"a second name of {e.link!r}, left out"})
-                    elif e.kind == "dataset" and is_ccoll_dataset(fin[e.path]):
+                    if e.kind == "dataset" and is_ccoll_dataset(fin[e.path]):
                         ds = fin[e.path]
                         try:
                             y = None if is_kept(ds) else restore_dataset(ds)
@@ -337,10 +325,11 @@ def decompress_file(
                                 )
                         pb.update(1)
                     else:
-                        obj = fin[e.path]
-                        ensure_room(fout, copy_bytes(obj))
-                        fin.copy(obj, fout[e.parent], name=e.name)
-                        copied += 1
+                        how = copy_member(fin, fout, e)
+                        copied += how == "copied"
+                        if how == "missing":  # its first name was left out (on_error="skip")
+                            failed.append({"path": e.path,
+                                           "error": f"a second name of {e.link!r}, left out"})
             carry_references(fin, fout, entries, skip_prefix=A.PREFIX)
     return {
         "command": "decompress",

@@ -229,6 +229,37 @@ def copy_bytes(obj: Any) -> int:
     return int(obj.id.get_storage_size()) if isinstance(obj, h5py.Dataset) else 0
 
 
+def copy_member(fin: h5py.File, fout: h5py.File, e: Any) -> str:
+    """Write walk entry ``e`` of ``fin`` into ``fout`` as it is; return what was done.
+
+    ``"copied"``: an object copy (a dataset, a named datatype); ``"linked"``: a group with
+    its attributes, a soft or external link, or a second name of an object already written
+    (a hard link to it); ``"missing"``: a second name of an object ``fout`` lacks (its first
+    name was left out). What ``ccoll compress`` and ``ccoll decompress`` do with every
+    entry they do not convert.
+    """
+    from ccoll.h5 import attrs as A
+    from ccoll.h5.tree import tracks_order
+
+    if e.kind == "group":
+        g = fin[e.path]
+        A.copy_attrs(g, fout.create_group(e.path, track_order=tracks_order(g)))
+    elif e.kind == "softlink":
+        fout[e.parent][e.name] = h5py.SoftLink(e.link.path)
+    elif e.kind == "extlink":
+        fout[e.parent][e.name] = h5py.ExternalLink(e.link.filename, e.link.path)
+    elif e.kind == "hardlink":  # the object was written at its first name
+        if e.link not in fout:
+            return "missing"
+        fout[e.parent][e.name] = fout[e.link]
+    else:
+        obj = fin[e.path]
+        ensure_room(fout, copy_bytes(obj))
+        fin.copy(obj, fout[e.parent], name=e.name)
+        return "copied"
+    return "linked"
+
+
 def write_atomically(path: str, write: Callable[[str], None], *, default_suffix: str = "") -> None:
     """Have ``write(name)`` write a file that appears as ``path`` only once it is complete.
 
