@@ -33,6 +33,7 @@ __all__ = [
 
 ALGORITHMS = ("mpi", "homomorphic", "dar", "auto")
 MAX_ITERS = 1_000_000  # timed (or warm-up) calls per size and algorithm, at most
+MAX_SIZES = 1000  # sizes of one sweep, at most (-f close to 1 over a wide -b..-e)
 _DEFAULT_DATA = Path(__file__).resolve().parent.parent / "datasets" / "minilm.h5"
 _BUSBW = {
     "allreduce": lambda n: 2 * (n - 1) / n,
@@ -174,11 +175,17 @@ def call_order(rows: Sequence[str], iters: int,
 
 
 def sizes(minbytes: int, maxbytes: int, factor: float, itemsize: int) -> list[int]:
-    """Message sizes from ``minbytes`` to ``maxbytes`` multiplied by ``factor``, whole items."""
+    """Message sizes from ``minbytes`` to ``maxbytes`` multiplied by ``factor``, whole items.
+
+    A size is rounded down to whole items, or up where that would fall below ``minbytes``
+    and stay within ``maxbytes`` (``-b 5 -e 9`` times 8 bytes, not 4).
+    """
     out: list[int] = []
     s = float(max(minbytes, itemsize))
     while s <= maxbytes * (1 + 1e-9):
         b = max(itemsize, int(round(s)) // itemsize * itemsize)
+        if b < minbytes and b + itemsize <= maxbytes:
+            b += itemsize
         if not out or b != out[-1]:
             out.append(b)
         if factor <= 1:
@@ -823,7 +830,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"),
                    help="largest size (default 64M)")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0,
-                   help="multiply the size by this between steps: a finite number >= 1 "
+                   help="multiply the size by this between steps: a finite number >= 1, "
+                   f"at most {MAX_SIZES} sizes in all; sizes are whole float32 elements "
                    "(default 2)")
     p.add_argument("-n", "--iters", type=int, default=20,
                    help=f"timed iterations, at most {MAX_ITERS} as every iteration count "
@@ -920,6 +928,13 @@ def run_bench(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     if args.stepfactor == 1 and args.minbytes != args.maxbytes:
         raise InputError("-f 1 never grows the size from -b to -e: pass -f > 1 (2 is "
                          "nccl-tests' and OSU's), or -b equal to -e for one size")
+    if args.stepfactor > 1:
+        span = max(args.maxbytes, 4) / max(args.minbytes, 4)
+        steps = math.log(span) / math.log(args.stepfactor)
+        if steps + 1 > MAX_SIZES:
+            raise InputError(f"-f {args.stepfactor:g} from -b {args.minbytes} to -e "
+                             f"{args.maxbytes} makes about {steps + 1:.3g} sizes; at most "
+                             f"{MAX_SIZES}: pass a larger -f or a narrower range")
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data}: no such file")
     if (args.trace or args.trace_png) and algos == ["mpi"]:

@@ -30,7 +30,7 @@ MPIEXEC = REPO / ".venv" / "bin" / "mpiexec"
 @pytest.mark.parametrize(
     ("lo", "hi", "f", "expect"),
     [(4, 64, 2, [4, 8, 16, 32, 64]), (4, 4096, 16, [4, 64, 1024]), (6, 6, 2, [4]),
-     (1, 16, 4, [4, 16])],
+     (1, 16, 4, [4, 16]), (5, 9, 2, [8]), (5, 40, 2, [8, 20, 40])],
 )
 def test_sizes_are_whole_float32_multiples(lo: int, hi: int, f: float, expect: list[int]) -> None:
     assert bench.sizes(lo, hi, f, 4) == expect
@@ -131,6 +131,8 @@ def test_blocks_must_be_positive() -> None:
 @pytest.mark.parametrize(("argv", "match"), [
     (("-b", "1", "-e", "3"), r"-e 3 holds no float32"),
     (("-b", "4", "-e", "1K", "-f", "1"), r"-f 1 never grows the size"),
+    # Ran sizes() for minutes building about 1.7e8 sizes before timing any.
+    (("-b", "4", "-e", "64M", "-f", "1.0000001"), r"makes about 1\.66e\+08 sizes; at most 1000"),
 ])
 def test_sizes_that_would_time_nothing_or_one_size_are_refused(argv, match) -> None:
     # Both ran and exited 0: -e below 4 bytes printed the header and no row; -f 1 timed
