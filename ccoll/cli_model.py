@@ -122,6 +122,17 @@ def _cached_params(required: bool) -> Params | None:
     return cached
 
 
+def _source(cached: Params | None) -> str:
+    """Where the model's constants came from, as the header says it."""
+    if cached is None:
+        return "the defaults"
+    names = ("compress", "add", "decompress")
+    if all(getattr(cached, k) == getattr(DEFAULTS, k) for k in names):
+        # An entry of a link calibration without the compressor's (or with the defaults').
+        return "the calibration cache (link) and the defaults (compressor)"
+    return "the calibration cache"
+
+
 def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     """Body of ``ccoll model``: returns ``(document, text, exit code)`` for the CLI to print."""
     if args.ranks < 1:
@@ -140,8 +151,7 @@ def run_model(args: argparse.Namespace) -> tuple[dict[str, Any], str, int]:
     head = (
         f"# {n} rank{'s' if n != 1 else ''}, {format_iec(s)} per rank, link "
         f"{p.beta * 8 / 1e9:g} Gbit/s, ring-step latency {format_time(p.alpha)}, fixed cost "
-        f"{format_time(p.overhead)} per call; constants from "
-        f"{'the calibration cache' if cached is not None else 'the defaults'}"
+        f"{format_time(p.overhead)} per call; constants from {_source(cached)}"
     )
     doc: dict[str, Any] = {
         "params": asdict(p), "source": "cache" if cached is not None else "defaults",

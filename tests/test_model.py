@@ -269,6 +269,13 @@ def test_model_command_cached_starts_from_the_cache(monkeypatch) -> None:
     doc, text, _ = _model_cmd("--cached", "--latency", "9us")
     assert doc["params"]["beta"] == 3e9 and doc["params"]["alpha"] == pytest.approx(9e-6)
     assert doc["source"] == "cache" and "constants from the calibration cache" in text
+    # That entry has no compressor rates of its own: the header said they came from the
+    # cache too.
+    assert text.splitlines()[0].endswith(
+        "the calibration cache (link) and the defaults (compressor)")
+    cached = replace(cached, compress=5e9)
+    _, text, _ = _model_cmd("--cached")
+    assert text.splitlines()[0].endswith("constants from the calibration cache")
     # Without --cached the cache is still where the constants start from, if it has some.
     doc, _, _ = _model_cmd()
     assert doc["params"]["beta"] == 3e9 and doc["source"] == "cache"
