@@ -696,6 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _main(argv)
     except BrokenPipeError:
         return _stdout_closed()
+    except KeyboardInterrupt:  # Ctrl-C before the command's handlers were in place
+        print("ccoll: interrupted; no output was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except SystemExit:  # argparse's --help, --version and usage errors
         try:
             sys.stdout.flush()

@@ -311,6 +311,18 @@ def test_ctrl_c_exits_130_and_leaves_nothing(capsys, sample, tmp_path, monkeypat
     assert sorted(os.listdir(tmp_path)) == (["c.h5"] if command == "decompress" else [])
 
 
+def test_ctrl_c_while_the_parser_is_built_exits_130_without_a_traceback(capsys, monkeypatch):
+    # Ctrl-C in the command's first second (imports, the parser) printed a traceback.
+    def interrupt():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupt)
+    code = cli.main(["inspect", "x.h5"])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_INTERRUPTED and "ccoll: interrupted" in err
+    assert "Traceback" not in err
+
+
 def test_internal_error_exits_1_with_traceback(capsys, sample, tmp_path, monkeypatch):
     import ccoll.h5.compress as cm
 
