@@ -70,11 +70,16 @@ class Settings:
         raw = repr(vals).encode()
         return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little") >> 12
 
-    def overrides(self) -> str:
-        """Return the settings that differ from the defaults, as ``name=value`` pairs."""
+    def overrides(self, agreed: bool = False) -> str:
+        """Return the settings that differ from the defaults, as ``name=value`` pairs.
+
+        ``agreed``: only those the ranks must agree on (the ones :attr:`digest` covers),
+        as a mismatch message shows them.
+        """
         base = Settings()
         out = [f"{f.name}={_shown(getattr(self, f.name))}" for f in fields(self)
-               if getattr(self, f.name) != getattr(base, f.name)]
+               if getattr(self, f.name) != getattr(base, f.name)
+               and not (agreed and f.name in _LOCAL)]
         return " ".join(out) if out else "none set"
 
 

@@ -196,7 +196,7 @@ class Communicator:
         # with the settings that decide which collectives run.
         settings = replace(settings, timeout=self.timeout)
         call.settings = settings.digest
-        call.shown["settings"] = settings.overrides()
+        call.shown["settings"] = settings.overrides(agreed=True)
         self.settings: Settings = settings
         self._comm = comm
         # Kept so that rank and size still answer after close() (the duplicate is freed).

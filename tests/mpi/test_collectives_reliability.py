@@ -165,6 +165,11 @@ def test_settings_digest_is_exact_in_float64():
     assert problems == [] and none.overrides() == "none set"
     ratio, _ = parse(environ={"CCOLL_RATIO": "3"})
     assert ratio.overrides() == "ratio=3" and ratio.digest != none.digest
+    # A mismatch message shows only the settings the ranks agree on: a rank's own cache
+    # folder (CCOLL_CACHE_DIR, not agreed) was listed beside the one that differed.
+    both, _ = parse(environ={"CCOLL_RATIO": "3", "CCOLL_CACHE_DIR": "/tmp/x"})
+    assert both.overrides() == "cache_dir='/tmp/x' ratio=3" and both.digest == ratio.digest
+    assert both.overrides(agreed=True) == "ratio=3"
     for s in (none, ratio, parse(environ={"CCOLL_ALPHA": "5us"})[0],
               parse(environ={"CCOLL_CALIBRATION": "off"})[0]):
         assert 0 <= s.digest < 2**52 and float(s.digest) == s.digest
