@@ -218,7 +218,11 @@ class FSDPReduceScatter:
         check_version(state, "FSDPReduceScatter")
         obj = cls(bound_of(state), policy=state["policy"], comm=comm,
                   exempt=tuple(state["exempt"]), min_numel=state["min_numel"], timeout=timeout)
-        obj.load_state_dict(state)
+        try:
+            obj.load_state_dict(state)
+        except BaseException:
+            obj.close()  # its communicators and threads, now rather than at a collection
+            raise
         return obj
 
     def __getstate__(self) -> dict[str, Any]:

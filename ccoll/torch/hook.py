@@ -454,7 +454,11 @@ class CCollHookState:
         obj = cls(bound_of(state), error_feedback=state["error_feedback"],
                   start_iter=state["start_iter"], min_numel=state["min_numel"],
                   policy=state["policy"], comm=comm, timeout=timeout)
-        obj.load_state_dict(state, model)
+        try:
+            obj.load_state_dict(state, model)
+        except BaseException:
+            obj.close()  # its communicators and threads, now rather than at a collection
+            raise
         return obj
 
     def __getstate__(self) -> dict[str, Any]:

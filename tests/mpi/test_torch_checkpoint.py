@@ -178,7 +178,7 @@ def test_pickle_and_settings(comm, made) -> None:
     assert_clear_error(InputError, "torch.nn.Module", state.state_dict, "not a model")
 
 
-def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> None:
+def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made, monkeypatch) -> None:
     # Residuals are one rank's error not yet sent: another rank's (swapped files) or
     # those of another world size loaded without a word; counters that no state_dict()
     # writes (iter -5, 2.7, "x", None) loaded, were truncated or raised torch's errors.
@@ -217,6 +217,15 @@ def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made) -> 
     ):
         assert_clear_error(InputError, match, state.load_state_dict, bad)
         assert_clear_error(InputError, match, ct.CCollHookState.from_state_dict, bad)
+    # The state from_state_dict made before its load failed is closed at once (its
+    # communicators were left to the garbage collector).
+    closed = []
+    real_close = ct.CCollHookState.close
+    monkeypatch.setattr(ct.CCollHookState, "close",
+                        lambda self: (closed.append(self), real_close(self))[1])
+    assert_clear_error(InputError, "busy_s", ct.CCollHookState.from_state_dict,
+                       {**sd, "busy_s": -1.0})
+    assert len(closed) == 1 and not closed[0]._finalizer.alive
     assert_clear_error(InputError, "a CCollHookState state dict, not a FSDPReduceScatter",
                        ct.FSDPReduceScatter.from_state_dict, sd)
     older = {k: v for k, v in sd.items() if k not in ("rank", "ranks", "kind")}  # before them

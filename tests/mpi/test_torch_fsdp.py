@@ -319,7 +319,7 @@ def test_a_closed_reduce_scatter_says_so(comm, made) -> None:
                        dist.group.WORLD, dist.ReduceOp.AVG)
 
 
-def test_state_dict_and_pickle(comm, made) -> None:
+def test_state_dict_and_pickle(comm, made, monkeypatch) -> None:
     rs = ct.FSDPReduceScatter(ccoll.REL(1e-2), policy="compress", exempt=("*bias",),
                               min_numel=10)
     made.append(rs)
@@ -339,6 +339,15 @@ def test_state_dict_and_pickle(comm, made) -> None:
     made.append(wrong)
     assert_clear_error(InputError, "eb_value", wrong.load_state_dict, sd)
     assert_clear_error(InputError, "version", wrong.load_state_dict, {"version": 99})
+    # A load that fails closes the object from_state_dict made (it was left to the
+    # garbage collector, with its communicators).
+    closed = []
+    real_close = ct.FSDPReduceScatter.close
+    monkeypatch.setattr(ct.FSDPReduceScatter, "close",
+                        lambda self: (closed.append(self), real_close(self))[1])
+    assert_clear_error(InputError, "compressed", ct.FSDPReduceScatter.from_state_dict,
+                       {**sd, "compressed": -3})
+    assert len(closed) == 1 and not closed[0]._finalizer.alive
 
 
 class _Twins(torch.nn.Module):
