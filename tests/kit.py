@@ -293,3 +293,13 @@ def load_example(name: str) -> Any:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def decoded_dtypes(h: Any) -> tuple[str, ...]:
+    """Names of the dtypes ``decompress(buf)`` may return for a stream of header ``h``.
+
+    The header's dtype, or the source dtype it records (byte 7): float16, or bfloat16,
+    which numpy holds only with ml_dtypes (else float32 for a numpy stream).
+    """
+    return {None: (h.dtype.name,), "float16": ("float16",),
+            "bfloat16": ("bfloat16", "float32")}[h.source_dtype]

@@ -178,13 +178,14 @@ def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
     fake = types.ModuleType("ccoll.compressor._cuda")
     caps = []
     versions = []
-    fake.compress_abs = lambda x, eb, stream=None, max_blocks=None, version=1: (
+    fake.compress_abs = lambda x, eb, stream=None, max_blocks=None, version=1, source=0: (
         calls.append(("compress_abs", eb, stream)) or caps.append(max_blocks)
         or versions.append(version) or "s"
     )
     fake.decompress = lambda buf, out=None, stream=None: calls.append(("decompress", out)) or "y"
     fake.add = lambda a, b, out=None, stream=None: calls.append(("add", out)) or "sum"
-    fake.header = lambda buf: calls.append(("header",)) or "h"
+    h = types.SimpleNamespace(source_dtype=None)  # a float32 or float64 stream's header
+    fake.header = lambda buf, stream=None: calls.append(("header",)) or h
     fake.finite_range = lambda x, stream=None: (-1.0, 3.0)
     monkeypatch.setitem(sys.modules, "ccoll.compressor._cuda", fake)
     monkeypatch.setattr(sys.modules["ccoll.compressor"], "_cuda", fake, raising=False)
@@ -198,7 +199,7 @@ def test_device_arrays_go_to_the_cuda_backend(monkeypatch):
     assert versions == [1, 1, 1, 1, 2]  # and so does the stream format
     assert ccoll.decompress(dev) == "y"
     assert add(dev, dev) == "sum"
-    assert header(dev) == "h"
+    assert header(dev) is h
     assert calls[:3] == [("compress_abs", 1.0, None), ("compress_abs", 0.5, 7),
                          ("compress_abs", 0.0, None)]
     with pytest.raises(MismatchError, match="same device"):

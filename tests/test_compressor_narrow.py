@@ -1,10 +1,11 @@
 """float16 and bfloat16 through ``compress``/``decompress``: the bound holds in the dtype.
 
-The bound asked for holds on what ``decompress(buf, like=x)`` returns, in ``x``'s dtype,
-after its final rounding (docs/error-bound.md, "float16 and bfloat16"): every element is
-checked exactly (tests/kit.py) against the bound computed here from the data, with no
-allowance for the rounding. The float32 decode (no ``like``) is within the stream's own
-bound, which is never above the one asked for.
+The bound asked for holds on what ``decompress(buf)`` (the stream's header records the
+source dtype) and ``decompress(buf, like=x)`` return, in ``x``'s dtype, after its final
+rounding (docs/error-bound.md, "float16 and bfloat16"): every element is checked exactly
+(tests/kit.py) against the bound computed here from the data, with no allowance for the
+rounding. The float32 decode (into a float32 ``out``) is within the stream's own bound,
+which is never above the one asked for.
 """
 
 from __future__ import annotations
@@ -61,8 +62,13 @@ def test_float16_numpy_within_the_bound_in_float16(bound, scale):
     out = np.empty_like(x)
     assert ccoll.decompress(buf, out=out) is out
     assert np.array_equal(out.view(np.uint16), z.view(np.uint16))
-    y = ccoll.decompress(buf)  # the float32 decode: within the stream's bound, at most eb
-    assert y.dtype == np.float32
+    # The header records float16 (byte 7): decompress(buf) alone gives it back, as DESIGN.md's
+    # "restores dtype and shape" says (it gave float32).
+    assert header(buf).source_dtype == "float16" and header(buf).dtype == np.float32
+    w = ccoll.decompress(buf)
+    assert w.dtype == np.float16 and w.shape == x.shape
+    assert np.array_equal(w.view(np.uint16), z.view(np.uint16))
+    y = ccoll.decompress(buf, out=np.empty(x.shape, np.float32))  # the float32 decode
     assert Fraction(header(buf).eb) <= eb
     assert_within(y, x, header(buf).eb, strict=True)
 
@@ -80,6 +86,13 @@ def test_tensor_within_the_bound_in_its_dtype(dtype, bound, scale):
     out = torch.empty_like(x)
     ccoll.decompress(buf, out=out)
     assert torch.equal(out, z)
+    # Without like: the header's source dtype. A host stream decodes to numpy where numpy
+    # has the dtype (float16, or bfloat16 with ml_dtypes), else to a tensor of it.
+    assert header(buf).source_dtype == dtype
+    w = ccoll.decompress(buf)
+    assert str(w.dtype).removeprefix("torch.") == dtype and tuple(w.shape) == tuple(x.shape)
+    w64 = w.double().numpy() if isinstance(w, torch.Tensor) else np.asarray(w, np.float64)
+    assert np.array_equal(w64, z.double().numpy())
 
 
 def test_float16_near_the_top_of_its_range_stays_finite():
@@ -101,6 +114,38 @@ def test_nan_inf_and_constant_float16():
     assert_within(z, x, rel_bound(1e-3, x))
     c = np.full(100, 0.1, dtype=np.float16)  # REL of constant data: exact
     assert np.array_equal(ccoll.decompress(ccoll.compress(c, ccoll.REL(1e-3)), like=c), c)
+
+
+def test_the_source_byte_of_a_stream():
+    # Byte 7 of the header: 1 float16, 2 bfloat16 (float32 streams only), else 0.
+    x = _data(1.0)
+    assert ccoll.compress(x.astype(np.float32), ccoll.ABS(1e-3))[7] == 0
+    assert ccoll.compress(x, ccoll.ABS(1e-3))[7] == 0
+    for version in (1, 2):
+        b16 = ccoll.compress(x.astype(np.float16), ccoll.ABS(1e-3), version=version)
+        assert b16[7] == 1 and header(b16).version == version
+        bb = ccoll.compress(torch.from_numpy(x).to(torch.bfloat16), ccoll.ABS(1e-3),
+                            version=version)
+        assert int(bb[7]) == 2
+        # A sum of streams is a float32 sum (the final rounding of float16 data is not in
+        # its bound): the byte is not carried.
+        assert ccoll.compressor.add(b16, b16)[7] == 0
+    # Streams of float32 data are the bytes they were before the byte had a meaning.
+    b = ccoll.compress(x.astype(np.float32), ccoll.ABS(1e-3)).copy()
+    assert ccoll.decompress(b).dtype == np.float32
+    b[7] = 1  # the same stream, said to hold float16 data
+    w = ccoll.decompress(b)
+    assert w.dtype == np.float16
+    y32 = ccoll.decompress(b, out=np.empty(x.shape, np.float32))
+    assert np.array_equal(w.view(np.uint16), y32.astype(np.float16).view(np.uint16))
+    for code in (3, 255):
+        b[7] = code
+        with pytest.raises(ccoll.FormatError, match=f"source dtype code {code} at byte 7"):
+            ccoll.decompress(b)
+    b64 = ccoll.compress(x, ccoll.ABS(1e-3)).copy()
+    b64[7] = 1  # float64 streams hold float64 data only
+    with pytest.raises(ccoll.FormatError, match="source dtype code 1 at byte 7 of a float64"):
+        ccoll.decompress(b64)
 
 
 def test_float32_data_is_unchanged_by_the_rule():

@@ -32,12 +32,16 @@ def _bf16_spacing(y32: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000])
 @pytest.mark.parametrize("eb", [ccoll.ABS(1e-2), ccoll.REL(1e-3)], ids=["abs", "rel"])
-def test_float16_round_trip_is_float32_within_eb(n, eb):
+def test_float16_round_trip_is_float16_within_eb(n, eb):
+    # The stream records float16 as the data's source dtype: decompress gives it back.
     x = _half(max(n, 3))[:n]
-    y = ccoll.decompress(ccoll.compress(x, eb))
-    assert y.dtype == np.float32 and y.shape == x.shape
+    buf = ccoll.compress(x, eb)
+    y = ccoll.decompress(buf)
+    assert y.dtype == np.float16 and y.shape == x.shape
     bound = eb.value if isinstance(eb, ccoll.ABS) else rel_bound(eb.value, x)
     assert_within(y, x, bound)
+    y32 = ccoll.decompress(buf, out=np.empty(x.shape, np.float32))  # the float32 decode
+    assert_within(y32, x, bound)
 
 
 @pytest.mark.parametrize("eb", [1e-2, 1e-4, 0.5])
@@ -56,9 +60,11 @@ def test_bfloat16_tensor_round_trip():
     x32 = x.float().numpy()
     buf = ccoll.compress(x, ccoll.REL(1e-3))
     eb = rel_bound(1e-3, x32)
-    y = ccoll.decompress(buf)
-    assert y.dtype == np.float32
+    y = ccoll.decompress(buf.numpy(), out=np.empty(3000, np.float32))  # the float32 decode
     assert_within(y, x32, eb)
+    z = ccoll.decompress(buf)  # a tensor stream of bfloat16 data: a bfloat16 tensor
+    assert isinstance(z, torch.Tensor) and z.dtype == torch.bfloat16
+    assert_within(z.float().numpy(), x32, eb)
     out = torch.empty(3000, dtype=torch.bfloat16)
     assert ccoll.decompress(buf, out=out) is out
     o32 = out.float().numpy()

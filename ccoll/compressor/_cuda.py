@@ -501,7 +501,7 @@ def _check_out_stream(out: Any, nbytes: int) -> Any:
 
 def compress_abs(
     x: Any, eb_abs: float, stream: Any = None, *, max_blocks: int | None = None,
-    version: int = 1,
+    version: int = 1, source: int = 0,
 ) -> Any:
     """Compress a float32/float64 device array with absolute bound ``eb_abs`` (0: lossless).
 
@@ -510,6 +510,8 @@ def compress_abs(
     ``max_blocks`` (an int >= 1, e.g. ``Scheduler.grid_limit("compress")``) caps the thread
     blocks of the compression kernel, leaving the other SMs to concurrent work; the stream
     is the same bytes for any cap. ``None``: one thread block per tile of 1024 elements.
+    ``source``: the header's source dtype code (``format.SOURCE_CODES``; float16/bfloat16
+    data compressed as its float32 copy), 0 otherwise.
     """
     if isinstance(version, bool) or version not in (1, 2):
         raise InputError(f"version must be 1 or 2, got {version!r}")
@@ -533,10 +535,10 @@ def compress_abs(
         nblocks = (n + fmt.BLOCK - 1) // fmt.BLOCK
         nbw = (nblocks + 31) // 32
         if version == 2:
-            return _compress2(src, flat, shape, dtype, eb, s, max_blocks)
+            return _compress2(src, flat, shape, dtype, eb, s, max_blocks, source)
         if nblocks == 0:
             hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=0,
-                                   payload_words=0)
+                                   payload_words=0, source=source)
             return _export(_new_stream(hdr, s), src)
         work = _work(s)
         with work.lock:
@@ -549,7 +551,7 @@ def compress_abs(
             s.synchronize()
             nnz, pwords = int(work.h_tot[0]), int(work.h_tot[1])
             hdr = fmt.StreamHeader(dtype=dtype, shape=shape, eb=eb, bound=eb, nnz=nnz,
-                                   payload_words=pwords)
+                                   payload_words=pwords, source=source)
             out = _new_stream(hdr, s)
             _assemble(work, out, hdr, s)
         return _export(out, src)
@@ -557,7 +559,7 @@ def compress_abs(
 
 def _compress2(
     src: _Dev, flat: Any, shape: tuple[int, ...], dtype: np.dtype, eb: float, s: Any,
-    max_blocks: int | None,
+    max_blocks: int | None, source: int = 0,
 ) -> Any:
     """Version-2 compression: plan, place and write in one kernel, then table and assembly."""
     n = int(flat.size)
@@ -568,7 +570,7 @@ def _compress2(
     nbw = (nblocks + 31) // 32
     if nblocks == 0:
         hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=dtype, shape=shape, eb=eb, bound=eb,
-                               nnz=0, payload_words=0)
+                               nnz=0, payload_words=0, source=source)
         return _export(_new_stream(hdr, s), src)
     work = _work(s)
     with work.lock:
@@ -590,8 +592,8 @@ def _compress2(
         s.synchronize()
         nnz, nmask, nbits, ntab = (int(v) for v in w2.h_tot[:4])
         hdr = fmt.StreamHeader(version=fmt.VERSION2, dtype=dtype, shape=shape, eb=eb, bound=eb,
-                           nnz=nnz,
-                      payload_words=(nbits + 31) // 32, nmask=nmask, ntab=ntab)
+                               nnz=nnz, payload_words=(nbits + 31) // 32, nmask=nmask,
+                               ntab=ntab, source=source)
         out = _new_stream(hdr, s)
         _assemble2(work, w2, out, hdr, s)
     return _export(out, src)

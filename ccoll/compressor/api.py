@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ccoll.compressor import _backend, cpu
-from ccoll.compressor.format import StreamHeader
+from ccoll.compressor.format import SOURCE_CODES, SOURCE_NAMES, StreamHeader
 from ccoll.compressor.precision import (
     DeviceNarrow,
     Narrow,
@@ -148,6 +148,43 @@ def _device_narrow(buf: Any, narrow: DeviceNarrow, stream: Any) -> Any:
     return y32
 
 
+def _host_restore(y: np.ndarray, source: int, torch_stream: bool) -> Any:
+    """``y`` (decoded, validated) in the source dtype its stream's header records, if any."""
+    name = SOURCE_NAMES.get(source)
+    if name is None:
+        return y
+    if name == "float16":
+        return Narrow(name, np.dtype(np.float16), False).result(y)
+    try:
+        import ml_dtypes
+    except ImportError:
+        if not torch_stream:
+            return y  # numpy has no bfloat16 of its own: the float32 values (documented)
+        import torch
+
+        return Narrow(name, torch.bfloat16, True).result(y)
+    return Narrow(name, np.dtype(ml_dtypes.bfloat16), False).result(y)
+
+
+def _device_restore(buf: Any, stream: Any) -> Any:
+    """Decode device stream ``buf`` to its dtype, or to its header's source dtype."""
+    from ccoll.compressor.precision import _kind
+
+    mod = _backend.cuda_module()
+    name = mod.header(buf, stream).source_dtype
+    kind = _kind(buf)
+    narrow = None
+    if name is not None and kind == "torch":
+        import torch
+
+        narrow = DeviceNarrow(name, kind, getattr(torch, name), buf.device)
+    elif name == "float16":  # CuPy and numba have float16, not bfloat16
+        narrow = DeviceNarrow(name, kind, np.dtype(np.float16), None)
+    if narrow is None:
+        return mod.decompress(buf, stream=stream)
+    return narrow.result(_device_narrow(buf, narrow, stream))
+
+
 def _check_eb_abs(eb_abs: object) -> float:
     if isinstance(eb_abs, (bool, np.bool_)) or not isinstance(
         eb_abs, (int, float, np.integer, np.floating)
@@ -191,8 +228,8 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
     array for numpy data, a uint8 tensor for a torch tensor (sharing the stream's memory),
     a CuPy array for CuPy. Every finite element decompresses within the bound, NaN and ±Inf
     come back as they were. float16 and bfloat16 data is compressed as its exact float32
-    copy: the stream is a float32 stream (the format records no other dtype), and
-    ``decompress(buf, like=x)`` rounds the decoded float32 once back to ``x``'s dtype (see
+    copy: the stream is a float32 stream whose header records the source dtype, and
+    ``decompress(buf)`` rounds the decoded float32 once back to it (see
     :func:`decompress`). The bound holds on that result: the float32 copy is compressed
     with what the final rounding leaves of ``eb`` (half of it at most, less where the
     dtype's gaps at the data's magnitude are narrower:
@@ -221,12 +258,16 @@ def compress(x: Any, eb: object, *, version: int = 1, stream: Any = None) -> Any
         lo, hi = (_device_range(x, stream) if isinstance(bound, REL) or name is not None
                   else (0.0, 0.0))
         eb_abs = _stage(bound, lo, hi, name)
-        return _backend.cuda_module().compress_abs(x, eb_abs, stream=stream, version=version)
+        return _backend.cuda_module().compress_abs(
+            x, eb_abs, stream=stream, version=version,
+            source=0 if name is None else SOURCE_CODES[name])
     name = low_precision(x)
     arr = _host_array(x)
     lo, hi = (cpu.finite_range(arr) if isinstance(bound, REL) or name is not None
               else (0.0, 0.0))
     buf = cpu.compress_abs(arr, _stage(bound, lo, hi, name), version)
+    if name is not None:  # the header's source dtype (docs/format.md, byte 7)
+        buf[7] = SOURCE_CODES[name]
     if _backend.is_torch(x):
         import torch
 
@@ -399,18 +440,23 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
 
     Without ``out`` or ``like`` the result is a numpy array for a host stream (a numpy
     array or a CPU uint8 tensor) and a device array of the stream's kind for a device
-    stream. ``like`` (an array or tensor, e.g. the data that was compressed; only its
-    kind, device and dtype are read) asks for a new result of its kind and dtype: a torch
-    tensor for a tensor, a CuPy array for CuPy, on ``like``'s device. ``like`` of dtype
-    float16 or bfloat16 (host or device) decodes a float32 stream and rounds it once to
-    nearest to that dtype: the stream does not record that the data was float16 or
-    bfloat16 (docs/format.md has no field for it), so ``like`` (or ``out``) brings the
-    dtype back. ``out`` (same dtype, same shape or element count, writable, C-contiguous,
-    on the stream's device) receives the values and is returned; a host float32 stream
-    also decodes into a float16 or bfloat16 ``out`` (numpy, torch, ``ml_dtypes``). For
-    data ``x`` of such a dtype compressed by :func:`compress` with the bound ``eb``, every
-    finite element of the float16/bfloat16 result ``z`` has ``|z - x| <= eb``, and of the
-    float32 result (no ``like``) ``|y - x| <=`` the stream's own, smaller bound
+    stream, of the stream's dtype, or of the dtype its header records as the data's
+    source (byte 7, docs/format.md: float16 or bfloat16 data that :func:`compress` took
+    as its float32 copy), rounded once to nearest to it. numpy has no bfloat16 of its
+    own: such a host stream decodes to ``ml_dtypes``' bfloat16 where that package is
+    installed, else to a torch bfloat16 tensor where the stream is a tensor, else to
+    float32; a device stream to a torch bfloat16 tensor for torch, float32 for CuPy and
+    numba (which have no bfloat16). ``like`` (an array or tensor, e.g. the data that was
+    compressed; only its kind, device and dtype are read) asks for a new result of its
+    kind and dtype: a torch tensor for a tensor, a CuPy array for CuPy, on ``like``'s
+    device. ``like`` of dtype float16 or bfloat16 (host or device) decodes a float32
+    stream and rounds it once to nearest to that dtype. ``out`` (same dtype, same shape or
+    element count, writable, C-contiguous, on the stream's device) receives the values and
+    is returned; a host float32 stream also decodes into a float16 or bfloat16 ``out``
+    (numpy, torch, ``ml_dtypes``). For data ``x`` of such a dtype compressed by
+    :func:`compress` with the bound ``eb``, every finite element of the float16/bfloat16
+    result ``z`` has ``|z - x| <= eb``, and of the float32 result (a float32 ``out``)
+    ``|y - x| <=`` the stream's own, smaller bound
     (docs/error-bound.md, "float16 and bfloat16").
     Malformed, truncated or foreign bytes raise :class:`ccoll.FormatError`.
     """
@@ -435,9 +481,12 @@ def decompress(buf: Any, out: Any = None, *, like: Any = None, stream: Any = Non
                     f"{tuple(y32.shape)}: pass an out of that shape or element count")
             dnarrow.into(out, y32)
             return out
+        if out is None:
+            return _device_restore(buf, stream)
         return _backend.cuda_module().decompress(buf, out=out, stream=stream)
     if out is None:
-        return cpu.decompress(_host_stream(buf))
+        host = _host_stream(buf)
+        return _host_restore(cpu.decompress(host), int(host[7]), _backend.is_torch(buf))
     if _backend.backend_of(out) != "cpu":
         raise MismatchError("out must live on the same device as the stream (host)")
     narrow = Narrow.of(out)

@@ -31,6 +31,8 @@ __all__ = [
     "LORENZO_BIT",
     "StreamHeader",
     "dtype_code",
+    "SOURCE_CODES",
+    "SOURCE_NAMES",
     "parse_header",
     "header_prefix_nbytes",
     "max_nbytes",
@@ -52,7 +54,11 @@ LORENZO_BIT = 0x80
 
 _DTYPES: dict[int, np.dtype] = {1: np.dtype(np.float32), 2: np.dtype(np.float64)}
 _CODES = {np.dtype(np.float32): 1, np.dtype(np.float64): 2}
-# magic, version, dtype, ndim, reserved, block_size, reserved (v2: nmask), n, eb, bound,
+# Byte 7, the source dtype: what a float32 stream's data was before it became its exact
+# float32 copy (0: float32 itself), so that decompress gives that dtype back.
+SOURCE_CODES = {"float16": 1, "bfloat16": 2}
+SOURCE_NAMES = {v: k for k, v in SOURCE_CODES.items()}
+# magic, version, dtype, ndim, source, block_size, reserved (v2: nmask), n, eb, bound,
 # nnz, payload_words, nterms, reserved (v2: ntab)
 _FIXED = struct.Struct("<4sBBBBIIQddQQII")
 assert _FIXED.size == HEADER_NBYTES
@@ -122,16 +128,22 @@ class StreamHeader:
     version: int = VERSION
     nmask: int = 0  # version 2: patched-planes blocks (words of the mask section)
     ntab: int = 0  # version 2: codes in the table
+    source: int = 0  # byte 7: the data's dtype before its float32 copy (SOURCE_CODES), or 0
 
     def __init__(self, dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float,
                  nnz: int, payload_words: int, nterms: int = 1, version: int = VERSION,
-                 nmask: int = 0, ntab: int = 0) -> None:
+                 nmask: int = 0, ntab: int = 0, source: int = 0) -> None:
         # The fields at once: a frozen dataclass's own __init__ sets each through
         # object.__setattr__, 2.3 us for the ten against 0.6 (every stream call makes one
         # or two headers).
         self.__dict__.update(dtype=dtype, shape=shape, eb=eb, bound=bound, nnz=nnz,
                              payload_words=payload_words, nterms=nterms, version=version,
-                             nmask=nmask, ntab=ntab)
+                             nmask=nmask, ntab=ntab, source=source)
+
+    @property
+    def source_dtype(self) -> str | None:
+        """``"float16"`` or ``"bfloat16"`` where the data was that before its float32 copy."""
+        return SOURCE_NAMES.get(self.source)
 
     n = _derived[int]("Element count.")
     ndim = _derived[int]("Number of dimensions.")
@@ -192,7 +204,7 @@ class StreamHeader:
             self.version,
             dtype_code(self.dtype),
             self.ndim,
-            0,
+            self.source,
             BLOCK,
             self.nmask if v2 else 0,
             self.n,
@@ -268,7 +280,11 @@ def parse_header(
     v2 = version == VERSION2
     if dcode not in _DTYPES:
         raise FormatError(f"unknown dtype code {dcode} in stream header (1=float32, 2=float64)")
-    if r0 or (not v2 and (r1 or r2)):
+    if r0 and (r0 not in SOURCE_NAMES or dcode != 1):
+        raise FormatError(
+            f"source dtype code {r0} at byte 7 of a {_DTYPES[dcode]} stream header: 0, or in "
+            "a float32 stream 1 (float16) or 2 (bfloat16)")
+    if not v2 and (r1 or r2):
         raise FormatError("reserved header fields are not zero")
     if block != BLOCK:
         raise FormatError(f"block size {block} in stream header, version {version} uses {BLOCK}")
@@ -303,6 +319,7 @@ def parse_header(
         version=version,
         nmask=r1 if v2 else 0,
         ntab=r2 if v2 else 0,
+        source=r0,
     )
     if hdr.nnz > hdr.nblocks:
         raise FormatError(f"stream says {nnz} non-zero blocks but has only {hdr.nblocks} blocks")

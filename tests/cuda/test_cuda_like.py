@@ -59,6 +59,15 @@ def test_device_float16_round_trip_equals_the_host_one():
     out = cuda.device_array(x.shape, np.float16)
     assert ccoll.decompress(buf, out=out) is out
     assert out.copy_to_host().tobytes() == host.tobytes()
+    # The header records float16 (byte 7), as the host stream's does, byte for byte:
+    # decompress(buf) alone gives float16 back.
+    for version in (1, 2):
+        dbuf = ccoll.compress(d, ccoll.ABS(EB), version=version)
+        hbuf = ccoll.compress(x, ccoll.ABS(EB), version=version)
+        assert dbuf.copy_to_host().tobytes() == hbuf.tobytes() and hbuf[7] == 1
+        z = ccoll.decompress(dbuf)
+        assert devicearray.is_cuda_ndarray(z) and z.dtype == np.float16
+        assert z.copy_to_host().tobytes() == ccoll.decompress(hbuf).tobytes()
 
 
 def test_device_float16_like_of_a_float64_stream_is_refused():
