@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import types
 from dataclasses import replace
@@ -310,6 +311,46 @@ def test_damaged_cache_entries_are_skipped(tmp_path) -> None:
     assert p is not None and p.beta == 2e9 and p.alpha == 3e-6
     (tmp_path / "links.json").write_text(json.dumps({"a": "hello", "c": doc["c"]}))
     assert newest_cached_params(str(tmp_path)) is None
+
+
+def test_cache_files_no_rank_0_can_read_count_as_none(tmp_path) -> None:
+    # Only rank 0 reads the cache: a RecursionError from JSON nested 200,000 deep, or an
+    # open() waiting for a FIFO's writer, stopped rank 0 while the others waited for it.
+    from ccoll.collectives.policy.cache import _read_cache, newest_cached_params
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "links.json").write_text("[" * 200_000 + "]" * 200_000)
+    assert _read_cache(str(deep)) == {} and newest_cached_params(str(deep)) is None
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "links.json")
+    assert _read_cache(str(fifo)) == {}  # at once: no writer is waited for
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "links.json").write_text(" " * (5 << 20) + "{}")
+    assert _read_cache(str(big)) == {}
+
+
+def test_writing_a_full_cache_with_damaged_times_keeps_the_newest(tmp_path) -> None:
+    # Past 64 entries the write sorts them by time: a null, a string or a 400-digit time
+    # raised TypeError/OverflowError on rank 0 (the others waited for it).
+    import time
+
+    from ccoll.collectives.policy.cache import _MAX_ENTRIES, _read_cache, _write_cache
+
+    now = time.time()
+    entry = {"alpha": 3e-6, "beta": 2e9, "reduce": 5e9, "raw_efficiency": 1.0}
+    doc = {f"k{i:03d}": {**entry, "time": now - 1000 + i} for i in range(70)}
+    doc["k000"]["time"] = None
+    doc["k001"]["time"] = "yesterday"
+    doc["k002"]["time"] = 10**400
+    doc["k003"]["time"] = float("nan")
+    (tmp_path / "links.json").write_text(json.dumps(doc))
+    _write_cache("new", {**entry, "time": now}, str(tmp_path))
+    kept = _read_cache(str(tmp_path))
+    assert len(kept) == _MAX_ENTRIES and "new" in kept
+    assert not {"k000", "k001", "k002", "k003"} & set(kept)  # the damaged ones go first
 
 
 # -- recursive halving and doubling (model.predict_halving, docs/model.md) ------------------

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import replace
@@ -46,6 +47,7 @@ _TRANSPORT_ENV = (
     "CCOLL_CLUSTER_RATE_BPS", "UCX_NET_DEVICES", "UCX_TLS",
 )
 _MAX_ENTRIES = 64
+_MAX_BYTES = 1 << 22  # a cache file larger than this is not one ccoll wrote (64 entries)
 
 
 def cache_dir(folder: str | None = None) -> Path:
@@ -62,13 +64,35 @@ def cache_file(folder: str | None) -> Path:
 
 
 def _read_cache(folder: str | None = None) -> dict[str, Any]:
+    """Return the entries; ``{}`` for a file that is missing or not one ccoll could write.
+
+    Only rank 0 reads it, so nothing here may raise or block: a FIFO or device at the path
+    (``open`` would wait for a writer), a huge file, JSON nested too deep for the parser
+    (``RecursionError``) count as no cache, as a truncated one does.
+    """
     try:
-        with open(cache_file(folder)) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+        with open(cache_file(folder), "rb", opener=_open_nonblocking) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_BYTES:
+                return {}
+            doc = json.loads(f.read())
+    except (OSError, ValueError, RecursionError):
         return {}
     # Entries are objects; anything else in the file (edited, or another tool's) is not one.
     return {k: v for k, v in doc.items() if isinstance(v, dict)} if isinstance(doc, dict) else {}
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
+
+
+def _when(e: dict[str, Any]) -> float:
+    """Return an entry's time for ordering; -inf where missing or not a finite number."""
+    try:
+        t = float(e.get("time", 0.0))
+    except (TypeError, ValueError, OverflowError):  # None, "soon", a 400-digit integer
+        return -math.inf
+    return t if math.isfinite(t) else -math.inf
 
 
 def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
@@ -79,7 +103,7 @@ def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
         doc = _read_cache(folder)
         doc[key] = entry
         if len(doc) > _MAX_ENTRIES:
-            keep = sorted(doc, key=lambda k: doc[k].get("time", 0.0))[-_MAX_ENTRIES:]
+            keep = sorted(doc, key=lambda k: _when(doc[k]))[-_MAX_ENTRIES:]
             doc = {k: doc[k] for k in keep}
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".links-", suffix=".json")
         with os.fdopen(fd, "w") as f:
@@ -91,15 +115,9 @@ def _write_cache(key: str, entry: dict[str, Any], folder: str | None) -> None:
 
 def newest_cached_params(folder: str | None = None) -> Params | None:
     """Model parameters from the newest cache entry (``ccoll model`` starts from them)."""
-    def when(e: dict[str, Any]) -> float:
-        try:
-            return float(e.get("time", 0.0))
-        except (TypeError, ValueError):
-            return -math.inf
-
     # The newest entry whose numbers make valid parameters (a damaged one is skipped, as
     # read_entry skips it: the model's own checks name what is wrong with it).
-    for e in sorted(_read_cache(folder).values(), key=when, reverse=True):
+    for e in sorted(_read_cache(folder).values(), key=_when, reverse=True):
         try:
             kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency")
                   if k in e}
@@ -111,7 +129,7 @@ def newest_cached_params(folder: str | None = None) -> Params | None:
             if float(comp.get("call_overhead", 0.0)) > 0:
                 kw["overhead"] = float(comp["call_overhead"])
             return replace(model.DEFAULTS, **kw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             continue
     return None
 
@@ -169,7 +187,7 @@ def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | 
                 if isinstance(comp, dict) and all(f in comp for f in _COMP_NEEDED):
                     vec[2 + k:] = [float(comp.get(f, 0.0)) for f in _COMP_FIELDS]
                     vec[1 + k] = 1.0
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             vec[:] = 0.0  # a damaged entry: probe again
     bcast(ch, vec, 0, "calibration cache")
     # Every link constant > 0 (a hand-edited beta of 0 or -5 made the model's checks
