@@ -87,3 +87,22 @@ def test_a_spinning_wait_for_data_still_times_out(monkeypatch):
     assert time.perf_counter() - t0 < 5.0
     req.Cancel()  # this test's own receive: nothing else can match it
     req.Wait()
+
+
+def test_a_timeout_on_the_progress_engine_names_its_ordering_rule():
+    # iallreduce on two Communicators, submitted in opposite orders on two ranks (legal in
+    # MPI), waited for each other in the engine's one queue to the timeout, under a message
+    # that blamed a failed rank only (docs/collectives.md, "Ordering rules").
+    from ccoll.runtime import progress
+
+    seen = []
+
+    def on_engine():
+        d = waiting.Deadline(0.5, "ccoll.iallreduce")
+        seen.append(str(d.error("the agreement")))
+
+    progress.submit(on_engine).wait(10)
+    assert "one queue per process, across all Communicators: did every rank submit them " \
+           "in the same order?" in seen[0]
+    # A blocking call's timeout (the caller's thread) does not speak of the queue.
+    assert "queue" not in str(waiting.Deadline(0.5, "ccoll.allreduce").error("the agreement"))

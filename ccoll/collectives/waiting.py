@@ -143,11 +143,18 @@ class Deadline:
         """Return the error to raise when ``stage`` of the collective ran past the deadline."""
         if self.req is not None and self.req.cancelled is not None:
             return CollectiveError(f"{self.what} stopped ({stage}): {self.req.cancelled}")
+        # On the progress engine: its one queue per process runs the requests of every
+        # Communicator in submission order, so ranks that submitted them in other orders
+        # (legal in MPI across communicators) wait for each other here.
+        queue = ("" if self.req is None else
+                 "; requests (iallreduce, the DDP hook's buckets) run one at a time in one "
+                 "queue per process, across all Communicators: did every rank submit them "
+                 "in the same order?")
         return CollectiveError(
             f"{self.what} made no progress for {self.timeout} s, its timeout of "
             f"{self.timeout} s ({stage}): another rank failed, stopped, or did not enter the "
-            "same collective; this ccoll Communicator cannot be used any more (the timeout "
-            "is Communicator(timeout=) or the CCOLL_TIMEOUT setting)"
+            f"same collective{queue}; this ccoll Communicator cannot be used any more (the "
+            "timeout is Communicator(timeout=) or the CCOLL_TIMEOUT setting)"
         )
 
 

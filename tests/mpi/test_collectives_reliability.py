@@ -529,3 +529,4 @@ def _my_block(comm, n):
     counts = [len(b) for b in np.array_split(np.empty(n), comm.Get_size())]
     lo = sum(counts[:comm.Get_rank()])
     return lo, lo + counts[comm.Get_rank()]
+
