@@ -32,14 +32,16 @@ DTYPES = ("float32", "float64")
 def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
     """Run every CPU kernel of the stream ``versions`` once on a small array of ``dtype``.
 
-    Also the wide decoder of format 1 (:func:`ccoll.compressor.cpu.decompress_wide`, which
-    the split allreduce's requantization runs on sums and on float64 streams) and the node
+    Also the wide decoder (:func:`ccoll.compressor.cpu.decompress_wide`, which the split
+    allreduce's requantization runs on sums and on float64 streams, and an average's decode
+    before its division, :func:`ccoll.collectives.requant.divide_into`) and the node
     sum of a two-level allreduce (:func:`ccoll.collectives.nodesum.sum_slots`, with the
     argument types the Communicator passes), which need no MPI to compile, and error
     feedback's residual (:func:`ccoll.compressor.cpu.residual_abs`).
     Returns the seconds taken.
     """
     from ccoll.collectives.nodesum import sum_slots
+    from ccoll.collectives.requant import divide_into
     from ccoll.compressor import cpu
     from ccoll.compressor.cpu.slices import concat, raw_blocks, slice_blocks
 
@@ -54,7 +56,9 @@ def warm(dtype: str, versions: Sequence[int] = (1,)) -> float:
         cpu.decompress(cpu.add(a, b))
         if v == 1:  # the split allreduce's requantization (ccoll.collectives.requant)
             cpu.decompress_wide(cpu.add(a, b), out=np.empty(x.size))
-            cpu.decompress_wide(a, out=np.empty(x.size))
+        # The wide decode: the split's requantization, and an average's one rounding.
+        w = cpu.decompress_wide(a, out=np.empty(x.size))
+        divide_into(w, 3.0, np.empty_like(x))
         cpu.add_data(a, x)
         cpu.decompress(cpu.compress_abs(x, 0.0, version=v))  # lossless
         # Recursive halving's cut and join, and the split's raw blocks (format 2: kernels).

@@ -240,6 +240,20 @@ def _raw_bytes(collective: str, n: int, nbytes: int) -> int:
     return nbytes
 
 
+def _decode_divisor(p: Prepared, n_ranks: int) -> int:
+    """``N`` where the decode of a compressed average divides before its one rounding, else 1.
+
+    float32 host data: its decoded sum rounded to float32 and then divided by ``N`` in
+    float32 rounded twice (``eb`` plus up to three half spacings of the result); the sum's
+    float64 values divided in float64 and rounded once leave ``eb`` plus one half spacing
+    (docs/error-bound.md, "avg"). float64 data's decoded sum is already its float64 value,
+    and device data keeps the device's decode and division.
+    """
+    if p.avg and n_ranks & (n_ranks - 1) and p.dev is None and p.dtype == np.float32:
+        return n_ranks  # (a power of two divides exactly: one rounding either way)
+    return 1
+
+
 def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
     """Move an allreduce's data: MPI, the flat ring or halving, or two levels."""
     ch = route.ch
@@ -258,14 +272,16 @@ def run_allreduce(cc: Any, route: Route, p: Prepared, _root: Any = None) -> Any:
     elif p.flat.size:
         # The ring bounds the sum; avg's bound is on the sum divided by N.
         ring_eb, requant = phase_bounds(p.eb_abs, n_ranks, p.avg, plan.split)
+        div = _decode_divisor(p, n_ranks) if requant is None else 1
         if plan.pieces:
             halving_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, pieces=plan.pieces,
-                              deadline=p.deadline, requant=requant, version=plan.version)
+                              deadline=p.deadline, requant=requant, version=plan.version,
+                              divide=div)
         else:
             ring_allreduce(ch, p.flat, yflat, p.dtype, ring_eb, algorithm=p.algorithm,
                            chunk_elems=plan.chunk_elems, deadline=p.deadline,
-                           place=p.place, requant=requant, version=plan.version)
-        if requant is not None:  # the owners divided before they requantized
+                           place=p.place, requant=requant, version=plan.version, divide=div)
+        if requant is not None or div > 1:  # the owners (or the decodes) divided already
             return result(p, y, p.out)
     if p.avg:
         divide(p, yflat, n_ranks)
@@ -291,7 +307,10 @@ def run_reduce_scatter(cc: Any, route: Route, p: Prepared, _root: Any = None) ->
         ops = ring_ops(p.flat, layout, p.algorithm, ring_eb, p.place, plan.version)
         mine = reduce_scatter_streams(ch, layout, p.dtype, ops, ring_eb, p.deadline, p.place,
                                       plan.version)
-        gather.decode_block(layout, r, p.dtype, mine, ring_eb, y, p.place.lanes)
+        div = _decode_divisor(p, n_ranks)
+        gather.decode_block(layout, r, p.dtype, mine, ring_eb, y, p.place.lanes, div)
+        if div > 1:  # the decode divided
+            return result(p, y, None)
     if p.avg:
         divide(p, y, n_ranks)
     return result(p, y, None)

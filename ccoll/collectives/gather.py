@@ -155,19 +155,26 @@ def check_announced(who: str, nbytes: int, count: int, dtype: np.dtype) -> None:
 
 def decode_block(
     layout: Layout, block: int, dtype: np.dtype, streams: list[Any], bound: float, out: Any,
-    lanes: DeviceLanes | None = None,
+    lanes: DeviceLanes | None = None, divide: int = 1,
 ) -> None:
     """Decode the chunk streams of ``block`` into ``out`` (the block's elements only).
 
     ``lanes``: device data decodes on the ``reduce`` lane's stream and waits for it.
+    ``divide`` (host data): ``N`` for an average, divided before the one rounding to the
+    dtype (:func:`~ccoll.collectives.requant.decode_one`).
     """
+    from ccoll.collectives.requant import decode_one
+
     dec = api().decompress
     ln = lanes if lanes is not None else DeviceLanes(None)
     kw = ln.kw("reduce")
     base = layout.blocks[block][0]
     for (lo, hi), s in zip(layout.chunks(block), streams, strict=True):
         nb = check_stream(s, hi - lo, dtype, bound)
-        dec(s[:nb], out=out[lo - base : hi - base], **kw)
+        if divide > 1:
+            decode_one(s, nb, out, lo - base, hi - base, False, None, divide)
+        else:
+            dec(s[:nb], out=out[lo - base : hi - base], **kw)
     ln.finish("reduce")
 
 

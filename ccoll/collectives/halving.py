@@ -85,6 +85,7 @@ def halving_allreduce(
     deadline: Deadline,
     requant: Requant | None = None,
     version: int = 1,
+    divide: int = 1,
 ) -> None:
     """Compressed allreduce of ``flat`` into ``flat_out`` by recursive halving and doubling.
 
@@ -93,9 +94,11 @@ def halving_allreduce(
     (within ``eb_abs`` of the sum; with ``requant``, the sum or average within ``eb_abs``
     (``/ N``) plus ``requant.bound``), host data only. ``pieces``: how many pieces the
     first step cuts the array into (:func:`ccoll.collectives.model.halving_pieces`).
-    ``version``: the stream format of every message (1 or 2; the plan's).
+    ``version``: the stream format of every message (1 or 2; the plan's). ``divide``: as
+    :func:`~ccoll.collectives.ring.ring_allreduce`'s (the average, one rounding).
     """
-    run = _Halving(ch, flat, flat_out, dtype, eb_abs, pieces, deadline, requant, version)
+    run = _Halving(ch, flat, flat_out, dtype, eb_abs, pieces, deadline, requant, version,
+                   divide)
     rec = _trace.ACTIVE
     if rec is None:
         run.run()
@@ -271,8 +274,9 @@ class _Halving(_Tree):
 
     def __init__(self, ch: Channel, flat: np.ndarray, flat_out: np.ndarray, dtype: np.dtype,
                  eb_abs: float, pieces: int, deadline: Deadline,
-                 requant: Requant | None, version: int = 1) -> None:
+                 requant: Requant | None, version: int = 1, divide: int = 1) -> None:
         self.ch, self.flat, self.flat_out, self.dtype = ch, flat, flat_out, dtype
+        self.divide = divide
         self.deadline, self.requant = deadline, requant
         self.version = version
         self.comm = comm = ch.comm
@@ -416,7 +420,8 @@ class _Halving(_Tree):
     def _decode(self, stream: Any, nb: int, c0: int, c1: int) -> None:
         lo, hi = self._elems(c0, c1)
         wide = self.requant is not None and self.dtype != self.ag_dtype
-        self.submit((1, c0, 0), partial(decode_one, stream, nb, self.flat_out, lo, hi, wide),
+        self.submit((1, c0, 0), partial(decode_one, stream, nb, self.flat_out, lo, hi, wide,
+                                        None, self.divide),
                     ("decode", None), "decode", {"blocks": c1 - c0, "bytes": nb}, "reduce")
 
     # -- MPI -----------------------------------------------------------------------------

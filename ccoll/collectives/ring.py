@@ -107,6 +107,7 @@ def ring_allreduce(
     place: HostPlace = HOST,
     requant: Requant | None = None,
     version: int = 1,
+    divide: int = 1,
 ) -> None:
     """Compressed ring allreduce of ``flat`` into ``flat_out``, within ``eb_abs`` of the sum.
 
@@ -117,11 +118,14 @@ def ring_allreduce(
     reduce-scatter is within ``eb_abs`` of the sum and each reduced chunk is requantized
     (:class:`Requant`) before the allgather: ``flat_out`` is then the sum (or the average)
     within ``eb_abs`` (``/ N``) plus ``requant.bound``. ``version`` is the stream format
-    of every message (1 or 2; the plan's).
+    of every message (1 or 2; the plan's). ``divide`` (host data, no ``requant``): ``N``
+    for an average, which each decode divides before its one rounding to the dtype
+    (:func:`~ccoll.collectives.requant.decode_one`); ``flat_out`` is then the average.
     """
     layout = Layout(flat.size, ch.comm.Get_size(), chunk_elems)
     ops = ring_ops(flat, layout, algorithm, eb_abs, place, version)
-    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant, version)
+    _traced(ch, layout, dtype, ops, None, eb_abs, flat_out, deadline, place, requant, version,
+            divide)
 
 
 def own_pieces(n: int, n_ranks: int, chunk_elems: int) -> list[tuple[int, int]]:
@@ -157,10 +161,11 @@ def reduce_scatter_streams(
 
 def _traced(ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
             mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
-            place: HostPlace, requant: Requant | None = None, version: int = 1) -> list[Any]:
+            place: HostPlace, requant: Requant | None = None, version: int = 1,
+            divide: int = 1) -> list[Any]:
     rec = _trace.ACTIVE
     ring = _Ring(ch, layout, dtype, ops, mine, bound, flat_out, deadline, place, rec, requant,
-                 version)
+                 version, divide)
     if rec is not None:
         t0 = rec.clock()
         final = ring.run()
@@ -232,8 +237,9 @@ class _Ring:
     def __init__(self, ch: Channel, layout: Layout, dtype: np.dtype, ops: RingOps | None,
                  mine: list[Any] | None, bound: float, flat_out: Any, deadline: Deadline,
                  place: HostPlace, rec: _trace.Recorder | None,
-                 requant: Requant | None = None, version: int = 1) -> None:
+                 requant: Requant | None = None, version: int = 1, divide: int = 1) -> None:
         self.ch, self.layout, self.dtype, self.ops = ch, layout, dtype, ops
+        self.divide = divide
         # The stream format of every message (the plan's), requantized chunks included.
         self.version = version
         self.bound, self.flat_out, self.deadline, self.place = bound, flat_out, deadline, place
@@ -371,7 +377,7 @@ class _Ring:
         lo, hi = self.layout.chunks(b)[c]
         fn = partial(decode_one, stream, nb, self.flat_out, lo, hi,
                      self.requant is not None and self.dtype != self.ag_dtype,
-                     self.place.lanes.kw("reduce"))
+                     self.place.lanes.kw("reduce"), self.divide)
         self.submit(_decode_key(t, c), fn, ("decode", t, c, buf), "decode",
                     {"block": b, "chunk": c, "bytes": nb}, lane="reduce")
 

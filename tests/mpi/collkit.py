@@ -37,12 +37,12 @@ def allowance(eb: object, y: np.ndarray, size: int, op: str) -> dict[str, Any]:
 
     The documented contract only (docs/error-bound.md, "Collectives"), from the bound
     ``eb``, ``y``'s dtype and the rank count, whatever path the call took: ``eb`` plus, for
-    a sum, one rounding to the dtype; for an average three half spacings (the sum's rounding
-    over N, and the quotient's). A split bound ("Split bound") and two levels
-    ("Hierarchical allreduce") round an average once only, and one rank divides by 1
-    exactly: a test that knows its call took such a path may ask for ``roundings=1``
-    itself. float16 results hold the bound itself ("float16 and bfloat16": the float32
-    stage gets what the final rounding leaves of it).
+    a sum, one rounding to the dtype; for an average three half spacings (device data: the
+    sum's rounding over N, and the quotient's). Host data's compressed average rounds once
+    ("avg"), as do a split bound ("Split bound") and two levels ("Hierarchical
+    allreduce"), and one rank divides by 1 exactly: a test that knows its call took such a
+    path may ask for ``roundings=1`` itself. float16 results hold the bound itself
+    ("float16 and bfloat16": the float32 stage gets what the final rounding leaves of it).
     """
     k = 1 if op == "sum" or size == 1 else 3
     dt = np.asarray(y).dtype
