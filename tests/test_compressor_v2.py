@@ -810,3 +810,27 @@ def test_conversions_through_int32_are_exact_for_every_quantized_value():
         assert np.array_equal(o, i)
     for o in (outs[1], outs[3]):
         assert np.array_equal(o, d)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_of_quantized_blocks_whose_sum_goes_raw_stays_in_its_scratch(dtype):
+    # Two sparse blocks of one value near 2^31 steps (37 bits each) sum past 2^31 - 1: the
+    # sum's block is raw float64, 2048 bits, where each chunk's scratch region was sized for
+    # 1024 bits a summed pair. The sum overran it: glibc aborts, segfaults, or 503 wrong
+    # elements (±Inf, -5.75e-28 for 0) without an error.
+    import ccoll
+    from ccoll.compressor import add
+    from ccoll.compressor.cpu.v2 import _sum_regions
+
+    rng = np.random.default_rng(0)
+    x = np.zeros(16384, dtype)
+    x[:8192:32] = 2147483520.0  # q = 2^31 - 128 at ABS(0.5): accepted, and doubled past
+    x[8192:] = rng.integers(-100, 100, 8192)
+    s = ccoll.compress(x, ccoll.ABS(0.5), version=2)
+    y = ccoll.decompress(add(s, s))
+    assert np.array_equal(y, (x.astype(np.float64) * 2).astype(dtype))
+    # The region of a chunk where both operands hold one 37-bit block: room for a raw
+    # float64 block (64 words) however small the operands.
+    reg = np.empty(1, np.int64)
+    assert _sum_regions(np.zeros(1, np.int64), 2, np.zeros(1, np.int64), 1,
+                        np.zeros(1, np.int64), 2, np.zeros(1, np.int64), 1, reg) >= 64

@@ -1173,10 +1173,13 @@ def _finish_sum(dtype: np.dtype, shape: tuple[int, ...], eb: float, bound: float
 def _sum_regions(ao, awords, ak, annz, bo, bwords, bk, bnnz, reg):  # type: ignore[no-untyped-def]
     """Each chunk's scratch region of a sum of two streams: first word in ``reg``; the total.
 
-    A copied block keeps its size, a raw sum is at most twice its raw operand, and a
-    quantized sum costs at most C_0 - 32 <= 1024 bits. ``ao``/``ak``: the first payload
-    bit and index field of each of ``a``'s chunks (``awords`` payload words and ``annz``
-    blocks in all); the same of ``b``.
+    A copied block keeps its size, a raw sum is at most twice its raw operand, and a sum
+    of two quantized blocks at most 2048 bits: C_0 - 32 <= 1024 where it stays quantized,
+    but a sum whose ``|q|`` reaches ``2^31 - 1`` is stored raw, as float64 (two sparse
+    blocks of 37 bits each holding ``2^31 - 2`` summed to a 2048-bit raw block, which
+    overran a region sized for 1024: a heap overwrite, a crash or a wrong sum).
+    ``ao``/``ak``: the first payload bit and index field of each of ``a``'s chunks
+    (``awords`` payload words and ``annz`` blocks in all); the same of ``b``.
     """
     nch = reg.size
     t = np.int64(0)
@@ -1186,7 +1189,7 @@ def _sum_regions(ao, awords, ak, annz, bo, bwords, bk, bnnz, reg):  # type: igno
         bbits = (32 * bwords if last else bo[c + 1]) - bo[c]
         both = min((annz if last else ak[c + 1]) - ak[c], (bnnz if last else bk[c + 1]) - bk[c])
         reg[c] = t
-        t += (2 * (abits + bbits) + 1024 * both + 31) // 32 + 1
+        t += (2 * (abits + bbits) + 2048 * both + 31) // 32 + 1
     return t
 
 
