@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import h5py
 import numpy as np
@@ -406,6 +407,10 @@ def test_inspect_verifies_by_default_and_names_the_damaged_dataset(capsys, damag
 @pytest.mark.parametrize(("name", "value", "why"), [
     ("ccoll_crc32", "x", "ccoll_crc32='x' is not a whole number"),
     ("ccoll_shape", "hello", "ccoll_shape='hello' is not a list of whole numbers"),
+    # Truncated to (40, 50) and 1 and accepted, exit 0:
+    ("ccoll_shape", np.array([40.5, 50.0]), r"ccoll_shape=\[40.5, 50.0\] is not a list of "
+     "whole numbers"),
+    ("ccoll_format_version", 1.5, "ccoll_format_version=1.5 is not a whole number"),
     ("ccoll_dtype", "hello", "ccoll_dtype='hello' is not a dtype"),
     ("ccoll_eb_abs", "hello", "ccoll_eb_abs='hello' is not a number"),
 ])
@@ -418,10 +423,35 @@ def test_inspect_lists_an_attribute_of_the_wrong_type_as_damage(capsys, sample, 
     with h5py.File(c, "r+") as f:
         f["/step_0000/fc.bias"].attrs[name] = value
     code, out, err = run(capsys, "inspect", c)
-    assert code == cli.EXIT_FAILURE and f"/step_0000/fc.bias: attribute {why}" in out, (out, err)
+    assert code == cli.EXIT_FAILURE and re.search(f"/step_0000/fc.bias: attribute {why}",
+                                                  out), (out, err)
     assert "Traceback" not in err and "/step_0000/fc.weight" in out
     code, out, err = run(capsys, "inspect", c, "--no-verify")  # listing alone
     assert "Traceback" not in err and "/step_0000/fc.weight" in out
+
+
+@pytest.mark.parametrize("command", ["decompress", "inspect"])
+def test_a_stream_without_its_format_version_is_damage_not_data(capsys, sample, tmp_path,
+                                                                command):
+    # Without ccoll_format_version a stream was copied as its uint8 bytes, exit 0, with its
+    # other ccoll_* attributes, and inspect listed it as intact raw data.
+    c = str(tmp_path / "c.h5")
+    assert cli.main(["compress", sample, c, "--eb", "rel:1e-3", "-q"]) == 0
+    with h5py.File(c, "r+") as f:
+        del f["/step_0000/fc.bias"].attrs["ccoll_format_version"]
+    o = str(tmp_path / "o.h5")
+    args = (command, c) + ((o, "--on-error", "skip") if command == "decompress" else ())
+    code, out, err = run(capsys, *args)
+    assert code == cli.EXIT_FAILURE, (out, err)
+    assert "/step_0000/fc.bias" in err and "Traceback" not in err
+    if command == "inspect":
+        assert "/step_0000/fc.bias: attribute ccoll_format_version is missing" in out
+    else:
+        with h5py.File(o) as f:
+            assert "/step_0000/fc.bias" not in f  # left out, as a damaged stream is
+            assert f["/step_0000/fc.weight"].dtype == np.float32
+        code, out, err = run(capsys, "decompress", c, o, "--force")  # --on-error stop
+        assert code == cli.EXIT_FAILURE and "attribute ccoll_format_version is missing" in err
 
 
 def test_inspect_no_verify_only_lists_and_says_so(capsys, damaged):

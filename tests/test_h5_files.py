@@ -560,7 +560,7 @@ DAMAGE = {
         _set_attr(A.FORMAT_VERSION, 2),
         "stream is format version 1, its attribute ccoll_format_version says 2",
     ),
-    "format version not a number": (_set_attr(A.FORMAT_VERSION, "two"), "is not a number"),
+    "format version not a number": (_set_attr(A.FORMAT_VERSION, "two"), "is not a whole number"),
     "lossless attribute": (_set_attr(A.LOSSLESS, "lz4"), "lz4"),
     # Attributes of the wrong type raised ValueError from int() through the CLI (a traceback).
     "CRC not a number": (_set_attr(A.CRC32, "x"), "ccoll_crc32='x' is not a whole number"),

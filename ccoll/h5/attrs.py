@@ -29,6 +29,7 @@ __all__ = [
     "MAXSHAPE",
     "FILL",
     "LOSSLESS_CHOICES",
+    "STREAM_ATTRS",
     "copy_attrs",
 ]
 
@@ -51,6 +52,8 @@ STORED = "ccoll_stored"
 STORED_RAW = "raw"  # the one value of STORED
 
 LOSSLESS_CHOICES = ("none", "zstd")
+# What every stream dataset carries (a kept dataset has none of them)
+STREAM_ATTRS = (FORMAT_VERSION, DTYPE, SHAPE, BOUND, EB_ABS, LOSSLESS, CRC32)
 
 
 def copy_attrs(src: Any, dst: Any, *, skip_prefix: str | None = None) -> None:

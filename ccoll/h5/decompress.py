@@ -42,6 +42,7 @@ __all__ = [
     "restore_dataset",
     "verify_dataset",
     "is_ccoll_dataset",
+    "is_stream_dataset",
     "is_kept",
     "ON_ERROR_CHOICES",
 ]
@@ -56,13 +57,30 @@ def _attr_str(ds: h5py.Dataset, name: str) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _plain(v: Any) -> Any:
+    """Return an attribute's value as Python shows it (``[40.5, 50.0]``, not numpy's repr)."""
+    return v.tolist() if isinstance(v, (np.ndarray, np.generic)) else v
+
+
+def _whole(v: Any) -> int:
+    """``v`` as an int where it is a whole number (``40.5`` and ``"40"`` are not), else raise."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                             np.floating)):
+        raise TypeError(v)
+    i = int(v)  # ValueError/OverflowError for NaN and ±Inf
+    if i != v:
+        raise ValueError(v)
+    return i
+
+
 def attr_shape(ds: h5py.Dataset) -> tuple[int, ...]:
     """Return the ``ccoll_shape`` attribute as a tuple (``(-1,)`` if missing), else raise."""
     raw = ds.attrs.get(A.SHAPE, [-1])
     try:
-        shape = tuple(int(d) for d in np.asarray(raw).reshape(-1))
-    except (TypeError, ValueError):
-        raise FormatError(f"attribute {A.SHAPE}={raw!r} is not a list of whole numbers") from None
+        shape = tuple(_whole(d) for d in np.asarray(raw).reshape(-1).tolist())
+    except (TypeError, ValueError, OverflowError):
+        raise FormatError(f"attribute {A.SHAPE}={_plain(raw)!r} is not a list of whole "
+                          "numbers") from None
     if len(shape) > _MAX_RANK:
         raise FormatError(f"attribute {A.SHAPE} has {len(shape)} dimensions; an HDF5 dataset "
                           f"has at most {_MAX_RANK}")
@@ -110,12 +128,14 @@ def _read_stream(
     """
     if ds.dtype != np.uint8 or ds.ndim != 1:
         raise FormatError(f"a ccoll dataset is 1-D uint8, this one is {ds.dtype} {ds.shape}")
+    if A.FORMAT_VERSION not in ds.attrs:  # its other ccoll_* attributes say it is a stream
+        raise FormatError(f"attribute {A.FORMAT_VERSION} is missing")
+    raw = ds.attrs[A.FORMAT_VERSION]
     try:
-        version = int(ds.attrs.get(A.FORMAT_VERSION, -1))
-    except (TypeError, ValueError):
-        raise FormatError(
-            f"attribute {A.FORMAT_VERSION}={ds.attrs[A.FORMAT_VERSION]!r} is not a number"
-        ) from None
+        version = _whole(np.asarray(raw).reshape(-1)[0].item() if np.ndim(raw) else raw)
+    except (TypeError, ValueError, OverflowError, IndexError):
+        raise FormatError(f"attribute {A.FORMAT_VERSION}={_plain(raw)!r} is not a whole "
+                          "number") from None
     if version not in VERSIONS:
         raise FormatError(
             f"stream format version {version}; this ccoll reads versions "
@@ -198,7 +218,17 @@ def _check_kind(hdr: StreamHeader, stream_dtype: np.dtype, shape: tuple[int, ...
 
 def is_ccoll_dataset(ds: h5py.Dataset) -> bool:
     """Tell whether ``ccoll compress`` wrote ``ds``: a stream, or a dataset it kept as it was."""
-    return A.FORMAT_VERSION in ds.attrs or A.STORED in ds.attrs
+    return is_stream_dataset(ds) or A.STORED in ds.attrs
+
+
+def is_stream_dataset(ds: h5py.Dataset) -> bool:
+    """Tell whether ``ds`` is a stream ``ccoll compress`` wrote: any of a stream's attributes.
+
+    Any one, not only ``ccoll_format_version``: a stream that lost that attribute was
+    copied as its bytes, exit 0, as if it were the user's data (``ccoll_*`` attributes are
+    refused on the input of ``ccoll compress``, so only ccoll writes them).
+    """
+    return A.STORED not in ds.attrs and any(k in ds.attrs for k in A.STREAM_ATTRS)
 
 
 def is_kept(ds: h5py.Dataset) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ccoll.errors import FormatError, InputError
 from ccoll.h5 import attrs as A
-from ccoll.h5.decompress import attr_shape, is_kept, verify_dataset
+from ccoll.h5.decompress import attr_shape, is_kept, is_stream_dataset, verify_dataset
 from ccoll.h5.output import check_input
 from ccoll.h5.tree import walk
 
@@ -45,7 +45,7 @@ def _record(ds: h5py.Dataset, verify: bool) -> dict[str, Any]:
             is_kept(ds)
         except FormatError as exc:
             damage = str(exc)
-    if A.FORMAT_VERSION in ds.attrs and not kept:
+    if is_stream_dataset(ds):
         if verify:
             try:
                 verify_dataset(ds)
