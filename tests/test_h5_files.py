@@ -611,6 +611,17 @@ def test_damaged_zstd_frame(sample, tmp_path):
         decompress_file(c, str(tmp_path / "b.h5"))
 
 
+def test_bytes_after_a_zstd_frame_are_damage(sample, tmp_path):
+    # Bytes after a plain stream are refused; after a zstd frame they were ignored (exit 0;
+    # without the CRC attribute, which would catch them first).
+    c = str(tmp_path / "c.h5")
+    compress_file(sample, c, "rel:1e-3", lossless="zstd")
+    replace_stored(c, "/step_0000/fc.weight", lambda b: np.concatenate([b, np.ones(4, np.uint8)]))
+    _drop_attr(c, "/step_0000/fc.weight", A.CRC32)
+    with pytest.raises(FormatError, match="fc.weight.*(4 bytes|unused data)"):
+        decompress_file(c, str(tmp_path / "b.h5"))
+
+
 # --- interruptions: no partial output -------------------------------------------------------
 
 
