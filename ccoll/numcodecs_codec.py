@@ -28,7 +28,7 @@ import numpy as np
 from ccoll.compressor import compress, decompress
 from ccoll.compressor.format import VERSIONS
 from ccoll.errorbound import as_bound
-from ccoll.errors import InputError
+from ccoll.errors import FormatError, InputError
 
 
 def _zfpy_version_unreadable() -> bool:
@@ -178,8 +178,12 @@ class CCollCodec(Codec):
 
     def decode(self, buf: Any, out: Any = None) -> Any:
         """Decompress a stream; into ``out`` (any writable buffer of the right size) if given."""
-        stream = ensure_ndarray(buf)
-        stream = ensure_contiguous_ndarray(stream).view(np.uint8).reshape(-1)
+        try:
+            stream = ensure_ndarray(buf)
+            stream = ensure_contiguous_ndarray(stream).view(np.uint8).reshape(-1)
+        except (TypeError, ValueError) as exc:  # "abc", None, a list, an object array
+            raise FormatError(f"buf must be a buffer of stream bytes (numpy array, bytes), "
+                              f"got {type(buf).__name__}: {exc}") from None
         dec = decompress(stream)
         if out is not None:
             # numcodecs copies into out through a view of its bytes: a buffer of another
@@ -191,4 +195,6 @@ class CCollCodec(Codec):
                     f"out holds {o.nbytes} bytes of {o.dtype}; the stream decodes to "
                     f"{dec.size} {dec.dtype} values ({dec.nbytes} bytes): pass a buffer of "
                     f"that size (a {dec.dtype} array, or raw bytes)")
+            if not o.flags.writeable:  # numpy's "assignment destination is read-only"
+                raise InputError("out is read-only: pass a writable buffer, or out=None")
         return ndarray_copy(dec, out)

@@ -91,6 +91,17 @@ def test_decode_into_out():
     raw = bytearray(f4.nbytes)  # raw bytes of the right size stay a valid out
     CCollCodec("abs:1e-6").decode(enc4, out=raw)
     assert_within(np.frombuffer(raw, np.float32).reshape(f4.shape), f4, 1e-6)
+    ro = np.empty_like(f4)
+    ro.flags.writeable = False  # numpy's ValueError escaped
+    with pytest.raises(InputError, match="out is read-only"):
+        CCollCodec("abs:1e-6").decode(enc4, out=ro)
+
+
+@pytest.mark.parametrize("buf", ["abc", None, [1, 2, 3], np.array([b"x", 1], dtype=object)])
+def test_decode_of_what_is_no_buffer_is_a_format_error(buf):
+    # numcodecs' TypeError/ValueError escaped ("abc", None, a list, an object array).
+    with pytest.raises(FormatError, match="buf must be a buffer of stream bytes"):
+        CCollCodec("rel:1e-3").decode(buf)
 
 
 @pytest.mark.parametrize(

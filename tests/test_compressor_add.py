@@ -156,6 +156,11 @@ def test_add_data_checks_its_operands():
         add_data(a, np.zeros(64, np.float32), 0.25)
     assert add_data(a, np.ones(64, np.float32), EB).tobytes() == add(
         a, compress_abs(np.ones(64, np.float32), EB)).tobytes()
+    import ccoll
+
+    for bad in ("abc", [0.5], float("nan"), -1.0):  # float()'s ValueError escaped
+        with pytest.raises(ccoll.ErrorBoundError, match="absolute bound must be"):
+            add_data(a, np.zeros(64, np.float32), bad)
 
 
 def test_lorenzo_blocks_add_in_the_integer_domain():

@@ -524,6 +524,8 @@ def add_data(a: Any, x: Any, eb: float | None = None, *, stream: Any = None) -> 
     and decoding it again (a homomorphic ring step adds its own share of a block this
     way); on a GPU it is the two calls.
     """
+    if eb is not None:
+        eb = _check_eb_abs(eb)  # eb="abc" raised float()'s ValueError
     where = _backend.backend_of(a)
     if _backend.backend_of(x) != where:
         raise MismatchError("the stream and the data to add must live on the same device")
