@@ -303,3 +303,17 @@ def decoded_dtypes(h: Any) -> tuple[str, ...]:
     """
     return {None: (h.dtype.name,), "float16": ("float16",),
             "bfloat16": ("bfloat16", "float32")}[h.source_dtype]
+
+
+def assert_failed_load_closes(monkeypatch: Any, cls: Any, state: dict[str, Any],
+                              match: str) -> None:
+    """``cls.from_state_dict(state)`` fails (``InputError`` matching ``match``) and closes
+    the object it made: its communicators were left to the garbage collector."""
+    from ccoll.errors import InputError
+
+    closed: list[Any] = []
+    real_close = cls.close
+    monkeypatch.setattr(cls, "close", lambda self: (closed.append(self), real_close(self))[1])
+    assert_clear_error(InputError, match, cls.from_state_dict, state)
+    assert len(closed) == 1 and not closed[0]._finalizer.alive
+

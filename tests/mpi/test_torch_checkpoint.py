@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kit import assert_clear_error  # noqa: E402
+from kit import assert_clear_error, assert_failed_load_closes  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torchkit import Net, process_group  # noqa: E402, F401
@@ -217,15 +217,8 @@ def test_a_state_of_another_rank_or_with_bad_counters_is_refused(comm, made, mon
     ):
         assert_clear_error(InputError, match, state.load_state_dict, bad)
         assert_clear_error(InputError, match, ct.CCollHookState.from_state_dict, bad)
-    # The state from_state_dict made before its load failed is closed at once (its
-    # communicators were left to the garbage collector).
-    closed = []
-    real_close = ct.CCollHookState.close
-    monkeypatch.setattr(ct.CCollHookState, "close",
-                        lambda self: (closed.append(self), real_close(self))[1])
-    assert_clear_error(InputError, "busy_s", ct.CCollHookState.from_state_dict,
-                       {**sd, "busy_s": -1.0})
-    assert len(closed) == 1 and not closed[0]._finalizer.alive
+    # The state from_state_dict made before its load failed is closed at once.
+    assert_failed_load_closes(monkeypatch, ct.CCollHookState, {**sd, "busy_s": -1.0}, "busy_s")
     assert_clear_error(InputError, "a CCollHookState state dict, not a FSDPReduceScatter",
                        ct.FSDPReduceScatter.from_state_dict, sd)
     older = {k: v for k, v in sd.items() if k not in ("rank", "ranks", "kind")}  # before them

@@ -20,7 +20,13 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 import torch.distributed as dist  # noqa: E402
-from kit import ExactSum, assert_clear_error, assert_within, rel_bound  # noqa: E402
+from kit import (  # noqa: E402
+    ExactSum,
+    assert_clear_error,
+    assert_failed_load_closes,
+    assert_within,
+    rel_bound,
+)
 from mpi4py import MPI  # noqa: E402
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: E402
 from torchkit import process_group  # noqa: E402, F401
@@ -339,15 +345,9 @@ def test_state_dict_and_pickle(comm, made, monkeypatch) -> None:
     made.append(wrong)
     assert_clear_error(InputError, "eb_value", wrong.load_state_dict, sd)
     assert_clear_error(InputError, "version", wrong.load_state_dict, {"version": 99})
-    # A load that fails closes the object from_state_dict made (it was left to the
-    # garbage collector, with its communicators).
-    closed = []
-    real_close = ct.FSDPReduceScatter.close
-    monkeypatch.setattr(ct.FSDPReduceScatter, "close",
-                        lambda self: (closed.append(self), real_close(self))[1])
-    assert_clear_error(InputError, "compressed", ct.FSDPReduceScatter.from_state_dict,
-                       {**sd, "compressed": -3})
-    assert len(closed) == 1 and not closed[0]._finalizer.alive
+    # A load that fails closes the object from_state_dict made.
+    assert_failed_load_closes(monkeypatch, ct.FSDPReduceScatter, {**sd, "compressed": -3},
+                              "compressed")
 
 
 class _Twins(torch.nn.Module):
