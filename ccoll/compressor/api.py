@@ -533,6 +533,7 @@ def add_data(a: Any, x: Any, eb: float | None = None, *, stream: Any = None) -> 
         mod = _backend.cuda_module()
         ha = mod.header(a)
         grid = ha.eb if eb is None else eb
+        x = _device_input(x, stream)  # float16 as its float32 copy, as on the host
         return mod.add(a, mod.compress_abs(x, grid, stream=stream, version=ha.version),
                        stream=stream)
     return cpu.add_data(_host_stream(a), _host_array(x), eb)

@@ -75,3 +75,15 @@ def test_device_float16_like_of_a_float64_stream_is_refused():
     assert_clear_error(MismatchError, r"stream holds float64; decoding to float16 takes a "
                        r"float32 stream", ccoll.decompress, buf,
                        like=cuda.to_device(np.zeros(1, np.float16)))
+
+
+def test_device_add_data_takes_float16_as_the_host_does():
+    # The device's add_data compressed x itself and refused float16 (DTypeError) where the
+    # host takes its float32 copy; now both, the same bytes.
+    import ccoll.compressor as C
+
+    x = np.linspace(-1, 1, 100).astype(np.float16)
+    a = C.compress_abs(np.zeros(100, np.float32), EB)
+    host = C.add_data(a, x)
+    dev = C.add_data(cuda.to_device(a), cuda.to_device(x))
+    assert dev.copy_to_host().tobytes() == host.tobytes()
