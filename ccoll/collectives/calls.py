@@ -244,13 +244,14 @@ def _decode_divisor(p: Prepared, n_ranks: int) -> int:
     """``N`` where the decode of a compressed average divides before its one rounding, else 1.
 
     float32 host data: its decoded sum rounded to float32 and then divided by ``N`` in
-    float32 rounded twice (``eb`` plus up to three half spacings of the result); the sum's
-    float64 values divided in float64 and rounded once leave ``eb`` plus one half spacing
-    (docs/error-bound.md, "avg"). float64 data's decoded sum is already its float64 value,
-    and device data keeps the device's decode and division.
+    float32 rounded twice (``eb`` plus up to three half spacings of the result), and a sum
+    beyond float32's range became ±Inf although the average is not (at any ``N``, powers
+    of two included); the sum's float64 values divided in float64 and rounded once leave
+    ``eb`` plus one half spacing (docs/error-bound.md, "avg"). float64 data's decoded sum
+    is already its float64 value, and device data keeps the device's decode and division.
     """
-    if p.avg and n_ranks & (n_ranks - 1) and p.dev is None and p.dtype == np.float32:
-        return n_ranks  # (a power of two divides exactly: one rounding either way)
+    if p.avg and n_ranks > 1 and p.dev is None and p.dtype == np.float32:
+        return n_ranks
     return 1
 
 

@@ -93,6 +93,22 @@ def test_avg_rounds_once_where_eb_is_near_the_spacing(comm, schedule):
     assert_same_on_every_rank(comm, y)
 
 
+@pytest.mark.parametrize("schedule", ["ring", "halving"])
+def test_avg_of_a_sum_beyond_float32_is_the_finite_average(comm, schedule):
+    # Every rank holds 2e38: the sum is beyond float32's range, the average is not. At 2
+    # and 4 ranks (a power of two, where the decode rounded the sum to float32 before
+    # dividing) the result was inf; at 3 ranks 2e38.
+    x = np.full(64, 2.0e38, np.float32)
+    x[::2] = -3.0e38  # and a sum below float32's range, whose average is -3e38
+    with ccoll.Communicator(comm, policy="compress", split=0, schedule=schedule) as c:
+        y = c.allreduce(x, ccoll.ABS(1e-3), op="avg")
+        rs = c.reduce_scatter(x, ccoll.ABS(1e-3), op="avg")
+        z = c.iallreduce(x, ccoll.ABS(1e-3), op="avg").wait()
+    for got, want in ((y, x), (z, x), (rs, my_block(x, comm))):
+        assert np.all(np.isfinite(got))
+        assert_within(got, want, Fraction(1, 1000), roundings=1)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
 def test_avg_quantizes_on_the_grid_of_its_own_bound(comm, dtype):
     # op="avg" within eb must cost what op="sum" within N * eb costs: the same per-rank grid
