@@ -83,8 +83,18 @@ def decode_one(stream: Any, nb: int, flat_out: Any, lo: int, hi: int, wide: bool
     if divide > 1:
         from ccoll.compressor.cpu import decompress_wide
 
+        seg = flat_out[lo:hi]
+        if divide & (divide - 1) == 0:
+            # A power of two scales exactly (below the normal range the scaling's rounding
+            # stays inside the ring bound's margin, docs/error-bound.md "avg"): decoding to
+            # the dtype and scaling rounds once, unless the rounded sum overflowed where the
+            # average does not (one cheap check; such a chunk takes the float64 way below).
+            api().decompress(stream[:nb], out=seg)
+            np.divide(seg, seg.dtype.type(divide), out=seg)
+            if not np.isinf(seg).any():
+                return
         w = decompress_wide(stream[:nb], out=scratch(hi - lo, 0))
-        divide_into(w, float(divide), flat_out[lo:hi])
+        divide_into(w, float(divide), seg)
     elif wide:  # a requantized float64 stream into float32: one rounding, to nearest
         w = api().decompress(stream[:nb], out=scratch(hi - lo, 0))
         with np.errstate(over="ignore"):  # beyond the dtype's range: ±Inf, by contract
