@@ -304,9 +304,11 @@ def test_damaged_cache_entries_are_skipped(tmp_path) -> None:
     good = {"alpha": 3e-6, "beta": 2e9, "reduce": 5e9, "raw_efficiency": 1.0, "time": now - 60}
     doc = {"a": "hello", "b": [1, 2], "c": {**good, "beta": -5.0, "time": now},
            "d": {**good, "alpha": "x", "time": now}, "e": {**good, "time": "soon"},
-           "f": {**good, "compressor": "fast", "time": now}, "g": good}
+           "f": {**good, "compressor": "fast", "time": now}, "g": good,
+           # JSON's true was read as 1.0: an alpha of 1 s, a whole plan made on it
+           "h": {**good, "alpha": True, "time": now}}
     (tmp_path / "links.json").write_text(json.dumps(doc))
-    assert set(_read_cache(str(tmp_path))) == {"c", "d", "e", "f", "g"}
+    assert set(_read_cache(str(tmp_path))) == {"c", "d", "e", "f", "g", "h"}
     p = newest_cached_params(str(tmp_path))
     assert p is not None and p.beta == 2e9 and p.alpha == 3e-6
     (tmp_path / "links.json").write_text(json.dumps({"a": "hello", "c": doc["c"]}))

@@ -97,6 +97,25 @@ def test_probe_agrees_and_is_cached(comm, shared_cache):
     _same(comm, again.params)
 
 
+def test_a_cache_entry_with_a_bool_for_a_number_is_probed_again(comm, shared_cache):
+    # JSON's true read as 1.0 gave an alpha of 1 s to every plan of the link.
+    if comm.size == 1:
+        pytest.skip("one rank has no link to probe or cache")
+    with ccoll.Communicator(comm, policy="auto"):
+        pass
+    if comm.rank == 0:
+        path = os.path.join(shared_cache, "links.json")
+        with open(path) as f:
+            doc = json.load(f)
+        for e in doc.values():
+            e["alpha"] = True
+        with open(path, "w") as f:
+            json.dump(doc, f)
+    comm.Barrier()
+    with ccoll.Communicator(comm, policy="auto") as cc:
+        assert cc.calibration.link == "probe" and cc.calibration.params.alpha < 1
+
+
 def test_tune_reports_once_and_writes_the_cache(comm, shared_cache, capsys):
     # Under mpiexec only rank 0 prints (the text, or --json's one document); every rank
     # probes and agrees, and a Communicator made next starts from what tune wrote.

@@ -86,6 +86,13 @@ def _open_nonblocking(path: str, flags: int) -> int:
     return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
 
 
+def _num(v: Any) -> float:
+    """Return a cache entry's number; ``TypeError`` for a bool (``"alpha": true`` is no 1 s)."""
+    if isinstance(v, bool):
+        raise TypeError(v)
+    return float(v)
+
+
 def _when(e: dict[str, Any]) -> float:
     """Return an entry's time for ordering; -inf where missing or not a finite number."""
     try:
@@ -119,13 +126,13 @@ def newest_cached_params(folder: str | None = None) -> Params | None:
     # read_entry skips it: the model's own checks name what is wrong with it).
     for e in sorted(_read_cache(folder).values(), key=_when, reverse=True):
         try:
-            kw = {k: float(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency")
+            kw = {k: _num(e[k]) for k in ("alpha", "beta", "reduce", "raw_efficiency")
                   if k in e}
             comp = e.get("compressor") or {}
             if not isinstance(comp, dict):
                 continue
-            kw.update({k: float(comp[k]) for k in ("compress", "add", "decompress",
-                                                   "chunk_overhead") if k in comp})
+            kw.update({k: _num(comp[k]) for k in ("compress", "add", "decompress",
+                                                  "chunk_overhead") if k in comp})
             if float(comp.get("call_overhead", 0.0)) > 0:
                 kw["overhead"] = float(comp["call_overhead"])
             return replace(model.DEFAULTS, **kw)
@@ -180,12 +187,12 @@ def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | 
         e = _read_cache(folder).get(key)
         try:
             if e and time.time() - float(e.get("time", 0)) < CACHE_MAX_AGE_S:
-                vec[1:1 + k] = [float(e["alpha"]), float(e["beta"]), float(e["reduce"]),
-                                float(e.get("raw_efficiency", 1.0))]
+                vec[1:1 + k] = [_num(e["alpha"]), _num(e["beta"]), _num(e["reduce"]),
+                                _num(e.get("raw_efficiency", 1.0))]
                 vec[0] = 1.0
                 comp = e.get("compressor")
                 if isinstance(comp, dict) and all(f in comp for f in _COMP_NEEDED):
-                    vec[2 + k:] = [float(comp.get(f, 0.0)) for f in _COMP_FIELDS]
+                    vec[2 + k:] = [_num(comp.get(f, 0.0)) for f in _COMP_FIELDS]
                     vec[1 + k] = 1.0
         except (KeyError, TypeError, ValueError, OverflowError):
             vec[:] = 0.0  # a damaged entry: probe again
