@@ -26,6 +26,7 @@ from ccoll.collectives.channel import Channel
 from ccoll.collectives.codec import api, check_stream, max_nbytes, stream_nbytes
 from ccoll.collectives.devices import HOST, DeviceLanes, HostPlace
 from ccoll.collectives.layout import Layout
+from ccoll.collectives.requant import decode_one
 from ccoll.collectives.waiting import Deadline, wait_all
 from ccoll.compressor.format import VERSIONS
 from ccoll.errors import CollectiveError
@@ -163,8 +164,6 @@ def decode_block(
     ``divide`` (host data): ``N`` for an average, divided before the one rounding to the
     dtype (:func:`~ccoll.collectives.requant.decode_one`).
     """
-    from ccoll.collectives.requant import decode_one
-
     dec = api().decompress
     ln = lanes if lanes is not None else DeviceLanes(None)
     kw = ln.kw("reduce")

@@ -135,10 +135,15 @@ def _join(stream: Any) -> None:
         cuda.synchronize()
 
 
-def _device_narrow(buf: Any, narrow: DeviceNarrow, stream: Any) -> Any:
-    """Decode device stream ``buf`` (float32) to a float32 device array before rounding."""
+def _device_narrow(buf: Any, narrow: DeviceNarrow, stream: Any,
+                   have: np.dtype | None = None) -> Any:
+    """Decode device stream ``buf`` (float32) to a float32 device array before rounding.
+
+    ``have``: the stream's dtype where the caller has read its header already.
+    """
     mod = _backend.cuda_module()
-    have = mod.header(buf).dtype
+    if have is None:
+        have = mod.header(buf).dtype
     if have != np.dtype(np.float32):
         raise MismatchError(
             f"the result is to be {narrow.name} but the stream holds {have}; decoding to "
@@ -171,7 +176,8 @@ def _device_restore(buf: Any, stream: Any) -> Any:
     from ccoll.compressor.precision import _kind
 
     mod = _backend.cuda_module()
-    name = mod.header(buf, stream).source_dtype
+    h = mod.header(buf, stream)
+    name = h.source_dtype
     kind = _kind(buf)
     narrow = None
     if name is not None and kind == "torch":
@@ -182,7 +188,7 @@ def _device_restore(buf: Any, stream: Any) -> Any:
         narrow = DeviceNarrow(name, kind, np.dtype(np.float16), None)
     if narrow is None:
         return mod.decompress(buf, stream=stream)
-    return narrow.result(_device_narrow(buf, narrow, stream))
+    return narrow.result(_device_narrow(buf, narrow, stream, h.dtype))
 
 
 def _check_eb_abs(eb_abs: object) -> float:

@@ -132,8 +132,8 @@ def _read_stream(
         raise FormatError(f"attribute {A.FORMAT_VERSION} is missing")
     raw = ds.attrs[A.FORMAT_VERSION]
     try:
-        version = _whole(np.asarray(raw).reshape(-1)[0].item() if np.ndim(raw) else raw)
-    except (TypeError, ValueError, OverflowError, IndexError):
+        version = _whole(np.asarray(raw).item())  # one value, a scalar or of one element
+    except (TypeError, ValueError, OverflowError):
         raise FormatError(f"attribute {A.FORMAT_VERSION}={_plain(raw)!r} is not a whole "
                           "number") from None
     if version not in VERSIONS:

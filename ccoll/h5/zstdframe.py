@@ -51,17 +51,10 @@ def unwrap(frame: np.ndarray, max_nbytes: int) -> np.ndarray:
                 f"zstd frame says {size} bytes, more than the {max_nbytes} bytes that a stream "
                 "of this shape, in a frame of this size, can take"
             )
-        raw = frame.tobytes()
-        dec = zstd.ZstdDecompressor()
-        try:  # bytes after the frame are damage, as after a plain stream
-            data = dec.decompress(raw, max_output_size=max_nbytes, allow_extra_data=False)
-        except TypeError:  # a zstandard without allow_extra_data: find the frame's end
-            data = dec.decompress(raw, max_output_size=max_nbytes)
-            rest = dec.decompressobj()
-            rest.decompress(raw)
-            if rest.unused_data:
-                raise FormatError(f"damaged zstd frame: {len(rest.unused_data)} bytes after "
-                                  "its end") from None
+        # Bytes after the frame are damage, as after a plain stream (zstandard >= 0.19 has
+        # allow_extra_data; the extra requires 0.22).
+        data = zstd.ZstdDecompressor().decompress(frame.tobytes(), max_output_size=max_nbytes,
+                                                  allow_extra_data=False)
     except zstd.ZstdError as exc:
         raise FormatError(f"damaged zstd frame: {exc}") from None
     return np.frombuffer(data, dtype=np.uint8)

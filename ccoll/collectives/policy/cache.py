@@ -186,7 +186,7 @@ def read_entry(ch: Channel, key: str, folder: str | None) -> dict[str, float] | 
     if ch.comm.Get_rank() == 0:
         e = _read_cache(folder).get(key)
         try:
-            if e and time.time() - float(e.get("time", 0)) < CACHE_MAX_AGE_S:
+            if e and time.time() - _when(e) < CACHE_MAX_AGE_S:
                 vec[1:1 + k] = [_num(e["alpha"]), _num(e["beta"]), _num(e["reduce"]),
                                 _num(e.get("raw_efficiency", 1.0))]
                 vec[0] = 1.0
